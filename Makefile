@@ -1,0 +1,158 @@
+# libtkern build. `make` builds the shared and static library, `make test` builds and runs the
+# test suites, `make bench` the benchmarks (GPU needed), `make install` honours PREFIX/DESTDIR.
+#
+#   make ARCHS=90a           build for one target only (fast iteration on an H100 / H200)
+#   make WERROR=1            warnings are errors (CI)
+#
+# Every .c in src/, .cu in cuda/, tests/test_*.c and benchmarks/*.{c,cu} is picked up by
+# wildcard: adding a family needs no edit here. Each .cu compiles on its own, in parallel with
+# the others (make -j), so build time grows with the largest file, not with the sum.
+
+.SUFFIXES:
+.DELETE_ON_ERROR:
+
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc))
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CC        ?= cc
+CXX       ?= c++
+PREFIX    ?= /usr/local
+LIBDIR    ?= $(PREFIX)/lib
+INCLUDEDIR?= $(PREFIX)/include
+BUILD     ?= build
+# GPU targets: NN means SASS for sm_NN, compute_NN means PTX that newer drivers can compile.
+ARCHS     ?= 80 86 89 90a compute_90
+WERROR    ?= 0
+PYTHON    ?= python3
+
+version_part = $(shell sed -n 's/^\#define TK_VERSION_$(1) \([0-9]*\).*/\1/p' include/tkern.h)
+MAJOR   := $(call version_part,MAJOR)
+MINOR   := $(call version_part,MINOR)
+PATCH   := $(call version_part,PATCH)
+VERSION := $(MAJOR).$(MINOR).$(PATCH)
+
+ifeq ($(CC),cc)
+CC := gcc
+endif
+
+gencode = $(if $(filter compute_%,$(1)),-gencode=arch=$(1)$(comma)code=$(1),-gencode=arch=compute_$(1)$(comma)code=sm_$(1))
+comma := ,
+
+WARN        := -Wall -Wextra
+CWERROR     := $(if $(filter 1,$(WERROR)),-Werror)
+NVWERROR    := $(if $(filter 1,$(WERROR)),-Werror all-warnings -Xcompiler -Werror)
+CPPFLAGS    += -Iinclude -I$(CUDA_HOME)/include
+CFLAGS      ?= -O2 -g
+CFLAGS      += -std=c11 -fPIC -fvisibility=hidden $(WARN) $(CWERROR) -DTK_BUILDING_LIBRARY \
+               -DTK_COMPILED_ARCHS='"$(ARCHS)"'
+NVCCFLAGS   ?= -O3 -lineinfo
+NVCCFLAGS   += -std=c++17 $(foreach a,$(ARCHS),$(call gencode,$(a))) \
+               -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Xptxas --warn-on-spills \
+               --expt-relaxed-constexpr $(NVWERROR) -DTK_BUILDING_LIBRARY
+LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lpthread -lm
+
+LIB_SRC  := $(wildcard src/*.c)
+CU_SRC   := $(wildcard cuda/*.cu)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+HEADERS  := include/tkern.h $(wildcard src/*.h cuda/*.h cuda/*.cuh)
+
+SONAME   := libtkern.so.$(MAJOR)
+SHARED   := $(BUILD)/lib/libtkern.so.$(VERSION)
+STATIC   := $(BUILD)/lib/libtkern.a
+
+.PHONY: all lib test test-c test-python bench install uninstall clean examples
+all: lib
+lib: $(SHARED) $(BUILD)/lib/$(SONAME) $(BUILD)/lib/libtkern.so $(STATIC)
+
+$(BUILD)/obj/src/%.o: src/%.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/cuda/%.o: cuda/%.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -c $< -o $@
+
+$(SHARED): $(LIB_OBJ) src/tkern.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $(LIB_OBJ) -Wl,-soname,$(SONAME) -Wl,--version-script=src/tkern.map \
+	    -Wl,--no-undefined $(LDLIBS_CUDA)
+
+$(BUILD)/lib/$(SONAME) $(BUILD)/lib/libtkern.so: $(SHARED)
+	ln -sf $(notdir $(SHARED)) $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+# ---------------------------------------------------------------------------------- tests --
+# Test binaries are linked by the host compiler (Criterion's pkg-config flags carry -Wl options
+# that nvcc rejects). GPU suites run one test at a time (--jobs 1): they share one device.
+CRITERION_CFLAGS = $(shell pkg-config --cflags criterion)
+CRITERION_LIBS   = $(shell pkg-config --libs criterion)
+TEST_SRC     := $(wildcard tests/test_*.c)
+TEST_BIN     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_SUPPORT := $(wildcard tests/support/*.c tests/ref/*.c)
+TEST_CFLAGS  := -std=c11 -O2 -g $(WARN) $(CWERROR) -Itests \
+                -DTK_SOURCE_DIR='"$(CURDIR)"' -DTK_BUILD_DIR='"$(abspath $(BUILD))"' \
+                -DTK_CC='"$(CC)"' -DTK_CXX='"$(CXX)"' -DTK_CUDA_INCLUDE='"$(CUDA_HOME)/include"'
+
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(wildcard tests/support/*.h tests/ref/*.h) $(SHARED) $(BUILD)/lib/libtkern.so $(BUILD)/lib/$(SONAME)
+	@mkdir -p $(@D)
+	@pkg-config --exists criterion || { echo "Criterion not found by pkg-config (Debian: apt-get install libcriterion-dev pkg-config)"; exit 1; }
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(CRITERION_CFLAGS) $< $(TEST_SUPPORT) -o $@ \
+	    -L$(BUILD)/lib -Wl,-rpath,$(abspath $(BUILD))/lib -ltkern $(CRITERION_LIBS) $(LDLIBS_CUDA)
+
+test: test-c test-python
+
+test-c: $(TEST_BIN)
+	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t --jobs 1 --short-filename; done
+
+test-python: lib
+	@if command -v $(PYTHON) >/dev/null && $(PYTHON) -c 'import pytest' 2>/dev/null && [ -d python/tests ]; then \
+	    TKERN_LIBRARY=$(abspath $(SHARED)) PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q python/tests; \
+	else echo "python tests skipped: python3 with pytest not found"; fi
+
+# ------------------------------------------------------------------------------ benchmarks --
+BENCH_SRC := $(wildcard benchmarks/*.c benchmarks/*.cu)
+BENCH_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(BENCH_SRC))
+BENCH_BIN := $(BUILD)/bench/tkbench
+
+$(BUILD)/obj/benchmarks/%.c.o: benchmarks/%.c $(wildcard benchmarks/*.h) include/tkern.h Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -std=c11 -O2 $(WARN) $(CWERROR) -Ibenchmarks -c $< -o $@
+
+$(BUILD)/obj/benchmarks/%.cu.o: benchmarks/%.cu $(wildcard benchmarks/*.h) include/tkern.h Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(CPPFLAGS) -std=c++17 -O3 $(foreach a,$(ARCHS),$(call gencode,$(a))) -Xcompiler -Wall,-Wextra $(NVWERROR) -Ibenchmarks -c $< -o $@
+
+$(BENCH_BIN): $(BENCH_OBJ) $(SHARED) $(BUILD)/lib/libtkern.so $(BUILD)/lib/$(SONAME)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(BENCH_OBJ) -L$(BUILD)/lib -Wl,-rpath,$(abspath $(BUILD))/lib -ltkern \
+	    -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas $(LDLIBS_CUDA)
+
+bench: $(BENCH_BIN)
+	$(BENCH_BIN) --json $(BUILD)/bench.jsonl $(BENCH_ARGS)
+
+# ------------------------------------------------------------------------------- examples --
+examples: $(BUILD)/examples/activation
+$(BUILD)/examples/%: examples/%.c $(SHARED) $(BUILD)/lib/libtkern.so $(BUILD)/lib/$(SONAME)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -std=c11 $(WARN) $(CWERROR) $< -o $@ -L$(BUILD)/lib -Wl,-rpath,$(abspath $(BUILD))/lib -ltkern $(LDLIBS_CUDA)
+
+# -------------------------------------------------------------------------------- install --
+install: lib
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -m 644 include/tkern.h $(DESTDIR)$(INCLUDEDIR)/tkern.h
+	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(SHARED)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libtkern.so
+	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@CUDA_LIBDIR@|$(CUDA_HOME)/lib64|g' libtkern.pc.in \
+	    > $(DESTDIR)$(LIBDIR)/pkgconfig/tkern.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/tkern.h $(DESTDIR)$(LIBDIR)/libtkern.so* \
+	      $(DESTDIR)$(LIBDIR)/libtkern.a $(DESTDIR)$(LIBDIR)/pkgconfig/tkern.pc
+
+clean:
+	rm -rf $(BUILD)

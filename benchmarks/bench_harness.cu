@@ -1,0 +1,228 @@
+/* The benchmark harness: timing, L2 flushing, baselines, random inputs, reporting (bench.h). */
+#include "bench.h"
+
+#include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+struct bench_ctx {
+    int reps;
+    FILE *json;
+    const char *only;      /* comma-separated family names, or NULL for all */
+    void *flush;           /* L2-sized scratch memset before each repetition */
+    size_t flush_bytes;
+    cudaStream_t stream;
+    cudaEvent_t start[256], stop[256];
+    std::vector<void *> buffers;
+    void *copy_src, *copy_dst; /* grown on demand for copy baselines */
+    size_t copy_bytes;
+};
+
+extern "C" void bench_check_cuda(cudaError_t err, const char *what) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "bench: %s failed: %s\n", what, cudaGetErrorString(err));
+        exit(1);
+    }
+}
+
+extern "C" void bench_check(tk_status status, const char *what) {
+    if (status != TK_SUCCESS) {
+        fprintf(stderr, "bench: %s failed: %s: %s\n", what, tk_status_string(status), tk_last_error());
+        exit(1);
+    }
+}
+
+extern "C" const char *bench_dtype_name(tk_dtype dtype) {
+    return dtype == TK_F32 ? "f32" : dtype == TK_F16 ? "f16" : "bf16";
+}
+
+extern "C" double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
+    for (int i = 0; i < 3; i++) /* warm-up: module load, first-touch, caches of the launch path */
+        fn(arg, ctx->stream);
+    for (int i = 0; i < ctx->reps; i++) {
+        bench_check_cuda(cudaMemsetAsync(ctx->flush, i & 0xff, ctx->flush_bytes, ctx->stream), "L2 flush");
+        bench_check_cuda(cudaEventRecord(ctx->start[i], ctx->stream), "cudaEventRecord");
+        fn(arg, ctx->stream);
+        bench_check_cuda(cudaEventRecord(ctx->stop[i], ctx->stream), "cudaEventRecord");
+    }
+    bench_check_cuda(cudaStreamSynchronize(ctx->stream), "benchmark run");
+    std::vector<float> ms(ctx->reps);
+    for (int i = 0; i < ctx->reps; i++)
+        bench_check_cuda(cudaEventElapsedTime(&ms[i], ctx->start[i], ctx->stop[i]), "cudaEventElapsedTime");
+    std::sort(ms.begin(), ms.end());
+    return ctx->reps % 2 ? ms[ctx->reps / 2] : 0.5 * (ms[ctx->reps / 2 - 1] + ms[ctx->reps / 2]);
+}
+
+struct copy_arg {
+    bench_ctx *ctx;
+    size_t bytes;
+};
+
+static void run_copy(void *arg, cudaStream_t stream) {
+    copy_arg *c = static_cast<copy_arg *>(arg);
+    bench_check_cuda(cudaMemcpyAsync(c->ctx->copy_dst, c->ctx->copy_src, c->bytes, cudaMemcpyDeviceToDevice, stream),
+                     "copy baseline");
+}
+
+extern "C" double bench_copy_ms(bench_ctx *ctx, size_t bytes_moved) {
+    const size_t bytes = bytes_moved / 2;
+    if (bytes > ctx->copy_bytes) {
+        cudaFree(ctx->copy_src);
+        cudaFree(ctx->copy_dst);
+        bench_check_cuda(cudaMalloc(&ctx->copy_src, bytes), "cudaMalloc copy baseline");
+        bench_check_cuda(cudaMalloc(&ctx->copy_dst, bytes), "cudaMalloc copy baseline");
+        bench_check_cuda(cudaMemset(ctx->copy_src, 0x3c, bytes), "cudaMemset");
+        ctx->copy_bytes = bytes;
+    }
+    copy_arg c = {ctx, bytes};
+    return bench_time_ms(ctx, run_copy, &c);
+}
+
+/* Uniform values from a counter-based hash: reproducible, no state, any size. */
+template <typename T>
+__global__ void fill_uniform(T *p, int64_t n, float lo, float hi, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull + seed;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+        const float v = lo + (hi - lo) * u;
+        if constexpr (sizeof(T) == 4)
+            p[i] = v;
+        else if constexpr (std::is_same<T, __half>::value)
+            p[i] = __float2half_rn(v);
+        else
+            p[i] = __float2bfloat16_rn(v);
+    }
+}
+
+extern "C" void *bench_alloc(bench_ctx *ctx, size_t bytes) {
+    void *p = NULL;
+    bench_check_cuda(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    ctx->buffers.push_back(p);
+    return p;
+}
+
+extern "C" void *bench_random(bench_ctx *ctx, tk_dtype dtype, int64_t count, float lo, float hi) {
+    const size_t es = dtype == TK_F32 ? 4 : 2;
+    void *p = bench_alloc(ctx, (size_t)count * es);
+    static uint64_t seed = 12345;
+    seed += 0x632be59bd9b4e019ull;
+    const unsigned grid = 1024, block = 256;
+    if (dtype == TK_F32)
+        fill_uniform<float><<<grid, block, 0, ctx->stream>>>((float *)p, count, lo, hi, seed);
+    else if (dtype == TK_F16)
+        fill_uniform<__half><<<grid, block, 0, ctx->stream>>>((__half *)p, count, lo, hi, seed);
+    else
+        fill_uniform<__nv_bfloat16><<<grid, block, 0, ctx->stream>>>((__nv_bfloat16 *)p, count, lo, hi, seed);
+    bench_check_cuda(cudaGetLastError(), "random fill");
+    return p;
+}
+
+extern "C" void bench_free_all(bench_ctx *ctx) {
+    bench_check_cuda(cudaStreamSynchronize(ctx->stream), "sync before free");
+    for (void *p : ctx->buffers)
+        cudaFree(p);
+    ctx->buffers.clear();
+    cudaFree(ctx->copy_src);
+    cudaFree(ctx->copy_dst);
+    ctx->copy_src = ctx->copy_dst = NULL;
+    ctx->copy_bytes = 0;
+}
+
+extern "C" int bench_selected(const bench_ctx *ctx, const char *name) {
+    if (!ctx->only)
+        return 1;
+    const size_t len = strlen(name);
+    for (const char *s = ctx->only; *s;) {
+        const char *end = strchr(s, ',');
+        const size_t item = end ? (size_t)(end - s) : strlen(s);
+        if (item == len && strncmp(s, name, len) == 0)
+            return 1;
+        s += item + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+extern "C" void bench_report(bench_ctx *ctx, const bench_row *r) {
+    const double gbps = r->bytes > 0 ? r->bytes / (r->ms * 1e-3) / 1e9 : 0;
+    const double tflops = r->flops > 0 ? r->flops / (r->ms * 1e-3) / 1e12 : 0;
+    const double ratio = r->baseline_ms > 0 ? r->baseline_ms / r->ms : 0;
+    char rate[32], ratio_text[48];
+    if (r->flops > 0)
+        snprintf(rate, sizeof rate, "%8.1f TFLOP/s", tflops);
+    else
+        snprintf(rate, sizeof rate, "%8.1f GB/s   ", gbps);
+    if (r->baseline_ms > 0)
+        snprintf(ratio_text, sizeof ratio_text, "%5.2fx %s", ratio, r->baseline ? r->baseline : "");
+    else
+        snprintf(ratio_text, sizeof ratio_text, "-");
+    printf("%-28s %-22s %-5s %-12s %9.4f ms %s  %s\n", r->op, r->shape, bench_dtype_name(r->dtype),
+           r->variant ? r->variant : "-", r->ms, rate, ratio_text);
+    fflush(stdout);
+    if (ctx->json)
+        fprintf(ctx->json,
+                "{\"op\":\"%s\",\"shape\":\"%s\",\"dtype\":\"%s\",\"variant\":\"%s\",\"ms\":%.6f,"
+                "\"gbps\":%.2f,\"tflops\":%.2f,\"baseline\":\"%s\",\"baseline_ms\":%.6f,\"ratio\":%.4f}\n",
+                r->op, r->shape, bench_dtype_name(r->dtype), r->variant ? r->variant : "", r->ms, gbps, tflops,
+                r->baseline ? r->baseline : "", r->baseline_ms, ratio);
+}
+
+/* ---- main ---- */
+
+extern "C" int bench_main(int argc, char **argv, const char *const *names, const bench_family *families, int count) {
+    bench_ctx ctx = {};
+    ctx.reps = 30;
+    const char *json_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json_path = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            ctx.only = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            ctx.reps = std::max(1, std::min(256, atoi(argv[++i])));
+        else {
+            fprintf(stderr, "usage: %s [--json FILE] [--only family[,family]] [--reps N]\nfamilies:", argv[0]);
+            for (int f = 0; f < count; f++)
+                fprintf(stderr, " %s", names[f]);
+            fprintf(stderr, "\n");
+            return 2;
+        }
+    }
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    if (tk_device_query(&info) != TK_SUCCESS || !info.supported) {
+        fprintf(stderr, "bench: needs a supported CUDA GPU: %s\n", tk_last_error());
+        return 1;
+    }
+    cudaDeviceProp prop;
+    bench_check_cuda(cudaGetDeviceProperties(&prop, info.device), "cudaGetDeviceProperties");
+    ctx.flush_bytes = (size_t)2 * info.l2_bytes;
+    bench_check_cuda(cudaMalloc(&ctx.flush, ctx.flush_bytes), "cudaMalloc L2 flush buffer");
+    bench_check_cuda(cudaStreamCreate(&ctx.stream), "cudaStreamCreate");
+    for (int i = 0; i < ctx.reps; i++) {
+        bench_check_cuda(cudaEventCreate(&ctx.start[i]), "cudaEventCreate");
+        bench_check_cuda(cudaEventCreate(&ctx.stop[i]), "cudaEventCreate");
+    }
+    if (json_path && !(ctx.json = fopen(json_path, "w"))) {
+        fprintf(stderr, "bench: cannot write %s\n", json_path);
+        return 1;
+    }
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    printf("libtkern %d on %s (cc %d, %d SMs, L2 %d MB), CUDA runtime %d; median of %d runs, L2 flushed\n",
+           tk_version(), prop.name, info.compute_capability, info.sm_count, info.l2_bytes >> 20, runtime, ctx.reps);
+    printf("ratio = baseline time / our time, baseline measured in the same run (copy = device-to-device copy of the same bytes)\n\n");
+    printf("%-28s %-22s %-5s %-12s %12s %15s  %s\n", "op", "shape", "dtype", "variant", "time", "rate", "vs baseline");
+    for (int f = 0; f < count; f++)
+        if (bench_selected(&ctx, names[f])) {
+            families[f](&ctx);
+            bench_free_all(&ctx);
+        }
+    if (ctx.json)
+        fclose(ctx.json);
+    return 0;
+}

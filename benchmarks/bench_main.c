@@ -1,0 +1,8 @@
+/* `make bench`: every family's benchmarks, in one table. A family adds its entry here. */
+#include "bench.h"
+
+int main(int argc, char **argv) {
+    static const char *const names[] = {"activation"};
+    static const bench_family families[] = {bench_activation};
+    return bench_main(argc, argv, names, families, (int)(sizeof families / sizeof families[0]));
+}

@@ -1,0 +1,195 @@
+/*
+ * Device-side helpers shared by every kernel: dtype conversion, 16-byte vector access, warp and
+ * block reductions, and occupancy-derived grid sizes. Kept small on purpose: a kernel file
+ * should read on its own with this one include.
+ */
+#ifndef TK_COMMON_CUH
+#define TK_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "launch.h"
+
+/* ---- dtype conversion: every kernel computes in f32 ---- */
+
+template <typename T> __device__ __forceinline__ float tk_to_float(T v);
+template <> __device__ __forceinline__ float tk_to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float tk_to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float tk_to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+
+template <typename T> __device__ __forceinline__ T tk_from_float(float v);
+template <> __device__ __forceinline__ float tk_from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half tk_from_float<__half>(float v) {
+    return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 tk_from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+/* ---- 16-byte vectors: the unit of every coalesced access (one LDG.128 / STG.128) ---- */
+
+template <typename T> struct alignas(16) tk_vec {
+    static constexpr int size = 16 / sizeof(T);
+    T v[size];
+};
+
+/* Both pointers must be 16-byte aligned. Plain loads: the caches decide. */
+template <typename T> __device__ __forceinline__ tk_vec<T> tk_load_vec(const T *p) {
+    tk_vec<T> r;
+    *reinterpret_cast<uint4 *>(&r) = *reinterpret_cast<const uint4 *>(p);
+    return r;
+}
+
+/* Streaming load for data read exactly once (evict-first in L1 and L2). */
+template <typename T> __device__ __forceinline__ tk_vec<T> tk_load_vec_stream(const T *p) {
+    tk_vec<T> r;
+    *reinterpret_cast<uint4 *>(&r) = __ldcs(reinterpret_cast<const uint4 *>(p));
+    return r;
+}
+
+template <typename T> __device__ __forceinline__ void tk_store_vec(T *p, const tk_vec<T> &v) {
+    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
+}
+
+/* Streaming store for data not read again by this kernel. */
+template <typename T> __device__ __forceinline__ void tk_store_vec_stream(T *p, const tk_vec<T> &v) {
+    __stcs(reinterpret_cast<uint4 *>(p), *reinterpret_cast<const uint4 *>(&v));
+}
+
+__host__ __device__ __forceinline__ bool tk_aligned16(const void *p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+/* ---- reductions ---- */
+
+__device__ __forceinline__ float tk_warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float tk_warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+/* Sum over the whole block, returned to every thread. `scratch` holds >= 32 floats of shared
+ * memory; blockDim.x is a multiple of 32. Contains __syncthreads(): call from all threads. */
+__device__ __forceinline__ float tk_block_sum(float v, float *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = tk_warp_sum(v);
+    __syncthreads(); /* scratch may still be read by a previous reduction */
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return tk_warp_sum(v);
+}
+
+__device__ __forceinline__ float tk_block_max(float v, float *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = tk_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : -INFINITY;
+    return tk_warp_max(v);
+}
+
+/* ---- N-element packs: a 16-byte pack is one LDG.128 / STG.128; N = 1 is a plain scalar access,
+ * which is what a kernel falls back to for pointers that are not 16-byte aligned. ---- */
+
+template <typename T, int N> struct alignas(sizeof(T) * N) tk_pack {
+    T v[N];
+};
+
+template <typename T, int N> __device__ __forceinline__ tk_pack<T, N> tk_load_pack(const T *p) {
+    if constexpr (sizeof(T) * N == 16) {
+        tk_pack<T, N> r;
+        *reinterpret_cast<uint4 *>(&r) = *reinterpret_cast<const uint4 *>(p);
+        return r;
+    } else {
+        return *reinterpret_cast<const tk_pack<T, N> *>(p);
+    }
+}
+
+template <typename T, int N> __device__ __forceinline__ void tk_store_pack(T *p, const tk_pack<T, N> &v) {
+    if constexpr (sizeof(T) * N == 16)
+        *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
+    else
+        *reinterpret_cast<tk_pack<T, N> *>(p) = v;
+}
+
+/* ---- launch shape ---- */
+
+#define TK_MAX_BLOCK_WARPS 32
+
+/* Resident blocks per SM of `Kernel` at this block size and dynamic shared memory, from the
+ * occupancy calculator, cached per device and block size (one cache per kernel instantiation;
+ * a race on first fill writes the same value twice). Kernels whose dynamic shared memory varies
+ * from call to call must not use the cache: call cudaOccupancyMaxActiveBlocksPerMultiprocessor. */
+template <auto Kernel>
+int tk_blocks_per_sm(const tk_device *dev, int threads, size_t dynamic_smem) {
+    static int cache[TK_MAX_DEVICES][TK_MAX_BLOCK_WARPS + 1];
+    int *slot = &cache[dev->ordinal][threads / 32];
+    int blocks = *slot;
+    if (blocks == 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, dynamic_smem) !=
+                cudaSuccess ||
+            blocks < 1)
+            blocks = 1;
+        *slot = blocks;
+    }
+    return blocks;
+}
+
+/* Blocks that fill every SM to its occupancy limit: one full wave. */
+template <auto Kernel>
+int64_t tk_wave_blocks(const tk_device *dev, int threads, size_t dynamic_smem) {
+    return (int64_t)tk_blocks_per_sm<Kernel>(dev, threads, dynamic_smem) * dev->sm_count;
+}
+
+/* Launch shape of the row-chunked elementwise kernels (activation, GLU): blockIdx.x picks a
+ * chunk of `threads * unroll` packs within a row, blockIdx.y a row, striding over the rows.
+ * The chunk count is chosen first, then the block size is trimmed so that the chunks cover the
+ * row with less than one warp of idle threads (a 4096-wide bf16 row is 512 packs: one chunk of
+ * 128 threads x 4, not half of a 256 x 4 chunk). Then enough rows run at once to fill one wave
+ * of the occupancy limit; each block strides over the remaining rows. */
+typedef struct tk_row_chunks {
+    dim3 grid;
+    int threads;
+} tk_row_chunks;
+
+template <auto Kernel>
+tk_row_chunks tk_row_chunk_shape(const tk_device *dev, int64_t rows, int64_t packs_per_row,
+                                 int unroll, int max_threads) {
+    const int64_t per_chunk_max = (int64_t)max_threads * unroll;
+    int64_t chunks = (packs_per_row + per_chunk_max - 1) / per_chunk_max;
+    if (chunks < 1)
+        chunks = 1;
+    const int64_t threads_needed = (packs_per_row + chunks * unroll - 1) / (chunks * unroll);
+    int threads = (int)((threads_needed + 31) / 32 * 32);
+    if (threads < 32)
+        threads = 32;
+    const int64_t wave = tk_wave_blocks<Kernel>(dev, threads, 0);
+    int64_t row_blocks = (wave + chunks - 1) / chunks;
+    if (row_blocks > rows)
+        row_blocks = rows;
+    if (row_blocks > 65535)
+        row_blocks = 65535;
+    if (row_blocks < 1)
+        row_blocks = 1;
+    tk_row_chunks shape = {dim3((unsigned)chunks, (unsigned)row_blocks, 1), threads};
+    return shape;
+}
+
+#endif

@@ -1,0 +1,11 @@
+/* The list of operations whose variants tk_experimental_force_variant can force. Each family's
+ * src/<family>.c defines its tk_op; add it here when adding a family. */
+#include "runtime.h"
+
+extern const tk_op tk_op_activation, tk_op_glu;
+
+const tk_op *const tk_all_ops[] = {
+    &tk_op_activation,
+    &tk_op_glu,
+};
+const int tk_all_ops_count = (int)(sizeof tk_all_ops / sizeof tk_all_ops[0]);

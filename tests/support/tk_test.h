@@ -1,0 +1,107 @@
+/*
+ * Support shared by the Criterion suites: GPU detection, device buffers, random inputs,
+ * poisoning, dtype conversion on the host, and comparison against fp64 references.
+ *
+ * GPU tests start with TK_REQUIRE_GPU(); it skips (with the reason) where no device is present,
+ * so CI without a GPU runs the host-side tests and the GPU machine runs them all.
+ */
+#ifndef TK_TEST_H
+#define TK_TEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <criterion/criterion.h>
+
+#include "tkern.h"
+
+/* Skips the current test unless a CUDA device that libtkern supports is present. */
+#define TK_REQUIRE_GPU()                                              \
+    do {                                                              \
+        const char *tk_skip_reason_ = tk_test_gpu_missing_reason();   \
+        if (tk_skip_reason_)                                          \
+            cr_skip_test("%s", tk_skip_reason_);                      \
+    } while (0)
+
+/* NULL when a supported GPU is present, else why not (static string). */
+const char *tk_test_gpu_missing_reason(void);
+/* Whether a CUDA device is present at all (for tests of the no-device behaviour). */
+bool tk_test_have_device(void);
+
+/* Asserts a call's status, and that tk_last_error() mentions `needle` (e.g. the argument's
+ * name) when the status is a failure. */
+#define TK_EXPECT_STATUS(call, expected, needle)                                                 \
+    do {                                                                                         \
+        tk_status tk_got_ = (call);                                                              \
+        cr_assert_eq(tk_got_, (expected), "%s returned %s, expected %s (last error: \"%s\")",    \
+                     #call, tk_status_string(tk_got_), tk_status_string(expected),               \
+                     tk_last_error());                                                           \
+        if ((expected) != TK_SUCCESS)                                                            \
+            cr_assert(strstr(tk_last_error(), (needle)) != NULL,                                 \
+                      "%s: message \"%s\" does not name \"%s\"", #call, tk_last_error(),         \
+                      (needle));                                                                 \
+    } while (0)
+
+/* ---- host buffers that stand in for outputs in bad-input tests (never dereferenced by the
+ * library): filled with a sentinel byte, then checked untouched. ---- */
+#define TK_SENTINEL_BYTE 0x5a
+void tk_fill_sentinel(void *p, size_t bytes);
+bool tk_is_sentinel(const void *p, size_t bytes);
+
+/* ---- dtype conversion on the host (round to nearest even) ---- */
+size_t tk_test_dtype_size(tk_dtype dtype);
+const char *tk_test_dtype_name(tk_dtype dtype);
+double tk_test_load(tk_dtype dtype, const void *base, int64_t index);
+void tk_test_store(tk_dtype dtype, void *base, int64_t index, double value);
+/* The value that storing `value` in dtype and reading it back gives. */
+double tk_test_round(tk_dtype dtype, double value);
+
+/* ---- random inputs ---- */
+/* A reproducible generator: every test seeds its own. */
+typedef struct tk_rng {
+    uint64_t state;
+} tk_rng;
+tk_rng tk_rng_seeded(uint64_t seed);
+double tk_rng_uniform(tk_rng *rng, double lo, double hi);
+/* Fills n elements of a host array of dtype with uniform values in [lo, hi), rounded to dtype. */
+void tk_fill_uniform(tk_rng *rng, tk_dtype dtype, void *host, int64_t n, double lo, double hi);
+
+/* ---- device buffers; each asserts success (cr_assert) ---- */
+void *tk_dev_alloc(size_t bytes);
+void tk_dev_free(void *p);
+void tk_to_dev(void *dst, const void *src, size_t bytes);
+void tk_to_host(void *dst, const void *src, size_t bytes);
+/* Fills with 0xff bytes: NaN in f32, f16 and bf16, so unwritten outputs fail comparisons. */
+void tk_dev_poison(void *p, size_t bytes);
+/* cudaDeviceSynchronize, asserting no error (kernel faults surface here). */
+void tk_dev_sync(void);
+
+/* ---- comparison ---- */
+typedef struct tk_compare {
+    double max_abs_err;       /* max |got - ref| */
+    double max_rel_err;       /* max |got - ref| / (atol_scale + |ref|) */
+    int64_t worst_index;
+    int64_t nan_count;        /* NaN or Inf in got where ref is finite */
+} tk_compare;
+/* Compares n elements of `got` (host copy of an output of dtype) with fp64 `ref`. */
+tk_compare tk_compare_to_ref(tk_dtype dtype, const void *got, const double *ref, int64_t n,
+                             double atol_scale);
+/* Default relative tolerance per dtype: f32 1e-5, f16 1e-3, bf16 1e-2 (GUIDE section 5),
+ * for results computed in f32 and rounded once to dtype. */
+double tk_default_rtol(tk_dtype dtype);
+
+/* Asserts that `got` matches `ref` within rtol (relative to atol_scale + |ref|), with no NaN,
+ * naming `what` (the case) in the failure message. */
+#define TK_ASSERT_CLOSE(dtype, got, ref, n, rtol, atol_scale, what)                              \
+    do {                                                                                         \
+        tk_compare tk_c_ = tk_compare_to_ref((dtype), (got), (ref), (n), (atol_scale));          \
+        cr_assert(tk_c_.nan_count == 0, "%s: %lld non-finite outputs (first bad index %lld)",   \
+                  (what), (long long)tk_c_.nan_count, (long long)tk_c_.worst_index);             \
+        cr_assert(tk_c_.max_rel_err <= (rtol),                                                   \
+                  "%s: max rel err %.3g > %.3g at index %lld (max abs err %.3g)", (what),        \
+                  tk_c_.max_rel_err, (double)(rtol), (long long)tk_c_.worst_index,               \
+                  tk_c_.max_abs_err);                                                            \
+    } while (0)
+
+#endif
