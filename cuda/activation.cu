@@ -10,9 +10,13 @@
  * elements through memory, so it is memory-bound and the aim is the copy bandwidth.
  * - Every access is a 16-byte pack (8 bf16 / 8 f16 / 4 f32), consecutive lanes touch
  *   consecutive packs: each warp instruction moves 512 contiguous bytes.
- * - Each thread issues UNROLL = 4 independent pack loads per input before its first use, so a
- *   thread keeps 64 bytes per input in flight; at 2048 resident threads per SM that is 128 KB
- *   per SM, well past what Little's law asks at ~4 TB/s and ~1 us of latency (~32 KB per SM).
+ * - Each thread loads 16 elements per input before their first use: 4 packs of f32 or 2 packs
+ *   of f16 / bf16 (unroll_for<T>). Little's law at ~4 TB/s and ~1 us of latency asks for ~32 KB
+ *   in flight per SM; 16 elements per thread keep the 2-byte kernels near 60 registers, so 4
+ *   blocks of 256 threads are resident: 32-64 KB in flight. Holding 32 bf16 elements per thread
+ *   instead (4 packs) took ~115 registers, 2 blocks per SM, and measured 0.62-0.74 of the copy
+ *   bandwidth for the transcendental kinds on an H200: the erf / exp work of one thread then
+ *   runs with too few other warps to hide the next loads.
  * - Rows are split into chunks of threads x UNROLL packs (tk_row_chunk_shape in common.cuh):
  *   no division per element, the bias pack of a column is read once per pack of x.
  * - Calls without a bias arrive as one long row, so odd sizes only leave a short scalar tail.
@@ -25,8 +29,10 @@
 
 namespace {
 
-constexpr int UNROLL = 4;
 constexpr int MAX_THREADS = 256;
+
+/* Packs per thread per input: 16 elements. */
+template <typename T, int Vec> __host__ __device__ constexpr int unroll_for() { return Vec == 1 ? 4 : 16 / Vec; }
 
 template <int Kind, bool Backward>
 __device__ __forceinline__ float activation_element(float x, float dy) {
@@ -42,6 +48,7 @@ __global__ void __launch_bounds__(MAX_THREADS) activation_kernel(tk_activation_c
     const T *dy = static_cast<const T *>(a.dy);
     const T *bias = static_cast<const T *>(a.bias);
     T *out = static_cast<T *>(a.out);
+    constexpr int UNROLL = unroll_for<T, Vec>();
     const int64_t packs_per_row = a.cols / Vec;
     const int64_t first_pack = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x;
 
@@ -89,7 +96,7 @@ template <typename T, int Kind, int Vec, bool Backward>
 cudaError_t launch(const tk_activation_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = activation_kernel<T, Kind, Vec, Backward>;
     const tk_row_chunks shape =
-        tk_row_chunk_shape<kernel>(dev, a->rows, a->cols / Vec, UNROLL, MAX_THREADS);
+        tk_row_chunk_shape<kernel>(dev, a->rows, a->cols / Vec, unroll_for<T, Vec>(), MAX_THREADS);
     kernel<<<shape.grid, shape.threads, 0, stream>>>(*a);
     return cudaGetLastError();
 }
