@@ -161,8 +161,8 @@ int64_t tk_wave_blocks(const tk_device *dev, int threads, size_t dynamic_smem) {
 /* Launch shape of the row-chunked elementwise kernels (activation, GLU): blockIdx.x picks a
  * chunk of `threads * unroll` packs within a row, blockIdx.y a row, striding over the rows.
  * The chunk count is chosen first, then the block size is trimmed so that the chunks cover the
- * row with less than one warp of idle threads (a bf16 GLU row of 14336 outputs
- * is 1792 packs: 4 chunks of 224 threads x 2, not 3.5 chunks of 256 x 2). Then enough rows run at once to fill one wave
+ * row with less than one warp of idle threads (a 3584-wide bf16 row is 448
+ * packs: one chunk of 224 threads x 2, not a 256 x 2 chunk with 32 idle threads). Then enough rows run at once to fill one wave
  * of the occupancy limit; each block strides over the remaining rows. */
 typedef struct tk_row_chunks {
     dim3 grid;
