@@ -77,6 +77,11 @@ int bench_main(int argc, char **argv, const char *const *names, const bench_fami
 /* Each family's benchmarks: benchmarks/bench_<family>.{c,cu} defines one of these and adds it
  * to the list in benchmarks/bench_main.c. */
 void bench_activation(bench_ctx *ctx);
+void bench_norm(bench_ctx *ctx);
+void bench_softmax(bench_ctx *ctx);
+void bench_rope(bench_ctx *ctx);
+void bench_attention(bench_ctx *ctx);
+void bench_gemm(bench_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -217,11 +217,259 @@ TK_API tk_status tk_glu_fwd(const tk_glu_params *p, const void *x, void *y, tk_s
 TK_API tk_status tk_glu_bwd(const tk_glu_params *p, const void *dy, const void *x, void *dx,
                             tk_stream_t stream);
 
-/* @@ NORM SECTION (issue 3) @@ */
+/* ---------------------------------------------------------------------------------------------
+ * RMSNorm and LayerNorm, forward and backward (docs/kernels/norm.md)
+ *
+ * Over each row r of a [rows, cols] tensor, with n = cols and h the row being normalised:
+ *   RMSNorm    rstd = 1 / sqrt(sum_c h_c^2 / n + eps)            y_c = h_c rstd w'_c
+ *   LayerNorm  mean = sum_c h_c / n
+ *              rstd = 1 / sqrt(sum_c (h_c - mean)^2 / n + eps)   y_c = (h_c - mean) rstd w'_c + b_c
+ * where w'_c = w_c, or 1 + w_c with gemma = 1 (Gemma's RMSNorm; also accepted for LayerNorm),
+ * and w'_c = 1 when weight is NULL, b_c = 0 when bias is NULL. The variance is the biased one
+ * (divided by n), as in PyTorch.
+ * Fused residual add (residual != NULL): h = x + residual, rounded to dtype, is written back to
+ * residual (in place) and normalised; without it h = x. rstd (and mean) are f32 per row.
+ *
+ * Tensors: x, residual, y, dy, dx have dtype p->dtype (f32, f16, bf16); weight, bias, dw, db have
+ * p->weight_dtype (p->dtype or TK_F32); rstd and mean are dense f32 [rows]. Rows are
+ * p->x_row_stride (x, dx), p->residual_row_stride (residual), p->y_row_stride (y, dy) elements
+ * apart; 0 means dense (= cols). Elements within a row are contiguous.
+ * Variants (op "norm", tk_last_variant / tk_experimental_force_variant), in selection order:
+ * "vec16" (16-byte accesses, row held in registers: needs every row start 16-byte aligned, i.e.
+ * 16-byte aligned pointers and cols and strides that are multiples of 16 bytes, and cols <= 8192),
+ * "wide_vec16" (the same alignment, any width: a block per row that reads the row twice),
+ * "scalar" (any element alignment, cols <= 4096), "wide_scalar" (anything).
+ * ------------------------------------------------------------------------------------------- */
 
-/* @@ SOFTMAX SECTION (issue 3) @@ */
+/* Shape and options of a norm call. Initialise with TK_NORM_PARAMS_INIT; fields are only ever
+ * appended. */
+typedef struct tk_norm_params {
+    size_t size;                  /* sizeof(tk_norm_params), set by TK_NORM_PARAMS_INIT */
+    tk_dtype dtype;               /* of x, residual, y, dy, dx */
+    tk_dtype weight_dtype;        /* of weight, bias, dw, db: dtype or TK_F32 */
+    int64_t rows;                 /* >= 0; 0 is a no-op */
+    int64_t cols;                 /* the normalised width, 1 .. 262144 */
+    int64_t x_row_stride;         /* elements between rows of x (and dx); 0 = cols, else >= cols */
+    int64_t residual_row_stride;  /* of residual; 0 = cols, else >= cols */
+    int64_t y_row_stride;         /* of y (and dy); 0 = cols, else >= cols */
+    float eps;                    /* > 0, finite */
+    int gemma;                    /* 0 or 1: scale by (1 + weight) */
+} tk_norm_params;
+#define TK_NORM_PARAMS_INIT {sizeof(tk_norm_params), TK_BF16, TK_BF16, 0, 0, 0, 0, 0, 1e-6f, 0}
 
-/* @@ ROPE SECTION (issue 3) @@ */
+/* Which normalisation a workspace is sized for. */
+typedef enum tk_norm_kind {
+    TK_NORM_RMS = 0,
+    TK_NORM_LAYER = 1
+} tk_norm_kind;
+
+/* RMSNorm forward as above. residual (fused add, updated in place), weight and rstd may be NULL.
+ * y may alias x exactly (same pointer, y_row_stride == x_row_stride); any other overlap between
+ * y, residual, rstd and the inputs is rejected.
+ * Errors (nothing is written): p NULL, x or y NULL with rows > 0 (TK_ERROR_NULL_POINTER);
+ * p->size too small, rows < 0, cols outside 1..262144, a stride smaller than cols, eps <= 0, NaN
+ * or infinite, gemma not 0 / 1, unknown dtype (TK_ERROR_INVALID_VALUE); weight_dtype neither
+ * dtype nor TK_F32 (TK_ERROR_NOT_SUPPORTED); a pointer not aligned to its element size
+ * (TK_ERROR_MISALIGNED); overlap (TK_ERROR_OVERLAP). */
+TK_API tk_status tk_rmsnorm_fwd(const tk_norm_params *p, const void *x, void *residual,
+                                const void *weight, void *y, float *rstd, tk_stream_t stream);
+
+/* LayerNorm forward as above; weight, bias, residual, mean and rstd may each be NULL. Same rules
+ * and errors as tk_rmsnorm_fwd. */
+TK_API tk_status tk_layernorm_fwd(const tk_norm_params *p, const void *x, void *residual,
+                                  const void *weight, const void *bias, void *y, float *mean,
+                                  float *rstd, tk_stream_t stream);
+
+/* Bytes of workspace that tk_rmsnorm_bwd (kind TK_NORM_RMS) or tk_layernorm_bwd (TK_NORM_LAYER)
+ * needs for p's shape when it computes dw or db: min(rows, max(1, 2^22 / cols)) * cols * 4
+ * bytes per reduced tensor (dw; LayerNorm also db), i.e. at most ~16 MiB each. It depends on
+ * p's rows and cols only, never on the device. Errors: as tk_rmsnorm_fwd for p, unknown kind
+ * (TK_ERROR_INVALID_VALUE), bytes NULL (TK_ERROR_NULL_POINTER). */
+TK_API tk_status tk_norm_bwd_workspace_size(const tk_norm_params *p, tk_norm_kind kind,
+                                            size_t *bytes);
+
+/* RMSNorm backward, from dy, the forward's normalised input x (for a fused residual add: the
+ * updated residual, h) and its rstd (from the forward, f32 [rows]). With w' as above,
+ * xhat = x rstd, g = dy w':
+ *     dx_c = rstd (g_c - xhat_c sum_k(g_k xhat_k) / n)
+ *     dw_c = sum over rows of dy_c xhat_c          (written when dw != NULL)
+ * dw is reduced across rows in a fixed order: the same inputs give the same bits on every run
+ * on the same device. Computing dw needs `workspace` (16-byte aligned, workspace_bytes >=
+ * tk_norm_bwd_workspace_size(p, TK_NORM_RMS)); it is overwritten. dx may alias dy or x exactly
+ * (same pointer and stride); dw and workspace must not overlap anything.
+ * Errors as tk_rmsnorm_fwd, plus: dy, x, rstd, dx NULL, workspace NULL with dw (NULL pointer);
+ * workspace_bytes too small (TK_ERROR_INVALID_VALUE); workspace not 16-byte aligned
+ * (TK_ERROR_MISALIGNED). */
+TK_API tk_status tk_rmsnorm_bwd(const tk_norm_params *p, const void *dy, const void *x,
+                                const void *weight, const float *rstd, void *dx, void *dw,
+                                void *workspace, size_t workspace_bytes, tk_stream_t stream);
+
+/* LayerNorm backward: xhat = (x - mean) rstd, g = dy w',
+ *     dx_c = rstd (g_c - sum_k(g_k) / n - xhat_c sum_k(g_k xhat_k) / n)
+ *     dw_c = sum over rows of dy_c xhat_c,   db_c = sum over rows of dy_c
+ * dw and db (each optional) are deterministic as in tk_rmsnorm_bwd; the workspace is
+ * tk_norm_bwd_workspace_size(p, TK_NORM_LAYER) bytes. mean and rstd are the forward's. */
+TK_API tk_status tk_layernorm_bwd(const tk_norm_params *p, const void *dy, const void *x,
+                                  const void *weight, const float *mean, const float *rstd,
+                                  void *dx, void *dw, void *db, void *workspace,
+                                  size_t workspace_bytes, tk_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Softmax and log-softmax over rows (docs/kernels/softmax.md)
+ *
+ * For a [rows, cols] tensor, row r, visible columns c < len(r):
+ *
+ *     softmax      y[r, c] = exp(scale x[r, c] - m) / sum_{c' < len} exp(scale x[r, c'] - m)
+ *     log-softmax  y[r, c] = scale x[r, c] - m - log(sum_{c' < len} exp(scale x[r, c'] - m))
+ *
+ * with m the row's maximum of scale * x (numerically stable at any magnitude). Columns
+ * c >= len(r) are masked: softmax writes 0 there, log-softmax -inf, and their x is not read
+ * (beyond the 16-byte pack that holds column len(r)). Exponentials use the hardware's ex2:
+ * results below 2^-126 (about 1e-38) are 0.
+ *
+ * Causal mask (causal = 1), one convention: row r sees column c  <=>  c <= q(r) + causal_offset,
+ * where q(r) = r % causal_period is the query index of the row within its attention matrix
+ * (causal_period = 0 means rows: one matrix). So len(r) = clamp(q(r) + causal_offset + 1, 0,
+ * cols). For attention scores [batch, heads, seqlen_q, seqlen_k] flattened to rows =
+ * batch * heads * seqlen_q, cols = seqlen_k: causal_period = seqlen_q and causal_offset =
+ * seqlen_k - seqlen_q aligns the mask bottom-right (as tk_attention_fwd and FlashAttention 2.1+);
+ * causal_offset = 0 aligns it top-left (PyTorch's is_causal). A row that sees no column
+ * (q(r) + causal_offset < 0) is all 0 (softmax) or all -inf (log-softmax). Without a mask,
+ * len(r) = cols.
+ *
+ * Backward, with y the forward output and dy the gradient of y (sums over visible columns):
+ *     softmax      dx[r, c] = scale * y[r, c] * (dy[r, c] - sum_c' dy[r, c'] y[r, c'])
+ *     log-softmax  dx[r, c] = scale * (dy[r, c] - exp(y[r, c]) * sum_c' dy[r, c'])
+ * and dx = 0 at masked columns (y and dy are not read there).
+ *
+ * Inputs may hold -inf (an additive mask); a row whose visible inputs are all -inf gives NaN, as
+ * in PyTorch. Rows of any width >= 1 (vocabulary rows of 131072 and more); arithmetic in f32.
+ * Initialise with TK_SOFTMAX_PARAMS_INIT; fields are only ever appended.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tk_softmax_params {
+    size_t size;              /* sizeof(tk_softmax_params), set by TK_SOFTMAX_PARAMS_INIT */
+    tk_dtype dtype;           /* of x, y, dy and dx: TK_F32, TK_F16 or TK_BF16 */
+    int64_t rows;             /* >= 0; 0 is a no-op */
+    int64_t cols;             /* 1 .. 2^30 */
+    int64_t x_row_stride;     /* elements between rows of x (and of dx); 0 = cols */
+    int64_t y_row_stride;     /* elements between rows of y (and of dy); 0 = cols */
+    float scale;              /* finite; multiplies x before the softmax (1 = plain softmax) */
+    int log;                  /* 0: softmax, 1: log-softmax */
+    int causal;               /* 0 or 1 */
+    int64_t causal_offset;    /* causal = 1: row r sees columns c <= r % causal_period + offset */
+    int64_t causal_period;    /* causal = 1: rows per attention matrix, >= 0; 0 = rows */
+} tk_softmax_params;
+#define TK_SOFTMAX_PARAMS_INIT {sizeof(tk_softmax_params), TK_BF16, 0, 0, 0, 0, 1.0f, 0, 0, 0, 0}
+
+/* y = softmax (or log-softmax) of x as described above. y may alias x exactly (same pointer and
+ * y_row_stride == x_row_stride: in place); any other overlap is rejected. Pointers must be
+ * aligned to the element size; any other alignment is accepted (16-byte aligned rows are faster).
+ * Variants (tk_last_variant, force with op "softmax"), in selection order: "vec16_regs" (a row
+ * held in registers, 16-byte accesses; forward rows up to 32768 f16 / bf16 or 16384 f32
+ * elements, backward rows up to half that), "vec16_stream" (any width: a first pass computes
+ * the row's max and sum online, a second re-reads the row, from L2 as a rule, and writes y),
+ * "scalar_regs" and "scalar_stream"
+ * (the same with one element per access, for rows that are not 16-byte aligned).
+ * Errors: p NULL, x / y NULL with rows > 0 (TK_ERROR_NULL_POINTER); p->size too small, unknown
+ * dtype, rows < 0, cols < 1, a row stride smaller than cols, scale NaN or infinite, log or
+ * causal not 0 / 1, causal_period < 0, sizes whose byte counts overflow
+ * (TK_ERROR_INVALID_VALUE); cols > 2^30 (TK_ERROR_NOT_SUPPORTED); a pointer not aligned to its element size (TK_ERROR_MISALIGNED);
+ * overlap (TK_ERROR_OVERLAP). */
+TK_API tk_status tk_softmax_fwd(const tk_softmax_params *p, const void *x, void *y,
+                                tk_stream_t stream);
+
+/* dx from the forward output y and its gradient dy (formulas above; p as in the forward call:
+ * y and dy use y_row_stride, dx uses x_row_stride). dx may alias dy or y exactly (same pointer
+ * and equal strides); other overlaps are rejected. Same variants and errors as tk_softmax_fwd
+ * (NULL y, dy or dx). */
+TK_API tk_status tk_softmax_bwd(const tk_softmax_params *p, const void *y, const void *dy,
+                                void *dx, tk_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Rotary position embedding, RoPE (docs/kernels/rope.md)
+ *
+ * Q [tokens, heads_q, head_dim] and K [tokens, heads_k, head_dim] (GQA: heads_k may differ from
+ * heads_q) are rotated in one launch. Token t has position p(t) = positions[t] (an int32 or
+ * int64 array) or, without an array, position_start + t. The first rotary_dim elements of each
+ * head form rotary_dim / 2 pairs (x1, x2), pair i turned by the angle a = p(t) * inv_freq_i:
+ *
+ *     out1 = x1 cos a - x2 sin a        out2 = x2 cos a + x1 sin a
+ *
+ *   TK_ROPE_NEOX  (GPT-NeoX, Llama in Hugging Face, "rotate half"): x1 = x[i], x2 = x[i + rotary_dim/2]
+ *   TK_ROPE_GPTJ  (GPT-J, Llama's original code, "interleaved"):    x1 = x[2i], x2 = x[2i + 1]
+ *
+ * Elements rotary_dim .. head_dim - 1 are copied to the output (out of place) or left alone (in
+ * place). The backward pass (tk_rope_bwd) rotates by -a, which is the exact gradient.
+ *
+ * Angles: from a caller's cache, cos_cache[p * cache_row_stride + i] and sin_cache[p *
+ * cache_row_stride + i] (f32, 0 <= p < max_position; vLLM's cos_sin_cache [max_position,
+ * rotary_dim] is cos_cache = cache, sin_cache = cache + rotary_dim / 2, cache_row_stride =
+ * rotary_dim), or computed in the kernel from theta: inv_freq_i = theta^(-2i / rotary_dim).
+ * Computed angles are exact to f32 rounding of the angle reduced to [-pi, pi] (error about
+ * 2e-7 rad) for any |position| < 2^40: the product p * inv_freq and its reduction are done in
+ * f64, then sincosf. Tables built in f32 (p * inv_freq rounded to f32, as PyTorch code does) err
+ * by up to |p * inv_freq| * 2^-24 rad, e.g. 0.06 rad at position 10^6; pass such a table as the
+ * cache to reproduce it. Scaled variants (YaRN, Llama 3.1, NTK) are a cache built by the caller.
+ *
+ * Strides are in elements, {token, head}; the last dimension is contiguous. All zero means dense
+ * ([tokens, heads, head_dim]), so [batch, seq, heads, dim] is tokens = batch * seq, and Q and K
+ * of a packed QKV buffer [tokens, heads_q + 2 heads_k, head_dim] are q = qkv, k = qkv +
+ * heads_q * head_dim, with token stride (heads_q + 2 heads_k) * head_dim for both. The outputs'
+ * strides all zero mean "same as the input's". Each tensor's (token, head) rows must not overlap
+ * one another. Initialise with TK_ROPE_PARAMS_INIT; fields are only ever appended.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum tk_rope_style {
+    TK_ROPE_NEOX = 0,  /* rotate halves */
+    TK_ROPE_GPTJ = 1   /* rotate interleaved pairs */
+} tk_rope_style;
+
+typedef struct tk_rope_params {
+    size_t size;                 /* sizeof(tk_rope_params), set by TK_ROPE_PARAMS_INIT */
+    tk_dtype dtype;              /* of q, k and the outputs: TK_F32, TK_F16 or TK_BF16 */
+    tk_rope_style style;
+    int64_t tokens;              /* >= 0; 0 is a no-op */
+    int64_t heads_q;             /* >= 0 (0: no Q; q and q_out may be NULL) */
+    int64_t heads_k;             /* >= 0 (0: no K; k and k_out may be NULL) */
+    int64_t head_dim;            /* >= 2 */
+    int64_t rotary_dim;          /* even, 2 <= rotary_dim <= head_dim; 0 = head_dim */
+    int64_t q_strides[2];        /* {token, head} of q; {0, 0} = dense */
+    int64_t k_strides[2];        /* {token, head} of k; {0, 0} = dense */
+    int64_t q_out_strides[2];    /* {token, head} of q_out; {0, 0} = q_strides */
+    int64_t k_out_strides[2];    /* {token, head} of k_out; {0, 0} = k_strides */
+    const int32_t *positions32;  /* [tokens] positions, or NULL */
+    const int64_t *positions64;  /* [tokens] positions, or NULL (at most one of the two) */
+    int64_t position_start;      /* without an array: p(t) = position_start + t */
+    float theta;                 /* > 0 and finite, e.g. 10000 (Llama 2) or 500000 (Llama 3) */
+    const float *cos_cache;      /* NULL: angles from theta; else with sin_cache, as above */
+    const float *sin_cache;
+    int64_t cache_row_stride;    /* floats between cache rows, >= rotary_dim / 2; 0 = rotary_dim / 2 */
+    int64_t max_position;        /* rows of the cache, >= 1 (with a cache only) */
+} tk_rope_params;
+#define TK_ROPE_PARAMS_INIT                                                                      \
+    {sizeof(tk_rope_params), TK_BF16, TK_ROPE_NEOX, 0, 0, 0, 0, 0, {0, 0}, {0, 0}, {0, 0},      \
+     {0, 0}, NULL, NULL, 0, 10000.0f, NULL, NULL, 0, 0}
+
+/* Rotates q into q_out and k into k_out (described above). In place: q_out == q with equal
+ * strides (likewise k); otherwise an output must not overlap any input. In place, q and k (and
+ * out of place, q_out and k_out) may interleave, as in a packed QKV buffer, but not share an
+ * element. A cache position outside [0, max_position) is not read: that token's rotated
+ * elements become NaN. Pointers must be aligned to their element size; 16-byte aligned tensors
+ * with strides, rotary_dim / 2 and head_dim - rotary_dim multiples of 16 bytes run faster.
+ * Variants (tk_last_variant, force with op "rope"): "vec16" (16-byte accesses) then "scalar".
+ * Errors: p NULL, q / q_out NULL with heads_q > 0, k / k_out NULL with heads_k > 0, sin_cache
+ * NULL with cos_cache set or the reverse (TK_ERROR_NULL_POINTER); p->size too small, unknown
+ * dtype or style, tokens or heads < 0, head_dim < 2, rotary_dim odd, < 0 or > head_dim, a stride
+ * < 0 or one that makes rows overlap, both position arrays set, theta <= 0, NaN or infinite
+ * (without a cache), max_position < 1 or cache_row_stride < rotary_dim / 2 (with a cache),
+ * sizes that overflow (TK_ERROR_INVALID_VALUE); misaligned pointers (TK_ERROR_MISALIGNED);
+ * overlaps (TK_ERROR_OVERLAP). */
+TK_API tk_status tk_rope_fwd(const tk_rope_params *p, const void *q, const void *k, void *q_out,
+                             void *k_out, tk_stream_t stream);
+
+/* Gradient of tk_rope_fwd: dq_out = R(-a) dq and dk_out = R(-a) dk, same parameters, in-place
+ * and overlap rules. */
+TK_API tk_status tk_rope_bwd(const tk_rope_params *p, const void *dq, const void *dk,
+                             void *dq_out, void *dk_out, tk_stream_t stream);
 
 /* @@ ATTENTION SECTION (issue 4) @@ */
 

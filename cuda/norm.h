@@ -1,0 +1,85 @@
+/* Launchers of the RMSNorm / LayerNorm kernels (cuda/norm_fwd.cu, cuda/norm_bwd.cu), called by
+ * src/norm.c after validation. Internal. */
+#ifndef TK_CUDA_NORM_H
+#define TK_CUDA_NORM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "launch.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One forward or backward call; strides are resolved (never 0). */
+typedef struct tk_norm_call {
+    int layernorm;          /* 0 RMSNorm, 1 LayerNorm */
+    int dtype;              /* tk_dtype of x, residual, y, dy, dx */
+    int weight_dtype;       /* tk_dtype of weight, bias, dw, db: dtype or TK_F32 */
+    bool backward;
+    bool gemma;             /* scale by 1 + weight */
+    int64_t rows, cols;
+    int64_t x_stride;       /* x, dx */
+    int64_t residual_stride;
+    int64_t y_stride;       /* y, dy */
+    float eps;
+    const void *x;
+    void *residual;         /* forward: NULL or updated in place with x + residual */
+    const void *weight;     /* NULL: 1 */
+    const void *bias;       /* NULL: 0 */
+    void *y;
+    float *mean_out, *rstd_out;             /* forward stats, each optional */
+    const void *dy;
+    const float *mean_in, *rstd_in;         /* backward stats (mean_in: LayerNorm only) */
+    void *dx;
+    void *dw, *db;                          /* optional */
+    float *workspace;       /* with dw or db: workspace_slots * cols floats per reduced tensor */
+    int64_t workspace_slots;
+} tk_norm_call;
+
+/* Elements of a row that a "rows" kernel thread holds (16-byte packs / scalars); a row is held
+ * by one block of at most TK_NORM_ROWS_MAX_THREADS threads. */
+#define TK_NORM_FWD_ELEMS_VEC 16
+#define TK_NORM_FWD_ELEMS_SCALAR 8
+#define TK_NORM_BWD_ELEMS_VEC 16
+#define TK_NORM_BWD_ELEMS_SCALAR 8
+#define TK_NORM_ROWS_MAX_THREADS 512
+
+/* Whether a row of `cols` elements, accessed in packs of `vec` elements, fits the registers of
+ * the "rows" kernels (the "vec16" and "scalar" variants); wider rows take the "wide" ones. */
+static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
+    const int64_t per_thread = backward ? (vec > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR)
+                                        : (vec > 1 ? TK_NORM_FWD_ELEMS_VEC : TK_NORM_FWD_ELEMS_SCALAR);
+    return cols <= TK_NORM_ROWS_MAX_THREADS * per_thread;
+}
+
+/* Partial-sum slots of the backward dw / db reduction for a shape: a function of the shape
+ * only, so that the workspace size does not depend on the device. The launchers use at most
+ * this many (fewer on a smaller GPU). About 2^22 floats (16 MiB) per reduced tensor: >= 2048
+ * slots for rows of up to 2048 elements, 16 for the widest rows (262144). */
+static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
+    int64_t cap = ((int64_t)1 << 22) / cols;
+    if (cap < 1)
+        cap = 1;
+    return rows < cap ? rows : cap;
+}
+
+/* "vec16": 16-byte packs, row in registers. "scalar": one element per access. */
+cudaError_t tk_launch_norm_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
+/* "wide_vec16" / "wide_scalar": a block per row, any width, the row read twice. */
+cudaError_t tk_launch_norm_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
+
+/* The per-direction halves, in cuda/norm_fwd.cu and cuda/norm_bwd.cu. */
+cudaError_t tk_launch_norm_fwd(const tk_norm_call *a, bool vec, bool wide, const tk_device *dev,
+                               cudaStream_t stream);
+cudaError_t tk_launch_norm_bwd(const tk_norm_call *a, bool vec, bool wide, const tk_device *dev,
+                               cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

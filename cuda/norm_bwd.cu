@@ -1,0 +1,289 @@
+/*
+ * RMSNorm and LayerNorm backward. With the forward's stats (mu = 0 for RMSNorm) per row,
+ * xhat = (x - mu) rstd and g = dy w' (w' = w, 1 + w or 1):
+ *
+ *     dx = rstd (g - mean(g) - xhat mean(g xhat))     (RMSNorm: without the mean(g) term)
+ *     dw = sum over rows of dy xhat,   db = sum over rows of dy
+ *
+ * dw and db are reduced deterministically in two stages: stage 1 (the dx kernel) leaves one
+ * f32 partial sum per column for each row group in the caller's workspace ([slots][cols] for
+ * dw, then the same for db), each group summing its rows in a fixed order; stage 2
+ * (norm_reduce_slots) adds the partials of each column in a fixed order (8 interleaved
+ * sequences, then those 8 in order). Same inputs and same device => same bits.
+ *
+ * Why it is fast: 3 tensors move (x and dy in, dx out); ~20 flops per element: memory-bound.
+ * - "rows" kernels: a group of threads holds the row (norm.cuh), 16 elements per thread for
+ *   16-byte packs (2 bf16 / 4 f32 packs) and 8 for scalars, groups of up to 512 threads (rows
+ *   up to 8192 / 4096). A thread always owns the same columns, so it keeps its dw / db partials
+ *   (2 x 16 floats) in registers across all rows of its group; the partials leave once per
+ *   group, not once per row. Groups = min(one occupancy wave, workspace slots). w' is re-read
+ *   per row (L1 hits) to keep registers for the partials.
+ * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
+ *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
+ *   (read-modify-write, overwritten on the group's first row: no memset needed).
+ * - Stage 2 reads slots x cols floats (a few MB: ~2-5% of the dx traffic at 16384 x 4096).
+ */
+#include "norm.cuh"
+
+namespace {
+
+constexpr int WIDE_THREADS = 512;
+constexpr int REDUCE_COLS = 32, REDUCE_LANES = 8;
+
+template <int VEC> constexpr int bwd_packs() {
+    return (VEC > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR) / VEC;
+}
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_norm_call a, int group) {
+    constexpr int PACKS = bwd_packs<VEC>();
+    __shared__ float scratch[32];
+    const W *w = static_cast<const W *>(a.weight);
+    const int packs_row = (int)(a.cols / VEC);
+    const int groups_per_block = blockDim.x / group;
+    const int local = threadIdx.x / group, lane = threadIdx.x % group;
+    const int64_t first_group = (int64_t)blockIdx.x * groups_per_block;
+    const float inv_n = 1.0f / (float)a.cols;
+
+    float dw_acc[PACKS][VEC], db_acc[PACKS][VEC];
+#pragma unroll
+    for (int p = 0; p < PACKS; p++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            dw_acc[p][e] = db_acc[p][e] = 0.0f;
+
+    for (int64_t base = first_group; base < a.rows; base += (int64_t)gridDim.x * groups_per_block) {
+        const int64_t row = base + local;
+        const bool active = row < a.rows;
+        /* In-row offsets are 32-bit (cols <= 262144); only the row bases are 64-bit. */
+        const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride;
+        const T *__restrict__ dy_row = static_cast<const T *>(a.dy) + row * a.y_stride;
+        T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride;
+        tk_pack<T, VEC> xs[PACKS], dys[PACKS];
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (active && j < packs_row) {
+                xs[p] = tk_load_pack<T, VEC>(x_row + j * VEC);
+                dys[p] = tk_load_pack<T, VEC>(dy_row + j * VEC);
+            }
+        }
+        const float mean = active && a.layernorm ? a.mean_in[row] : 0.0f;
+        const float rstd = active ? a.rstd_in[row] : 0.0f;
+        float sum_gx = 0.0f, sum_g = 0.0f;
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (active && j < packs_row) {
+                float scale[VEC];
+                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
+                    const float d = tk_to_float(dys[p].v[e]);
+                    const float g = d * scale[e];
+                    sum_gx += g * xhat;
+                    sum_g += g;
+                    dw_acc[p][e] += d * xhat;
+                    db_acc[p][e] += d;
+                }
+            }
+        }
+        const float c_gx = norm_group_sum(sum_gx, group, scratch) * inv_n;
+        const float c_g = a.layernorm ? norm_group_sum(sum_g, group, scratch) * inv_n : 0.0f;
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (active && j < packs_row) {
+                float scale[VEC];
+                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+                tk_pack<T, VEC> out;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
+                    const float g = tk_to_float(dys[p].v[e]) * scale[e];
+                    out.v[e] = tk_from_float<T>(rstd * (g - c_g - xhat * c_gx));
+                }
+                tk_store_pack<T, VEC>(dx_row + j * VEC, out);
+            }
+        }
+    }
+
+    /* The group's partials: groups with no row (past the last one) have nothing to leave. */
+    const int64_t slot = first_group + local;
+    if (slot >= a.rows || (a.dw == nullptr && a.db == nullptr))
+        return;
+    float *ws_w = a.workspace + slot * a.cols;
+    float *ws_b = a.workspace + (a.workspace_slots + slot) * a.cols;
+#pragma unroll
+    for (int p = 0; p < PACKS; p++) {
+        const int j = lane + p * group;
+        if (j < packs_row) {
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                if (a.dw)
+                    ws_w[j * VEC + e] = dw_acc[p][e];
+                if (a.db)
+                    ws_b[j * VEC + e] = db_acc[p][e];
+            }
+        }
+    }
+}
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(WIDE_THREADS) norm_bwd_wide(tk_norm_call a) {
+    __shared__ float scratch[32];
+    const T *__restrict__ x = static_cast<const T *>(a.x);
+    const T *__restrict__ dy = static_cast<const T *>(a.dy);
+    const W *w = static_cast<const W *>(a.weight);
+    T *dx = static_cast<T *>(a.dx);
+    const int64_t packs_row = a.cols / VEC;
+    const float inv_n = 1.0f / (float)a.cols;
+    float *ws_w = a.workspace + (int64_t)blockIdx.x * a.cols;
+    float *ws_b = a.workspace + (a.workspace_slots + blockIdx.x) * a.cols;
+
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        const bool first = row == blockIdx.x;
+        const T *x_row = x + row * a.x_stride;
+        const T *dy_row = dy + row * a.y_stride;
+        const float mean = a.layernorm ? a.mean_in[row] : 0.0f;
+        const float rstd = a.rstd_in[row];
+        float sum_gx = 0.0f, sum_g = 0.0f;
+        for (int64_t j = threadIdx.x; j < packs_row; j += blockDim.x) {
+            const tk_pack<T, VEC> xs = tk_load_pack<T, VEC>(x_row + j * VEC);
+            const tk_pack<T, VEC> ds = tk_load_pack<T, VEC>(dy_row + j * VEC);
+            float scale[VEC];
+            norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float g = tk_to_float(ds.v[e]) * scale[e];
+                sum_gx += g * (tk_to_float(xs.v[e]) - mean) * rstd;
+                sum_g += g;
+            }
+        }
+        const float c_gx = tk_block_sum(sum_gx, scratch) * inv_n;
+        const float c_g = a.layernorm ? tk_block_sum(sum_g, scratch) * inv_n : 0.0f;
+        for (int64_t j = threadIdx.x; j < packs_row; j += blockDim.x) {
+            const tk_pack<T, VEC> xs = tk_load_pack<T, VEC>(x_row + j * VEC);
+            const tk_pack<T, VEC> ds = tk_load_pack<T, VEC>(dy_row + j * VEC);
+            float scale[VEC];
+            norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+            tk_pack<T, VEC> out;
+            float dw_part[VEC], db_part[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float xhat = (tk_to_float(xs.v[e]) - mean) * rstd;
+                const float d = tk_to_float(ds.v[e]);
+                out.v[e] = tk_from_float<T>(rstd * (d * scale[e] - c_g - xhat * c_gx));
+                dw_part[e] = d * xhat;
+                db_part[e] = d;
+            }
+            tk_store_pack<T, VEC>(dx + row * a.x_stride + j * VEC, out);
+            /* The group's running sums: overwritten on its first row, so no memset is needed. */
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                if (a.dw)
+                    ws_w[j * VEC + e] = first ? dw_part[e] : ws_w[j * VEC + e] + dw_part[e];
+                if (a.db)
+                    ws_b[j * VEC + e] = first ? db_part[e] : ws_b[j * VEC + e] + db_part[e];
+            }
+        }
+    }
+}
+
+/* Stage 2: out[c] = sum over slots s < used of partials[s][c], blockIdx.y = 0 for dw, 1 for db.
+ * A 32 x 8 block: lane (tx, ty) sums slots ty, ty + 8, ... of column c in order, then ty = 0
+ * adds the 8 sums in order. Loads are 128-byte rows per warp. */
+template <typename W>
+__global__ void __launch_bounds__(REDUCE_COLS *REDUCE_LANES) norm_reduce_slots(tk_norm_call a, int64_t used) {
+    __shared__ float part[REDUCE_LANES][REDUCE_COLS];
+    W *out = static_cast<W *>(blockIdx.y == 0 ? a.dw : a.db);
+    if (out == nullptr)
+        return; /* uniform per block */
+    const float *ws = a.workspace + (blockIdx.y == 0 ? 0 : a.workspace_slots * a.cols);
+    const int tx = threadIdx.x % REDUCE_COLS, ty = threadIdx.x / REDUCE_COLS;
+    const int64_t c = (int64_t)blockIdx.x * REDUCE_COLS + tx;
+    float sum = 0.0f;
+    if (c < a.cols) {
+#pragma unroll 4
+        for (int64_t s = ty; s < used; s += REDUCE_LANES)
+            sum += ws[s * a.cols + c];
+    }
+    part[ty][tx] = sum;
+    __syncthreads();
+    if (ty == 0 && c < a.cols) {
+        float total = part[0][tx];
+#pragma unroll
+        for (int k = 1; k < REDUCE_LANES; k++)
+            total += part[k][tx];
+        out[c] = tk_from_float<W>(total);
+    }
+}
+
+template <typename W>
+cudaError_t launch_reduce(const tk_norm_call *a, int64_t used, cudaStream_t stream) {
+    if (a->dw == nullptr && a->db == nullptr)
+        return cudaSuccess;
+    const dim3 grid((unsigned)((a->cols + REDUCE_COLS - 1) / REDUCE_COLS), 2);
+    norm_reduce_slots<W><<<grid, REDUCE_COLS * REDUCE_LANES, 0, stream>>>(*a, used);
+    return cudaGetLastError();
+}
+
+/* Blocks for `groups_needed` row groups of `groups_per_block`: at most one wave, and with dw /
+ * db at most the workspace's slots (min(rows, slots) groups leave partials). */
+template <auto Kernel>
+int64_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, int groups_per_block) {
+    int64_t blocks = (a->rows + groups_per_block - 1) / groups_per_block;
+    const int64_t wave = tk_wave_blocks<Kernel>(dev, threads, 0);
+    if (blocks > wave)
+        blocks = wave;
+    if ((a->dw || a->db) && blocks * groups_per_block > a->workspace_slots && a->workspace_slots < a->rows)
+        blocks = a->workspace_slots / groups_per_block;
+    return blocks < 1 ? 1 : blocks;
+}
+
+template <typename T, typename W, int VEC>
+cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
+    int64_t groups;
+    if (wide) {
+        constexpr auto kernel = norm_bwd_wide<T, W, VEC>;
+        const int64_t blocks = grid_for<kernel>(a, dev, WIDE_THREADS, 1);
+        kernel<<<(unsigned)blocks, WIDE_THREADS, 0, stream>>>(*a);
+        groups = blocks;
+    } else {
+        constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
+        constexpr int packs = bwd_packs<VEC>();
+        const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
+        const int groups_per_block = s.threads / s.group;
+        const int64_t blocks = grid_for<kernel>(a, dev, s.threads, groups_per_block);
+        kernel<<<(unsigned)blocks, s.threads, 0, stream>>>(*a, s.group);
+        groups = blocks * groups_per_block;
+    }
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return err;
+    return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, stream);
+}
+
+template <typename T, int VEC>
+cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
+    if (a->weight_dtype == TK_F32)
+        return launch<T, float, VEC>(a, wide, dev, stream);
+    return launch<T, T, VEC>(a, wide, dev, stream);
+}
+
+} // namespace
+
+extern "C" cudaError_t tk_launch_norm_bwd(const tk_norm_call *a, bool vec, bool wide,
+                                          const tk_device *dev, cudaStream_t stream) {
+    switch (a->dtype) {
+    case TK_F32:
+        return vec ? launch<float, float, 4>(a, wide, dev, stream) : launch<float, float, 1>(a, wide, dev, stream);
+    case TK_F16:
+        return vec ? launch_weight<__half, 8>(a, wide, dev, stream) : launch_weight<__half, 1>(a, wide, dev, stream);
+    case TK_BF16:
+        return vec ? launch_weight<__nv_bfloat16, 8>(a, wide, dev, stream)
+                   : launch_weight<__nv_bfloat16, 1>(a, wide, dev, stream);
+    }
+    return cudaErrorInvalidValue;
+}

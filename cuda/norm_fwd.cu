@@ -1,0 +1,336 @@
+/*
+ * RMSNorm and LayerNorm forward, with the optional fused residual add:
+ *
+ *     h = x (+ residual, rounded to the dtype and written back to residual)
+ *     RMSNorm    rstd = 1 / sqrt(mean(h^2) + eps)               y = h rstd w'
+ *     LayerNorm  mu = mean(h), rstd = 1 / sqrt(mean((h - mu)^2) + eps)
+ *                                                               y = (h - mu) rstd w' + b
+ *
+ * w' = w, 1 + w (gemma) or 1; f32 arithmetic; rstd and mu optionally stored per row (f32).
+ *
+ * Why it is fast: ~10 flops per element against 4 (plain) or 8 (residual) bytes of bf16
+ * traffic: memory-bound, so one pass over memory is the goal.
+ * - "rows" kernels (vec16 / scalar) hold the whole row in registers (norm.cuh has the thread
+ *   mapping): 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs), 8 scalars
+ *   otherwise, in one block of up to 512 threads, so rows up to 8192 (4096 scalar). Each
+ *   thread issues all its loads (x and residual) before the first use, so the row is read once
+ *   and written once; the reductions are warp shuffles plus, for groups wider than a warp, one
+ *   shared-memory step. LayerNorm's variance is a second pass over the registers (exact
+ *   two-pass, no cancellation). Registers: ~64 (ptxas -v, sm_90a), so 1024 threads per SM:
+ *   a bf16 4096 row is 256 threads x 2 packs, and an SM keeps 4 rows (32 KB of x, plus 32 KB
+ *   of residual) in flight, the ~24-32 KB that Little's law asks at ~30 GB/s per SM and
+ *   ~1 us of latency. (32 elements per thread measured 104 registers and half the threads.)
+ * - "wide" kernels (any width, up to 262144): a 512-thread block per row, two passes over the
+ *   row: pass 1 reads it (adding and storing the residual) and accumulates per-thread shifted
+ *   sums, combined across the block with Chan's formula in a fixed order; pass 2 reads it back
+ *   (from L2 when it is still there) and writes y. Only for rows the registers cannot hold,
+ *   or when forced.
+ * Grids: one wave of the occupancy limit (tk_wave_blocks) or fewer, blocks striding over rows.
+ */
+#include "norm.cuh"
+
+namespace {
+
+constexpr int WIDE_THREADS = 512;
+constexpr int WIDE_UNROLL = 2;
+
+template <int VEC> constexpr int fwd_packs() {
+    return (VEC > 1 ? TK_NORM_FWD_ELEMS_VEC : TK_NORM_FWD_ELEMS_SCALAR) / VEC;
+}
+
+/* Minimum blocks per SM: 2 x 512 threads (<= 64 registers, 1024 threads per SM) for 16-byte
+ * packs, which fit in 64 without spilling; 1 for scalars, which need ~70 (at 64, sm_86 spills). */
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, VEC > 1 ? 2 : 1) norm_fwd_rows(tk_norm_call a, int group) {
+    constexpr int PACKS = fwd_packs<VEC>();
+    __shared__ float scratch[32];
+    const W *w = static_cast<const W *>(a.weight);
+    const W *b = static_cast<const W *>(a.bias);
+    const int packs_row = (int)(a.cols / VEC);
+    const int groups_per_block = blockDim.x / group;
+    const int local = threadIdx.x / group, lane = threadIdx.x % group;
+    const float inv_n = 1.0f / (float)a.cols;
+
+    for (int64_t base = (int64_t)blockIdx.x * groups_per_block; base < a.rows;
+         base += (int64_t)gridDim.x * groups_per_block) {
+        const int64_t row = base + local;
+        const bool active = row < a.rows;
+        /* In-row offsets are 32-bit (cols <= 262144); only the row bases are 64-bit. */
+        const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride;
+        T *__restrict__ res_row = a.residual ? static_cast<T *>(a.residual) + row * a.residual_stride : nullptr;
+        T *y_row = static_cast<T *>(a.y) + row * a.y_stride;
+        tk_pack<T, VEC> h[PACKS], r[PACKS];
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (active && j < packs_row) {
+                h[p] = tk_load_pack<T, VEC>(x_row + j * VEC);
+                if (res_row)
+                    r[p] = tk_load_pack<T, VEC>(res_row + j * VEC);
+            }
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (active && j < packs_row) {
+                if (res_row) {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++)
+                        h[p].v[e] = tk_from_float<T>(tk_to_float(h[p].v[e]) + tk_to_float(r[p].v[e]));
+                    tk_store_pack<T, VEC>(res_row + j * VEC, h[p]);
+                }
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    sum += tk_to_float(h[p].v[e]);
+            }
+        }
+        float mean = 0.0f;
+        if (a.layernorm)
+            mean = norm_group_sum(sum, group, scratch) * inv_n;
+        float squares = 0.0f;
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (active && j < packs_row) {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float d = tk_to_float(h[p].v[e]) - mean;
+                    squares += d * d;
+                }
+            }
+        }
+        const float rstd = rsqrtf(norm_group_sum(squares, group, scratch) * inv_n + a.eps);
+        if (active && lane == 0) {
+            if (a.rstd_out)
+                a.rstd_out[row] = rstd;
+            if (a.mean_out)
+                a.mean_out[row] = mean;
+        }
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (active && j < packs_row) {
+                float scale[VEC], shift[VEC];
+                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+                if (b)
+                    norm_load_params<W, VEC>(b, j * VEC, shift);
+                tk_pack<T, VEC> out;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float v = (tk_to_float(h[p].v[e]) - mean) * rstd * scale[e];
+                    out.v[e] = tk_from_float<T>(b ? v + shift[e] : v);
+                }
+                tk_store_pack<T, VEC>(y_row + j * VEC, out);
+            }
+        }
+    }
+}
+
+/* Mean and sum of squared deviations of `count` values (Chan, Golub, LeVeque). */
+struct moments {
+    float count, mean, m2;
+};
+
+__device__ __forceinline__ moments combine(moments a, moments b) {
+    if (b.count == 0.0f)
+        return a;
+    if (a.count == 0.0f)
+        return b;
+    const float count = a.count + b.count, delta = b.mean - a.mean, fb = b.count / count;
+    return {count, a.mean + delta * fb, a.m2 + b.m2 + delta * delta * a.count * fb};
+}
+
+__device__ __forceinline__ moments shfl_down(moments m, int offset) {
+    return {__shfl_down_sync(0xffffffffu, m.count, offset), __shfl_down_sync(0xffffffffu, m.mean, offset),
+            __shfl_down_sync(0xffffffffu, m.m2, offset)};
+}
+
+/* Block-wide combination in a fixed tree order; every thread gets the result. */
+__device__ __forceinline__ moments block_moments(moments m, moments *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        m = combine(m, shfl_down(m, offset));
+    __syncthreads(); /* scratch may still be read by the previous row */
+    if (lane == 0)
+        scratch[warp] = m;
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < warps ? scratch[lane] : moments{0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1)
+            m = combine(m, shfl_down(m, offset));
+        if (lane == 0)
+            scratch[32] = m;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(WIDE_THREADS) norm_fwd_wide(tk_norm_call a) {
+    __shared__ moments scratch[33];
+    const T *__restrict__ x = static_cast<const T *>(a.x);
+    T *__restrict__ res = static_cast<T *>(a.residual);
+    const W *w = static_cast<const W *>(a.weight);
+    const W *b = static_cast<const W *>(a.bias);
+    T *y = static_cast<T *>(a.y);
+    const int64_t packs_row = a.cols / VEC;
+    const int64_t step = (int64_t)blockDim.x * WIDE_UNROLL;
+
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        const T *x_row = x + row * a.x_stride;
+        T *res_row = res ? res + row * a.residual_stride : nullptr;
+        /* Pass 1: per-thread sums of (h - shift) and its square, shift = the thread's first
+         * value (LayerNorm; 0 for RMSNorm), which keeps the f32 sums free of cancellation. */
+        float count = 0.0f, shift = 0.0f, s1 = 0.0f, s2 = 0.0f;
+        for (int64_t j0 = threadIdx.x; j0 < packs_row; j0 += step) {
+            tk_pack<T, VEC> h[WIDE_UNROLL], r[WIDE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < WIDE_UNROLL; u++) {
+                const int64_t j = j0 + (int64_t)u * blockDim.x;
+                if (j < packs_row) {
+                    h[u] = tk_load_pack<T, VEC>(x_row + j * VEC);
+                    if (res)
+                        r[u] = tk_load_pack<T, VEC>(res_row + j * VEC);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < WIDE_UNROLL; u++) {
+                const int64_t j = j0 + (int64_t)u * blockDim.x;
+                if (j < packs_row) {
+                    if (res) {
+#pragma unroll
+                        for (int e = 0; e < VEC; e++)
+                            h[u].v[e] = tk_from_float<T>(tk_to_float(h[u].v[e]) + tk_to_float(r[u].v[e]));
+                        tk_store_pack<T, VEC>(res_row + j * VEC, h[u]);
+                    }
+                    if (a.layernorm && count == 0.0f)
+                        shift = tk_to_float(h[u].v[0]);
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float d = tk_to_float(h[u].v[e]) - shift;
+                        s1 += d;
+                        s2 += d * d;
+                    }
+                    count += (float)VEC;
+                }
+            }
+        }
+        float mean = 0.0f, squares;
+        if (a.layernorm) {
+            const float m = count > 0.0f ? s1 / count : 0.0f;
+            moments mine = {count, shift + m, count > 0.0f ? fmaxf(s2 - s1 * m, 0.0f) : 0.0f};
+            const moments all = block_moments(mine, scratch);
+            mean = all.mean;
+            squares = all.m2;
+        } else {
+            squares = tk_block_sum(s2, reinterpret_cast<float *>(scratch));
+        }
+        const float rstd = rsqrtf(squares / (float)a.cols + a.eps);
+        if (threadIdx.x == 0) {
+            if (a.rstd_out)
+                a.rstd_out[row] = rstd;
+            if (a.mean_out)
+                a.mean_out[row] = mean;
+        }
+        /* Pass 2: the thread reads back the packs it read (or wrote, as residual) in pass 1. */
+        const T *h_row = res ? res_row : x_row;
+        T *y_row = y + row * a.y_stride;
+        for (int64_t j0 = threadIdx.x; j0 < packs_row; j0 += step) {
+            tk_pack<T, VEC> h[WIDE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < WIDE_UNROLL; u++) {
+                const int64_t j = j0 + (int64_t)u * blockDim.x;
+                if (j < packs_row)
+                    h[u] = tk_load_pack<T, VEC>(h_row + j * VEC);
+            }
+#pragma unroll
+            for (int u = 0; u < WIDE_UNROLL; u++) {
+                const int64_t j = j0 + (int64_t)u * blockDim.x;
+                if (j < packs_row) {
+                    float scale[VEC], bias[VEC];
+                    norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+                    if (b)
+                        norm_load_params<W, VEC>(b, j * VEC, bias);
+                    tk_pack<T, VEC> out;
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float v = (tk_to_float(h[u].v[e]) - mean) * rstd * scale[e];
+                        out.v[e] = tk_from_float<T>(b ? v + bias[e] : v);
+                    }
+                    tk_store_pack<T, VEC>(y_row + j * VEC, out);
+                }
+            }
+        }
+    }
+}
+
+template <auto Kernel>
+int64_t grid_for(const tk_device *dev, int threads, int64_t blocks_needed) {
+    const int64_t wave = tk_wave_blocks<Kernel>(dev, threads, 0);
+    return blocks_needed < wave ? blocks_needed : wave;
+}
+
+template <typename T, typename W, int VEC>
+cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
+    if (wide) {
+        constexpr auto kernel = norm_fwd_wide<T, W, VEC>;
+        kernel<<<(unsigned)grid_for<kernel>(dev, WIDE_THREADS, a->rows), WIDE_THREADS, 0, stream>>>(*a);
+        return cudaGetLastError();
+    }
+    constexpr auto kernel = norm_fwd_rows<T, W, VEC>;
+    constexpr int packs = fwd_packs<VEC>();
+    const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
+    const int groups_per_block = s.threads / s.group;
+    const int64_t blocks = grid_for<kernel>(dev, s.threads, (a->rows + groups_per_block - 1) / groups_per_block);
+    kernel<<<(unsigned)blocks, s.threads, 0, stream>>>(*a, s.group);
+    return cudaGetLastError();
+}
+
+template <typename T, int VEC>
+cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
+    if (a->weight_dtype == TK_F32)
+        return launch<T, float, VEC>(a, wide, dev, stream);
+    return launch<T, T, VEC>(a, wide, dev, stream);
+}
+
+} // namespace
+
+extern "C" cudaError_t tk_launch_norm_fwd(const tk_norm_call *a, bool vec, bool wide,
+                                          const tk_device *dev, cudaStream_t stream) {
+    switch (a->dtype) {
+    case TK_F32:
+        return vec ? launch<float, float, 4>(a, wide, dev, stream) : launch<float, float, 1>(a, wide, dev, stream);
+    case TK_F16:
+        return vec ? launch_weight<__half, 8>(a, wide, dev, stream) : launch_weight<__half, 1>(a, wide, dev, stream);
+    case TK_BF16:
+        return vec ? launch_weight<__nv_bfloat16, 8>(a, wide, dev, stream)
+                   : launch_weight<__nv_bfloat16, 1>(a, wide, dev, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+static cudaError_t launch_either(const void *call, bool vec, bool wide, const tk_device *dev,
+                                 cudaStream_t stream) {
+    const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
+    return a->backward ? tk_launch_norm_bwd(a, vec, wide, dev, stream)
+                       : tk_launch_norm_fwd(a, vec, wide, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_either(call, true, false, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_either(call, false, false, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_either(call, true, true, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_either(call, false, true, dev, stream);
+}

@@ -1,0 +1,177 @@
+/*
+ * Softmax and log-softmax over rows: argument checks and dispatch. The kernels are in
+ * cuda/softmax.cu; the math is documented in include/tkern.h and docs/kernels/softmax.md.
+ *
+ * Variants, best first: "vec16_regs" (row in registers, 16-byte packs), "vec16_stream" (any
+ * width, two passes), "scalar_regs", "scalar_stream" (one element per access, any alignment).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "runtime.h"
+#include "../cuda/softmax.h"
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Every row start 16-byte aligned (the stride only matters with more than one row). */
+static bool rows_aligned16(const void *p, int64_t rows, int64_t stride, size_t elem) {
+    return p == NULL || (aligned16(p) && (rows == 1 || (stride * (int64_t)elem) % 16 == 0));
+}
+
+static bool vec16_fits(const tk_softmax_call *a) {
+    const size_t es = tk_dtype_size((tk_dtype)a->dtype);
+    return rows_aligned16(a->in, a->rows, a->in_stride, es) && rows_aligned16(a->dy, a->rows, a->in_stride, es) &&
+           rows_aligned16(a->out, a->rows, a->out_stride, es);
+}
+
+static bool regs_fit(const tk_softmax_call *a, bool wide) {
+    return a->cols <= tk_softmax_regs_max_cols((int)tk_dtype_size((tk_dtype)a->dtype), wide, a->backward);
+}
+
+static bool vec16_regs_supports(tk_call_args call) { return vec16_fits(call) && regs_fit(call, true); }
+static bool vec16_stream_supports(tk_call_args call) { return vec16_fits(call); }
+static bool scalar_regs_supports(tk_call_args call) { return regs_fit(call, false); }
+
+static const tk_variant softmax_variants[] = {
+    {"vec16_regs", 800, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
+    {"vec16_stream", 800, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
+    {"scalar_regs", 800, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
+    {"scalar_stream", 800, false, NULL, tk_launch_softmax_scalar_stream},
+};
+const tk_op tk_op_softmax = {"softmax", softmax_variants, 4};
+
+static tk_status check_element_aligned(const char *fn, const char *name, const void *p, tk_dtype dtype) {
+    if ((uintptr_t)p % tk_dtype_size(dtype) == 0)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_MISALIGNED, fn,
+                   "argument '%s' = %p is not aligned to its element size (%zu bytes for %s)", name, p,
+                   tk_dtype_size(dtype), tk_dtype_name(dtype));
+}
+
+/* `out` may replace `in` exactly (same pointer, same stride); any other shared byte is an error. */
+static tk_status check_overlap(const char *fn, const char *out_name, const void *out, int64_t out_stride,
+                               size_t out_bytes, const char *in_name, const void *in, int64_t in_stride,
+                               size_t in_bytes) {
+    if (!tk_ranges_overlap(out, out_bytes, in, in_bytes))
+        return TK_SUCCESS;
+    if (out == in && out_stride == in_stride)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_OVERLAP, fn,
+                   "argument '%s' overlaps '%s'; only the same pointer with the same row stride "
+                   "(in place) is allowed",
+                   out_name, in_name);
+}
+
+static tk_status bool_flag(const char *fn, const char *name, int value) {
+    if (value == 0 || value == 1)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_INVALID_VALUE, fn, "%s = %d must be 0 or 1", name, value);
+}
+
+static tk_status softmax_run(const char *fn, const tk_softmax_params *p, const void *y, const void *dy,
+                             const void *x, void *out, bool backward, tk_stream_t stream) {
+    TK_TRY(tk_check_not_null(fn, "p", p));
+    if (p->size < sizeof(tk_softmax_params))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->size = %zu is smaller than this library's tk_softmax_params (%zu); "
+                       "initialise it with TK_SOFTMAX_PARAMS_INIT",
+                       p->size, sizeof(tk_softmax_params));
+    TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
+    if (p->rows < 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->rows = %lld is negative", (long long)p->rows);
+    if (p->cols < 1)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->cols = %lld must be at least 1", (long long)p->cols);
+    if (p->cols > (INT64_C(1) << 30))
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn, "p->cols = %lld is past the kernels' limit of 2^30 per row",
+                       (long long)p->cols);
+    const int64_t x_stride = p->x_row_stride ? p->x_row_stride : p->cols;
+    const int64_t y_stride = p->y_row_stride ? p->y_row_stride : p->cols;
+    if (x_stride < p->cols)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->x_row_stride = %lld is smaller than a row (cols = %lld); use 0 for dense rows",
+                       (long long)p->x_row_stride, (long long)p->cols);
+    if (y_stride < p->cols)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->y_row_stride = %lld is smaller than a row (cols = %lld); use 0 for dense rows",
+                       (long long)p->y_row_stride, (long long)p->cols);
+    if (!isfinite(p->scale))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->scale = %g must be a finite number", (double)p->scale);
+    TK_TRY(bool_flag(fn, "p->log", p->log));
+    TK_TRY(bool_flag(fn, "p->causal", p->causal));
+    if (p->causal && p->causal_period < 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->causal_period = %lld is negative (0 means rows)",
+                       (long long)p->causal_period);
+    int64_t x_span, y_span;
+    TK_TRY(tk_mul_checked(fn, "p->rows * p->x_row_stride", p->rows, x_stride, &x_span));
+    TK_TRY(tk_mul_checked(fn, "p->rows * p->y_row_stride", p->rows, y_stride, &y_span));
+    if (x_span > INT64_MAX / 4 || y_span > INT64_MAX / 4)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the tensors' byte sizes overflow int64");
+    if (p->rows == 0)
+        return TK_SUCCESS;
+
+    const tk_dtype dtype = p->dtype;
+    const char *out_name = backward ? "dx" : "y";
+    if (backward) {
+        TK_TRY(tk_check_not_null(fn, "y", y));
+        TK_TRY(tk_check_not_null(fn, "dy", dy));
+    } else {
+        TK_TRY(tk_check_not_null(fn, "x", x));
+    }
+    TK_TRY(tk_check_not_null(fn, out_name, out));
+    if (backward) {
+        TK_TRY(check_element_aligned(fn, "y", y, dtype));
+        TK_TRY(check_element_aligned(fn, "dy", dy, dtype));
+    } else {
+        TK_TRY(check_element_aligned(fn, "x", x, dtype));
+    }
+    TK_TRY(check_element_aligned(fn, out_name, out, dtype));
+
+    const size_t es = tk_dtype_size(dtype);
+    const size_t x_bytes = (size_t)((p->rows - 1) * x_stride + p->cols) * es;
+    const size_t y_bytes = (size_t)((p->rows - 1) * y_stride + p->cols) * es;
+    if (backward) {
+        TK_TRY(check_overlap(fn, "dx", out, x_stride, x_bytes, "y", y, y_stride, y_bytes));
+        TK_TRY(check_overlap(fn, "dx", out, x_stride, x_bytes, "dy", dy, y_stride, y_bytes));
+    } else {
+        TK_TRY(check_overlap(fn, "y", out, y_stride, y_bytes, "x", x, x_stride, x_bytes));
+    }
+
+    tk_softmax_call call;
+    call.dtype = dtype;
+    call.backward = backward;
+    call.log = p->log != 0;
+    call.causal = p->causal != 0;
+    call.in = backward ? y : x;
+    call.dy = backward ? dy : NULL;
+    call.out = out;
+    call.rows = p->rows;
+    call.cols = p->cols;
+    call.in_stride = backward ? y_stride : x_stride;
+    call.out_stride = backward ? x_stride : y_stride;
+    call.scale = p->scale;
+    call.causal_period = p->causal_period ? p->causal_period : p->rows;
+    /* Offsets past either end change nothing: clamp them so that q + offset + 1 cannot overflow. */
+    call.causal_offset = p->causal_offset < -call.causal_period ? -call.causal_period
+                         : p->causal_offset > p->cols          ? p->cols
+                                                               : p->causal_offset;
+    if (!call.causal) {
+        call.causal_period = 1;
+        call.causal_offset = 0;
+    }
+    const tk_device *dev;
+    TK_TRY(tk_current_device(fn, &dev));
+    const tk_variant *v;
+    TK_TRY(tk_select_variant(fn, &tk_op_softmax, dev, &call, &v));
+    return tk_launched(fn, v, v->launch(&call, dev, stream));
+}
+
+TK_API tk_status tk_softmax_fwd(const tk_softmax_params *p, const void *x, void *y, tk_stream_t stream) {
+    tk_begin_call();
+    return softmax_run("tk_softmax_fwd", p, NULL, NULL, x, y, false, stream);
+}
+
+TK_API tk_status tk_softmax_bwd(const tk_softmax_params *p, const void *y, const void *dy, void *dx,
+                                tk_stream_t stream) {
+    tk_begin_call();
+    return softmax_run("tk_softmax_bwd", p, y, dy, NULL, dx, true, stream);
+}

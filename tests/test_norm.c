@@ -1,0 +1,571 @@
+/* RMSNorm and LayerNorm: bad input on the host (runs everywhere), then forward and backward
+ * against the fp64 reference on the GPU over shapes x dtypes x variants, determinism of the
+ * dw / db reduction, the automatic variant choice and large tensors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/tk_test.h"
+#include "ref/norm_ref.h"
+
+static const char *const VARIANTS[] = {"vec16", "wide_vec16", "scalar", "wide_scalar"};
+static const struct { tk_dtype dtype, weight_dtype; } DTYPES[] = {
+    {TK_F32, TK_F32}, {TK_F16, TK_F16}, {TK_F16, TK_F32}, {TK_BF16, TK_BF16}, {TK_BF16, TK_F32},
+};
+
+static tk_norm_params norm_params(tk_dtype dtype, tk_dtype weight_dtype, int64_t rows, int64_t cols) {
+    tk_norm_params p = TK_NORM_PARAMS_INIT;
+    p.dtype = dtype;
+    p.weight_dtype = weight_dtype;
+    p.rows = rows;
+    p.cols = cols;
+    p.eps = 1e-5f;
+    return p;
+}
+
+/* ------------------------------------------------------------------ bad input (host) ---- */
+
+/* Fake "device" buffers: host memory with a sentinel; validation must reject before any use. */
+static unsigned char in_buf[8192] __attribute__((aligned(16)));
+static unsigned char out_buf[8192] __attribute__((aligned(16)));
+
+static void reset_buffers(void) {
+    tk_fill_sentinel(in_buf, sizeof in_buf);
+    tk_fill_sentinel(out_buf, sizeof out_buf);
+}
+
+#define EXPECT_REJECTED(call, status, needle)                                                 \
+    do {                                                                                      \
+        reset_buffers();                                                                      \
+        TK_EXPECT_STATUS(call, status, needle);                                               \
+        cr_assert(tk_is_sentinel(out_buf, sizeof out_buf), "%s wrote its output", #call);    \
+        cr_assert(tk_is_sentinel(in_buf, sizeof in_buf), "%s wrote its input", #call);       \
+    } while (0)
+
+/* 4 rows of 16 bf16: x at in_buf, weight / bias at in_buf + 1024 / 2048, residual in out_buf +
+ * 2048, y at out_buf, stats at out_buf + 4096 / 4608, backward extras further on. */
+#define BUF_X in_buf
+#define BUF_W (in_buf + 1024)
+#define BUF_B (in_buf + 2048)
+#define BUF_DY (in_buf + 3072)
+#define BUF_Y out_buf
+#define BUF_RES (out_buf + 2048)
+#define BUF_MEAN ((float *)(out_buf + 4096))
+#define BUF_RSTD ((float *)(out_buf + 4608))
+#define BUF_DW (out_buf + 5120)
+#define BUF_DB (out_buf + 5632)
+#define BUF_WS (out_buf + 6144)
+
+Test(norm_args, rejects_bad_forward_arguments) {
+    const tk_norm_params ok = norm_params(TK_BF16, TK_BF16, 4, 16);
+    tk_norm_params p;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(NULL, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_NULL_POINTER, "'p'");
+    p = ok; p.size = 8;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->size");
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, NULL, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_NULL_POINTER, "'x'");
+    EXPECT_REJECTED(tk_layernorm_fwd(&ok, BUF_X, NULL, BUF_W, BUF_B, NULL, BUF_MEAN, BUF_RSTD, NULL), TK_ERROR_NULL_POINTER, "'y'");
+    p = ok; p.eps = 0.0f;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->eps");
+    p = ok; p.eps = -1e-5f;
+    EXPECT_REJECTED(tk_layernorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_B, BUF_Y, BUF_MEAN, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->eps");
+    p = ok; p.eps = NAN;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->eps");
+    p = ok; p.eps = INFINITY;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->eps");
+    p = ok; p.cols = 0;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->cols");
+    p = ok; p.cols = -16;
+    EXPECT_REJECTED(tk_layernorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_B, BUF_Y, BUF_MEAN, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->cols");
+    p = ok; p.cols = 262145;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->cols");
+    p = ok; p.rows = -1;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->rows");
+    p = ok; p.x_row_stride = 15;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->x_row_stride");
+    p = ok; p.residual_row_stride = -3;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, BUF_RES, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->residual_row_stride");
+    p = ok; p.y_row_stride = 8;
+    EXPECT_REJECTED(tk_layernorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_B, BUF_Y, BUF_MEAN, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->y_row_stride");
+    p = ok; p.rows = INT64_MAX / 4; p.x_row_stride = 1 << 20;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "overflows");
+    p = ok; p.gemma = 2;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->gemma");
+    p = ok; p.dtype = (tk_dtype)9;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->dtype");
+    p = ok; p.weight_dtype = (tk_dtype)-2;
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_INVALID_VALUE, "p->weight_dtype");
+    p = ok; p.weight_dtype = TK_F16; /* bf16 rows with f16 weights */
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_NOT_SUPPORTED, "p->weight_dtype");
+    p = norm_params(TK_F32, TK_BF16, 4, 16); /* f32 rows with 16-bit weights */
+    EXPECT_REJECTED(tk_layernorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_B, BUF_Y, BUF_MEAN, BUF_RSTD, NULL), TK_ERROR_NOT_SUPPORTED, "p->weight_dtype");
+    /* Misaligned pointers (an odd byte address for 2-byte elements, 2 bytes for f32 stats). */
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, BUF_X + 1, NULL, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_MISALIGNED, "'x'");
+    EXPECT_REJECTED(tk_layernorm_fwd(&ok, BUF_X, NULL, BUF_W, BUF_B + 1, BUF_Y, BUF_MEAN, BUF_RSTD, NULL), TK_ERROR_MISALIGNED, "'bias'");
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, BUF_X, NULL, BUF_W, BUF_Y, (float *)(out_buf + 4610), NULL), TK_ERROR_MISALIGNED, "'rstd'");
+    /* Overlaps: y partially over x; y over residual, weight, stats; residual over x; stats over
+     * each other. */
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, BUF_X, NULL, BUF_W, BUF_X + 2, BUF_RSTD, NULL), TK_ERROR_OVERLAP, "'y' overlaps 'x'");
+    p = ok; p.y_row_stride = 32; /* same pointer as x but another stride: not an exact alias */
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&p, BUF_X, NULL, BUF_W, BUF_X, BUF_RSTD, NULL), TK_ERROR_OVERLAP, "'y' overlaps 'x'");
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, BUF_X, BUF_Y, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_OVERLAP, "'residual'");
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, BUF_X, BUF_X, BUF_W, BUF_Y, BUF_RSTD, NULL), TK_ERROR_OVERLAP, "'residual' overlaps 'x'");
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, BUF_X, NULL, BUF_Y + 64, BUF_Y, BUF_RSTD, NULL), TK_ERROR_OVERLAP, "'weight'");
+    EXPECT_REJECTED(tk_layernorm_fwd(&ok, BUF_X, NULL, BUF_W, BUF_B, BUF_Y, BUF_MEAN, BUF_MEAN + 2, NULL), TK_ERROR_OVERLAP, "'mean'");
+    EXPECT_REJECTED(tk_rmsnorm_fwd(&ok, BUF_X, NULL, BUF_W, BUF_Y, (float *)(BUF_Y + 16), NULL), TK_ERROR_OVERLAP, "'rstd'");
+}
+
+Test(norm_args, rejects_bad_backward_arguments) {
+    const tk_norm_params ok = norm_params(TK_BF16, TK_BF16, 4, 16);
+    tk_norm_params p = ok;
+    size_t ws = 0;
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&ok, TK_NORM_LAYER, &ws), TK_SUCCESS, "");
+    cr_assert(ws > 0 && ws <= 1024, "workspace %zu bytes for 4 x 16", ws);
+    const float *mean = (const float *)(in_buf + 4096), *rstd = (const float *)(in_buf + 4608);
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, NULL, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_NULL_POINTER, "'dy'");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, NULL, BUF_W, rstd, BUF_Y, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_NULL_POINTER, "'x'");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, NULL, BUF_Y, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_NULL_POINTER, "'rstd'");
+    EXPECT_REJECTED(tk_layernorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, NULL, rstd, BUF_Y, BUF_DW, BUF_DB, BUF_WS, ws, NULL), TK_ERROR_NULL_POINTER, "'mean'");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, NULL, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_NULL_POINTER, "'dx'");
+    EXPECT_REJECTED(tk_layernorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, mean, rstd, BUF_Y, NULL, BUF_DB, NULL, ws, NULL), TK_ERROR_NULL_POINTER, "'workspace'");
+    EXPECT_REJECTED(tk_layernorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, mean, rstd, BUF_Y, BUF_DW, BUF_DB, BUF_WS, ws - 4, NULL), TK_ERROR_INVALID_VALUE, "'workspace_bytes'");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_WS + 4, ws, NULL), TK_ERROR_MISALIGNED, "'workspace'");
+    p.eps = NAN;
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&p, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_INVALID_VALUE, "p->eps");
+    p = ok; p.cols = 0;
+    EXPECT_REJECTED(tk_layernorm_bwd(&p, BUF_DY, BUF_X, BUF_W, mean, rstd, BUF_Y, BUF_DW, BUF_DB, BUF_WS, ws, NULL), TK_ERROR_INVALID_VALUE, "p->cols");
+    p = ok; p.x_row_stride = 3;
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&p, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_INVALID_VALUE, "p->x_row_stride");
+    p = ok; p.weight_dtype = TK_F16;
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&p, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_NOT_SUPPORTED, "p->weight_dtype");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW + 1, BUF_WS, ws, NULL), TK_ERROR_MISALIGNED, "'dw'");
+    /* dx partially over dy; dw over dx; db over dw; workspace over dx and over x. */
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_DY + 32, BUF_DW, BUF_WS, ws, NULL), TK_ERROR_OVERLAP, "'dx' overlaps 'dy'");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_Y + 32, BUF_WS, ws, NULL), TK_ERROR_OVERLAP, "'dx'");
+    EXPECT_REJECTED(tk_layernorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, mean, rstd, BUF_Y, BUF_DW, BUF_DW + 16, BUF_WS, ws, NULL), TK_ERROR_OVERLAP, "'dw' overlaps 'db'");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_Y + 64, ws, NULL), TK_ERROR_OVERLAP, "'dx' overlaps 'workspace'");
+    EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_X, ws, NULL), TK_ERROR_OVERLAP, "'workspace' overlaps 'x'");
+    /* The workspace query checks its arguments too. */
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&ok, (tk_norm_kind)5, &ws), TK_ERROR_INVALID_VALUE, "'kind'");
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&ok, TK_NORM_RMS, NULL), TK_ERROR_NULL_POINTER, "'bytes'");
+    p = ok; p.cols = -1;
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&p, TK_NORM_RMS, &ws), TK_ERROR_INVALID_VALUE, "p->cols");
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(NULL, TK_NORM_RMS, &ws), TK_ERROR_NULL_POINTER, "'p'");
+}
+
+Test(norm_args, empty_is_a_noop_and_workspace_sizes) {
+    tk_norm_params p = norm_params(TK_BF16, TK_F32, 0, 4096);
+    TK_EXPECT_STATUS(tk_rmsnorm_fwd(&p, NULL, NULL, NULL, NULL, NULL, NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_layernorm_bwd(&p, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL), TK_SUCCESS, "");
+    cr_assert_str_empty(tk_last_error());
+    size_t bytes = 1;
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&p, TK_NORM_RMS, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, 0);
+    /* Device-independent sizes: 2^22 floats per reduced tensor for many rows, rows x cols for few. */
+    p.rows = 16384;
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&p, TK_NORM_RMS, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)1024 * 4096 * 4);
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&p, TK_NORM_LAYER, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)2 * 1024 * 4096 * 4);
+    p.rows = 3;
+    p.cols = 262144;
+    TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&p, TK_NORM_RMS, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)3 * 262144 * 4);
+}
+
+Test(norm_args, force_variant_names) {
+    for (size_t v = 0; v < 4; v++)
+        TK_EXPECT_STATUS(tk_experimental_force_variant("norm", VARIANTS[v]), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("norm", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("norm", "fast"), TK_ERROR_INVALID_VALUE, "\"wide_scalar\"");
+}
+
+Test(norm_args, no_device_is_reported) {
+    if (tk_test_have_device())
+        cr_skip_test("a CUDA device is present; this test covers machines without one");
+    tk_norm_params p = norm_params(TK_F32, TK_F32, 2, 8);
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_rmsnorm_fwd(&p, in_buf, NULL, NULL, out_buf, NULL, NULL), TK_ERROR_NO_DEVICE,
+                     "no usable CUDA device");
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+}
+
+#undef BUF_X
+#undef BUF_W
+#undef BUF_B
+#undef BUF_DY
+#undef BUF_Y
+#undef BUF_RES
+#undef BUF_MEAN
+#undef BUF_RSTD
+#undef BUF_DW
+#undef BUF_DB
+#undef BUF_WS
+
+/* ------------------------------------------------------------------------ GPU checks ---- */
+
+/* One case. Row tensors are laid out with strides cols + pad and start `offset` elements into
+ * their allocation (misalignment); padding and the offset prefix must stay untouched. */
+typedef struct norm_case {
+    bool layernorm, backward;
+    tk_dtype dtype, weight_dtype;
+    int64_t rows, cols, x_pad, r_pad, y_pad;
+    int offset;
+    bool residual, weight, bias, gemma, stats, in_place; /* backward: bias = db, stats = dw */
+    const char *variant; /* forced, or NULL for the automatic choice */
+    const char *expect;  /* with variant NULL: the variant that must run */
+} norm_case;
+
+/* Whether `variant` claims the case (the documented rule; cross-checked against the library). */
+static bool variant_claims(const norm_case *c, const char *variant) {
+    const int64_t es = (int64_t)tk_test_dtype_size(c->dtype);
+    const bool aligned = c->offset == 0 && (c->cols * es) % 16 == 0 && ((c->cols + c->x_pad) * es) % 16 == 0 &&
+                         ((c->cols + c->r_pad) * es) % 16 == 0 && ((c->cols + c->y_pad) * es) % 16 == 0;
+    const int64_t vec_limit = 8192, scalar_limit = 4096; /* the same forward and backward */
+    if (!strcmp(variant, "vec16"))
+        return aligned && c->cols <= vec_limit;
+    if (!strcmp(variant, "wide_vec16"))
+        return aligned;
+    if (!strcmp(variant, "scalar"))
+        return c->cols <= scalar_limit;
+    return true;
+}
+
+typedef struct host_tensor {
+    unsigned char *host;
+    void *dev;
+    size_t bytes;
+} host_tensor;
+
+static host_tensor tensor_new(tk_dtype dtype, int64_t elems) {
+    host_tensor t = {NULL, NULL, (size_t)elems * tk_test_dtype_size(dtype)};
+    t.host = malloc(t.bytes);
+    cr_assert(t.host != NULL);
+    t.dev = tk_dev_alloc(t.bytes);
+    return t;
+}
+
+static void tensor_free(host_tensor *t) {
+    free(t->host);
+    tk_dev_free(t->dev);
+}
+
+/* Dense doubles of a strided [rows, cols] tensor starting `offset` elements in. */
+static double *gather(tk_dtype dtype, const void *base, int offset, int64_t rows, int64_t cols, int64_t stride) {
+    double *d = malloc((size_t)(rows * cols) * sizeof(double));
+    cr_assert(d != NULL);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            d[r * cols + c] = tk_test_load(dtype, base, offset + r * stride + c);
+    return d;
+}
+
+/* Compares a strided output with a dense reference, and checks that the positions outside the
+ * tensor (padding, offset prefix) are still NaN. */
+static void check_rows(const char *what, const char *name, tk_dtype dtype, const void *got, int offset,
+                       int64_t rows, int64_t cols, int64_t stride, int64_t alloc, const double *ref,
+                       bool outside_poisoned) {
+    char label[400];
+    snprintf(label, sizeof label, "%s: %s", what, name);
+    const double rtol = tk_default_rtol(dtype);
+    int64_t next = 0; /* first element not yet checked for being untouched */
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t start = offset + r * stride;
+        for (int64_t i = next; outside_poisoned && i < start; i++)
+            cr_assert(isnan(tk_test_load(dtype, got, i)), "%s: wrote position %lld outside the tensor", label, (long long)i);
+        for (int64_t c = 0; c < cols; c++) {
+            const double g = tk_test_load(dtype, got, start + c), e = ref[r * cols + c];
+            cr_assert(isfinite(g) && fabs(g - e) <= rtol * (1.0 + fabs(e)),
+                      "%s: row %lld col %lld got %.9g, reference %.9g", label, (long long)r, (long long)c, g, e);
+        }
+        next = start + cols;
+    }
+    for (int64_t i = next; outside_poisoned && i < alloc; i++)
+        cr_assert(isnan(tk_test_load(dtype, got, i)), "%s: wrote position %lld outside the tensor", label, (long long)i);
+}
+
+static void check_vector(const char *what, const char *name, tk_dtype dtype, const void *got, const double *ref,
+                         int64_t n, double rtol, double atol_scale) {
+    char label[400];
+    snprintf(label, sizeof label, "%s: %s", what, name);
+    TK_ASSERT_CLOSE(dtype, got, ref, n, rtol, atol_scale, label);
+}
+
+static void describe(const norm_case *c, const char *variant, char *out, size_t size) {
+    snprintf(out, size,
+             "%s %s %s/%s %lldx%lld pads %lld/%lld/%lld offset %d res %d w %d b %d gemma %d stats %d in_place %d variant %s",
+             c->layernorm ? "layernorm" : "rmsnorm", c->backward ? "bwd" : "fwd", tk_test_dtype_name(c->dtype),
+             tk_test_dtype_name(c->weight_dtype), (long long)c->rows, (long long)c->cols, (long long)c->x_pad,
+             (long long)c->r_pad, (long long)c->y_pad, c->offset, c->residual, c->weight, c->bias, c->gemma, c->stats,
+             c->in_place, variant ? variant : "auto");
+}
+
+/* Runs the call with the case's variant; returns false when a forced variant declined it. */
+static bool start(const norm_case *c, const char *what, tk_status s) {
+    if (c->variant && !variant_claims(c, c->variant)) {
+        cr_assert_eq(s, TK_ERROR_NOT_SUPPORTED, "%s: expected the forced variant to decline, got %s", what,
+                     tk_status_string(s));
+        return false;
+    }
+    cr_assert_eq(s, TK_SUCCESS, "%s: %s", what, tk_last_error());
+    cr_assert_str_eq(tk_last_variant(), c->variant ? c->variant : c->expect, "%s ran %s", what, tk_last_variant());
+    return true;
+}
+
+static void run_fwd_case(const norm_case *c, tk_rng *rng) {
+    char what[400];
+    describe(c, c->variant, what, sizeof what);
+    tk_norm_params p = norm_params(c->dtype, c->weight_dtype, c->rows, c->cols);
+    p.gemma = c->gemma;
+    p.x_row_stride = c->cols + c->x_pad;
+    p.residual_row_stride = c->cols + c->r_pad;
+    p.y_row_stride = c->in_place ? p.x_row_stride : c->cols + c->y_pad;
+    const int64_t xn = c->offset + c->rows * p.x_row_stride, rn = c->offset + c->rows * p.residual_row_stride;
+    const int64_t yn = c->offset + c->rows * p.y_row_stride;
+    host_tensor x = tensor_new(c->dtype, xn), res = tensor_new(c->dtype, rn), y = tensor_new(c->dtype, yn);
+    host_tensor w = tensor_new(c->weight_dtype, c->cols + c->offset), b = tensor_new(c->weight_dtype, c->cols + c->offset);
+    host_tensor mean = tensor_new(TK_F32, c->rows), rstd = tensor_new(TK_F32, c->rows);
+    tk_fill_uniform(rng, c->dtype, x.host, xn, c->layernorm ? -1.0 : -2.0, c->layernorm ? 3.0 : 2.0);
+    tk_fill_uniform(rng, c->dtype, res.host, rn, -1.0, 1.0);
+    tk_fill_uniform(rng, c->weight_dtype, w.host, c->cols + c->offset, c->gemma ? -0.5 : 0.5, c->gemma ? 0.5 : 1.5);
+    tk_fill_uniform(rng, c->weight_dtype, b.host, c->cols + c->offset, -1.0, 1.0);
+    tk_to_dev(x.dev, x.host, x.bytes);
+    tk_to_dev(res.dev, res.host, res.bytes);
+    tk_to_dev(w.dev, w.host, w.bytes);
+    tk_to_dev(b.dev, b.host, b.bytes);
+    if (!c->in_place)
+        tk_dev_poison(y.dev, y.bytes);
+    tk_dev_poison(mean.dev, mean.bytes);
+    tk_dev_poison(rstd.dev, rstd.bytes);
+
+    double *X = gather(c->dtype, x.host, c->offset, c->rows, c->cols, p.x_row_stride);
+    double *R = gather(c->dtype, res.host, c->offset, c->rows, c->cols, p.residual_row_stride);
+    double *Wd = gather(c->weight_dtype, w.host, c->offset, 1, c->cols, c->cols);
+    double *Bd = gather(c->weight_dtype, b.host, c->offset, 1, c->cols, c->cols);
+    double *H = malloc((size_t)(c->rows * c->cols) * sizeof(double)), *Y = malloc((size_t)(c->rows * c->cols) * sizeof(double));
+    double *M = malloc((size_t)c->rows * sizeof(double)), *S = malloc((size_t)c->rows * sizeof(double));
+    cr_assert(H && Y && M && S);
+    const bool bias = c->layernorm && c->bias;
+    ref_norm_fwd(c->layernorm, c->dtype, c->rows, c->cols, X, c->residual ? R : NULL, c->weight ? Wd : NULL,
+                 bias ? Bd : NULL, c->gemma, p.eps, H, Y, M, S);
+
+    const size_t es = tk_test_dtype_size(c->dtype), ws = tk_test_dtype_size(c->weight_dtype);
+    unsigned char *xp = (unsigned char *)x.dev + c->offset * es;
+    unsigned char *rp = (unsigned char *)res.dev + c->offset * es;
+    unsigned char *yp = c->in_place ? xp : (unsigned char *)y.dev + c->offset * es;
+    const void *wp = c->weight ? (unsigned char *)w.dev + c->offset * ws : NULL;
+    const void *bp = bias ? (unsigned char *)b.dev + c->offset * ws : NULL;
+    float *mp = c->stats && c->layernorm ? mean.dev : NULL, *sp = c->stats ? rstd.dev : NULL;
+    cr_assert_eq(tk_experimental_force_variant("norm", c->variant), TK_SUCCESS);
+    const tk_status s = c->layernorm
+        ? tk_layernorm_fwd(&p, xp, c->residual ? rp : NULL, wp, bp, yp, mp, sp, NULL)
+        : tk_rmsnorm_fwd(&p, xp, c->residual ? rp : NULL, wp, yp, sp, NULL);
+    if (start(c, what, s)) {
+        tk_dev_sync();
+        host_tensor *out = c->in_place ? &x : &y;
+        tk_to_host(out->host, out->dev, out->bytes);
+        check_rows(what, "y", c->dtype, out->host, c->offset, c->rows, c->cols, p.y_row_stride,
+                   c->in_place ? xn : yn, Y, !c->in_place);
+        if (c->residual) {
+            tk_to_host(res.host, res.dev, res.bytes);
+            check_rows(what, "residual (h)", c->dtype, res.host, c->offset, c->rows, c->cols,
+                       p.residual_row_stride, rn, H, false);
+        }
+        tk_to_host(rstd.host, rstd.dev, rstd.bytes);
+        tk_to_host(mean.host, mean.dev, mean.bytes);
+        if (c->stats) {
+            check_vector(what, "rstd", TK_F32, rstd.host, S, c->rows, 1e-5, 0.0);
+            if (c->layernorm)
+                check_vector(what, "mean", TK_F32, mean.host, M, c->rows, 1e-5, 1.0);
+        } else {
+            cr_assert(isnan(((float *)rstd.host)[0]), "%s: wrote rstd without a pointer", what);
+        }
+        if (!c->layernorm || !c->stats)
+            cr_assert(isnan(((float *)mean.host)[0]), "%s: wrote a mean it was not given", what);
+    }
+    cr_assert_eq(tk_experimental_force_variant("norm", NULL), TK_SUCCESS);
+    tensor_free(&x); tensor_free(&res); tensor_free(&y); tensor_free(&w); tensor_free(&b);
+    tensor_free(&mean); tensor_free(&rstd);
+    free(X); free(R); free(Wd); free(Bd); free(H); free(Y); free(M); free(S);
+}
+
+/* Backward: x, dy, w random; the stats are the reference's, rounded to f32, given to both.
+ * Runs twice (workspace and outputs re-poisoned) and requires the same bits. */
+static void run_bwd_case(const norm_case *c, tk_rng *rng) {
+    char what[400];
+    describe(c, c->variant, what, sizeof what);
+    tk_norm_params p = norm_params(c->dtype, c->weight_dtype, c->rows, c->cols);
+    p.gemma = c->gemma;
+    p.x_row_stride = c->cols + c->x_pad;
+    p.y_row_stride = c->cols + c->y_pad;
+    if (c->in_place)
+        p.y_row_stride = p.x_row_stride; /* dx written over dy */
+    const int64_t xn = c->offset + c->rows * p.x_row_stride, yn = c->offset + c->rows * p.y_row_stride;
+    host_tensor x = tensor_new(c->dtype, xn), dy = tensor_new(c->dtype, yn), dx = tensor_new(c->dtype, xn);
+    host_tensor w = tensor_new(c->weight_dtype, c->cols + c->offset);
+    host_tensor dw = tensor_new(c->weight_dtype, c->cols), db = tensor_new(c->weight_dtype, c->cols);
+    host_tensor mean = tensor_new(TK_F32, c->rows), rstd = tensor_new(TK_F32, c->rows);
+    size_t ws_bytes = 0;
+    cr_assert_eq(tk_norm_bwd_workspace_size(&p, c->layernorm ? TK_NORM_LAYER : TK_NORM_RMS, &ws_bytes), TK_SUCCESS);
+    void *ws = tk_dev_alloc(ws_bytes);
+    tk_fill_uniform(rng, c->dtype, x.host, xn, c->layernorm ? -1.0 : -2.0, c->layernorm ? 3.0 : 2.0);
+    tk_fill_uniform(rng, c->dtype, dy.host, yn, -1.0, 1.0);
+    tk_fill_uniform(rng, c->weight_dtype, w.host, c->cols + c->offset, c->gemma ? -0.5 : 0.5, c->gemma ? 0.5 : 1.5);
+
+    double *X = gather(c->dtype, x.host, c->offset, c->rows, c->cols, p.x_row_stride);
+    double *DY = gather(c->dtype, dy.host, c->offset, c->rows, c->cols, p.y_row_stride);
+    double *Wd = gather(c->weight_dtype, w.host, c->offset, 1, c->cols, c->cols);
+    double *H = malloc((size_t)(c->rows * c->cols) * sizeof(double)), *Y = malloc((size_t)(c->rows * c->cols) * sizeof(double));
+    double *M = malloc((size_t)c->rows * sizeof(double)), *S = malloc((size_t)c->rows * sizeof(double));
+    double *DX = malloc((size_t)(c->rows * c->cols) * sizeof(double));
+    double *DW = malloc((size_t)c->cols * sizeof(double)), *DB = malloc((size_t)c->cols * sizeof(double));
+    cr_assert(H && Y && M && S && DX && DW && DB);
+    ref_norm_fwd(c->layernorm, c->dtype, c->rows, c->cols, X, NULL, NULL, NULL, false, p.eps, H, Y, M, S);
+    for (int64_t r = 0; r < c->rows; r++) {
+        ((float *)mean.host)[r] = (float)M[r];
+        ((float *)rstd.host)[r] = (float)S[r];
+        M[r] = ((float *)mean.host)[r];
+        S[r] = ((float *)rstd.host)[r];
+    }
+    ref_norm_bwd(c->layernorm, c->rows, c->cols, DY, X, c->weight ? Wd : NULL, c->gemma, M, S, DX, DW, DB);
+    tk_to_dev(x.dev, x.host, x.bytes);
+    tk_to_dev(w.dev, w.host, w.bytes);
+    tk_to_dev(mean.dev, mean.host, mean.bytes);
+    tk_to_dev(rstd.dev, rstd.host, rstd.bytes);
+
+    const size_t es = tk_test_dtype_size(c->dtype), wsz = tk_test_dtype_size(c->weight_dtype);
+    const unsigned char *xp = (unsigned char *)x.dev + c->offset * es;
+    unsigned char *dyp = (unsigned char *)dy.dev + c->offset * es;
+    unsigned char *dxp = c->in_place ? dyp : (unsigned char *)dx.dev + c->offset * es;
+    const void *wp = c->weight ? (unsigned char *)w.dev + c->offset * wsz : NULL;
+    void *dwp = c->stats ? dw.dev : NULL, *dbp = c->layernorm && c->bias ? db.dev : NULL;
+    unsigned char *first_dw = malloc(dw.bytes), *first_db = malloc(db.bytes), *first_dx = malloc(dx.bytes);
+    cr_assert(first_dw && first_db && first_dx);
+    host_tensor *out = c->in_place ? &dy : &dx;
+    cr_assert_eq(tk_experimental_force_variant("norm", c->variant), TK_SUCCESS);
+    for (int run = 0; run < 2; run++) {
+        tk_to_dev(dy.dev, dy.host, dy.bytes);
+        if (!c->in_place)
+            tk_dev_poison(dx.dev, dx.bytes);
+        tk_dev_poison(dw.dev, dw.bytes);
+        tk_dev_poison(db.dev, db.bytes);
+        tk_dev_poison(ws, ws_bytes);
+        const tk_status s = c->layernorm
+            ? tk_layernorm_bwd(&p, dyp, xp, wp, mean.dev, rstd.dev, dxp, dwp, dbp, ws, ws_bytes, NULL)
+            : tk_rmsnorm_bwd(&p, dyp, xp, wp, rstd.dev, dxp, dwp, ws, ws_bytes, NULL);
+        if (!start(c, what, s))
+            break;
+        tk_dev_sync();
+        unsigned char *got_dx = run == 0 ? first_dx : malloc(out->bytes);
+        unsigned char *got_dw = run == 0 ? first_dw : malloc(dw.bytes), *got_db = run == 0 ? first_db : malloc(db.bytes);
+        cr_assert(got_dx && got_dw && got_db);
+        tk_to_host(got_dx, out->dev, out->bytes);
+        tk_to_host(got_dw, dw.dev, dw.bytes);
+        tk_to_host(got_db, db.dev, db.bytes);
+        if (run == 0) {
+            check_rows(what, "dx", c->dtype, got_dx, c->offset, c->rows, c->cols, p.x_row_stride, xn, DX, !c->in_place);
+            const double scale = sqrt((double)c->rows) + 1.0;
+            if (dwp)
+                check_vector(what, "dw", c->weight_dtype, got_dw, DW, c->cols, tk_default_rtol(c->weight_dtype), scale);
+            else
+                cr_assert(isnan(tk_test_load(c->weight_dtype, got_dw, 0)), "%s: wrote dw without a pointer", what);
+            if (dbp)
+                check_vector(what, "db", c->weight_dtype, got_db, DB, c->cols, tk_default_rtol(c->weight_dtype), scale);
+            else
+                cr_assert(isnan(tk_test_load(c->weight_dtype, got_db, 0)), "%s: wrote db without a pointer", what);
+        } else {
+            cr_assert(memcmp(got_dx, first_dx, out->bytes) == 0, "%s: dx differs between two runs", what);
+            cr_assert(memcmp(got_dw, first_dw, dw.bytes) == 0, "%s: dw differs between two runs", what);
+            cr_assert(memcmp(got_db, first_db, db.bytes) == 0, "%s: db differs between two runs", what);
+            free(got_dx); free(got_dw); free(got_db);
+        }
+    }
+    cr_assert_eq(tk_experimental_force_variant("norm", NULL), TK_SUCCESS);
+    free(first_dx); free(first_dw); free(first_db);
+    tensor_free(&x); tensor_free(&dy); tensor_free(&dx); tensor_free(&w); tensor_free(&dw); tensor_free(&db);
+    tensor_free(&mean); tensor_free(&rstd);
+    tk_dev_free(ws);
+    free(X); free(DY); free(Wd); free(H); free(Y); free(M); free(S); free(DX); free(DW); free(DB);
+}
+
+/* rows, cols, pads (x, residual, y), offset, then the options residual, weight, bias, gemma,
+ * stats, in_place (backward: bias = db, stats = dw, in_place = dx over dy). */
+static const struct {
+    int64_t rows, cols, x_pad, r_pad, y_pad;
+    int offset;
+    bool residual, weight, bias, gemma, stats, in_place;
+} SHAPES[] = {
+    {1, 1, 0, 0, 0, 0, false, true, true, false, true, false},
+    {3, 7, 0, 0, 0, 0, true, true, true, false, true, false},
+    {37, 64, 8, 16, 24, 0, true, true, true, true, true, false},
+    {9, 3584, 0, 0, 0, 0, true, true, false, false, true, false},
+    {5, 4097, 3, 1, 2, 0, true, true, true, false, true, false},
+    {4, 5120, 0, 0, 0, 0, false, true, true, true, true, true},
+    {6, 1000, 0, 0, 0, 1, true, true, true, false, true, false},
+    {3, 12288, 0, 0, 0, 0, true, true, true, false, true, false},
+    {300, 256, 0, 0, 0, 0, false, false, false, false, false, false},
+    {2, 262144, 0, 0, 0, 0, true, true, true, true, true, false},
+};
+
+static void run_all(bool backward) {
+    tk_rng rng = tk_rng_seeded(backward ? 32 : 31);
+    for (int layernorm = 0; layernorm < 2; layernorm++)
+        for (size_t d = 0; d < sizeof DTYPES / sizeof DTYPES[0]; d++)
+            for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++)
+                for (size_t v = 0; v < 4; v++) {
+                    norm_case c = {layernorm, backward, DTYPES[d].dtype, DTYPES[d].weight_dtype, SHAPES[s].rows,
+                                   SHAPES[s].cols, SHAPES[s].x_pad, SHAPES[s].r_pad, SHAPES[s].y_pad,
+                                   SHAPES[s].offset, SHAPES[s].residual, SHAPES[s].weight, SHAPES[s].bias,
+                                   SHAPES[s].gemma, SHAPES[s].stats, SHAPES[s].in_place, VARIANTS[v], NULL};
+                    if (backward)
+                        run_bwd_case(&c, &rng);
+                    else
+                        run_fwd_case(&c, &rng);
+                }
+}
+
+Test(norm_gpu, forward_all_shapes_dtypes_variants, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    run_all(false);
+}
+
+Test(norm_gpu, backward_all_shapes_dtypes_variants_deterministic, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    run_all(true);
+}
+
+/* The automatic choice: registers when the row fits and is aligned, else the next variant. */
+Test(norm_gpu, automatic_choice) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(33);
+    const struct { int64_t rows, cols; int offset; bool backward; const char *expect; } cases[] = {
+        {64, 4096, 0, false, "vec16"},      {64, 4096, 0, true, "vec16"},
+        {4, 16384, 0, false, "wide_vec16"}, {4, 16384, 0, true, "wide_vec16"},
+        {8, 4000, 1, false, "scalar"},      {8, 4000, 1, true, "scalar"},
+        {3, 4097, 0, false, "wide_scalar"}, {3, 4097, 0, true, "wide_scalar"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        norm_case c = {true, cases[i].backward, TK_BF16, TK_F32, cases[i].rows, cases[i].cols, 0, 0, 0,
+                       cases[i].offset, true, true, true, false, true, false, NULL, cases[i].expect};
+        if (c.backward)
+            run_bwd_case(&c, &rng);
+        else
+            run_fwd_case(&c, &rng);
+    }
+}
+
+/* A few hundred MB through the fully checked path: the benchmark shapes. */
+Test(norm_gpu, large_tensors, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(34);
+    norm_case add_rms = {false, false, TK_BF16, TK_BF16, 16384, 4096, 0, 0, 0, 0,
+                         true, true, false, false, true, false, NULL, "vec16"};
+    run_fwd_case(&add_rms, &rng);
+    norm_case ln = {true, false, TK_BF16, TK_BF16, 16384, 4096, 0, 0, 0, 0,
+                    false, true, true, false, true, false, NULL, "vec16"};
+    run_fwd_case(&ln, &rng);
+    norm_case ln_bwd = {true, true, TK_BF16, TK_F32, 16384, 4096, 0, 0, 0, 0,
+                        false, true, true, false, true, false, NULL, "vec16"};
+    run_bwd_case(&ln_bwd, &rng);
+}

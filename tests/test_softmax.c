@@ -1,0 +1,309 @@
+/* Softmax and log-softmax: bad input on the host (runs everywhere), then every variant x dtype x
+ * shape x mask x direction against the fp64 reference on the GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/tk_test.h"
+#include "ref/softmax_ref.h"
+
+static const tk_dtype DTYPES[] = {TK_F32, TK_F16, TK_BF16};
+static const char *const VARIANTS[] = {"vec16_regs", "vec16_stream", "scalar_regs", "scalar_stream"};
+
+/* ------------------------------------------------------------------ bad input (host) ---- */
+
+static unsigned char in_buf[4096] __attribute__((aligned(16)));
+static unsigned char in2_buf[4096] __attribute__((aligned(16)));
+static unsigned char out_buf[4096] __attribute__((aligned(16)));
+
+static void reset_buffers(void) {
+    tk_fill_sentinel(in_buf, sizeof in_buf);
+    tk_fill_sentinel(in2_buf, sizeof in2_buf);
+    tk_fill_sentinel(out_buf, sizeof out_buf);
+}
+
+#define EXPECT_REJECTED(call, status, needle)                                                   \
+    do {                                                                                        \
+        reset_buffers();                                                                        \
+        TK_EXPECT_STATUS(call, status, needle);                                                 \
+        cr_assert(tk_is_sentinel(out_buf, sizeof out_buf), "%s wrote its output", #call);       \
+        cr_assert(tk_is_sentinel(in_buf, sizeof in_buf), "%s wrote its input", #call);          \
+        cr_assert(tk_is_sentinel(in2_buf, sizeof in2_buf), "%s wrote its input", #call);        \
+    } while (0)
+
+static tk_softmax_params params(tk_dtype dtype, int64_t rows, int64_t cols) {
+    tk_softmax_params p = TK_SOFTMAX_PARAMS_INIT;
+    p.dtype = dtype;
+    p.rows = rows;
+    p.cols = cols;
+    return p;
+}
+
+Test(softmax_args, rejects_bad_arguments) {
+    const tk_softmax_params ok = params(TK_BF16, 4, 16);
+    tk_softmax_params p;
+    EXPECT_REJECTED(tk_softmax_fwd(NULL, in_buf, out_buf, NULL), TK_ERROR_NULL_POINTER, "'p'");
+    p = ok; p.size = 8;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->size");
+    p = ok; p.dtype = (tk_dtype)5;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->dtype");
+    p = ok; p.rows = -1;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->rows");
+    p = ok; p.cols = 0;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->cols");
+    p = ok; p.cols = -4;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->cols");
+    p = ok; p.cols = (INT64_C(1) << 30) + 1;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_NOT_SUPPORTED, "p->cols");
+    p = ok; p.x_row_stride = 15;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->x_row_stride");
+    p = ok; p.y_row_stride = 3;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->y_row_stride");
+    p = ok; p.scale = NAN;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->scale");
+    p = ok; p.scale = INFINITY;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->scale");
+    p = ok; p.log = 2;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->log");
+    p = ok; p.causal = -1;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->causal");
+    p = ok; p.causal = 1; p.causal_period = -2;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "p->causal_period");
+    p = ok; p.rows = INT64_MAX / 8;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "overflow");
+    EXPECT_REJECTED(tk_softmax_fwd(&ok, NULL, out_buf, NULL), TK_ERROR_NULL_POINTER, "'x'");
+    EXPECT_REJECTED(tk_softmax_fwd(&ok, in_buf, NULL, NULL), TK_ERROR_NULL_POINTER, "'y'");
+    EXPECT_REJECTED(tk_softmax_bwd(&ok, NULL, in2_buf, out_buf, NULL), TK_ERROR_NULL_POINTER, "'y'");
+    EXPECT_REJECTED(tk_softmax_bwd(&ok, in_buf, NULL, out_buf, NULL), TK_ERROR_NULL_POINTER, "'dy'");
+    EXPECT_REJECTED(tk_softmax_bwd(&ok, in_buf, in2_buf, NULL, NULL), TK_ERROR_NULL_POINTER, "'dx'");
+    p = params(TK_F32, 4, 16);
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf + 2, out_buf, NULL), TK_ERROR_MISALIGNED, "'x'");
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, out_buf + 1, NULL), TK_ERROR_MISALIGNED, "'y'");
+    EXPECT_REJECTED(tk_softmax_bwd(&p, in_buf, in2_buf + 2, out_buf, NULL), TK_ERROR_MISALIGNED, "'dy'");
+    /* y partly over x; in place with a different row stride; dx partly over dy or y. */
+    EXPECT_REJECTED(tk_softmax_fwd(&ok, in_buf, in_buf + 2, NULL), TK_ERROR_OVERLAP, "'y' overlaps 'x'");
+    p = ok; p.y_row_stride = 32;
+    EXPECT_REJECTED(tk_softmax_fwd(&p, in_buf, in_buf, NULL), TK_ERROR_OVERLAP, "'y' overlaps 'x'");
+    EXPECT_REJECTED(tk_softmax_bwd(&ok, in_buf, in2_buf, in2_buf + 4, NULL), TK_ERROR_OVERLAP, "'dx' overlaps 'dy'");
+    EXPECT_REJECTED(tk_softmax_bwd(&ok, in_buf, in2_buf, in_buf + 4, NULL), TK_ERROR_OVERLAP, "'dx' overlaps 'y'");
+}
+
+Test(softmax_args, empty_is_a_noop) {
+    tk_softmax_params p = params(TK_F16, 0, 100);
+    TK_EXPECT_STATUS(tk_softmax_fwd(&p, NULL, NULL, NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_softmax_bwd(&p, NULL, NULL, NULL, NULL), TK_SUCCESS, "");
+    cr_assert_str_empty(tk_last_error());
+}
+
+Test(softmax_args, force_variant_names) {
+    for (size_t v = 0; v < 4; v++)
+        TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", VARIANTS[v]), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16"), TK_ERROR_INVALID_VALUE, "\"vec16_regs\"");
+}
+
+/* ------------------------------------------------------------------------ GPU checks ---- */
+
+typedef struct sm_case {
+    tk_dtype dtype;
+    int64_t rows, cols, x_pad, y_pad;
+    float scale;
+    int log, causal;
+    int64_t offset, period;
+    bool backward, in_place;
+    int misalign;           /* elements every pointer is shifted by */
+    const char *variant;
+} sm_case;
+
+static bool variant_claims(const sm_case *c, const char *variant) {
+    const size_t es = tk_test_dtype_size(c->dtype);
+    const int64_t pack = 16 / (int64_t)es;
+    const bool regs = strstr(variant, "_regs") != NULL, vec = strncmp(variant, "vec16", 5) == 0;
+    const int64_t regs_max = 1024 * (c->backward ? 2 : 4) * (vec ? pack : 1);
+    if (regs && c->cols > regs_max)
+        return false;
+    if (!vec)
+        return true;
+    const int64_t xs = c->cols + c->x_pad, ys = c->in_place ? xs : c->cols + c->y_pad;
+    return c->misalign == 0 && (c->rows == 1 || (xs % pack == 0 && ys % pack == 0));
+}
+
+/* Runs one case; the output buffer is poisoned (NaN) and positions outside the rows must stay
+ * NaN. Backward inputs are y = the rounded fp64 forward output of random x, dy random. */
+static void run_case(const sm_case *c, tk_rng *rng) {
+    const size_t es = tk_test_dtype_size(c->dtype);
+    tk_softmax_params p = params(c->dtype, c->rows, c->cols);
+    p.x_row_stride = c->cols + c->x_pad;
+    p.y_row_stride = c->in_place ? p.x_row_stride : c->cols + c->y_pad;
+    p.scale = c->scale;
+    p.log = c->log;
+    p.causal = c->causal;
+    p.causal_offset = c->offset;
+    p.causal_period = c->period;
+    /* Forward: in = x (x stride), out = y (y stride). Backward: in = y, dy (y stride), out = dx. */
+    const int64_t in_stride = c->backward ? p.y_row_stride : p.x_row_stride;
+    const int64_t out_stride = c->backward ? p.x_row_stride : p.y_row_stride;
+    const int64_t in_n = c->rows * in_stride + c->misalign, out_n = c->rows * out_stride + c->misalign;
+    unsigned char *h_in = malloc((size_t)in_n * es), *h_dy = malloc((size_t)in_n * es);
+    unsigned char *h_out = malloc((size_t)out_n * es);
+    double *row_x = malloc((size_t)c->cols * sizeof(double)), *row_y = malloc((size_t)c->cols * sizeof(double));
+    double *row_dy = malloc((size_t)c->cols * sizeof(double)), *ref = malloc((size_t)out_n * sizeof(double));
+    cr_assert(h_in && h_dy && h_out && row_x && row_y && row_dy && ref);
+    tk_fill_uniform(rng, c->dtype, h_in, in_n, -5.0, 5.0);
+    tk_fill_uniform(rng, c->dtype, h_dy, in_n, -1.0, 1.0);
+    for (int64_t i = 0; i < out_n; i++)
+        ref[i] = NAN; /* not to be written (padding, misalignment) */
+    double max_abs = 0.0;
+    for (int64_t r = 0; r < c->rows; r++) {
+        const int64_t len = ref_softmax_visible(&p, r), in_base = c->misalign + r * in_stride;
+        for (int64_t j = 0; j < c->cols; j++)
+            row_x[j] = tk_test_load(c->dtype, h_in, in_base + j);
+        if (c->backward) { /* y: a real (log-)softmax output, rounded to dtype, then written as input */
+            ref_softmax_row(row_x, c->cols, len, c->scale, c->log, row_y);
+            for (int64_t j = 0; j < c->cols; j++) {
+                tk_test_store(c->dtype, h_in, in_base + j, row_y[j]);
+                row_y[j] = tk_test_load(c->dtype, h_in, in_base + j);
+                row_dy[j] = tk_test_load(c->dtype, h_dy, in_base + j);
+            }
+            ref_softmax_bwd_row(row_y, row_dy, c->cols, len, c->scale, c->log, ref + c->misalign + r * out_stride);
+        } else {
+            ref_softmax_row(row_x, c->cols, len, c->scale, c->log, ref + c->misalign + r * out_stride);
+        }
+        for (int64_t j = 0; j < c->cols; j++) {
+            const double v = ref[c->misalign + r * out_stride + j];
+            if (isfinite(v) && fabs(v) > max_abs)
+                max_abs = fabs(v);
+        }
+    }
+    unsigned char *d_in = tk_dev_alloc((size_t)in_n * es), *d_dy = tk_dev_alloc((size_t)in_n * es);
+    unsigned char *d_out = c->in_place ? (c->backward ? d_dy : d_in) : tk_dev_alloc((size_t)out_n * es);
+    tk_to_dev(d_in, h_in, (size_t)in_n * es);
+    tk_to_dev(d_dy, h_dy, (size_t)in_n * es);
+    if (!c->in_place)
+        tk_dev_poison(d_out, (size_t)out_n * es);
+    const size_t off = (size_t)c->misalign * es;
+    cr_assert_eq(tk_experimental_force_variant("softmax", c->variant), TK_SUCCESS);
+    const tk_status s = c->backward ? tk_softmax_bwd(&p, d_in + off, d_dy + off, d_out + off, NULL)
+                                    : tk_softmax_fwd(&p, d_in + off, d_out + off, NULL);
+    char what[320];
+    snprintf(what, sizeof what,
+             "softmax %s %s %lldx%lld pads %lld/%lld scale %g log %d causal %d offset %lld period %lld "
+             "in_place %d misalign %d variant %s",
+             c->backward ? "bwd" : "fwd", tk_test_dtype_name(c->dtype), (long long)c->rows, (long long)c->cols,
+             (long long)c->x_pad, (long long)c->y_pad, (double)c->scale, c->log, c->causal, (long long)c->offset,
+             (long long)c->period, c->in_place, c->misalign, c->variant);
+    cr_assert_eq(s, TK_SUCCESS, "%s: %s", what, tk_last_error());
+    cr_assert_str_eq(tk_last_variant(), c->variant, "%s ran %s", what, tk_last_variant());
+    tk_dev_sync();
+    tk_to_host(h_out, d_out, (size_t)out_n * es);
+    cr_assert_eq(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS);
+
+    /* Scale of the absolute tolerance: probabilities are checked relative to themselves down to
+     * f16's subnormal range, log-probabilities relative to 1 + |ref|, gradients relative to
+     * their largest size (they come from a difference, dy - sum). */
+    const double atol = c->backward ? max_abs : c->log ? 1.0 : (c->dtype == TK_F16 ? 1e-4 : 1e-6);
+    const double rtol = tk_default_rtol(c->dtype);
+    for (int64_t i = 0; i < out_n; i++) {
+        const double g = tk_test_load(c->dtype, h_out, i);
+        if (isnan(ref[i])) {
+            if (!c->in_place)
+                cr_assert(isnan(g), "%s: wrote position %lld outside the output", what, (long long)i);
+            continue;
+        }
+        if (isinf(ref[i])) {
+            cr_assert(g == ref[i], "%s: position %lld got %.9g, expected %g", what, (long long)i, g, ref[i]);
+            continue;
+        }
+        cr_assert(fabs(g - ref[i]) <= rtol * (atol + fabs(ref[i])),
+                  "%s: position %lld (row %lld) got %.9g, reference %.9g", what, (long long)i,
+                  (long long)((i - c->misalign) / out_stride), g, ref[i]);
+    }
+    tk_dev_free(d_in);
+    tk_dev_free(d_dy);
+    if (!c->in_place)
+        tk_dev_free(d_out);
+    free(h_in); free(h_dy); free(h_out); free(row_x); free(row_y); free(row_dy); free(ref);
+}
+
+static void run_all(bool backward) {
+    tk_rng rng = tk_rng_seeded(backward ? 32 : 31);
+    const struct {
+        int64_t rows, cols, x_pad, y_pad;
+        float scale;
+        int log, causal;
+        int64_t offset, period;
+        bool in_place;
+        int misalign;
+    } shapes[] = {
+        {1, 1, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},
+        {5, 7, 0, 0, 0.5f, 0, 0, 0, 0, false, 0},
+        {1, 7, 0, 0, -1.5f, 1, 0, 0, 0, false, 0},
+        {3, 4097, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},
+        {1, 4097, 0, 0, 0.125f, 1, 0, 0, 0, false, 0},
+        {9, 3584, 8, 16, 2.0f, 0, 0, 0, 0, false, 0},
+        {6, 1000, 24, 24, 1.0f, 1, 0, 0, 0, true, 0},
+        {40, 64, 0, 0, 1.0f, 0, 0, 0, 0, true, 0},
+        {5, 13, 3, 3, 1.0f, 0, 0, 0, 0, false, 0},     /* padded rows: a partial last pack */
+        {4, 1001, 7, 7, 1.0f, 1, 1, 995, 0, false, 0},
+        {12, 96, 0, 0, 0.7f, 0, 1, 2, 6, false, 0},      /* two 6-row matrices, bottom-right-ish */
+        {12, 96, 0, 8, 0.7f, 1, 1, -3, 6, false, 0},     /* rows 0..2 of each matrix see nothing */
+        {8, 300, 0, 0, 1.0f, 0, 1, 290, 0, false, 0},   /* the mask ends inside the last packs */
+        {4, 20000, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},
+        {3, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},
+        {2, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},
+        {2, 140001, 3, 0, 1.0f, 0, 1, 100000, 0, false, 0},
+        {3, 777, 1, 5, 1.0f, 0, 0, 0, 0, false, 1},     /* every pointer 2 bytes off */
+        {2, 33000, 0, 0, 1.0f, 1, 1, 20000, 0, false, 1},
+    };
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t v = 0; v < 4; v++) {
+                if (shapes[s].misalign && DTYPES[d] == TK_F32)
+                    continue; /* f32 needs 4-byte alignment; a 2-byte shift is rejected */
+                sm_case c = {DTYPES[d], shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
+                             shapes[s].scale, shapes[s].log, shapes[s].causal, shapes[s].offset, shapes[s].period,
+                             backward, shapes[s].in_place, shapes[s].misalign, VARIANTS[v]};
+                if (!variant_claims(&c, VARIANTS[v]))
+                    continue;
+                run_case(&c, &rng);
+            }
+}
+
+Test(softmax_gpu, forward_all_variants_dtypes_shapes, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    run_all(false);
+}
+
+Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    run_all(true);
+}
+
+/* The automatic choice, and a forced variant that cannot run the call. */
+Test(softmax_gpu, automatic_choice) {
+    TK_REQUIRE_GPU();
+    const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
+        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 2, 131072, 0, "vec16_stream"},
+        {TK_F32, 4, 32768, 0, "vec16_stream"}, {TK_BF16, 4, 4096, 1, "scalar_regs"},
+        {TK_F16, 2, 70000, 1, "scalar_stream"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const size_t es = tk_test_dtype_size(cases[i].dtype);
+        const size_t bytes = (size_t)(cases[i].rows * cases[i].cols + 8) * es;
+        unsigned char *buf = tk_dev_alloc(bytes);
+        tk_dev_poison(buf, bytes);
+        tk_softmax_params p = params(cases[i].dtype, cases[i].rows, cases[i].cols);
+        void *x = buf + (size_t)cases[i].misalign * es;
+        TK_EXPECT_STATUS(tk_softmax_fwd(&p, x, x, NULL), TK_SUCCESS, "");
+        cr_assert_str_eq(tk_last_variant(), cases[i].expect, "case %zu ran %s", i, tk_last_variant());
+        tk_dev_sync();
+        tk_dev_free(buf);
+    }
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_regs"), TK_SUCCESS, "");
+    void *buf = tk_dev_alloc(1 << 20);
+    tk_softmax_params p = params(TK_BF16, 1, 100000);
+    TK_EXPECT_STATUS(tk_softmax_fwd(&p, buf, buf, NULL), TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_regs\"");
+    tk_experimental_force_variant("softmax", NULL);
+    tk_dev_free(buf);
+}
