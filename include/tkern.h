@@ -471,7 +471,104 @@ TK_API tk_status tk_rope_fwd(const tk_rope_params *p, const void *q, const void 
 TK_API tk_status tk_rope_bwd(const tk_rope_params *p, const void *dq, const void *dk,
                              void *dq_out, void *dk_out, tk_stream_t stream);
 
-/* @@ ATTENTION SECTION (issue 4) @@ */
+/* ---------------------------------------------------------------------------------------------
+ * Attention forward (docs/kernels/attention.md)
+ *
+ * For batch b, query head h (its key/value head is h / (heads_q / heads_kv): GQA, MQA when
+ * heads_kv = 1), query row i and key row j, with shift = seqlen_k - seqlen_q:
+ *
+ *     s_ij = softmax_scale * (q_i . k_j)
+ *     s_ij = softcap * tanh(s_ij / softcap)                      when softcap > 0 (Gemma 2)
+ *     s_ij = s_ij - alibi_slopes[h] * |i + shift - j|             when alibi_slopes != NULL
+ *     o_i  = sum over visible j of exp(s_ij - lse_i) * v_j
+ *     lse_i = log(sum over visible j of exp(s_ij))               (natural log)
+ *
+ * Visibility (one convention for every mask; windows are inclusive, -1 = unbounded):
+ *     query i sees key j  <=>  0 <= j < seqlen_k
+ *                              and (window_left  < 0 or j >= i + shift - window_left)
+ *                              and (window_right < 0 or j <= i + shift + window_right)
+ * Masks are aligned bottom-right as in FlashAttention 2.1+: the last query row faces the last
+ * key. causal = 1 means window_right = 0 (query i sees keys up to j = i + shift). So causal with
+ * window_left = W sees W + 1 keys, itself included: j in [i + shift - W, i + shift].
+ * - Mistral's and Hugging Face's `sliding_window` = N (a key is visible when
+ *   q_idx - N < kv_idx <= q_idx) is causal with window_left = N - 1.
+ * - FlashInfer's window_left and FlashAttention's window_size = (left, right) are the same
+ *   numbers as window_left and window_right here.
+ * - window_left >= seqlen_k - 1 (or window_right >= seqlen_q - 1) is the same as unbounded.
+ * A query row that sees no key (e.g. causal with seqlen_q > seqlen_k: rows i < -shift) gets
+ * o_i = 0 and lse_i = -inf.
+ *
+ * Tensors (element strides; the last dimension, head_dim, must be contiguous):
+ *   q    [batch, seqlen_q, heads_q,  head_dim]   dtype
+ *   k, v [batch, seqlen_k, heads_kv, head_dim]   dtype
+ *   o    [batch, seqlen_q, heads_q,  head_dim]   dtype, written
+ *   lse  [batch, heads_q, seqlen_q]              f32, dense, written when return_lse = 1
+ *   alibi_slopes [heads_q]                       f32, optional
+ * Each x_strides[4] gives the strides of x's dimensions in the order above: {batch, sequence,
+ * head, head_dim}, whatever the memory layout, so [B, S, H, D] and [B, H, S, D] buffers (and
+ * packed QKV) all work; all four 0 means dense [B, S, H, D]. Otherwise strides[3] must be 1.
+ * Pointers must be 16-byte aligned and the batch, sequence and head strides multiples of 8
+ * elements (16 bytes) wherever that dimension has more than one element; lse and alibi_slopes
+ * 4-byte aligned. o must not overlap q, k, v, lse or alibi_slopes, nor lse any of them.
+ *
+ * dtype: TK_F16 or TK_BF16 for q, k, v and o; arithmetic is f32 (P is rounded to the dtype
+ * before the P.V product, as in FlashAttention). head_dim: 64, 128 or 256.
+ * Initialise with TK_ATTENTION_PARAMS_INIT; fields are only ever appended.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tk_attention_params {
+    size_t size;              /* sizeof(tk_attention_params), set by TK_ATTENTION_PARAMS_INIT */
+    tk_dtype dtype;           /* TK_F16 or TK_BF16 */
+    const void *q;
+    const void *k;
+    const void *v;
+    void *o;
+    int64_t batch;            /* >= 0; 0 is a no-op (pointers not checked) */
+    int64_t seqlen_q;         /* >= 1 */
+    int64_t seqlen_k;         /* >= 1 */
+    int64_t heads_q;          /* >= 1, a multiple of heads_kv */
+    int64_t heads_kv;         /* >= 1 */
+    int64_t head_dim;         /* 64, 128 or 256 */
+    int64_t q_strides[4];     /* {batch, seq, head, dim}; all 0 = dense [B, S, H, D] */
+    int64_t k_strides[4];
+    int64_t v_strides[4];
+    int64_t o_strides[4];
+    float softmax_scale;      /* > 0; 0 = 1 / sqrt(head_dim) */
+    int causal;               /* 0 or 1; 1 is window_right = 0 */
+    int64_t window_left;      /* >= -1; -1 = unbounded */
+    int64_t window_right;     /* >= -1; -1 = unbounded; with causal = 1 only -1 or 0 */
+    float softcap;            /* >= 0; 0 = off */
+    const float *alibi_slopes;/* NULL = no ALiBi */
+    int return_lse;           /* 0 or 1: write lse */
+    float *lse;               /* required when return_lse = 1 */
+} tk_attention_params;
+#define TK_ATTENTION_PARAMS_INIT                                                                  \
+    {sizeof(tk_attention_params), TK_BF16, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0,            \
+     {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL}
+
+/* Attention forward as described above: writes o (and lse when p->return_lse = 1). Work is
+ * proportional to the visible (i, j) pairs: blocks of keys that no query of a tile can see are
+ * neither loaded nor computed, so a sliding window costs seqlen_q x window, not seqlen^2.
+ * Errors (nothing is written): p NULL or p->size wrong; q, k, v, o NULL (batch > 0); lse NULL
+ * with return_lse = 1 (TK_ERROR_NULL_POINTER); batch < 0, seqlen or heads < 1,
+ * heads_q % heads_kv != 0, a stride < 0, window < -1, causal with window_right > 0, a scale,
+ * softcap or flag out of range (TK_ERROR_INVALID_VALUE); head_dim other than 64, 128, 256,
+ * dtype TK_F32, strides[3] != 1, or sizes past the kernel's limits (seqlen > 2^30)
+ * (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED);
+ * overlapping outputs (TK_ERROR_OVERLAP). */
+TK_API tk_status tk_attention_fwd(const tk_attention_params *p, tk_stream_t stream);
+
+/* Sliding-window (local) causal attention: tk_attention_fwd on a copy of *p with causal = 1,
+ * window_right = 0 and this window_left (>= 0): query i sees keys
+ * i + shift - window_left ... i + shift. p's own causal and window fields are ignored.
+ * Mistral / Hugging Face sliding_window = N is window_left = N - 1. */
+TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t window_left,
+                                          tk_stream_t stream);
+
+/* Whether tk_attention_fwd(p) would run on the calling thread's current device, without
+ * launching anything: returns the status that call would return (with the reason in
+ * tk_last_error()) and, when variant_name is not NULL, sets *variant_name to the name of the
+ * kernel variant it would use ("" for a call with nothing to do, NULL on failure). */
+TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char **variant_name);
 
 /* @@ GEMM SECTION (issue 5) @@ */
 

@@ -1,0 +1,538 @@
+/*
+ * Attention forward on the tensor cores of sm_80 and newer (FlashAttention-2 style). Included by
+ * cuda/attention_d64.cu, _d128.cu and _d256.cu, one head dim each, so they compile in parallel.
+ *
+ * Math, for one (batch, query head) and query rows i, keys j (shift = seqlen_k - seqlen_q):
+ *     s_ij = scale * q_i . k_j, or softcap * tanh(scale * q_i . k_j / softcap); minus
+ *            slope * |i + shift - j| with ALiBi; -inf where j is not visible (tkern.h)
+ *     o_i  = sum_j exp(s_ij - m_i) v_j / sum_j exp(s_ij - m_i),   m_i = max_j s_ij
+ * computed one tile of BN keys at a time with the online softmax recurrence: per row a running
+ * max m and sum l; for a new tile with row max m' = max(m, max_j s_ij):
+ *     alpha = exp(m - m'),  l = alpha l + sum_j exp(s_ij - m'),  o = alpha o + exp(s - m') V
+ * and o / l, lse = m + log l at the end. Exponentials are exp2 with log2(e) folded into the
+ * score scale, so each p costs one FFMA and one MUFU.EX2. Accumulation is f32; P is rounded
+ * to the input dtype for the P.V product.
+ *
+ * Launch shape. One CTA of 4 warps owns BM = 64 * MT query rows of one (batch, head); each warp
+ * owns 16 * MT consecutive rows (MT m16 tiles). The Q tile sits in shared memory; K and V tiles
+ * of BN keys stream through a two-stage cp.async ring (tile t + 1 is in flight while tile t is
+ * computed; one __syncthreads per tile). Per tile and warp:
+ *     S (16MT x BN) = Q K^T : D/16 k-steps, A fragments (Q) and B fragments (K) by ldmatrix.x4
+ *     online softmax in registers; P repacked from the S accumulators into A fragments (the
+ *     C layout of m16n8 equals the A layout of m16n8k16 two n-tiles at a time)
+ *     O (16MT x D) += P V   : BN/16 k-steps, B fragments (V) by ldmatrix.x4.trans
+ * Q and K rows are 2D bytes with 16-byte chunk c of row r stored at chunk c ^ (r & 7); V rows
+ * are padded to 2D + 16 bytes. Either way the 8 rows an ldmatrix phase reads (and the 8 chunks
+ * a cp.async quarter-warp writes) hit 8 different 16-byte bank groups: no conflicts. The swizzle
+ * costs one XOR per k-step of Q K^T (shared by the Q and K addresses); V's padding makes its
+ * d-steps immediate offsets, which keeps those address registers out of the P V loop.
+ *
+ *   head dim  MT  BM   BN   accumulators/thread (O + S)   shared memory (Q + 2 x (K + V))
+ *   64        2   128  64   64 + 64                       16 KB + 2 x (8 + 9) KB = 50 KB
+ *   128       2   128  32   128 + 32                      32 KB + 2 x (8 + 8.5) KB = 65 KB
+ *   256       1   64   32   128 + 16                      32 KB + 2 x (16 + 16.5) KB = 97 KB
+ * 32 rows per warp (MT = 2) halves the shared-memory traffic per MMA against 16 rows: each K/V
+ * fragment feeds two MMAs, which keeps ldmatrix under the 128 B/clk shared-memory bandwidth at
+ * the tensor-core rate. The O and S accumulators take most of the 255 registers a thread may
+ * have (2 CTAs x 128 threads per SM; ptxas reports 237 to 255, no spills): that is why head dim
+ * 128 takes BN = 32 (BN = 64 spills) and head dim 256 keeps 16 rows per warp. Every shape fits
+ * the 99 KB per block of sm_86 / sm_89, so one table serves every sm_80+ device. The Q tile is
+ * re-read from shared memory for every key tile rather than held in registers (that would add
+ * 16 * MT * D / 64 registers per thread). Tile loads walk their rows through a pointer the
+ * compiler cannot re-associate (attn_opaque): otherwise it precomputes every row's offset once
+ * and keeps them in registers for the whole key loop, which spills.
+ *
+ * Work skipping. A CTA's rows [m0, m0 + BM) see keys in [m0 + shift - window_left,
+ * row_last + shift + window_right]; only key tiles meeting that range are visited, so causal
+ * attention does about half the tiles and a sliding window O(window / BN) tiles per CTA. Per
+ * tile, a uniform test decides whether any (row, key) pair in it can be masked (window
+ * boundary or the end of the keys); only those tiles run the per-element mask. Query tiles are
+ * scheduled last to first, so under a causal mask the longest CTAs start first.
+ *
+ * 64-bit element offsets throughout; rows past seqlen_q and keys past seqlen_k are zero-filled
+ * by cp.async (src-size 0) and never stored.
+ */
+#ifndef TK_ATTENTION_CUH
+#define TK_ATTENTION_CUH
+
+#include <type_traits>
+
+#include "attention.h"
+#include "common.cuh"
+#include "tkern.h"
+
+namespace {
+
+constexpr int ATTN_WARPS = 4;
+constexpr int ATTN_THREADS = 32 * ATTN_WARPS;
+constexpr float ATTN_LOG2E = 1.4426950408889634f;
+constexpr float ATTN_LN2 = 0.6931471805599453f;
+
+/* Per head dim: MT m16 tiles per warp, BN keys per tile, CTAs per SM asked of the compiler. */
+template <int D> struct attn_tile;
+template <> struct attn_tile<64> { static constexpr int MT = 2, BN = 64, MIN_CTAS = 2; };
+template <> struct attn_tile<128> { static constexpr int MT = 2, BN = 32, MIN_CTAS = 2; };
+template <> struct attn_tile<256> { static constexpr int MT = 1, BN = 32, MIN_CTAS = 2; };
+
+template <int D> struct attn_shape {
+    static constexpr int MT = attn_tile<D>::MT;
+    static constexpr int BN = attn_tile<D>::BN;
+    static constexpr int BM = 16 * MT * ATTN_WARPS;
+    static constexpr int ROW_BYTES = 2 * D;
+    static constexpr int Q_BYTES = BM * ROW_BYTES;
+    static constexpr int V_ROW_BYTES = ROW_BYTES + 16;
+    static constexpr int K_BYTES = BN * ROW_BYTES;
+    static constexpr int V_BYTES = BN * V_ROW_BYTES;
+    static constexpr int SMEM_BYTES = Q_BYTES + 2 * (K_BYTES + V_BYTES);
+};
+
+/* What the kernel reads, resolved on the host from tk_attention_call. */
+struct attn_params {
+    const void *q, *k, *v;
+    void *o;
+    float *lse;
+    const float *alibi_slopes;
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+    int seqlen_q, seqlen_k, heads_q, group, m_blocks;
+    int window_left, window_right;
+    int transform;    /* softcap or ALiBi: scores are rewritten in natural-log units */
+    float scale;      /* softmax scale, applied to raw scores when transform is set */
+    float softcap;    /* 0 = off */
+    float softcap_in; /* scale / softcap */
+    float exp_scale;  /* log2(e) times whatever scale is still to apply to the scores */
+};
+
+/* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of D-element rows: XOR-swizzled
+ * rows of 2 D bytes (Q, K, O staging) or rows padded to 2 D + 16 bytes (V). */
+template <int D, bool PADDED> __device__ __forceinline__ uint32_t attn_chunk_offset(int row, int chunk) {
+    if constexpr (PADDED)
+        return (uint32_t)(row * (2 * D + 16) + (chunk << 4));
+    else
+        return (uint32_t)(row * (2 * D) + ((chunk ^ (row & 7)) << 4));
+}
+
+/* p, hidden from the compiler's reassociation and loop-invariant code motion: without it the
+ * compiler precomputes every row offset of a tile load once and holds them in registers for the
+ * whole key loop (two per row), which the accumulators cannot spare. */
+template <typename T> __device__ __forceinline__ const T *attn_opaque(const T *p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
+/* 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read). */
+__device__ __forceinline__ void attn_cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void attn_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void attn_cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void attn_ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void attn_ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += a b for one m16n8k16 tile, f32 accumulators. */
+template <typename T>
+__device__ __forceinline__ void attn_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats rounded to T, `lo` in the low half (the lower column of an MMA fragment). */
+template <typename T> __device__ __forceinline__ uint32_t attn_pack(float lo, float hi) {
+    uint32_t r;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    }
+    return r;
+}
+
+__device__ __forceinline__ float attn_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* ROWS rows of D elements, `row_stride` apart from g, into a swizzled shared tile; rows at or
+ * past valid_rows are zero-filled. Each thread copies the same 16-byte chunk of every
+ * (THREADS / chunks)-th row. */
+template <typename T, int D, int ROWS, bool PADDED>
+__device__ __forceinline__ void attn_load_tile(uint32_t s_tile, const T *g, int64_t row_stride,
+                                               int valid_rows, int tid) {
+    constexpr int CHUNKS = D / 8;
+    constexpr int ROWS_PER_PASS = ATTN_THREADS / CHUNKS;
+    static_assert(ROWS % ROWS_PER_PASS == 0, "tile rows must be a multiple of a pass");
+    const int chunk = tid % CHUNKS;
+    int row = tid / CHUNKS;
+    const T *src = g + row * row_stride + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < ROWS / ROWS_PER_PASS; i++) {
+        attn_cp_async16(s_tile + attn_chunk_offset<D, PADDED>(row, chunk), src, row < valid_rows);
+        row += ROWS_PER_PASS;
+        src = attn_opaque(src + ROWS_PER_PASS * row_stride);
+    }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
+    attention_fwd_kernel(const attn_params p) {
+    using shape = attn_shape<D>;
+    constexpr int MT = shape::MT, BN = shape::BN, BM = shape::BM, ROW_BYTES = shape::ROW_BYTES;
+    constexpr int WARP_ROWS = 16 * MT;
+    constexpr int CHUNKS = D / 8;  /* 16-byte chunks per row */
+    constexpr int NT = BN / 8;     /* n8 tiles of S */
+    constexpr int KSTEPS = D / 16; /* k16 steps of Q K^T */
+    constexpr int DT = D / 8;      /* n8 tiles of O */
+    constexpr int PSTEPS = BN / 16; /* k16 steps of P V */
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    /* Block -> (batch, head, query tile); query tiles run last to first. */
+    unsigned block = blockIdx.x;
+    const int m_block = p.m_blocks - 1 - (int)(block % (unsigned)p.m_blocks);
+    block /= (unsigned)p.m_blocks;
+    const int head = (int)(block % (unsigned)p.heads_q);
+    const int64_t batch = block / (unsigned)p.heads_q;
+    const int head_kv = head / p.group;
+    const int m0 = m_block * BM;
+    const int q_rows = min(BM, p.seqlen_q - m0);
+    const int shift = p.seqlen_k - p.seqlen_q;
+
+    /* Keys any row of this tile can see, and the key tiles that hold them. */
+    int key_lo = 0, key_hi = p.seqlen_k - 1;
+    if (p.window_left >= 0)
+        key_lo = max(0, m0 + shift - p.window_left);
+    if (p.window_right >= 0)
+        key_hi = min(key_hi, m0 + q_rows - 1 + shift + p.window_right);
+    const int tile_begin = key_lo / BN;
+    const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
+
+    const T *q = static_cast<const T *>(p.q) + batch * p.q_sb + head * p.q_sh + m0 * p.q_ss;
+    const T *k = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh;
+    const T *v = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh;
+
+    const uint32_t s_q = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t s_k = s_q + shape::Q_BYTES;     /* two stages */
+    const uint32_t s_v = s_k + 2 * shape::K_BYTES; /* two stages */
+
+    attn_load_tile<T, D, BM, false>(s_q, q, p.q_ss, q_rows, tid);
+    if (tile_begin < tile_end) {
+        const int n0 = tile_begin * BN;
+        attn_load_tile<T, D, BN, false>(s_k, k + n0 * p.k_ss, p.k_ss, p.seqlen_k - n0, tid);
+        attn_load_tile<T, D, BN, true>(s_v, v + n0 * p.v_ss, p.v_ss, p.seqlen_k - n0, tid);
+    }
+    attn_cp_async_commit();
+
+    /* ldmatrix.x4: lane l gives the address of row (l & 7) of matrix (l >> 3); all three
+     * operands use matrices (rows 0-7, cols 0-7) (rows 8-15, cols 0-7) (rows 0-7, cols 8-15)
+     * (rows 8-15, cols 8-15) of a 16 x 16 block, so lane l reads row (l & 7) + 8 (l >> 3 & 1),
+     * 16-byte chunk (l >> 4) of it:
+     *   Q (A of Q K^T): rows = query rows, cols = k; registers a0 a1 a2 a3
+     *   K (B of Q K^T): rows = keys, cols = k; registers b0 of keys 0-7, b0 of keys 8-15, b1, b1
+     *   V (B of P V, .trans): rows = keys, cols = d; b0 of d 0-7, b1 of d 0-7, b0, b1 of d 8-15
+     * Q and K are swizzled: every row offset added later is a multiple of 8, so row & 7 ==
+     * lane & 7 and logical chunk 2 * step + (l >> 4) sits at byte
+     * (row * ROW_BYTES + (((l >> 4) ^ (l & 7)) << 4)) ^ (step << 5), where the XOR stays below
+     * the row's bits. One value per k-step serves both Q and K. V rows are padded instead, so
+     * its d-steps are plain immediate offsets. */
+    static_assert(ROW_BYTES >= (KSTEPS << 5), "swizzle bits");
+    const int lrow = lane & 7, lmat = lane >> 3;
+    const uint32_t qk_lane =
+        (uint32_t)(((lmat & 1) * 8 + lrow) * ROW_BYTES + (((lmat >> 1) ^ lrow) << 4));
+    const uint32_t s_qw = s_q + warp * WARP_ROWS * ROW_BYTES; /* this warp's Q rows */
+    const uint32_t v_lane =
+        (uint32_t)(((lmat & 1) * 8 + lrow) * shape::V_ROW_BYTES + ((lmat >> 1) << 4));
+
+    /* Accumulator fragment (m16n8, f32): c[0], c[1] at row g, columns 2t, 2t + 1; c[2], c[3]
+     * at row g + 8. This thread's rows: m0 + warp * WARP_ROWS + 16 mt + g + 8 half. */
+    const int g = lane >> 2, tq = lane & 3;
+    const int row_base = m0 + warp * WARP_ROWS + g;
+    const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
+
+    float o[MT][DT][4];
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][dt][e] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            row_max[mt][h] = -INFINITY;
+            row_sum[mt][h] = 0.0f;
+        }
+    }
+
+    for (int t = tile_begin; t < tile_end; t++) {
+        const int stage = (t - tile_begin) & 1;
+        attn_cp_async_wait_all();
+        __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
+        if (t + 1 < tile_end) {
+            const int n1 = (t + 1) * BN;
+            attn_load_tile<T, D, BN, false>(s_k + (stage ^ 1) * shape::K_BYTES, k + n1 * p.k_ss,
+                                            p.k_ss, p.seqlen_k - n1, tid);
+            attn_load_tile<T, D, BN, true>(s_v + (stage ^ 1) * shape::V_BYTES, v + n1 * p.v_ss,
+                                           p.v_ss, p.seqlen_k - n1, tid);
+        }
+        attn_cp_async_commit();
+        const uint32_t s_kt = s_k + stage * shape::K_BYTES;
+        const uint32_t s_vt = s_v + stage * shape::V_BYTES;
+
+        /* S = Q K^T */
+        float s[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            const uint32_t lane_ks = qk_lane ^ (ks << 5);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                attn_ldsm_x4(s_qw + mt * 16 * ROW_BYTES + lane_ks, a[mt]);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                attn_ldsm_x4(s_kt + np * 16 * ROW_BYTES + lane_ks, b);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    attn_mma<T>(s[mt][2 * np], a[mt], b[0], b[2]);
+                    attn_mma<T>(s[mt][2 * np + 1], a[mt], b[1], b[3]);
+                }
+            }
+        }
+
+        const int n0 = t * BN;
+        const int col_base = n0 + 2 * tq;
+        if (p.transform) { /* scores to natural-log units: softcap, then ALiBi */
+            if (p.softcap > 0.0f) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * p.softcap_in);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            s[mt][nt][e] *= p.scale;
+            }
+            if (p.alibi_slopes) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int i = row_base + 16 * mt + 8 * (e >> 1);
+                            const int j = col_base + 8 * nt + (e & 1);
+                            s[mt][nt][e] -= slope * (float)abs(i + shift - j);
+                        }
+            }
+        }
+        /* Uniform: can any pair of this tile be invisible? */
+        const bool partial =
+            n0 + BN > p.seqlen_k ||
+            (p.window_left >= 0 && n0 < m0 + q_rows - 1 + shift - p.window_left) ||
+            (p.window_right >= 0 && n0 + BN - 1 > m0 + shift + p.window_right);
+        if (partial) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int i = row_base + 16 * mt + 8 * h;
+                    const int lo = p.window_left >= 0 ? i + shift - p.window_left : 0;
+                    const int hi = p.window_right >= 0 ? min(p.seqlen_k - 1, i + shift + p.window_right)
+                                                       : p.seqlen_k - 1;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int j = col_base + 8 * nt + e;
+                            if (j < lo || j > hi)
+                                s[mt][nt][2 * h + e] = -INFINITY;
+                        }
+                }
+        }
+
+        /* Online softmax; the 4 threads of a quad share a row. */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float mx = row_max[mt][h];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                /* A row that has seen only masked keys keeps max -inf; exponentiate against 0
+                 * so that its p are exp2(-inf) = 0 rather than NaN. */
+                const float m_use = mx == -INFINITY ? 0.0f : mx;
+                const float alpha = attn_exp2((row_max[mt][h] - m_use) * p.exp_scale);
+                const float base = m_use * p.exp_scale;
+                row_max[mt][h] = mx;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float pe = attn_exp2(fmaf(s[mt][nt][2 * h + e], p.exp_scale, -base));
+                        s[mt][nt][2 * h + e] = pe;
+                        sum += pe;
+                    }
+                row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    o[mt][dt][2 * h] *= alpha;
+                    o[mt][dt][2 * h + 1] *= alpha;
+                }
+            }
+
+        /* O += P V */
+#pragma unroll
+        for (int ps = 0; ps < PSTEPS; ps++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = attn_pack<T>(s[mt][2 * ps][0], s[mt][2 * ps][1]);
+                a[mt][1] = attn_pack<T>(s[mt][2 * ps][2], s[mt][2 * ps][3]);
+                a[mt][2] = attn_pack<T>(s[mt][2 * ps + 1][0], s[mt][2 * ps + 1][1]);
+                a[mt][3] = attn_pack<T>(s[mt][2 * ps + 1][2], s[mt][2 * ps + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t b[4];
+                attn_ldsm_x4_trans(s_vt + v_lane + ps * 16 * shape::V_ROW_BYTES + dp * 32, b);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    attn_mma<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    attn_mma<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    /* Epilogue: normalise, stage O through this warp's rows of the Q tile (16-byte global
+     * stores), write lse. Q may still be in flight when no key tile was visited. */
+    attn_cp_async_wait_all();
+    __syncthreads();
+    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sum = row_sum[mt][h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            const int r = warp * WARP_ROWS + 16 * mt + 8 * h + g; /* row in the tile */
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                const uint32_t val = attn_pack<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+                *reinterpret_cast<uint32_t *>(smem + attn_chunk_offset<D, false>(r, dt) + 4 * tq) = val;
+            }
+            if (p.lse && tq == 0 && r < q_rows)
+                p.lse[lse_row0 + m0 + r] =
+                    sum > 0.0f ? (row_max[mt][h] * p.exp_scale + __log2f(sum)) * ATTN_LN2 : -INFINITY;
+        }
+    __syncwarp();
+    T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh + m0 * p.o_ss;
+#pragma unroll
+    for (int idx = lane; idx < WARP_ROWS * CHUNKS; idx += 32) {
+        const int r = warp * WARP_ROWS + idx / CHUNKS, c = idx % CHUNKS;
+        if (r < q_rows)
+            *reinterpret_cast<uint4 *>(out + r * p.o_ss + c * 8) =
+                *reinterpret_cast<const uint4 *>(smem + attn_chunk_offset<D, false>(r, c));
+    }
+}
+
+/* Launches attention_fwd_kernel<T, D> for one call. */
+template <typename T, int D>
+cudaError_t attn_launch(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+    using shape = attn_shape<D>;
+    constexpr auto kernel = attention_fwd_kernel<T, D>;
+    static int smem_opted_in[TK_MAX_DEVICES]; /* per device; a benign race writes the same 1 */
+    if (shape::SMEM_BYTES > 48 * 1024 && !smem_opted_in[dev->ordinal]) {
+        const cudaError_t err = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shape::SMEM_BYTES);
+        if (err != cudaSuccess)
+            return err;
+        smem_opted_in[dev->ordinal] = 1;
+    }
+    attn_params p;
+    p.q = c->q;
+    p.k = c->k;
+    p.v = c->v;
+    p.o = c->o;
+    p.lse = c->lse;
+    p.alibi_slopes = c->alibi_slopes;
+    p.q_sb = c->q_stride[0], p.q_ss = c->q_stride[1], p.q_sh = c->q_stride[2];
+    p.k_sb = c->k_stride[0], p.k_ss = c->k_stride[1], p.k_sh = c->k_stride[2];
+    p.v_sb = c->v_stride[0], p.v_ss = c->v_stride[1], p.v_sh = c->v_stride[2];
+    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
+    p.seqlen_q = c->seqlen_q;
+    p.seqlen_k = c->seqlen_k;
+    p.heads_q = c->heads_q;
+    p.group = c->heads_q / c->heads_kv;
+    p.m_blocks = (c->seqlen_q + shape::BM - 1) / shape::BM;
+    p.window_left = c->window_left;
+    p.window_right = c->window_right;
+    p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
+    p.scale = c->scale;
+    p.softcap = c->softcap;
+    p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
+    p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
+    const unsigned blocks = (unsigned)((int64_t)p.m_blocks * c->heads_q * c->batch);
+    kernel<<<blocks, ATTN_THREADS, shape::SMEM_BYTES, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+/* The launcher of one head dim, both dtypes. */
+#define TK_ATTENTION_DEFINE_LAUNCHER(D)                                                           \
+    extern "C" cudaError_t tk_attention_launch_mma_d##D(const tk_attention_call *c,              \
+                                                        const tk_device *dev,                    \
+                                                        cudaStream_t stream) {                   \
+        return c->dtype == TK_BF16 ? attn_launch<__nv_bfloat16, D>(c, dev, stream)                \
+                                   : attn_launch<__half, D>(c, dev, stream);                     \
+    }
+
+#endif

@@ -1,0 +1,47 @@
+/* Launcher of the attention forward kernels (cuda/attention*.cu), called by src/attention.c
+ * after validation. Internal. */
+#ifndef TK_CUDA_ATTENTION_H
+#define TK_CUDA_ATTENTION_H
+
+#include <stdint.h>
+
+#include "launch.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One attention call, resolved: strides are explicit, the scale is set, causal is folded into
+ * window_right = 0 and windows that cover everything are -1. Every index fits in int32 except
+ * the element offsets, which kernels compute in int64. */
+typedef struct tk_attention_call {
+    int dtype;                    /* tk_dtype: TK_F16 or TK_BF16 */
+    int head_dim;                 /* 64, 128 or 256 */
+    const void *q, *k, *v;
+    void *o;
+    float *lse;                   /* NULL: not written */
+    const float *alibi_slopes;    /* NULL: no ALiBi */
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* batch, sequence, head */
+    int window_left, window_right; /* -1 = unbounded */
+    float scale;                  /* softmax scale, > 0 */
+    float softcap;                /* 0 = off */
+} tk_attention_call;
+
+/* "mma_sm80": FlashAttention-2 style, ldmatrix + mma.sync m16n8k16, cp.async double buffer.
+ * Any sm_80+ device. */
+cudaError_t tk_attention_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);
+
+/* The same, one per head dim (cuda/attention_d<N>.cu, compiled in parallel). */
+cudaError_t tk_attention_launch_mma_d64(const tk_attention_call *c, const tk_device *dev,
+                                        cudaStream_t stream);
+cudaError_t tk_attention_launch_mma_d128(const tk_attention_call *c, const tk_device *dev,
+                                         cudaStream_t stream);
+cudaError_t tk_attention_launch_mma_d256(const tk_attention_call *c, const tk_device *dev,
+                                         cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,332 @@
+/*
+ * Attention forward: argument checks and dispatch. The kernels are in cuda/attention*.cu (the
+ * kernel itself in cuda/attention.cuh); the conventions are in include/tkern.h and the design in
+ * docs/kernels/attention.md.
+ *
+ * Variants, best first: "mma_sm80" (FlashAttention-2 style, ldmatrix + mma.sync, sm_80 and
+ * newer). A Hopper variant (wgmma / TMA) will go first in the table.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "runtime.h"
+#include "../cuda/attention.h"
+
+static const tk_variant attention_variants[] = {
+    {"mma_sm80", 800, false, NULL, tk_attention_launch_mma},
+};
+const tk_op tk_op_attention = {"attention", attention_variants, 1};
+
+/* Kernel limits: row and key indices, windows and their sums stay in int32. */
+#define MAX_SEQLEN (INT64_C(1) << 30)
+/* Smallest query tile of any head dim (the grid is one CTA per tile, head and batch). */
+#define MIN_QUERY_TILE 64
+
+static const char *const dim_names[4] = {"batch", "sequence", "head", "head_dim"};
+
+/* One tensor as the checks see it: its name, dims, strides (resolved) and element size. */
+typedef struct tensor {
+    const char *name;
+    const void *ptr;
+    int64_t dims[4];
+    int64_t strides[4];
+    size_t elem;
+    size_t bytes; /* span from ptr to one past the last element */
+} tensor;
+
+/* Resolves x_strides (all 0 = dense [B, S, H, D]) and checks them. */
+static tk_status resolve_strides(const char *fn, tensor *t, const int64_t given[4]) {
+    if (given[0] == 0 && given[1] == 0 && given[2] == 0 && given[3] == 0) {
+        t->strides[3] = 1;
+        t->strides[2] = t->dims[3];
+        TK_TRY(tk_mul_checked(fn, "heads * head_dim", t->dims[2], t->dims[3], &t->strides[1]));
+        return tk_mul_checked(fn, "seqlen * heads * head_dim", t->dims[1], t->strides[1],
+                              &t->strides[0]);
+    }
+    for (int d = 0; d < 4; d++) {
+        if (given[d] < 0)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "p->%s_strides[%d] (%s stride) = %lld is negative", t->name, d,
+                           dim_names[d], (long long)given[d]);
+        t->strides[d] = given[d];
+    }
+    if (given[3] != 1)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->%s_strides[3] (head_dim stride) = %lld; the head_dim dimension must "
+                       "be contiguous (stride 1), or all four strides 0 for a dense [B, S, H, D] "
+                       "tensor",
+                       t->name, (long long)given[3]);
+    return TK_SUCCESS;
+}
+
+/* The tensor's byte span, TK_ERROR_INVALID_VALUE when it overflows. */
+static tk_status tensor_span(const char *fn, tensor *t) {
+    int64_t last = 0; /* offset of the last element */
+    for (int d = 0; d < 4; d++) {
+        int64_t step;
+        if (t->dims[d] - 1 > 0 && t->strides[d] > (INT64_MAX / 8) / (t->dims[d] - 1))
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "p->%s_strides[%d] = %lld times the %s size overflows", t->name, d,
+                           (long long)t->strides[d], dim_names[d]);
+        step = (t->dims[d] - 1) * t->strides[d];
+        if (last > INT64_MAX / 8 - step)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the extent of '%s' overflows", t->name);
+        last += step;
+    }
+    t->bytes = (size_t)(last + 1) * t->elem;
+    return TK_SUCCESS;
+}
+
+/* 16-byte aligned base; batch, sequence and head strides multiples of 8 elements wherever the
+ * dimension has more than one element (the kernels move 16-byte chunks of rows). */
+static tk_status check_vector_alignment(const char *fn, const tensor *t) {
+    if ((uintptr_t)t->ptr % 16 != 0)
+        return tk_fail(TK_ERROR_MISALIGNED, fn,
+                       "argument 'p->%s' = %p is not 16-byte aligned; the kernels read and write "
+                       "rows in 16-byte chunks",
+                       t->name, t->ptr);
+    for (int d = 0; d < 3; d++)
+        if (t->dims[d] > 1 && t->strides[d] % 8 != 0)
+            return tk_fail(TK_ERROR_MISALIGNED, fn,
+                           "p->%s_strides[%d] (%s stride) = %lld is not a multiple of 8 elements "
+                           "(16 bytes); the kernels read and write rows in 16-byte chunks",
+                           t->name, d, dim_names[d], (long long)t->strides[d]);
+    return TK_SUCCESS;
+}
+
+static tk_status check_no_overlap(const char *fn, const tensor *out, const tensor *in) {
+    if (in->ptr == NULL || !tk_ranges_overlap(out->ptr, out->bytes, in->ptr, in->bytes))
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_OVERLAP, fn, "output 'p->%s' overlaps 'p->%s'; they must not overlap",
+                   out->name, in->name);
+}
+
+static tk_status check_positive(const char *fn, const char *name, int64_t value) {
+    if (value >= 1)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->%s = %lld must be at least 1", name,
+                   (long long)value);
+}
+
+static tk_status check_window(const char *fn, const char *name, int64_t value) {
+    if (value >= -1)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                   "p->%s = %lld; accepted: -1 (unbounded) or a window >= 0", name,
+                   (long long)value);
+}
+
+/* Validates *p (no CUDA call) and resolves it into *call; *work = false for a no-op. */
+static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attention_call *call,
+                         bool *work) {
+    TK_TRY(tk_check_not_null(fn, "p", p));
+    if (p->size != sizeof(tk_attention_params))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->size = %zu but this library's tk_attention_params has %zu bytes; "
+                       "initialise it with TK_ATTENTION_PARAMS_INIT",
+                       p->size, sizeof(tk_attention_params));
+    TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
+    if (p->dtype != TK_F16 && p->dtype != TK_BF16)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->dtype = %s is not supported; accepted: TK_F16, TK_BF16",
+                       tk_dtype_name(p->dtype));
+    if (p->batch < 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->batch = %lld is negative",
+                       (long long)p->batch);
+    TK_TRY(check_positive(fn, "seqlen_q", p->seqlen_q));
+    TK_TRY(check_positive(fn, "seqlen_k", p->seqlen_k));
+    TK_TRY(check_positive(fn, "heads_q", p->heads_q));
+    TK_TRY(check_positive(fn, "heads_kv", p->heads_kv));
+    if (p->heads_q % p->heads_kv != 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->heads_q = %lld is not a multiple of p->heads_kv = %lld (each key/value "
+                       "head serves heads_q / heads_kv query heads)",
+                       (long long)p->heads_q, (long long)p->heads_kv);
+    TK_TRY(check_positive(fn, "head_dim", p->head_dim));
+    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->head_dim = %lld is not supported; accepted: 64, 128, 256",
+                       (long long)p->head_dim);
+    if (!(p->softmax_scale >= 0.0f) || isinf(p->softmax_scale))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->softmax_scale = %g; accepted: a finite value > 0, or 0 for "
+                       "1 / sqrt(head_dim)",
+                       (double)p->softmax_scale);
+    if (p->causal != 0 && p->causal != 1)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->causal = %d; accepted: 0 or 1", p->causal);
+    TK_TRY(check_window(fn, "window_left", p->window_left));
+    TK_TRY(check_window(fn, "window_right", p->window_right));
+    if (p->causal && p->window_right > 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->window_right = %lld contradicts p->causal = 1 (causal means "
+                       "window_right = 0); for a window reaching into the future set causal = 0",
+                       (long long)p->window_right);
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->softcap = %g; accepted: 0 (off) or a finite value > 0",
+                       (double)p->softcap);
+    if (p->return_lse != 0 && p->return_lse != 1)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->return_lse = %d; accepted: 0 or 1",
+                       p->return_lse);
+    /* Sizes bounded here keep every product below in int64. */
+    if (p->seqlen_q > MAX_SEQLEN || p->seqlen_k > MAX_SEQLEN)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->seqlen_q = %lld, p->seqlen_k = %lld: sequences longer than 2^30 are "
+                       "not supported",
+                       (long long)p->seqlen_q, (long long)p->seqlen_k);
+    if (p->heads_q > INT32_MAX || p->batch > INT32_MAX)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->batch = %lld, p->heads_q = %lld: more than 2^31 - 1 is not supported",
+                       (long long)p->batch, (long long)p->heads_q);
+    const int64_t query_tiles = (p->seqlen_q + MIN_QUERY_TILE - 1) / MIN_QUERY_TILE;
+    if (p->batch > 0 && query_tiles * p->heads_q > INT32_MAX / p->batch)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "batch * heads_q * ceil(seqlen_q / 64) = %lld * %lld * %lld exceeds the "
+                       "grid limit 2^31 - 1",
+                       (long long)p->batch, (long long)p->heads_q, (long long)query_tiles);
+
+    const size_t elem = tk_dtype_size(p->dtype);
+    tensor q = {"q", p->q, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
+    tensor k = {"k", p->k, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, {0}, elem, 0};
+    tensor v = {"v", p->v, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, {0}, elem, 0};
+    tensor o = {"o", p->o, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
+    TK_TRY(resolve_strides(fn, &q, p->q_strides));
+    TK_TRY(resolve_strides(fn, &k, p->k_strides));
+    TK_TRY(resolve_strides(fn, &v, p->v_strides));
+    TK_TRY(resolve_strides(fn, &o, p->o_strides));
+    *work = p->batch > 0;
+    if (!*work)
+        return TK_SUCCESS;
+    TK_TRY(tensor_span(fn, &q));
+    TK_TRY(tensor_span(fn, &k));
+    TK_TRY(tensor_span(fn, &v));
+    TK_TRY(tensor_span(fn, &o));
+
+    TK_TRY(tk_check_not_null(fn, "p->q", p->q));
+    TK_TRY(tk_check_not_null(fn, "p->k", p->k));
+    TK_TRY(tk_check_not_null(fn, "p->v", p->v));
+    TK_TRY(tk_check_not_null(fn, "p->o", p->o));
+    if (p->return_lse && p->lse == NULL)
+        return tk_fail(TK_ERROR_NULL_POINTER, fn,
+                       "p->lse is NULL but p->return_lse = 1; pass a device buffer of "
+                       "batch * heads_q * seqlen_q floats");
+    TK_TRY(check_vector_alignment(fn, &q));
+    TK_TRY(check_vector_alignment(fn, &k));
+    TK_TRY(check_vector_alignment(fn, &v));
+    TK_TRY(check_vector_alignment(fn, &o));
+    /* lse and alibi_slopes as dense f32 tensors (the dims give their element counts). */
+    tensor lse = {"lse", p->return_lse ? p->lse : NULL, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    lse.bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * 4;
+    tensor alibi = {"alibi_slopes", p->alibi_slopes, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    alibi.bytes = (size_t)p->heads_q * 4;
+    if ((uintptr_t)lse.ptr % 4 != 0)
+        return tk_fail(TK_ERROR_MISALIGNED, fn, "argument 'p->lse' = %p is not 4-byte aligned",
+                       lse.ptr);
+    if ((uintptr_t)alibi.ptr % 4 != 0)
+        return tk_fail(TK_ERROR_MISALIGNED, fn,
+                       "argument 'p->alibi_slopes' = %p is not 4-byte aligned", alibi.ptr);
+    TK_TRY(check_no_overlap(fn, &o, &q));
+    TK_TRY(check_no_overlap(fn, &o, &k));
+    TK_TRY(check_no_overlap(fn, &o, &v));
+    TK_TRY(check_no_overlap(fn, &o, &alibi));
+    if (lse.ptr) {
+        TK_TRY(check_no_overlap(fn, &o, &lse));
+        TK_TRY(check_no_overlap(fn, &lse, &q));
+        TK_TRY(check_no_overlap(fn, &lse, &k));
+        TK_TRY(check_no_overlap(fn, &lse, &v));
+        TK_TRY(check_no_overlap(fn, &lse, &alibi));
+    }
+
+    memset(call, 0, sizeof *call);
+    call->dtype = (int)p->dtype;
+    call->head_dim = (int)p->head_dim;
+    call->q = p->q;
+    call->k = p->k;
+    call->v = p->v;
+    call->o = p->o;
+    call->lse = lse.ptr ? p->lse : NULL;
+    call->alibi_slopes = p->alibi_slopes;
+    call->batch = (int)p->batch;
+    call->seqlen_q = (int)p->seqlen_q;
+    call->seqlen_k = (int)p->seqlen_k;
+    call->heads_q = (int)p->heads_q;
+    call->heads_kv = (int)p->heads_kv;
+    for (int d = 0; d < 3; d++) {
+        call->q_stride[d] = q.strides[d];
+        call->k_stride[d] = k.strides[d];
+        call->v_stride[d] = v.strides[d];
+        call->o_stride[d] = o.strides[d];
+    }
+    /* Windows that cover every key become unbounded, so that equivalent masks run the same
+     * code: window_left >= seqlen_k - 1 reaches key 0 from the last row, window_right >=
+     * seqlen_q - 1 reaches the last key from row 0. */
+    const int64_t right = p->causal ? 0 : p->window_right;
+    call->window_left = p->window_left >= p->seqlen_k - 1 ? -1 : (int)p->window_left;
+    call->window_right = right >= p->seqlen_q - 1 ? -1 : (int)right;
+    call->scale = p->softmax_scale > 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
+    call->softcap = p->softcap;
+    return TK_SUCCESS;
+}
+
+static tk_status attention_run(const char *fn, const tk_attention_params *p, tk_stream_t stream) {
+    tk_attention_call call;
+    bool work = false;
+    TK_TRY(prepare(fn, p, &call, &work));
+    if (!work)
+        return TK_SUCCESS;
+    const tk_device *dev;
+    TK_TRY(tk_current_device(fn, &dev));
+    const tk_variant *v;
+    TK_TRY(tk_select_variant(fn, &tk_op_attention, dev, &call, &v));
+    return tk_launched(fn, v, v->launch(&call, dev, stream));
+}
+
+TK_API tk_status tk_attention_fwd(const tk_attention_params *p, tk_stream_t stream) {
+    tk_begin_call();
+    return attention_run("tk_attention_fwd", p, stream);
+}
+
+TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t window_left,
+                                          tk_stream_t stream) {
+    static const char fn[] = "tk_attention_sliding_fwd";
+    tk_begin_call();
+    TK_TRY(tk_check_not_null(fn, "p", p));
+    if (p->size != sizeof(tk_attention_params))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->size = %zu but this library's tk_attention_params has %zu bytes; "
+                       "initialise it with TK_ATTENTION_PARAMS_INIT",
+                       p->size, sizeof(tk_attention_params));
+    if (window_left < 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "argument 'window_left' = %lld; accepted: >= 0 (the keys before the "
+                       "diagonal that each query sees; Mistral's sliding_window N is N - 1)",
+                       (long long)window_left);
+    tk_attention_params local = *p;
+    local.causal = 1;
+    local.window_left = window_left;
+    local.window_right = 0;
+    return attention_run(fn, &local, stream);
+}
+
+TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char **variant_name) {
+    static const char fn[] = "tk_attention_supported";
+    tk_begin_call();
+    if (variant_name)
+        *variant_name = NULL;
+    tk_attention_call call;
+    bool work = false;
+    TK_TRY(prepare(fn, p, &call, &work));
+    if (!work) {
+        if (variant_name)
+            *variant_name = "";
+        return TK_SUCCESS;
+    }
+    const tk_device *dev;
+    TK_TRY(tk_current_device(fn, &dev));
+    const tk_variant *v;
+    TK_TRY(tk_select_variant(fn, &tk_op_attention, dev, &call, &v));
+    if (variant_name)
+        *variant_name = v->name;
+    return TK_SUCCESS;
+}

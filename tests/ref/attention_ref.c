@@ -1,0 +1,82 @@
+/* fp64 attention reference; see attention_ref.h. */
+#include "attention_ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include <criterion/criterion.h>
+
+#include "support/tk_test.h"
+
+bool ref_attention_visible(const tk_attention_params *p, int64_t i, int64_t j) {
+    const int64_t shift = p->seqlen_k - p->seqlen_q;
+    const int64_t right = p->causal ? 0 : p->window_right;
+    if (j < 0 || j >= p->seqlen_k)
+        return false;
+    if (p->window_left >= 0 && j < i + shift - p->window_left)
+        return false;
+    if (right >= 0 && j > i + shift + right)
+        return false;
+    return true;
+}
+
+int64_t ref_attention_visible_pairs(const tk_attention_params *p) {
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < p->seqlen_q; i++) {
+        const int64_t shift = p->seqlen_k - p->seqlen_q;
+        const int64_t right = p->causal ? 0 : p->window_right;
+        int64_t lo = p->window_left >= 0 ? i + shift - p->window_left : 0;
+        int64_t hi = right >= 0 ? i + shift + right : p->seqlen_k - 1;
+        lo = lo < 0 ? 0 : lo;
+        hi = hi > p->seqlen_k - 1 ? p->seqlen_k - 1 : hi;
+        pairs += hi >= lo ? hi - lo + 1 : 0;
+    }
+    return pairs;
+}
+
+void ref_attention_row(const tk_attention_params *p, const double *q, const double *k,
+                       const double *v, const float *alibi_slopes, int64_t b, int64_t h,
+                       int64_t i, bool naive, double *o, double *lse) {
+    const tk_dtype dt = p->dtype;
+    const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
+    const double scale = p->softmax_scale > 0.0f ? (double)p->softmax_scale : 1.0 / sqrt((double)d);
+    const int64_t q_row = b * p->q_strides[0] + i * p->q_strides[1] + h * p->q_strides[2];
+    double *s = malloc((size_t)p->seqlen_k * sizeof(double));
+    cr_assert(s != NULL);
+#define ROUND(x) (naive ? tk_test_round(dt, (x)) : (x))
+    double max = -INFINITY;
+    for (int64_t j = 0; j < p->seqlen_k; j++) {
+        s[j] = -INFINITY;
+        if (!ref_attention_visible(p, i, j))
+            continue;
+        const int64_t k_row = b * p->k_strides[0] + j * p->k_strides[1] + hk * p->k_strides[2];
+        double dot = 0.0;
+        for (int64_t e = 0; e < d; e++)
+            dot += q[q_row + e] * k[k_row + e];
+        double x = ROUND(dot * scale);
+        if (p->softcap > 0.0f)
+            x = ROUND(p->softcap * tanh(x / p->softcap));
+        if (alibi_slopes)
+            x = ROUND(x - (double)alibi_slopes[h] * fabs((double)(i + p->seqlen_k - p->seqlen_q - j)));
+        s[j] = x;
+        max = x > max ? x : max;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < p->seqlen_k; j++)
+        sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - max);
+    for (int64_t e = 0; e < d; e++)
+        o[e] = 0.0;
+    for (int64_t j = 0; j < p->seqlen_k && sum > 0.0; j++) {
+        if (s[j] == -INFINITY)
+            continue;
+        const double prob = ROUND(exp(s[j] - max) / sum);
+        const int64_t v_row = b * p->v_strides[0] + j * p->v_strides[1] + hk * p->v_strides[2];
+        for (int64_t e = 0; e < d; e++)
+            o[e] += prob * v[v_row + e];
+    }
+    for (int64_t e = 0; e < d; e++)
+        o[e] = ROUND(o[e]);
+#undef ROUND
+    *lse = sum > 0.0 ? max + log(sum) : -INFINITY;
+    free(s);
+}

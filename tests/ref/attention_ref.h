@@ -1,0 +1,28 @@
+/* fp64 reference for attention forward, and the naive same-precision implementation that
+ * FlashAttention's accuracy rule compares against. */
+#ifndef TK_ATTENTION_REF_H
+#define TK_ATTENTION_REF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tkern.h"
+
+/* Whether query row i sees key j under p's mask (tkern.h's convention). */
+bool ref_attention_visible(const tk_attention_params *p, int64_t i, int64_t j);
+
+/* Number of visible (query, key) pairs of one (batch, head): the work attention must do. */
+int64_t ref_attention_visible_pairs(const tk_attention_params *p);
+
+/* One output row o[b, i, h, :] (head_dim values) and its lse, from the stored inputs q, k, v
+ * converted to double, laid out with p's strides (p->x_strides explicit, not all 0), and host
+ * alibi slopes (or NULL).
+ * exact: everything in fp64 from the stored inputs. naive: the same-precision implementation,
+ * rounding to p->dtype where a framework's unfused attention stores a tensor: the scores after
+ * the scale, after the softcap and after ALiBi, the probabilities, and the output.
+ * A row that sees no key gets o = 0 and lse = -inf. */
+void ref_attention_row(const tk_attention_params *p, const double *q, const double *k,
+                       const double *v, const float *alibi_slopes, int64_t b, int64_t h,
+                       int64_t i, bool naive, double *o, double *lse);
+
+#endif

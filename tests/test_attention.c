@@ -1,0 +1,550 @@
+/* Attention forward: bad input on the host (runs everywhere), then lengths, masks, head dims,
+ * layouts, GQA / MQA, softcap, ALiBi and LSE against the fp64 reference on the GPU, every
+ * variant forced. Accuracy follows FlashAttention's tests: the largest error of o must be at
+ * most twice that of a naive implementation in the same precision (ref_attention_row with
+ * naive = true) plus twice the representation error of o near 0.3; lse is f32 and held to the
+ * f32 tolerance. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/tk_test.h"
+#include "ref/attention_ref.h"
+
+#define VARIANT_COUNT 1
+static const char *const VARIANTS[VARIANT_COUNT] = {"mma_sm80"};
+
+/* ------------------------------------------------------------------ bad input (host) ---- */
+
+/* Fake "device" buffers: host memory with a sentinel; validation must reject before any use.
+ * A valid call: q [1, 16, 2, 64] at in_buf, k and v [1, 16, 1, 64] after it, alibi slopes at
+ * the end; o [1, 16, 2, 64] at out_buf, lse [1, 2, 16] after it (bf16, dense layouts). */
+static unsigned char in_buf[16384] __attribute__((aligned(16)));
+static unsigned char out_buf[8192] __attribute__((aligned(16)));
+
+static void reset_buffers(void) {
+    tk_fill_sentinel(in_buf, sizeof in_buf);
+    tk_fill_sentinel(out_buf, sizeof out_buf);
+}
+
+static tk_attention_params host_params(void) {
+    tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
+    p.dtype = TK_BF16;
+    p.batch = 1;
+    p.seqlen_q = 16;
+    p.seqlen_k = 16;
+    p.heads_q = 2;
+    p.heads_kv = 1;
+    p.head_dim = 64;
+    p.q = in_buf;
+    p.k = in_buf + 4096;
+    p.v = in_buf + 8192;
+    p.alibi_slopes = (const float *)(in_buf + 12288);
+    p.o = out_buf;
+    p.return_lse = 1;
+    p.lse = (float *)(out_buf + 4096);
+    return p;
+}
+
+/* Rejected by tk_attention_fwd, tk_attention_sliding_fwd (when the failure is not in the mask
+ * fields the sliding entry point overrides) and tk_attention_supported alike; nothing written. */
+static void expect_rejected(const tk_attention_params *p, tk_status status, const char *needle,
+                            bool sliding_too) {
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_fwd(p, NULL), status, needle);
+    if (sliding_too)
+        TK_EXPECT_STATUS(tk_attention_sliding_fwd(p, 4, NULL), status, needle);
+    const char *name = "untouched";
+    TK_EXPECT_STATUS(tk_attention_supported(p, &name), status, needle);
+    cr_assert_null(name, "%s: tk_attention_supported named a variant on failure", needle);
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf), "%s: an output was written", needle);
+    cr_assert(tk_is_sentinel(in_buf, sizeof in_buf), "%s: an input was written", needle);
+}
+
+#define REJECT(field_assignment, status, needle)     \
+    do {                                             \
+        tk_attention_params p_ = ok;                 \
+        p_.field_assignment;                         \
+        expect_rejected(&p_, status, needle, true);  \
+    } while (0)
+
+Test(attention_args, rejects_bad_arguments) {
+    const tk_attention_params ok = host_params();
+    expect_rejected(NULL, TK_ERROR_NULL_POINTER, "'p'", true);
+    REJECT(size = 8, TK_ERROR_INVALID_VALUE, "p->size");
+    REJECT(dtype = TK_F32, TK_ERROR_NOT_SUPPORTED, "p->dtype");
+    REJECT(dtype = (tk_dtype)9, TK_ERROR_INVALID_VALUE, "p->dtype");
+    REJECT(batch = -1, TK_ERROR_INVALID_VALUE, "p->batch");
+    REJECT(seqlen_q = 0, TK_ERROR_INVALID_VALUE, "p->seqlen_q");
+    REJECT(seqlen_k = -3, TK_ERROR_INVALID_VALUE, "p->seqlen_k");
+    REJECT(heads_q = 0, TK_ERROR_INVALID_VALUE, "p->heads_q");
+    REJECT(heads_kv = 0, TK_ERROR_INVALID_VALUE, "p->heads_kv");
+    REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 2 is not a multiple of p->heads_kv");
+    REJECT(head_dim = 96, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 96 is not supported");
+    REJECT(head_dim = 32, TK_ERROR_NOT_SUPPORTED, "accepted: 64, 128, 256");
+    REJECT(head_dim = 0, TK_ERROR_INVALID_VALUE, "p->head_dim");
+    REJECT(q = NULL, TK_ERROR_NULL_POINTER, "'p->q'");
+    REJECT(k = NULL, TK_ERROR_NULL_POINTER, "'p->k'");
+    REJECT(v = NULL, TK_ERROR_NULL_POINTER, "'p->v'");
+    REJECT(o = NULL, TK_ERROR_NULL_POINTER, "'p->o'");
+    REJECT(lse = NULL, TK_ERROR_NULL_POINTER, "p->lse is NULL but p->return_lse = 1");
+    REJECT(return_lse = 2, TK_ERROR_INVALID_VALUE, "p->return_lse");
+    REJECT(softmax_scale = -1.0f, TK_ERROR_INVALID_VALUE, "p->softmax_scale");
+    REJECT(softmax_scale = NAN, TK_ERROR_INVALID_VALUE, "p->softmax_scale");
+    REJECT(softcap = -2.0f, TK_ERROR_INVALID_VALUE, "p->softcap");
+    REJECT(softcap = INFINITY, TK_ERROR_INVALID_VALUE, "p->softcap");
+    REJECT(q_strides[3] = 2, TK_ERROR_NOT_SUPPORTED, "p->q_strides[3]");
+    REJECT(v_strides[1] = -128, TK_ERROR_INVALID_VALUE, "p->v_strides[1]");
+    {
+        tk_attention_params p = ok; /* a batch stride whose extent overflows */
+        p.k_strides[0] = INT64_MAX / 2, p.k_strides[1] = 64, p.k_strides[2] = 64, p.k_strides[3] = 1;
+        p.batch = 3;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "overflows", true);
+    }
+    REJECT(seqlen_q = (INT64_C(1) << 30) + 1, TK_ERROR_NOT_SUPPORTED, "2^30");
+    /* Vector path alignment: 16-byte pointers, strides in whole 16-byte chunks. */
+    REJECT(q = in_buf + 2, TK_ERROR_MISALIGNED, "'p->q'");
+    REJECT(v = in_buf + 8192 + 8, TK_ERROR_MISALIGNED, "'p->v'");
+    REJECT(o = out_buf + 2, TK_ERROR_MISALIGNED, "'p->o'");
+    REJECT(lse = (float *)(out_buf + 4096 + 2), TK_ERROR_MISALIGNED, "'p->lse'");
+    REJECT(alibi_slopes = (const float *)(in_buf + 12288 + 1), TK_ERROR_MISALIGNED,
+           "'p->alibi_slopes'");
+    {
+        tk_attention_params p = ok; /* [B, S, H, D] strides with a row of 68 elements */
+        p.q_strides[0] = 16 * 136, p.q_strides[1] = 136, p.q_strides[2] = 68, p.q_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_MISALIGNED, "p->q_strides[2]", true);
+    }
+    /* Overlaps: o over q, lse inside o. */
+    REJECT(o = in_buf + 2048, TK_ERROR_OVERLAP, "'p->o' overlaps 'p->q'");
+    REJECT(lse = (float *)(out_buf + 1024), TK_ERROR_OVERLAP, "'p->o' overlaps 'p->lse'");
+    {
+        tk_attention_params p = ok; /* grid of 2^20 * 2^10 * 2^14 CTAs */
+        p.batch = INT64_C(1) << 20, p.heads_q = 1024, p.heads_kv = 1024, p.seqlen_q = INT64_C(1) << 20;
+        expect_rejected(&p, TK_ERROR_NOT_SUPPORTED, "grid limit", true);
+    }
+    /* Mask fields: tk_attention_sliding_fwd overrides them, so only tk_attention_fwd rejects. */
+    tk_attention_params p = ok;
+    p.window_left = -2;
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->window_left", false);
+    p = ok;
+    p.window_right = -7;
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->window_right", false);
+    p = ok;
+    p.causal = 1, p.window_right = 3;
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->window_right = 3 contradicts p->causal", false);
+    p = ok;
+    p.causal = 2;
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->causal", false);
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_sliding_fwd(&ok, -1, NULL), TK_ERROR_INVALID_VALUE,
+                     "'window_left'");
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+}
+
+Test(attention_args, empty_batch_is_a_noop) {
+    tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
+    p.seqlen_q = p.seqlen_k = 5;
+    p.heads_q = p.heads_kv = 1;
+    p.head_dim = 128;
+    TK_EXPECT_STATUS(tk_attention_fwd(&p, NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_attention_sliding_fwd(&p, 3, NULL), TK_SUCCESS, "");
+    const char *name = NULL;
+    TK_EXPECT_STATUS(tk_attention_supported(&p, &name), TK_SUCCESS, "");
+    cr_assert_str_eq(name, "");
+    cr_assert_str_empty(tk_last_error());
+}
+
+Test(attention_args, no_device_is_reported) {
+    if (tk_test_have_device())
+        cr_skip_test("a CUDA device is present; this test covers machines without one");
+    const tk_attention_params ok = host_params();
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_fwd(&ok, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
+    const char *name = "untouched";
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NO_DEVICE, "no usable CUDA device");
+    cr_assert_null(name);
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+}
+
+Test(attention_args, force_variant_names) {
+    for (int v = 0; v < VARIANT_COUNT; v++)
+        TK_EXPECT_STATUS(tk_experimental_force_variant("attention", VARIANTS[v]), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention", "flash3"), TK_ERROR_INVALID_VALUE,
+                     "\"mma_sm80\"");
+}
+
+/* ------------------------------------------------------------------------ GPU checks ---- */
+
+typedef struct attn_case {
+    tk_dtype dtype;
+    int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    bool bhsd;          /* [B, H, S, D] buffers with padded rows, through strides; else dense
+                           [B, S, H, D] with all strides 0 */
+    int causal;
+    int64_t window_left, window_right;
+    bool sliding;       /* through tk_attention_sliding_fwd(window_left) */
+    float softcap;
+    bool alibi, lse;
+    double qk_range;    /* q and k uniform in [-qk_range, qk_range); v in [-1, 1) */
+} attn_case;
+
+static void case_name(const attn_case *c, const char *variant, char *out, size_t size) {
+    snprintf(out, size,
+             "%s B%lld Sq%lld Sk%lld H%lld/%lld D%lld %s causal %d window (%lld, %lld)%s "
+             "softcap %g%s%s variant %s",
+             tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->seqlen_q,
+             (long long)c->seqlen_k, (long long)c->heads_q, (long long)c->heads_kv,
+             (long long)c->head_dim, c->bhsd ? "BHSD" : "BSHD", c->causal,
+             (long long)c->window_left, (long long)c->window_right, c->sliding ? " sliding" : "",
+             (double)c->softcap, c->alibi ? " alibi" : "", c->lse ? " lse" : "",
+             variant ? variant : "(auto)");
+}
+
+/* Strides of a [batch, seq, heads, head_dim] tensor in the case's layout, and its element
+ * count. BHSD rows are padded by 8 elements and batches by 64, so that a write outside the
+ * tensor lands in poisoned padding. */
+static int64_t layout_strides(const attn_case *c, int64_t seq, int64_t heads, int64_t st[4]) {
+    const int64_t d = c->head_dim;
+    st[3] = 1;
+    if (c->bhsd) {
+        st[1] = d + 8;
+        st[2] = seq * st[1];
+        st[0] = heads * st[2] + 64;
+    } else {
+        st[2] = d;
+        st[1] = heads * d;
+        st[0] = seq * heads * d;
+    }
+    return c->batch * st[0];
+}
+
+/* FlashAttention's representation term: twice the largest change that adding and removing 0.3
+ * in the output dtype makes to a reference value. */
+static double representation_term(tk_dtype dtype, double exact) {
+    const double r = tk_test_round(dtype, exact);
+    return 2.0 * fabs(tk_test_round(dtype, tk_test_round(dtype, r + 0.3) - 0.3) - r);
+}
+
+static double *to_double(tk_dtype dtype, const void *host, int64_t n) {
+    double *r = malloc((size_t)n * sizeof(double));
+    cr_assert(r != NULL);
+    for (int64_t i = 0; i < n; i++)
+        r[i] = tk_test_load(dtype, host, i);
+    return r;
+}
+
+/* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
+ * (caller frees) so that cases can be compared bit for bit. */
+static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed) {
+    char what[320];
+    case_name(c, variant, what, sizeof what);
+    tk_rng rng = tk_rng_seeded(seed);
+    tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
+    p.dtype = c->dtype;
+    p.batch = c->batch;
+    p.seqlen_q = c->seqlen_q;
+    p.seqlen_k = c->seqlen_k;
+    p.heads_q = c->heads_q;
+    p.heads_kv = c->heads_kv;
+    p.head_dim = c->head_dim;
+    p.causal = c->causal;
+    p.window_left = c->window_left;
+    p.window_right = c->window_right;
+    p.softcap = c->softcap;
+    p.return_lse = c->lse;
+
+    tk_attention_params ref = p; /* explicit strides, and the mask the call means */
+    const int64_t nq = layout_strides(c, c->seqlen_q, c->heads_q, ref.q_strides);
+    const int64_t nk = layout_strides(c, c->seqlen_k, c->heads_kv, ref.k_strides);
+    layout_strides(c, c->seqlen_k, c->heads_kv, ref.v_strides);
+    layout_strides(c, c->seqlen_q, c->heads_q, ref.o_strides);
+    if (c->bhsd) {
+        memcpy(p.q_strides, ref.q_strides, sizeof p.q_strides);
+        memcpy(p.k_strides, ref.k_strides, sizeof p.k_strides);
+        memcpy(p.v_strides, ref.v_strides, sizeof p.v_strides);
+        memcpy(p.o_strides, ref.o_strides, sizeof p.o_strides);
+    }
+    if (c->sliding) {
+        ref.causal = 1;
+        ref.window_right = 0;
+    }
+
+    const size_t es = tk_test_dtype_size(c->dtype);
+    const int64_t n_lse = c->batch * c->heads_q * c->seqlen_q;
+    void *hq = malloc((size_t)nq * es), *hk = malloc((size_t)nk * es), *hv = malloc((size_t)nk * es);
+    uint16_t *ho = malloc((size_t)nq * es);
+    float *hlse = malloc((size_t)n_lse * sizeof(float));
+    float *hslopes = malloc((size_t)c->heads_q * sizeof(float));
+    cr_assert(hq && hk && hv && ho && hlse && hslopes);
+    tk_fill_uniform(&rng, c->dtype, hq, nq, -c->qk_range, c->qk_range);
+    tk_fill_uniform(&rng, c->dtype, hk, nk, -c->qk_range, c->qk_range);
+    tk_fill_uniform(&rng, c->dtype, hv, nk, -1.0, 1.0);
+    for (int64_t h = 0; h < c->heads_q; h++) /* the ALiBi paper's geometric slopes */
+        hslopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)c->heads_q);
+
+    void *dq = tk_dev_alloc((size_t)nq * es), *dk = tk_dev_alloc((size_t)nk * es);
+    void *dv = tk_dev_alloc((size_t)nk * es), *do_ = tk_dev_alloc((size_t)nq * es);
+    void *dlse = tk_dev_alloc((size_t)n_lse * sizeof(float));
+    void *dslopes = tk_dev_alloc((size_t)c->heads_q * sizeof(float));
+    tk_to_dev(dq, hq, (size_t)nq * es);
+    tk_to_dev(dk, hk, (size_t)nk * es);
+    tk_to_dev(dv, hv, (size_t)nk * es);
+    tk_to_dev(dslopes, hslopes, (size_t)c->heads_q * sizeof(float));
+    tk_dev_poison(do_, (size_t)nq * es);
+    tk_dev_poison(dlse, (size_t)n_lse * sizeof(float));
+    p.q = dq;
+    p.k = dk;
+    p.v = dv;
+    p.o = do_;
+    p.lse = dlse;
+    p.alibi_slopes = c->alibi ? dslopes : NULL;
+
+    cr_assert_eq(tk_experimental_force_variant("attention", variant), TK_SUCCESS);
+    const tk_status s = c->sliding ? tk_attention_sliding_fwd(&p, c->window_left, NULL)
+                                   : tk_attention_fwd(&p, NULL);
+    cr_assert_eq(s, TK_SUCCESS, "%s: %s", what, tk_last_error());
+    if (variant)
+        cr_assert_str_eq(tk_last_variant(), variant, "%s ran variant %s", what, tk_last_variant());
+    else
+        cr_assert_str_neq(tk_last_variant(), "", "%s: no variant recorded", what);
+    cr_assert_eq(tk_experimental_force_variant("attention", NULL), TK_SUCCESS);
+    tk_dev_sync();
+    tk_to_host(ho, do_, (size_t)nq * es);
+    tk_to_host(hlse, dlse, (size_t)n_lse * sizeof(float));
+
+    double *q64 = to_double(c->dtype, hq, nq), *k64 = to_double(c->dtype, hk, nk);
+    double *v64 = to_double(c->dtype, hv, nk);
+    double *exact = malloc((size_t)c->head_dim * sizeof(double));
+    double *naive = malloc((size_t)c->head_dim * sizeof(double));
+    unsigned char *written = calloc((size_t)nq, 1);
+    cr_assert(exact && naive && written);
+    double err = 0.0, err_naive = 0.0, atol = 0.0;
+    int64_t bad = 0, first_bad = -1, worst = -1, lse_bad = 0;
+    double lse_err = 0.0;
+    for (int64_t b = 0; b < c->batch; b++)
+        for (int64_t h = 0; h < c->heads_q; h++)
+            for (int64_t i = 0; i < c->seqlen_q; i++) {
+                double lse_exact, lse_naive;
+                ref_attention_row(&ref, q64, k64, v64, c->alibi ? hslopes : NULL, b, h, i, false,
+                                  exact, &lse_exact);
+                ref_attention_row(&ref, q64, k64, v64, c->alibi ? hslopes : NULL, b, h, i, true,
+                                  naive, &lse_naive);
+                const int64_t row = b * ref.o_strides[0] + i * ref.o_strides[1] + h * ref.o_strides[2];
+                for (int64_t e = 0; e < c->head_dim; e++) {
+                    written[row + e] = 1;
+                    const double g = tk_test_load(c->dtype, ho, row + e);
+                    if (!isfinite(g)) {
+                        if (bad++ == 0)
+                            first_bad = row + e;
+                        continue;
+                    }
+                    if (fabs(g - exact[e]) > err) {
+                        err = fabs(g - exact[e]);
+                        worst = row + e;
+                    }
+                    err_naive = fmax(err_naive, fabs(naive[e] - exact[e]));
+                    atol = fmax(atol, representation_term(c->dtype, exact[e]));
+                }
+                const float got = hlse[(b * c->heads_q + h) * c->seqlen_q + i];
+                if (!c->lse)
+                    lse_bad += !isnan(got); /* not requested: must stay poisoned */
+                else if (isinf(lse_exact))
+                    lse_bad += !(isinf(got) && got < 0);
+                else if (!isfinite(got) || fabs(got - lse_exact) > tk_default_rtol(TK_F32) * (1.0 + fabs(lse_exact)))
+                    lse_bad++;
+                else
+                    lse_err = fmax(lse_err, fabs(got - lse_exact));
+            }
+    cr_assert(bad == 0, "%s: %lld non-finite outputs (first at element %lld)", what,
+              (long long)bad, (long long)first_bad);
+    cr_assert(err <= 2.0 * err_naive + atol,
+              "%s: max |o - ref| = %.3g at element %lld > 2 x naive %s error %.3g + %.3g", what,
+              err, (long long)worst, tk_test_dtype_name(c->dtype), err_naive, atol);
+    cr_assert(lse_bad == 0, "%s: %lld lse values wrong (max error of the good ones %.3g)", what,
+              (long long)lse_bad, lse_err);
+    for (int64_t x = 0; x < nq; x++)
+        cr_assert(written[x] || ho[x] == 0xffff, "%s: wrote element %lld outside o", what,
+                  (long long)x);
+
+    free(q64); free(k64); free(v64); free(exact); free(naive); free(written);
+    free(hq); free(hk); free(hv); free(hlse); free(hslopes);
+    tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(do_); tk_dev_free(dlse);
+    tk_dev_free(dslopes);
+    return ho;
+}
+
+/* Every variant forced (the automatic choice runs in the tests that pass variant NULL). */
+static void run_case_all_variants(const attn_case *c, uint64_t seed) {
+    for (int v = 0; v < VARIANT_COUNT; v++)
+        free(run_case(c, VARIANTS[v], seed));
+}
+
+static const tk_dtype DTYPES[2] = {TK_BF16, TK_F16};
+
+Test(attention_gpu, lengths_and_masks, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    /* {seqlen_q, seqlen_k, causal, window_left, window_right, sliding} at head dim 128 */
+    const struct { int64_t sq, sk; int causal; int64_t wl, wr; bool sliding; } masks[] = {
+        {1, 1, 0, -1, -1, false},       {17, 17, 1, -1, -1, false},
+        {1000, 1000, 0, -1, -1, false}, {1000, 1000, 1, -1, -1, false},
+        {17, 1000, 1, -1, -1, false},   {1000, 17, 1, -1, -1, false}, /* rows that see nothing */
+        {1, 1000, 1, -1, -1, false},    {1, 1000, 0, -1, -1, false},
+        {1000, 1, 0, -1, -1, false},    {333, 333, 0, 0, -1, true},  /* diagonal only */
+        {300, 300, 1, 37, -1, false},   {300, 333, 0, 37, 5, false},
+        {333, 300, 0, 64, 100, false},  {250, 250, 0, -1, 10, false},
+        {200, 260, 0, 50, 7, true},     {260, 200, 0, 100, -1, true},
+        {129, 129, 0, 0, 0, false},     {100, 100, 0, 0, -1, false},
+    };
+    uint64_t seed = 100;
+    for (size_t d = 0; d < 2; d++)
+        for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
+            const int64_t batch = masks[m].sq * masks[m].sk > 100000 ? 1 : 2;
+            attn_case c = {DTYPES[d], batch, masks[m].sq, masks[m].sk, 2, 1, 128, false,
+                           masks[m].causal, masks[m].wl, masks[m].wr, masks[m].sliding, 0.0f,
+                           false, true, 2.0};
+            run_case_all_variants(&c, seed++);
+        }
+}
+
+/* A window that covers every key is the plain causal mask: same code, same bits. */
+Test(attention_gpu, window_past_the_sequence_is_causal, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    for (size_t d = 0; d < 2; d++) {
+        attn_case causal = {DTYPES[d], 2, 300, 300, 4, 2, 64, false, 1, -1, -1, false, 0.0f,
+                            false, true, 2.0};
+        attn_case wide = causal;
+        wide.window_left = 5000;
+        attn_case wide_sliding = wide;
+        wide_sliding.sliding = true;
+        wide_sliding.causal = 0;
+        uint16_t *a = run_case(&causal, NULL, 7), *b = run_case(&wide, NULL, 7);
+        uint16_t *s = run_case(&wide_sliding, NULL, 7);
+        const size_t bytes = (size_t)(2 * 300 * 4 * 64) * 2;
+        cr_assert(memcmp(a, b, bytes) == 0, "%s: window_left 5000 differs from causal",
+                  tk_test_dtype_name(DTYPES[d]));
+        cr_assert(memcmp(a, s, bytes) == 0, "%s: sliding window 5000 differs from causal",
+                  tk_test_dtype_name(DTYPES[d]));
+        free(a); free(b); free(s);
+    }
+}
+
+Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    static const int64_t head_dims[] = {64, 128, 256};
+    /* GQA ratios 1, 4 and 8, and MQA. */
+    static const int64_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {6, 1}};
+    uint64_t seed = 200;
+    for (size_t hd = 0; hd < 3; hd++)
+        for (size_t d = 0; d < 2; d++)
+            for (int bhsd = 0; bhsd < 2; bhsd++)
+                for (size_t g = 0; g < 4; g++) {
+                    attn_case c = {DTYPES[d], 2, 77, 130, heads[g][0], heads[g][1],
+                                   head_dims[hd], bhsd, (int)(g % 2), -1, -1, false, 0.0f,
+                                   false, g != 2, 2.0};
+                    run_case_all_variants(&c, seed++);
+                }
+}
+
+Test(attention_gpu, softcap_alibi_lse, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    uint64_t seed = 300;
+    for (size_t d = 0; d < 2; d++)
+        for (int64_t hd = 64; hd <= 256; hd *= 2) {
+            /* Gemma 2's cap of 50 on large logits, causal */
+            attn_case softcap = {DTYPES[d], 2, 150, 150, 4, 2, hd, false, 1, -1, -1, false, 50.0f,
+                                 false, true, 6.0};
+            run_case_all_variants(&softcap, seed++);
+            /* a small cap that bends every logit, non-causal, BHSD */
+            attn_case small_cap = {DTYPES[d], 1, 90, 200, 2, 2, hd, true, 0, -1, -1, false, 3.0f,
+                                   false, true, 3.0};
+            run_case_all_variants(&small_cap, seed++);
+            /* ALiBi, dense and with a window, with and without softcap */
+            attn_case alibi = {DTYPES[d], 2, 200, 230, 8, 2, hd, false, 0, -1, -1, false, 0.0f,
+                               true, true, 2.0};
+            run_case_all_variants(&alibi, seed++);
+            attn_case alibi_window = {DTYPES[d], 1, 300, 300, 8, 8, hd, true, 1, 40, -1, false,
+                                      30.0f, true, true, 4.0};
+            run_case_all_variants(&alibi_window, seed++);
+        }
+}
+
+/* q and o of 2^31 + 12800 elements (4 GB each in bf16): 64-bit offsets. Only the last rows of
+ * q hold data (the rest is NaN, which stays in its own rows); those rows are checked. */
+Test(attention_gpu, past_2_pow_31_elements, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    const int64_t d = 128, sq = (INT64_C(1) << 24) + 100, sk = 64, rows = 300;
+    const int64_t nq = sq * d, nk = sk * d;
+    tk_rng rng = tk_rng_seeded(400);
+    uint16_t *hq = malloc((size_t)(rows * d) * 2), *hk = malloc((size_t)nk * 2);
+    uint16_t *hv = malloc((size_t)nk * 2), *ho = malloc((size_t)(rows * d) * 2);
+    cr_assert(hq && hk && hv && ho);
+    tk_fill_uniform(&rng, TK_BF16, hq, rows * d, -2.0, 2.0);
+    tk_fill_uniform(&rng, TK_BF16, hk, nk, -2.0, 2.0);
+    tk_fill_uniform(&rng, TK_BF16, hv, nk, -1.0, 1.0);
+    unsigned char *dq = tk_dev_alloc((size_t)nq * 2), *do_ = tk_dev_alloc((size_t)nq * 2);
+    void *dk = tk_dev_alloc((size_t)nk * 2), *dv = tk_dev_alloc((size_t)nk * 2);
+    tk_dev_poison(dq, (size_t)nq * 2);
+    tk_dev_poison(do_, (size_t)nq * 2);
+    tk_to_dev(dq + (size_t)((sq - rows) * d) * 2, hq, (size_t)(rows * d) * 2);
+    tk_to_dev(dk, hk, (size_t)nk * 2);
+    tk_to_dev(dv, hv, (size_t)nk * 2);
+    tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
+    p.dtype = TK_BF16;
+    p.batch = 1;
+    p.seqlen_q = sq;
+    p.seqlen_k = sk;
+    p.heads_q = p.heads_kv = 1;
+    p.head_dim = d;
+    p.q = dq;
+    p.k = dk;
+    p.v = dv;
+    p.o = do_;
+    TK_EXPECT_STATUS(tk_attention_fwd(&p, NULL), TK_SUCCESS, "");
+    tk_dev_sync();
+    tk_to_host(ho, do_ + (size_t)((sq - rows) * d) * 2, (size_t)(rows * d) * 2);
+
+    /* The reference sees the checked rows as a [1, rows, 1, d] problem with the same keys. */
+    tk_attention_params ref = p;
+    ref.seqlen_q = rows;
+    ref.q_strides[0] = rows * d, ref.q_strides[1] = d, ref.q_strides[2] = d, ref.q_strides[3] = 1;
+    ref.k_strides[0] = nk, ref.k_strides[1] = d, ref.k_strides[2] = d, ref.k_strides[3] = 1;
+    memcpy(ref.v_strides, ref.k_strides, sizeof ref.v_strides);
+    double *q64 = to_double(TK_BF16, hq, rows * d), *k64 = to_double(TK_BF16, hk, nk);
+    double *v64 = to_double(TK_BF16, hv, nk);
+    double exact[128], naive[128], lse;
+    double err = 0.0, err_naive = 0.0, atol = 0.0;
+    for (int64_t i = 0; i < rows; i++) {
+        ref_attention_row(&ref, q64, k64, v64, NULL, 0, 0, i, false, exact, &lse);
+        ref_attention_row(&ref, q64, k64, v64, NULL, 0, 0, i, true, naive, &lse);
+        for (int64_t e = 0; e < d; e++) {
+            const double g = tk_test_load(TK_BF16, ho, i * d + e);
+            cr_assert(isfinite(g), "row %lld of the last %lld: non-finite output", (long long)i,
+                      (long long)rows);
+            err = fmax(err, fabs(g - exact[e]));
+            err_naive = fmax(err_naive, fabs(naive[e] - exact[e]));
+            atol = fmax(atol, representation_term(TK_BF16, exact[e]));
+        }
+    }
+    cr_assert(err <= 2.0 * err_naive + atol, "max error %.3g > 2 x naive %.3g + %.3g", err,
+              err_naive, atol);
+    free(q64); free(k64); free(v64);
+    free(hq); free(hk); free(hv); free(ho);
+    tk_dev_free(dq); tk_dev_free(do_); tk_dev_free(dk); tk_dev_free(dv);
+}
+
+Test(attention_gpu, supported_names_the_variant) {
+    TK_REQUIRE_GPU();
+    const tk_attention_params ok = host_params(); /* never launched: host pointers are fine */
+    const char *name = NULL;
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
+    cr_assert_str_eq(name, "mma_sm80");
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, NULL), TK_SUCCESS, "");
+    for (int v = 0; v < VARIANT_COUNT; v++) {
+        cr_assert_eq(tk_experimental_force_variant("attention", VARIANTS[v]), TK_SUCCESS);
+        TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
+        cr_assert_str_eq(name, VARIANTS[v]);
+    }
+    tk_experimental_force_variant("attention", NULL);
+}
