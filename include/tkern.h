@@ -570,7 +570,75 @@ TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t 
  * kernel variant it would use ("" for a call with nothing to do, NULL on failure). */
 TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char **variant_name);
 
-/* @@ GEMM SECTION (issue 5) @@ */
+/* ---------------------------------------------------------------------------------------------
+ * GEMM with a fused epilogue (docs/kernels/gemm.md)
+ * ------------------------------------------------------------------------------------------- */
+
+/* How B is stored. Both layouts are row-major; the names give the dimension order. */
+typedef enum tk_gemm_b_layout {
+    TK_GEMM_B_KN = 0,  /* B[k, n] at b[k * ldb + n], ldb >= n: D = A B */
+    TK_GEMM_B_NK = 1   /* B[n, k] at b[n * ldb + k], ldb >= k: D = A B^T, the layout of a
+                          PyTorch Linear weight [out_features, in_features] */
+} tk_gemm_b_layout;
+
+/* A GEMM call. Initialise with TK_GEMM_PARAMS_INIT, then set the fields; fields are only ever
+ * appended. Matrices are row-major with leading dimensions (elements between rows) given.
+ *
+ *   D[i, j] = act(alpha * sum_k A[i, k] B(k, j) + beta * C[i, j] + bias[j])
+ *
+ * for 0 <= i < m, 0 <= j < n, where B(k, j) reads B in p->b_layout. The products are summed in
+ * f32 (tensor cores); the epilogue is f32 and D is rounded once to its dtype. The order is that
+ * of cuBLASLt's CUBLASLT_EPILOGUE_BIAS / _GELU_BIAS: the residual beta * C enters before the
+ * activation. A residual added after an activation takes a second call (act, then beta = 1 with
+ * act = TK_ACT_NONE). act is computed by the same device functions as tk_activation_fwd for an
+ * output of the same dtype, so a fused call and GEMM-then-activation agree. */
+typedef struct tk_gemm_params {
+    size_t size;                 /* sizeof(tk_gemm_params), set by TK_GEMM_PARAMS_INIT */
+    int64_t m, n, k;             /* each >= 1 */
+    tk_dtype input_dtype;        /* of A and B: TK_F16 or TK_BF16 */
+    tk_dtype output_dtype;       /* of C, D and bias: TK_F16, TK_BF16 or TK_F32 */
+    tk_gemm_b_layout b_layout;
+    const void *a;               /* [m, k], lda >= k */
+    int64_t lda;
+    const void *b;               /* [k, n] (ldb >= n) or [n, k] (ldb >= k), see b_layout */
+    int64_t ldb;
+    const void *c;               /* [m, n], ldc >= n; read only when beta != 0, else may be NULL */
+    int64_t ldc;
+    const void *bias;            /* n elements of output_dtype, or NULL for no bias */
+    void *d;                     /* [m, n], ldd >= n: the output */
+    int64_t ldd;
+    tk_activation activation;    /* TK_ACT_NONE for a plain GEMM */
+    float alpha;                 /* finite */
+    float beta;                  /* finite; 0 means C is not read (a NaN in C does not leak) */
+} tk_gemm_params;
+#define TK_GEMM_PARAMS_INIT                                                                     \
+    {sizeof(tk_gemm_params), 0, 0, 0, TK_BF16, TK_BF16, TK_GEMM_B_NK, NULL, 0, NULL, 0, NULL, 0, \
+     NULL, NULL, 0, TK_ACT_NONE, 1.0f, 0.0f}
+
+/* Runs the GEMM that *p describes (p itself is read during the call only).
+ * - Any m, n, k >= 1. Every pointer must be aligned to its element size. The fast kernels need
+ *   a and b 16-byte aligned with lda and ldb multiples of 8; other calls run a slower kernel
+ *   with the same results. c, d and bias may have any (element) alignment.
+ * - In place: c may alias d exactly (c == d and ldc == ldd); every element of C is read before
+ *   the same element of D is written. Any other overlap of D's memory span
+ *   [d, d + ((m - 1) * ldd + n) elements) with the spans of A, B, C or bias is rejected.
+ * - Variants (tk_last_variant, tk_experimental_force_variant op "gemm"), in selection order:
+ *   "mma_128x256": 128x256 tiles, for calls that fill at least one wave of them (tiles >= SM
+ *   count) on devices with 144 KiB of shared memory per block (A100, H100, H200);
+ *   "mma_128x128": 128x128 tiles, any size; "mma_unaligned": 128x128 tiles loaded element by
+ *   element, for any alignment of a and b. The first two need the 16-byte rule above.
+ * Errors: NULL p / a / b / d, or c with beta != 0 (TK_ERROR_NULL_POINTER); p->size too small,
+ * m, n or k < 1, a leading dimension smaller than its row, unknown dtype / layout / activation,
+ * NaN or infinite alpha / beta, a matrix extent past int64 (TK_ERROR_INVALID_VALUE); input
+ * dtype TK_F32 (TK_ERROR_NOT_SUPPORTED); a pointer not aligned to its element size
+ * (TK_ERROR_MISALIGNED); overlap as above (TK_ERROR_OVERLAP). */
+TK_API tk_status tk_gemm(const tk_gemm_params *p, tk_stream_t stream);
+
+/* The status tk_gemm(p, stream) would return on the calling thread's current device, with the
+ * same message in tk_last_error() (under this function's name), without launching anything or
+ * reading the matrices. On TK_SUCCESS, *variant_name (when variant_name is not NULL) receives
+ * the static name of the variant that tk_gemm would run; it is left alone otherwise. */
+TK_API tk_status tk_gemm_supported(const tk_gemm_params *p, const char **variant_name);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,471 @@
+/*
+ * GEMM with a fused epilogue on the tensor cores (mma.sync), sm_80 and newer:
+ *
+ *     D[i, j] = act(alpha * sum_k A[i, k] B(k, j) + beta * C[i, j] + bias[j])
+ *
+ * A is row-major [M, K]; B is row-major [K, N] ("KN") or [N, K] ("NK", D = A B^T). Inputs are
+ * f16 or bf16, products are summed in f32 by mma.sync.m16n8k16, the epilogue runs in f32 and D
+ * (f16, bf16 or f32) is rounded once.
+ *
+ * Tiling hierarchy (docs/kernels/gemm.md has the numbers):
+ * - Block tile BM x BN, marching over K in steps of BK through a STAGES-deep ring of shared-memory
+ *   stages filled by cp.async (16-byte copies that bypass L1; partial copies zero-fill, so every
+ *   edge of M, N and K is handled by the copy itself: bytes past a matrix edge arrive as 0 and
+ *   add nothing). One __syncthreads per K step: at the top of step kt all warps have finished
+ *   step kt - 1, so its stage is refilled with K step kt + STAGES - 1 while step kt computes.
+ * - Warp tile 64 x 64: 4 x 8 mma tiles of 16 x 8, i.e. 128 f32 accumulators per thread. Per
+ *   k16 slice a warp loads 4 A fragments and 8 B fragments with 8 ldmatrix.x4 (.trans for KN,
+ *   whose tile is N-contiguous) and issues 32 mma: 4 mma per ldmatrix.
+ * - Shared tiles are rows of 16-byte chunks with the chunk index XOR-swizzled by the row
+ *   (chunk ^ (row & 7), or chunk ^ ((row >> 1) & 3) for 64-byte rows), so the 8 row addresses of
+ *   every ldmatrix phase and the 8 chunks of every cp.async phase fall in 8 distinct 16-byte
+ *   bank groups: no bank conflicts, no padding.
+ * - Epilogue: each warp stages its 64 x 64 accumulators as f32 in shared memory (row stride
+ *   72 floats, so the float2 writes of a half-warp cover all 32 banks; 18 KiB per warp, reusing
+ *   the pipeline's memory once every cp.async has drained), then each lane reads 4 consecutive
+ *   columns and applies alpha, beta * C, bias and act in registers; 16 lanes cover a 64-column
+ *   row, so C loads and D stores are contiguous 128-byte (f16/bf16) or 256-byte (f32) row
+ *   segments. Edges and unaligned C / D fall back to element accesses. The epilogue is one
+ *   non-inlined function per output dtype x activation (21 small functions shared by every
+ *   kernel), picked by a switch once per warp tile: no per-element branch on the activation.
+ *   act is tk_act_apply of activation_math.cuh with the same `Fast` choice as
+ *   tk_activation_fwd (16-bit outputs), so fused and separate activations agree exactly.
+ *
+ * Configurations (a handful of instantiations: config x input dtype x B layout; registers as
+ * reported by ptxas for sm_90a, 236-255, no spills):
+ * - 128x256x64, 8 warps (2 x 4), 3 stages: 3 * (128 + 256) * 64 * 2 B = 144 KiB of shared
+ *   memory (1 block of 256 threads per SM; __launch_bounds__(256, 1) caps registers at 255).
+ *   Per K step a block moves 48 KiB and does 2 * 128 * 256 * 64 flops: 85 flops per byte of
+ *   L2 traffic. Chosen when the call has at least one full wave of tiles (tiles >= SMs).
+ * - 128x128x32, 4 warps (2 x 2), 4 stages: 64 KiB of pipeline, 72 KiB with the epilogue's
+ *   staging, 2 blocks per SM (registers: 2 x 128 x 255 fit), so one block's epilogue and
+ *   barriers overlap the other's math; for smaller problems, where twice the tiles fill the
+ *   SMs better, and for devices without 144 KiB per block.
+ * - The same 128x128 kernel with element-by-element loads (2-byte loads into registers, then a
+ *   16-byte shared store) for A / B pointers or leading dimensions that rule out 16-byte copies:
+ *   correct for any alignment, slower (the loads no longer overlap the math).
+ * Blocks are numbered in groups of 16 tile rows (column-major within a group) so that a wave
+ * of concurrently running blocks reads a compact patch of A and B and L2 serves the reuse.
+ * Offsets into A, B, C and D are 64-bit.
+ */
+#include "gemm.h"
+
+#include <type_traits>
+
+#include "activation_math.cuh"
+#include "common.cuh"
+
+namespace {
+
+constexpr int WARP_TILE = 64;    /* both dimensions of a warp's tile */
+constexpr int EPI_STRIDE = 72;   /* floats per row of a warp tile staged for the epilogue */
+constexpr int64_t TILE_GROUP = 16;
+
+template <int BM_, int BN_, int BK_, int STAGES_, int MIN_BLOCKS_> struct tile_config {
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int WARPS_M = BM / WARP_TILE, WARPS_N = BN / WARP_TILE;
+    static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+    static constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
+    static constexpr int PIPE_BYTES = STAGES * (A_STAGE_BYTES + B_STAGE_BYTES);
+    static constexpr int EPI_BYTES = WARPS_M * WARPS_N * WARP_TILE * EPI_STRIDE * 4;
+    static constexpr int SMEM_BYTES = PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES;
+    static_assert(BM % WARP_TILE == 0 && BN % WARP_TILE == 0 && BK % 16 == 0, "tile shape");
+};
+using config_128x256 = tile_config<128, 256, 64, 3, 1>;
+using config_128x128 = tile_config<128, 128, 32, 4, 2>;
+
+/* ---- PTX wrappers ---- */
+
+__device__ __forceinline__ uint32_t smem_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16-byte copy global -> shared; bytes past src_bytes (0..16) are zero-filled. */
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int Pending> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_16(uint32_t dst, const uint32_t (&w)[4]) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]),
+                 "r"(w[2]), "r"(w[3])
+                 : "memory");
+}
+
+template <bool Trans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    if constexpr (Trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+}
+
+/* d += a b for one 16x8x16 tile; a: 4 registers of 2 inputs, b: 2, d: 4 f32. */
+template <typename In>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+    if constexpr (std::is_same_v<In, __half>)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* ---- shared-memory tiles ---- */
+
+/* The XOR applied to a 16-byte chunk index in `row` of a tile whose rows hold Cpr chunks. It
+ * depends only on the row's low 3 bits, so rows 8 apart share it. */
+template <int Cpr> __device__ __forceinline__ int chunk_swizzle(int row) {
+    static_assert(Cpr == 4 || Cpr % 8 == 0, "rows of 64 bytes or multiples of 128 bytes");
+    if constexpr (Cpr == 4)
+        return (row >> 1) & 3;
+    else
+        return row & 7;
+}
+
+/* Copies a Rows x (Cpr * 8) tile of a row-major 16-bit matrix, whose element (0, 0) is at g,
+ * into the swizzled shared tile at smem_tile. Elements at row >= rows_valid or column >=
+ * cols_valid are not read and arrive as 0. Aligned: g and ld allow 16-byte copies. */
+template <int Rows, int Cpr, int Threads, bool Aligned>
+__device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g, int64_t ld,
+                                          int64_t rows_valid, int64_t cols_valid) {
+    constexpr int CHUNKS_PER_THREAD = Rows * Cpr / Threads;
+    constexpr int ROW_STEP = Threads / Cpr;  /* rows between one thread's chunks */
+    static_assert(Rows * Cpr % Threads == 0 && Threads % Cpr == 0 && ROW_STEP % 8 == 0,
+                  "each thread copies whole chunks at a fixed swizzle");
+    const int row0 = threadIdx.x / Cpr, chunk = threadIdx.x % Cpr;
+    const uint32_t dst0 = smem_tile + row0 * Cpr * 16 + ((chunk ^ chunk_swizzle<Cpr>(row0)) << 4);
+    const int64_t cols_left = cols_valid - chunk * 8;
+#pragma unroll
+    for (int j = 0; j < CHUNKS_PER_THREAD; j++) {
+        const int row = row0 + j * ROW_STEP;
+        const bool inside = row < rows_valid && cols_left > 0;
+        const uint16_t *src = inside ? g + row * ld + chunk * 8 : g;
+        const uint32_t dst = dst0 + j * ROW_STEP * Cpr * 16;
+        if constexpr (Aligned) {
+            cp_async_16(dst, src, inside ? (cols_left >= 8 ? 16 : (int)cols_left * 2) : 0);
+        } else {
+            uint32_t w[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const uint32_t lo = inside && 2 * e < cols_left ? src[2 * e] : 0u;
+                const uint32_t hi = inside && 2 * e + 1 < cols_left ? src[2 * e + 1] : 0u;
+                w[e] = lo | (hi << 16);
+            }
+            st_shared_16(dst, w);
+        }
+    }
+}
+
+/* ---- epilogue ---- */
+
+/* Writes the warp's 64 x 64 tile of D, rows from row0 and columns from col0, out of its staged
+ * accumulators: lane L handles columns col0 + 4 (L % 16) .. + 3 of every other row, so 16 lanes
+ * cover one row. Not inlined: one copy per output dtype and activation serves every kernel, and
+ * nothing of the caller is live across the call. */
+template <typename Out, int Act>
+__device__ __noinline__ void store_tile(const tk_gemm_call &p, const float *staged, int64_t row0,
+                                        int64_t col0, int lane) {
+    const int64_t col = col0 + (lane % 16) * 4;
+    if (col >= p.n)
+        return;
+    const int cols = p.n - col < 4 ? (int)(p.n - col) : 4;
+    const Out *c = static_cast<const Out *>(p.c);
+    const Out *bias = static_cast<const Out *>(p.bias);
+    Out *d = static_cast<Out *>(p.d);
+    float bias_v[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        bias_v[e] = bias && e < cols ? tk_to_float(bias[col + e]) : 0.0f;
+    constexpr uintptr_t pack_misalign = 4 * sizeof(Out) - 1;
+#pragma unroll 2
+    for (int r = lane / 16; r < WARP_TILE; r += 2) {
+        const int64_t row = row0 + r;
+        if (row >= p.m)
+            break;
+        const float4 acc = *reinterpret_cast<const float4 *>(staged + r * EPI_STRIDE + (lane % 16) * 4);
+        float x[4] = {p.alpha * acc.x, p.alpha * acc.y, p.alpha * acc.z, p.alpha * acc.w};
+        if (p.beta != 0.0f) {
+            const Out *c_row = c + row * p.ldc + col;
+            if (cols == 4 && (reinterpret_cast<uintptr_t>(c_row) & pack_misalign) == 0) {
+                const tk_pack<Out, 4> v = tk_load_pack<Out, 4>(c_row);
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    x[e] += p.beta * tk_to_float(v.v[e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (e < cols)
+                        x[e] += p.beta * tk_to_float(c_row[e]);
+            }
+        }
+        tk_pack<Out, 4> out;
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            out.v[e] = tk_from_float<Out>(tk_act_apply<Act, sizeof(Out) == 2>(x[e] + bias_v[e]));
+        Out *d_row = d + row * p.ldd + col;
+        if (cols == 4 && (reinterpret_cast<uintptr_t>(d_row) & pack_misalign) == 0) {
+            tk_store_pack<Out, 4>(d_row, out);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (e < cols)
+                    d_row[e] = out.v[e];
+        }
+    }
+}
+
+template <typename Out>
+__device__ __forceinline__ void store_tile_act(const tk_gemm_call &p, const float *staged,
+                                               int64_t row0, int64_t col0, int lane) {
+    switch (p.activation) {
+    case TK_ACT_GELU_ERF: return store_tile<Out, TK_ACT_GELU_ERF>(p, staged, row0, col0, lane);
+    case TK_ACT_GELU_TANH: return store_tile<Out, TK_ACT_GELU_TANH>(p, staged, row0, col0, lane);
+    case TK_ACT_QUICK_GELU: return store_tile<Out, TK_ACT_QUICK_GELU>(p, staged, row0, col0, lane);
+    case TK_ACT_SILU: return store_tile<Out, TK_ACT_SILU>(p, staged, row0, col0, lane);
+    case TK_ACT_RELU: return store_tile<Out, TK_ACT_RELU>(p, staged, row0, col0, lane);
+    case TK_ACT_RELU_SQUARED: return store_tile<Out, TK_ACT_RELU_SQUARED>(p, staged, row0, col0, lane);
+    default: return store_tile<Out, TK_ACT_NONE>(p, staged, row0, col0, lane);
+    }
+}
+
+/* ---- the kernel ---- */
+
+template <class Cfg, typename In, bool BKn, bool Aligned>
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(const __grid_constant__ tk_gemm_call p) {
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+    constexpr int MT = WARP_TILE / 16, NT = WARP_TILE / 8; /* mma tiles per warp tile */
+    constexpr int K_CPR = BK / 8;                          /* chunks per row of K-contiguous tiles */
+    constexpr int N_CPR = BN / 8;                          /* chunks per row of the KN B tile */
+    constexpr int KS = BK / 16;                            /* k16 slices per K step */
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    /* Tile coordinates: groups of TILE_GROUP tile rows, tile rows fastest within a group. */
+    const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
+    const int64_t per_group = TILE_GROUP * tiles_n;
+    const int64_t group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
+    const int64_t first_tile_m = group * TILE_GROUP;
+    const int64_t group_rows =
+        tiles_m - first_tile_m < TILE_GROUP ? tiles_m - first_tile_m : TILE_GROUP;
+    const int64_t m0 = (first_tile_m + in_group % group_rows) * BM;
+    const int64_t n0 = (in_group / group_rows) * BN;
+
+    const uint16_t *a = static_cast<const uint16_t *>(p.a);
+    const uint16_t *b = static_cast<const uint16_t *>(p.b);
+    const uint32_t smem_a = smem_address(smem);
+    const uint32_t smem_b = smem_a + STAGES * Cfg::A_STAGE_BYTES;
+    const int64_t k_tiles = (p.k + BK - 1) / BK;
+
+    /* The copies that fill `stage` with K step kt; with valid == false the stage is filled
+     * with zeros instead (K step kt may then lie past the matrix: nothing is read). */
+    auto load_stage = [&](int stage, int64_t kt, bool valid) {
+        const int64_t k0 = (valid ? kt : 0) * BK;
+        load_tile<BM, K_CPR, Cfg::THREADS, Aligned>(smem_a + stage * Cfg::A_STAGE_BYTES,
+                                                    a + m0 * p.lda + k0, p.lda,
+                                                    valid ? p.m - m0 : 0, p.k - k0);
+        if constexpr (BKn)
+            load_tile<BK, N_CPR, Cfg::THREADS, Aligned>(smem_b + stage * Cfg::B_STAGE_BYTES,
+                                                        b + k0 * p.ldb + n0, p.ldb,
+                                                        valid ? p.k - k0 : 0, p.n - n0);
+        else
+            load_tile<BN, K_CPR, Cfg::THREADS, Aligned>(smem_b + stage * Cfg::B_STAGE_BYTES,
+                                                        b + n0 * p.ldb + k0, p.ldb,
+                                                        valid ? p.n - n0 : 0, p.k - k0);
+    };
+
+    /* Per-lane ldmatrix addresses, relative to a stage. A (and NK B): lanes 0-15 give rows 0-15
+     * of a 16-row slab at the low 8 k, lanes 16-31 the same rows at the high 8 k. KN B (.trans):
+     * lanes give k rows 0-15 (low 8 / high 8 by lane bit 3) of two 8-column chunks (lane bit 4). */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_m = warp % Cfg::WARPS_M, warp_n = warp / Cfg::WARPS_M;
+    const int a_row = warp_m * WARP_TILE + lane % 16;
+    const uint32_t a_lane = a_row * BK * 2;
+    const int a_chunk_hi = lane / 16, a_swz = chunk_swizzle<K_CPR>(a_row);
+    int b_row, b_chunk_hi, b_swz;
+    if constexpr (BKn) {
+        b_row = lane % 8 + ((lane / 8) % 2) * 8;                  /* k within the k16 slice */
+        b_chunk_hi = lane / 16;
+        b_swz = chunk_swizzle<N_CPR>(b_row);
+    } else {
+        b_row = warp_n * WARP_TILE + lane % 8 + (lane / 16) * 8;  /* n within the block tile */
+        b_chunk_hi = (lane / 8) % 2;
+        b_swz = chunk_swizzle<K_CPR>(b_row);
+    }
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[i][j][e] = 0.0f;
+
+    /* The fragments of k16 slice ks of a stage: 4 A tiles of 16x16, 8 B tiles of 16x8. */
+    auto load_fragments = [&](uint32_t(&af)[MT][4], uint32_t(&bf)[NT / 2][4], uint32_t a_stage,
+                              uint32_t b_stage, int ks) {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+            ldmatrix_x4<false>(af[i], a_stage + i * 16 * BK * 2 + (((2 * ks + a_chunk_hi) ^ a_swz) << 4));
+#pragma unroll
+        for (int q = 0; q < NT / 2; q++) {
+            if constexpr (BKn)
+                ldmatrix_x4<true>(bf[q], b_stage + (ks * 16 + b_row) * BN * 2 +
+                                             (((warp_n * (WARP_TILE / 8) + 2 * q + b_chunk_hi) ^ b_swz) << 4));
+            else
+                ldmatrix_x4<false>(bf[q], b_stage + (b_row + q * 16) * BK * 2 +
+                                              (((2 * ks + b_chunk_hi) ^ b_swz) << 4));
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        load_stage(s, s, s < k_tiles);
+        cp_async_commit();
+    }
+
+    /* Per K step: wait for its stage; load the first slice's fragments, then issue the copies of
+     * K step kt + STAGES - 1 into the stage that step kt - 1 used (every warp is past it: the
+     * barrier), without a branch: past the last K step they only zero-fill a stage nobody
+     * reads, so the copies, the fragment loads and the mma form one block that the compiler
+     * interleaves (measured: 3-10% faster than copies first behind a branch); then per k16
+     * slice load the fragments and run 32 mma. */
+    int read_stage = 0, write_stage = STAGES - 1;
+    for (int64_t kt = 0; kt < k_tiles; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const uint32_t a_stage = smem_a + read_stage * Cfg::A_STAGE_BYTES + a_lane;
+        const uint32_t b_stage = smem_b + read_stage * Cfg::B_STAGE_BYTES;
+        uint32_t af[MT][4], bf[NT / 2][4];
+        load_fragments(af, bf, a_stage, b_stage, 0);
+        load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles);
+        cp_async_commit();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            if (ks > 0)
+                load_fragments(af, bf, a_stage, b_stage, ks);
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    mma_16816<In>(acc[i][j], af[i], bf[j / 2][(j % 2) * 2], bf[j / 2][(j % 2) * 2 + 1]);
+        }
+        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    /* Epilogue: accumulator (g = lane / 4, t = lane % 4) of mma tile (i, j) holds rows g and
+     * g + 8, columns 2t and 2t + 1 of that tile. */
+    float *staged = reinterpret_cast<float *>(smem) + warp * WARP_TILE * EPI_STRIDE;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            float *s = staged + (i * 16 + g) * EPI_STRIDE + j * 8 + 2 * t;
+            *reinterpret_cast<float2 *>(s) = make_float2(acc[i][j][0], acc[i][j][1]);
+            *reinterpret_cast<float2 *>(s + 8 * EPI_STRIDE) = make_float2(acc[i][j][2], acc[i][j][3]);
+        }
+    __syncwarp();
+    const int64_t row0 = m0 + warp_m * WARP_TILE, col0 = n0 + warp_n * WARP_TILE;
+    if (p.output_dtype == TK_F32)
+        store_tile_act<float>(p, staged, row0, col0, lane);
+    else if (p.output_dtype == TK_F16)
+        store_tile_act<__half>(p, staged, row0, col0, lane);
+    else
+        store_tile_act<__nv_bfloat16>(p, staged, row0, col0, lane);
+}
+
+/* ---- host side ---- */
+
+template <class Cfg> int64_t tile_count(const tk_gemm_call *c) {
+    const int64_t tiles_m = (c->m + Cfg::BM - 1) / Cfg::BM, tiles_n = (c->n + Cfg::BN - 1) / Cfg::BN;
+    return tiles_m > INT32_MAX / tiles_n ? INT64_MAX : tiles_m * tiles_n;
+}
+
+/* Whether Cfg can run the call on its device: shared memory, and a grid of at most 2^31 - 1. */
+template <class Cfg> bool config_fits(const tk_gemm_call *c) {
+    return Cfg::SMEM_BYTES <= c->max_smem_optin && tile_count<Cfg>(c) <= INT32_MAX;
+}
+
+/* A and B allow 16-byte cp.async for every chunk: aligned bases, rows a multiple of 8 apart. */
+bool fast_loads(const tk_gemm_call *c) {
+    return tk_aligned16(c->a) && tk_aligned16(c->b) && c->lda % 8 == 0 && c->ldb % 8 == 0;
+}
+
+template <class Cfg, typename In, bool BKn, bool Aligned>
+cudaError_t launch_kernel(const tk_gemm_call *c, const tk_device *dev, cudaStream_t stream) {
+    constexpr auto kernel = gemm_kernel<Cfg, In, BKn, Aligned>;
+    static int smem_opted_in[TK_MAX_DEVICES]; /* a race on first use sets the same attribute */
+    if (!smem_opted_in[dev->ordinal]) {
+        const cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES);
+        if (err != cudaSuccess)
+            return err;
+        smem_opted_in[dev->ordinal] = 1;
+    }
+    kernel<<<(unsigned)tile_count<Cfg>(c), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(*c);
+    return cudaGetLastError();
+}
+
+template <class Cfg, bool Aligned>
+cudaError_t launch_variant(const void *call, const tk_device *dev, cudaStream_t stream) {
+    const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
+    const bool kn = c->b_layout == TK_GEMM_B_KN;
+    if (c->input_dtype == TK_F16)
+        return kn ? launch_kernel<Cfg, __half, true, Aligned>(c, dev, stream)
+                  : launch_kernel<Cfg, __half, false, Aligned>(c, dev, stream);
+    return kn ? launch_kernel<Cfg, __nv_bfloat16, true, Aligned>(c, dev, stream)
+              : launch_kernel<Cfg, __nv_bfloat16, false, Aligned>(c, dev, stream);
+}
+
+} // namespace
+
+extern "C" bool tk_gemm_supports_mma_128x256(const void *call) {
+    const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
+    return fast_loads(c) && config_fits<config_128x256>(c) &&
+           tile_count<config_128x256>(c) >= c->sm_count;
+}
+
+extern "C" cudaError_t tk_launch_gemm_mma_128x256(const void *call, const tk_device *dev,
+                                                  cudaStream_t stream) {
+    return launch_variant<config_128x256, true>(call, dev, stream);
+}
+
+extern "C" bool tk_gemm_supports_mma_128x128(const void *call) {
+    const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
+    return fast_loads(c) && config_fits<config_128x128>(c);
+}
+
+extern "C" cudaError_t tk_launch_gemm_mma_128x128(const void *call, const tk_device *dev,
+                                                  cudaStream_t stream) {
+    return launch_variant<config_128x128, true>(call, dev, stream);
+}
+
+extern "C" bool tk_gemm_supports_mma_unaligned(const void *call) {
+    return config_fits<config_128x128>(static_cast<const tk_gemm_call *>(call));
+}
+
+extern "C" cudaError_t tk_launch_gemm_mma_unaligned(const void *call, const tk_device *dev,
+                                                    cudaStream_t stream) {
+    return launch_variant<config_128x128, false>(call, dev, stream);
+}
