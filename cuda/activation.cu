@@ -71,11 +71,16 @@ __device__ __forceinline__ void load_step(const tk_activation_call &a, int64_t f
     }
 }
 
-/* The "1" in the launch bounds lifts the register cap that ptxas otherwise guesses from an
- * occupancy target: without it the bf16/f16 GELU-erf forward kernels spilled 8 bytes on sm_80
- * and sm_90a (at 48 registers). The grid is still sized from the occupancy the registers give. */
+/* Minimum resident blocks per SM promised to ptxas: 0 (no promise) except for GELU-erf on 16-bit
+ * types, which with no promise ptxas squeezed to 48 registers and spilled 8 bytes on sm_80 and
+ * sm_90a. Promising 1 for every kind instead cost 0.1 of the copy bandwidth on the H200 (the
+ * cheap kinds then take more registers and fewer blocks fit). */
+template <typename T, int Kind> constexpr int min_blocks_hint() {
+    return (Kind == TK_ACT_GELU_ERF && sizeof(T) == 2) ? 1 : 0;
+}
+
 template <typename T, int Kind, int Vec, bool Backward>
-__global__ void __launch_bounds__(MAX_THREADS, 1) activation_kernel(tk_activation_call a) {
+__global__ void __launch_bounds__(MAX_THREADS, (min_blocks_hint<T, Kind>())) activation_kernel(tk_activation_call a) {
     constexpr int UNROLL = unroll_for(Vec);
     T *out = static_cast<T *>(a.out);
     /* Whole packs of the flattened tensor (multi-row calls of this kernel have cols % Vec == 0,
