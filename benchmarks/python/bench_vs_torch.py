@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""libtkern (through the Python binding) against what a PyTorch user has: eager PyTorch,
+torch.compile, and for attention SDPA's flash and cuDNN backends and FlexAttention.
+
+Shapes are those of `make bench`: activations bf16 16384 x 4096, SwiGLU 16384 x (2 x 14336),
+norms and softmax 16384 x 4096, RoPE Llama-3-8B-like (16384 tokens, 32/8 heads, D 128),
+attention B4 H32/8 S4096 D128 (causal, and a 1024-key sliding window), GEMM 8192^3 bf16.
+
+Timing: CUDA events around `--inner` back-to-back calls (so Python launch overhead overlaps the
+GPU work, as in a real model), median of `--reps` such repetitions after `--warmup` calls;
+every tensor is far larger than L2 except the GEMM / attention operands, which are
+compute-bound. Each op's section is independent: a failure prints an error row and the script
+goes on. torch.compile gets a total budget (--compile-budget seconds); past it, or when it
+fails, the column says so. Prints a Markdown table and, with --out, writes it with the date,
+GPU and versions.
+
+    make -j && python3 benchmarks/python/bench_vs_torch.py --out build/bench_vs_torch.md
+"""
+
+import argparse
+import contextlib
+import datetime
+import os
+import statistics
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tkern  # noqa: E402
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+# The shapes of `make bench`.
+ROWS, COLS, FFN = 16384, 4096, 14336           # activations / norms / softmax; SwiGLU width
+ROPE = (16384, 32, 8, 128)                    # tokens, heads_q, heads_kv, head_dim
+ATTN = (4, 4096, 32, 8, 128)                  # batch, seq, heads_q, heads_kv, head_dim
+WINDOW = 1024                                 # the sliding-window row
+GEMM = 8192                                   # m = n = k
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the Markdown report to this file")
+    ap.add_argument("--reps", type=int, default=7, help="timed repetitions (median)")
+    ap.add_argument("--inner", type=int, default=5, help="back-to-back calls per repetition")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile-budget", type=float, default=75.0,
+                    help="seconds of torch.compile compilation (FlexAttention aside) in total "
+                         "before the remaining ops skip it")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile and Flex")
+    ap.add_argument("--only", help="comma-separated substrings of op names to run")
+    return ap.parse_args()
+
+
+ARGS = None
+COMPILE_SPENT = [0.0]  # seconds spent in torch.compile of the op baselines
+FLEX_SPENT = [0.0]     # seconds spent compiling and timing FlexAttention (not budgeted)
+
+
+def bench(fn):
+    """Median milliseconds per call of fn (which enqueues GPU work)."""
+    for _ in range(ARGS.warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(ARGS.reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(ARGS.inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / ARGS.inner)
+    return statistics.median(times)
+
+
+def compiled(fn, *args):
+    """torch.compile(fn), compiled now (timed against the budget); returns a zero-argument
+    callable, or a string saying why there is none."""
+    if ARGS.no_compile:
+        return "skipped"
+    if COMPILE_SPENT[0] > ARGS.compile_budget:
+        return "skipped (budget)"
+    t0 = time.time()
+    try:
+        cfn = torch.compile(fn, dynamic=False)
+        cfn(*args)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any compile failure is reported, not fatal
+        print(f"  torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return "n/a"
+    finally:
+        COMPILE_SPENT[0] += time.time() - t0
+    return lambda: cfn(*args)
+
+
+def timed(candidate):
+    """ms for a callable, or the candidate's reason string, or 'n/a' on failure."""
+    if candidate is None:
+        return "n/a"
+    if isinstance(candidate, str):
+        return candidate
+    try:
+        return bench(candidate)
+    except Exception as e:  # noqa: BLE001
+        print(f"  baseline failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return "n/a"
+
+
+def rnd(*shape, dtype=BF16, scale=1.0):
+    return (torch.randn(*shape, device=DEV, dtype=torch.float32) * scale).to(dtype)
+
+
+def max_diff(a, b):
+    if isinstance(a, (tuple, list)):
+        return max(max_diff(x, y) for x, y in zip(a, b))
+    return (a.float() - b.float()).abs().max().item()
+
+
+# ----------------------------------------------------------------------------- ops ---------
+# Each returns a dict: tkern (callable returning the output), eager (callable returning the
+# same thing), compile (zero-argument callable or reason), and work: ("GB", bytes) or
+# ("TFLOP", flops) for the throughput column.
+
+def op_activation(kind, approx=None, bias=False):
+    def setup():
+        x = rnd(ROWS, COLS)
+        y = torch.empty_like(x)
+        b = rnd(COLS) if bias else None
+        f = {"gelu": lambda t: F.gelu(t, approximate=approx or "none"), "silu": F.silu,
+             "relu": F.relu}[kind]
+        if bias:
+            def eager_fn(t, bb):
+                return f(t + bb)
+            args = (x, b)
+            run = lambda: tkern.activation(x, kind, bias=b, out=y)  # noqa: E731
+        else:
+            def eager_fn(t):
+                return f(t)
+            args = (x,)
+            if kind == "gelu":
+                run = lambda: tkern.gelu(x, approximate=approx or "none", out=y)  # noqa: E731
+            else:
+                run = lambda: tkern.activation(x, kind, out=y)  # noqa: E731
+        return dict(tkern=run, eager=lambda: eager_fn(*args), compile=compiled(eager_fn, *args),
+                    work=("GB", 2 * x.nbytes + (b.nbytes if bias else 0)))
+    return setup
+
+
+def op_swiglu():
+    d = FFN
+    x = rnd(ROWS, 2 * d)
+    y = torch.empty(ROWS, d, device=DEV, dtype=BF16)
+
+    def eager_fn(t):
+        return F.silu(t[:, :d]) * t[:, d:]
+    return dict(tkern=lambda: tkern.swiglu(x, out=y), eager=lambda: eager_fn(x),
+                compile=compiled(eager_fn, x), work=("GB", x.nbytes + y.nbytes))
+
+
+def op_rms_norm(fused=False):
+    def setup():
+        x, w = rnd(ROWS, COLS), rnd(COLS)
+        y = torch.empty_like(x)
+        if fused:
+            r = rnd(ROWS, COLS)
+            r_eager = r.clone()
+
+            def eager_fn(t, res, ww):
+                h = t + res
+                return F.rms_norm(h, (COLS,), ww, 1e-6), h
+            run = lambda: (tkern.rms_norm(x, w, 1e-6, residual=r, out=y), r)  # noqa: E731
+            args = (x, r_eager, w)
+            work = 4 * x.nbytes
+        else:
+            def eager_fn(t, ww):
+                return F.rms_norm(t, (COLS,), ww, 1e-6)
+            run = lambda: tkern.rms_norm(x, w, 1e-6, out=y)  # noqa: E731
+            args = (x, w)
+            work = 2 * x.nbytes
+        return dict(tkern=run, eager=lambda: eager_fn(*args), compile=compiled(eager_fn, *args),
+                    work=("GB", work), check=not fused)
+    return setup
+
+
+def op_layer_norm():
+    x, w, b = rnd(ROWS, COLS), rnd(COLS), rnd(COLS)
+    y = torch.empty_like(x)
+
+    def eager_fn(t, ww, bb):
+        return F.layer_norm(t, (COLS,), ww, bb, 1e-5)
+    return dict(tkern=lambda: tkern.layer_norm(x, w, b, 1e-5, out=y),
+                eager=lambda: eager_fn(x, w, b), compile=compiled(eager_fn, x, w, b),
+                work=("GB", 2 * x.nbytes))
+
+
+def op_softmax(log=False):
+    def setup():
+        x = rnd(ROWS, COLS, scale=3.0)
+        y = torch.empty_like(x)
+        f = torch.log_softmax if log else torch.softmax
+
+        def eager_fn(t):
+            return f(t, -1)
+        run = (lambda: tkern.log_softmax(x, out=y)) if log else (lambda: tkern.softmax(x, out=y))
+        return dict(tkern=run, eager=lambda: eager_fn(x), compile=compiled(eager_fn, x),
+                    work=("GB", 2 * x.nbytes))
+    return setup
+
+
+def op_rope():
+    T, HQ, HK, D = ROPE
+    q, k = rnd(T, HQ, D), rnd(T, HK, D)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    pos = torch.arange(T // 4, device=DEV).repeat(4)  # 4 sequences
+    inv = 10000.0 ** (-torch.arange(0, D, 2, device=DEV, dtype=torch.float32) / D)
+    ang = pos.float().unsqueeze(-1) * inv
+    cos = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1).to(BF16)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1).to(BF16)
+
+    def eager_fn(qq, kk, c, s):  # Hugging Face's apply_rotary_pos_emb
+        def rot(t):
+            return torch.cat((-t[..., D // 2:], t[..., :D // 2]), -1)
+        return qq * c + rot(qq) * s, kk * c + rot(kk) * s
+    return dict(tkern=lambda: tkern.rope(q, k, pos, q_out=qo, k_out=ko),
+                eager=lambda: eager_fn(q, k, cos, sin),
+                compile=compiled(eager_fn, q, k, cos, sin),
+                work=("GB", 2 * (q.nbytes + k.nbytes) + pos.nbytes))
+
+
+def op_gemm(epilogue=False):
+    def setup():
+        a, w = rnd(GEMM, GEMM, scale=0.1), rnd(GEMM, GEMM, scale=0.1)
+        bias = rnd(GEMM) if epilogue else None
+        d = torch.empty(GEMM, GEMM, device=DEV, dtype=BF16)
+        if epilogue:
+            def eager_fn(x, ww, bb):
+                return F.gelu(F.linear(x, ww, bb))
+            args = (a, w, bias)
+        else:
+            def eager_fn(x, ww):
+                return F.linear(x, ww)
+            args = (a, w)
+        return dict(tkern=lambda: tkern.gemm(a, w.t(), bias, "gelu" if epilogue else None,
+                                             out=d),
+                    eager=lambda: eager_fn(*args), compile=compiled(eager_fn, *args),
+                    work=("TFLOP", 2 * GEMM ** 3))
+    return setup
+
+
+def ops():
+    rc = f"bf16 {ROWS}x{COLS}"
+    return [
+        ("gelu (erf)", rc, op_activation("gelu")),
+        ("gelu (tanh)", rc, op_activation("gelu", "tanh")),
+        ("silu", rc, op_activation("silu")),
+        ("bias + gelu", rc, op_activation("gelu", bias=True)),
+        ("swiglu", f"bf16 {ROWS}x(2x{FFN})", op_swiglu),
+        ("rms_norm", rc, op_rms_norm()),
+        ("add + rms_norm", rc, op_rms_norm(fused=True)),
+        ("layer_norm", rc, op_layer_norm),
+        ("softmax", rc, op_softmax()),
+        ("log_softmax", rc, op_softmax(log=True)),
+        ("rope (q, k)", "bf16 T{} H{}/{} D{}".format(*ROPE), op_rope),
+        ("gemm", f"bf16 {GEMM}^3 (B = W^T)", op_gemm()),
+        ("gemm + bias + gelu", f"bf16 {GEMM}^3 (B = W^T)", op_gemm(epilogue=True)),
+    ]
+
+
+# ------------------------------------------------------------------------ attention --------
+def attention_rows():
+    """Rows of the attention table: (op, shape, {column: ms or str}, flops)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, S, HQ, HKV, D = ATTN
+    q, k, v = rnd(B, S, HQ, D), rnd(B, S, HKV, D), rnd(B, S, HKV, D)
+    o = torch.empty_like(q)
+    qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's [B, H, S, D]
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = None if ARGS.no_compile else torch.compile(flex_attention, dynamic=False)
+    except Exception as e:  # noqa: BLE001
+        print(f"  FlexAttention unavailable: {e}")
+        flex, create_block_mask = None, None
+    kx, vx = (t.repeat_interleave(HQ // HKV, 1) for t in (kh, vh))
+
+    def sdpa_call(backend, gqa, **kw):
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            if gqa:
+                return F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True, **kw)
+            return F.scaled_dot_product_attention(qh, kx, vx, **kw)
+
+    def sdpa_time(backend, **kw):
+        """ms with enable_gqa, else with K/V expanded to heads_q (marked *), else 'n/a'."""
+        for gqa in (True, False):
+            try:
+                sdpa_call(backend, gqa, **kw)
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                print(f"  SDPA {backend} enable_gqa={gqa}: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:160] if str(e) else ''}")
+                continue
+            ms = timed(lambda: sdpa_call(backend, gqa, **kw))
+            return ms if gqa or not isinstance(ms, float) else f"{ms:.3f}*"
+        return "n/a"
+
+    rows = []
+    for name, window in (("attention causal", None), (f"attention sliding w={WINDOW}", WINDOW)):
+        shape = f"bf16 B{B} H{HQ}/{HKV} S{S} D{D}"
+        if ARGS.only and not any(s in name for s in ARGS.only.split(",")):
+            continue
+        print(f"{name} {shape}")
+        cols = {}
+        try:
+            win = None if window is None else (window - 1, 0)
+            run = lambda: tkern.attention(q, k, v, causal=True, window=win, out=o)  # noqa
+            cols["tkern"] = bench(run)
+            visible = (window or S)
+            flops = 4 * B * HQ * D * sum(min(i + 1, visible) for i in range(S))
+            if window is None:
+                cols["SDPA default"] = sdpa_time(None, is_causal=True)
+                cols["SDPA flash"] = sdpa_time(SDPBackend.FLASH_ATTENTION, is_causal=True)
+                cols["SDPA cuDNN"] = sdpa_time(SDPBackend.CUDNN_ATTENTION, is_causal=True)
+                ref = sdpa_call(None, True, is_causal=True)
+            else:
+                i = torch.arange(S, device=DEV)
+                mask = (i.view(-1, 1) >= i.view(1, -1)) & (i.view(-1, 1) - i.view(1, -1) < window)
+                cols["SDPA default"] = sdpa_time(None, attn_mask=mask)
+                cols["SDPA flash"] = "no windows"
+                cols["SDPA cuDNN"] = "no windows"
+                ref = sdpa_call(None, True, attn_mask=mask)
+            out = run()
+            diff = max_diff(out.transpose(1, 2), ref)
+            if flex is not None:
+                def mask_mod(b, h, qi, ki, window=window):
+                    causal = qi >= ki
+                    return causal if window is None else causal & (qi - ki < window)
+                t0 = time.time()
+                try:
+                    bm = create_block_mask(mask_mod, None, None, S, S, device=DEV)
+                    fl = lambda: flex(qh, kh, vh, block_mask=bm, enable_gqa=True)  # noqa: E731
+                    fl()
+                    torch.cuda.synchronize()
+                    cols["FlexAttention"] = timed(fl)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  FlexAttention failed: {type(e).__name__}: {str(e)[:200]}")
+                    cols["FlexAttention"] = "n/a"
+                finally:
+                    FLEX_SPENT[0] += time.time() - t0
+            else:
+                cols["FlexAttention"] = "skipped"
+            rows.append((name, shape, cols, flops, diff))
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append((name, shape, {"error": f"{type(e).__name__}: {e}"}, 0, None))
+    return rows
+
+
+# ----------------------------------------------------------------------------- main --------
+def fmt(v):
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def ratio(base, ours):
+    return f"{base / ours:.2f}x" if isinstance(base, float) and isinstance(ours, float) else "-"
+
+
+def main():
+    global ARGS
+    ARGS = parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_vs_torch.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    started = time.time()
+    gpu = torch.cuda.get_device_name()
+    header = [
+        f"Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; "
+        f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); libtkern "
+        f"{'.'.join(map(str, tkern.version()))} ({tkern.library_path()}).",
+        f"Median of {ARGS.reps} x {ARGS.inner} back-to-back calls (CUDA events) after "
+        f"{ARGS.warmup} warm-up calls. Ratios > 1 mean libtkern is faster. "
+        "'max diff' is the largest |tkern - eager| over the output. Attention: * = K/V "
+        "expanded to heads_q because the backend refused enable_gqa; 'best torch' is the "
+        "fastest of the torch columns.",
+    ]
+    table = ["| op | shape | tkern ms | tkern throughput | eager ms | compile ms | "
+             "eager / tkern | compile / tkern | max diff |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, shape, setup in ops():
+        if ARGS.only and not any(s in name for s in ARGS.only.split(",")):
+            continue
+        print(f"{name} {shape}", flush=True)
+        try:
+            case = setup()
+            ours = bench(case["tkern"])
+            eager = timed(case["eager"])
+            comp = timed(case["compile"])
+            diff = max_diff(case["tkern"](), case["eager"]()) if case.get("check", True) else "-"
+            unit, amount = case["work"]
+            thr = f"{amount / ours / 1e6:.0f} GB/s" if unit == "GB" else \
+                f"{amount / ours / 1e9:.0f} TFLOP/s"
+            table.append(f"| {name} | {shape} | {fmt(ours)} | {thr} | {fmt(eager)} | {fmt(comp)} "
+                         f"| {ratio(eager, ours)} | {ratio(comp, ours)} | "
+                         f"{fmt(diff) if isinstance(diff, str) else f'{diff:.3g}'} |")
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            msg = f"{type(e).__name__}: {e}".replace("|", "/").replace("\n", " ")[:300]
+            table.append(f"| {name} | {shape} | error: {msg} | | | | | | |")
+        finally:
+            torch.cuda.empty_cache()
+        print("  " + table[-1], flush=True)
+
+    attn = ["| op | shape | tkern ms | tkern TFLOP/s | SDPA default ms | SDPA flash ms | "
+            "SDPA cuDNN ms | FlexAttention ms | best torch / tkern | max diff |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    try:
+        for name, shape, cols, flops, diff in attention_rows():
+            if "error" in cols:
+                attn.append(f"| {name} | {shape} | error: {cols['error'][:300]} | | | | | | | |")
+                continue
+            ours = cols["tkern"]
+            others = [float(str(v).rstrip("*")) for k, v in cols.items() if k != "tkern" and
+                      (isinstance(v, float) or str(v).endswith("*"))]
+            best = min(others) if others else None
+            attn.append(
+                f"| {name} | {shape} | {fmt(ours)} | {flops / ours / 1e9:.0f} | "
+                f"{fmt(cols['SDPA default'])} | {fmt(cols['SDPA flash'])} | "
+                f"{fmt(cols['SDPA cuDNN'])} | {fmt(cols['FlexAttention'])} | "
+                f"{ratio(best, ours)} | {diff:.3g} |")
+            print("  " + attn[-1], flush=True)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        attn.append(f"| attention | - | error: {type(e).__name__}: {e} | | | | | | | |")
+    torch.cuda.empty_cache()
+
+    report = "\n".join(["## libtkern vs PyTorch (benchmarks/python/bench_vs_torch.py)", ""]
+                       + header + ["", *table, "", *attn, "",
+                                   f"Whole run: {time.time() - started:.0f} s, of which "
+                                   f"{COMPILE_SPENT[0]:.0f} s in torch.compile and "
+                                   f"{FLEX_SPENT[0]:.0f} s in FlexAttention."]) + "\n"
+    print()
+    print(report)
+    if ARGS.out:
+        os.makedirs(os.path.dirname(os.path.abspath(ARGS.out)), exist_ok=True)
+        with open(ARGS.out, "w") as f:
+            f.write(report)
+        print(f"written to {ARGS.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,757 @@
+"""GPU tests: every tkern function against a float64 PyTorch reference, on torch and CuPy
+inputs, with strided inputs (handled or rejected, never wrong) and non-default streams.
+
+Tolerances are those of the C suites: |got - ref| <= rtol * (scale + |ref|) with rtol 1e-5
+(float32), 1e-3 (float16), 1e-2 (bfloat16); attention follows FlashAttention's rule (error at
+most twice that of a naive same-precision implementation plus the rounding near 0.3).
+Skipped without torch or without a CUDA GPU; the CuPy cases are skipped without CuPy.
+"""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the GPU tests need torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import torch.nn.functional as F  # noqa: E402
+
+import tkern  # noqa: E402
+
+try:
+    import cupy
+except ImportError:
+    cupy = None
+
+needs_cupy = pytest.mark.skipif(cupy is None, reason="CuPy is not installed")
+
+DEV = "cuda"
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+RTOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+
+
+def rand(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=DEV, dtype=torch.float64) * scale).to(dtype)
+
+
+def as_torch(a):
+    return a if isinstance(a, torch.Tensor) else torch.from_dlpack(a)
+
+
+def check(got, ref, what, scale=1.0, dtype=None):
+    """Asserts got (torch or CuPy) matches the float64 ref elementwise; equal values (incl.
+    +-inf) and NaN where ref is NaN pass."""
+    g = as_torch(got)
+    torch.cuda.synchronize()
+    rtol = RTOL[dtype or g.dtype]
+    g, r = g.double(), ref.double().to(g.device)
+    assert g.shape == r.shape, f"{what}: shape {tuple(g.shape)}, reference {tuple(r.shape)}"
+    same = (g == r) | (torch.isnan(g) & torch.isnan(r))
+    err = (g - r).abs()
+    bad = ~same & ~(err <= rtol * (scale + r.abs()))
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {g.numel()} elements off (rtol {rtol}, scale {scale});"
+            f" first at flat index {i}: got {g.flatten()[i].item()}, ref "
+            f"{r.flatten()[i].item()}; max error {err[~same].max().item():.3g}")
+
+
+def cp(t):
+    """A CuPy view of a torch tensor (zero copy)."""
+    return cupy.from_dlpack(t)
+
+
+# ------------------------------------------------------------------------ activations -------
+ACT_REF = {
+    "none": lambda h: h,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+    "quick_gelu": lambda h: h * torch.sigmoid(1.702 * h),
+    "silu": F.silu,
+    "relu": F.relu,
+    "relu_squared": lambda h: F.relu(h) ** 2,
+}
+
+
+def act_grad(f, h, dy):
+    h = h.detach().clone().requires_grad_(True)
+    f(h).backward(dy)
+    return h.grad
+
+
+def test_gelu_and_gradient():
+    for dtype in FLOATS:
+        for approx in ("none", "tanh"):
+            for shape in [(7,), (3, 1000), (2, 129, 4096)]:
+                what = f"gelu {approx} {NAMES[dtype]} {shape}"
+                x = rand(*shape, dtype=dtype, scale=3.0)
+                check(tkern.gelu(x, approximate=approx), F.gelu(x.double(), approximate=approx),
+                      what)
+                dy = rand(*shape, dtype=dtype)
+                ref = act_grad(lambda h: F.gelu(h, approximate=approx), x.double(), dy.double())
+                check(tkern.gelu_backward(dy, x, approximate=approx), ref, what + " backward")
+                inplace = x.clone()
+                assert tkern.gelu(inplace, approximate=approx, out=inplace) is inplace
+                check(inplace, F.gelu(x.double(), approximate=approx), what + " in place")
+
+
+def test_activation_every_kind_with_and_without_bias():
+    for dtype in FLOATS:
+        for kind, f in ACT_REF.items():
+            for rows, cols in [(1, 1), (33, 200), (4, 4096)]:
+                x = rand(rows, cols, dtype=dtype, scale=2.0)
+                dy = rand(rows, cols, dtype=dtype)
+                for bias in (None, rand(cols, dtype=dtype)):
+                    what = (f"activation {kind} {NAMES[dtype]} [{rows}, {cols}] "
+                            f"bias={bias is not None}")
+                    h = x.double() + (0 if bias is None else bias.double())
+                    check(tkern.activation(x, kind, bias=bias), f(h), what)
+                    check(tkern.activation_backward(dy, x, kind, bias=bias),
+                          act_grad(f, h, dy.double()), what + " backward")
+
+
+def glu_ref(x, kind, layout, alpha=1.702, limit=7.0):
+    d = x.shape[-1] // 2
+    if layout == "gate_first":
+        gate, up = x[..., :d], x[..., d:]
+    elif layout == "up_first":
+        up, gate = x[..., :d], x[..., d:]
+    else:
+        gate, up = x[..., 0::2], x[..., 1::2]
+    if kind == "swiglu_clamped":
+        g = gate.clamp(max=limit)
+        u = up.clamp(-limit, limit)
+        return g * torch.sigmoid(alpha * g) * (u + 1)
+    act = {"swiglu": F.silu, "geglu": F.gelu, "geglu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+           "reglu": F.relu}[kind]
+    return act(gate) * up
+
+
+# The clamp bound of swiglu_clamped: a float32 value no float16 / bfloat16 input can equal, so
+# no input sits exactly on the clamp (where "active" is a convention).
+LIMIT = float(torch.tensor(6.9, dtype=torch.float32))
+
+
+def test_glu_every_kind_and_layout_with_gradient():
+    for dtype in FLOATS:
+        for kind in ("swiglu", "geglu", "geglu_tanh", "reglu", "swiglu_clamped"):
+            for layout in ("gate_first", "up_first", "interleaved"):
+                for rows, d in [(1, 8), (37, 1000), (3, 4096)]:
+                    what = f"glu {kind} {layout} {NAMES[dtype]} [{rows}, 2x{d}]"
+                    x = rand(rows, 2 * d, dtype=dtype, scale=4.0)
+                    check(tkern.glu(x, kind, layout, limit=LIMIT),
+                          glu_ref(x.double(), kind, layout, limit=LIMIT), what)
+                    dy = rand(rows, d, dtype=dtype)
+                    ref = act_grad(lambda t: glu_ref(t, kind, layout, limit=LIMIT), x.double(),
+                                   dy.double())
+                    check(tkern.glu_backward(dy, x, kind, layout, limit=LIMIT), ref,
+                          what + " backward")
+    x = rand(5, 3, 2 * 256, dtype=torch.bfloat16)
+    check(tkern.swiglu(x), F.silu(x[..., :256].double()) * x[..., 256:].double(), "swiglu 3-D")
+
+
+def test_activation_layouts_strided_handled_or_rejected():
+    wide = rand(16, 3000, dtype=torch.bfloat16)
+    x = wide[:, :2048]  # strided rows: GLU takes a row stride
+    check(tkern.swiglu(x), glu_ref(x.double(), "swiglu", "gate_first"), "swiglu of a column slice")
+    out_wide = torch.full((16, 1500), float("nan"), device=DEV, dtype=torch.bfloat16)
+    tkern.swiglu(x, out=out_wide[:, :1024])
+    check(out_wide[:, :1024], glu_ref(x.double(), "swiglu", "gate_first"), "swiglu into a slice")
+    assert torch.isnan(out_wide[:, 1024:].float()).all(), "swiglu wrote outside its output slice"
+    with pytest.raises(ValueError, match="argument 'x' must be contiguous"):
+        tkern.gelu(rand(64, 32, dtype=torch.float16).t())
+    with pytest.raises(ValueError, match="argument 'x' must be contiguous"):
+        tkern.activation(wide[:, :100], "silu")
+    with pytest.raises(ValueError, match="argument 'x': the last dimension must be contiguous"):
+        tkern.glu(rand(64, 32, dtype=torch.float16).t())
+
+
+def test_autograd_leaves_are_accepted():
+    x = rand(4, 64).requires_grad_(True)
+    check(tkern.gelu(x), F.gelu(x.detach().double()), "gelu of a leaf requiring grad")
+
+
+# ----------------------------------------------------------------------------- norms -------
+def rms_ref(h, w, eps, gemma=False):
+    y = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + eps)
+    if w is not None:
+        y = y * ((1 + w) if gemma else w)
+    return y
+
+
+def ln_ref(h, w, b, eps):
+    y = (h - h.mean(-1, keepdim=True)) * torch.rsqrt(h.var(-1, unbiased=False, keepdim=True) + eps)
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y
+
+
+def test_rms_norm_with_residual_weights_and_gradient():
+    for dtype in FLOATS:
+        for rows, cols in [(1, 1), (17, 4096), (5, 1000), (2, 100_000)]:
+            for wdtype in (None, dtype, torch.float32):
+                for fused in (False, True):
+                    what = (f"rms_norm {NAMES[dtype]} [{rows}, {cols}] weight "
+                            f"{NAMES.get(wdtype)} residual={fused}")
+                    x = rand(rows, cols, dtype=dtype)
+                    w = None if wdtype is None else rand(cols, dtype=wdtype)
+                    res = rand(rows, cols, dtype=dtype) if fused else None
+                    h = (x.double() + res.double()).to(dtype) if fused else x
+                    y, rstd = tkern.rms_norm(x, w, 1e-5, residual=res, return_rstd=True)
+                    w64 = None if w is None else w.double()
+                    check(y, rms_ref(h.double(), w64, 1e-5), what)
+                    if fused:
+                        check(res, h.double(), what + " (updated residual)")
+                    check(rstd, torch.rsqrt((h.double() ** 2).mean(-1) + 1e-5), what + " rstd")
+                    if cols == 1:
+                        continue  # dx = rstd g eps / (h^2 + eps): ill-conditioned, checked in C
+                    dy = rand(rows, cols, dtype=dtype)
+                    hh = h.double().requires_grad_(True)
+                    ww = None if w is None else w.double().requires_grad_(True)
+                    rms_ref(hh, ww, 1e-5).backward(dy.double())
+                    dx, dw = tkern.rms_norm_backward(dy, h, rstd, w, weight_grad=w is not None)
+                    check(dx, hh.grad, what + " dx")
+                    if w is not None:
+                        check(dw, ww.grad, what + " dw")
+    x = rand(8, 512, dtype=torch.bfloat16)
+    w = rand(512, dtype=torch.bfloat16, scale=0.1)
+    check(tkern.rms_norm(x, w, 1e-6, gemma=True), rms_ref(x.double(), w.double(), 1e-6, True),
+          "rms_norm gemma")
+
+
+def test_layer_norm_and_gradient():
+    for dtype in FLOATS:
+        for rows, cols in [(3, 7), (17, 4096), (4, 10_000)]:
+            for params in (False, True):
+                what = f"layer_norm {NAMES[dtype]} [{rows}, {cols}] params={params}"
+                x = rand(rows, cols, dtype=dtype, scale=2.0) + 0.5
+                w = rand(cols, dtype=dtype) if params else None
+                b = rand(cols, dtype=dtype) if params else None
+                res = rand(rows, cols, dtype=dtype)
+                h = (x.double() + res.double()).to(dtype)
+                y, mean, rstd = tkern.layer_norm(x, w, b, 1e-5, residual=res, return_stats=True)
+                ref = ln_ref(h.double(), None if w is None else w.double(),
+                             None if b is None else b.double(), 1e-5)
+                check(y, ref, what)
+                check(mean, h.double().mean(-1), what + " mean", scale=1.0)
+                dy = rand(rows, cols, dtype=dtype)
+                hh = h.double().requires_grad_(True)
+                ones = torch.ones(cols, device=DEV, dtype=torch.float64)
+                ww = (w.double() if params else ones).requires_grad_(True)
+                bb = (b.double() if params else torch.zeros_like(ones)).requires_grad_(True)
+                ln_ref(hh, ww, bb, 1e-5).backward(dy.double())
+                dx, dw, db = tkern.layer_norm_backward(dy, h, mean, rstd, w)
+                check(dx, hh.grad, what + " dx")
+                check(dw, ww.grad, what + " dw")
+                check(db, bb.grad, what + " db")
+    assert tkern.norm_backward_workspace_size(rand(64, 4096, dtype=torch.bfloat16), "rms") > 0
+
+
+def test_norm_strided_rows_and_rejections():
+    wide = rand(9, 5000, dtype=torch.float16)
+    x = wide[:, :4096]
+    w = rand(4096, dtype=torch.float16)
+    check(tkern.rms_norm(x, w, 1e-6), rms_ref(x.double(), w.double(), 1e-6), "rms_norm of a slice")
+    with pytest.raises(ValueError, match="argument 'x': the last dimension must be contiguous"):
+        tkern.rms_norm(rand(64, 32, dtype=torch.float16).t(), None)
+    with pytest.raises(ValueError, match=r"argument 'weight' has shape \(100,\)"):
+        tkern.rms_norm(x, rand(100, dtype=torch.float16))
+    with pytest.raises(ValueError, match="argument 'x' has a zero or negative stride"):
+        tkern.rms_norm(x[:1].expand(9, -1), w)  # broadcast rows
+    with pytest.raises(tkern.TkernError, match="TK_ERROR_INVALID_VALUE") as e:
+        tkern.rms_norm(x, w, eps=-1.0)
+    assert "eps" in e.value.message
+
+
+# --------------------------------------------------------------------------- softmax -------
+def softmax_ref(x, scale, log, causal, offset, period):
+    s = x.double() * scale
+    if causal:
+        flat_rows = x.numel() // x.shape[-1]
+        r = torch.arange(flat_rows, device=DEV).reshape(x.shape[:-1])
+        q = r % (period or flat_rows)
+        c = torch.arange(x.shape[-1], device=DEV)
+        visible = c <= (q + offset).unsqueeze(-1)
+        s = s.masked_fill(~visible, float("-inf"))
+        seen = visible.any(-1, keepdim=True)
+    else:
+        seen = torch.ones_like(s[..., :1], dtype=torch.bool)
+    out = torch.log_softmax(s, -1) if log else torch.softmax(s, -1)
+    blank = torch.full_like(out, float("-inf") if log else 0.0)
+    return torch.where(seen, out, blank)
+
+
+def test_softmax_forward_backward_masks():
+    for dtype in FLOATS:
+        for shape in [(1, 1), (13, 1000), (2, 3, 4096), (3, 70_000)]:
+            for log in (False, True):
+                for causal, offset, period in [(False, 0, 0), (True, 0, 0), (True, -2, 5),
+                                               (True, 300, 0)]:
+                    if causal and len(shape) < 2:
+                        continue
+                    what = (f"{'log_' if log else ''}softmax {NAMES[dtype]} {shape} causal="
+                            f"{causal} offset={offset} period={period}")
+                    x = rand(*shape, dtype=dtype, scale=3.0)
+                    fn = tkern.log_softmax if log else tkern.softmax
+                    y = fn(x, scale=0.7, causal=causal, causal_offset=offset, causal_period=period)
+                    ref = softmax_ref(x, 0.7, log, causal, offset, period)
+                    check(y, ref, what)
+                    dy = rand(*shape, dtype=dtype)
+                    yd, dyd = y.double(), dy.double()
+                    if log:
+                        dx_ref = 0.7 * (dyd - torch.exp(yd) * dyd.masked_fill(
+                            torch.isinf(ref), 0).sum(-1, keepdim=True))
+                    else:
+                        dx_ref = 0.7 * yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+                    dx_ref = dx_ref.masked_fill(torch.isinf(ref) | ((ref == 0) & causal), 0.0)
+                    dx = tkern.softmax_backward(y, dy, log=log, scale=0.7, causal=causal,
+                                                causal_offset=offset, causal_period=period)
+                    check(dx, dx_ref, what + " backward")
+
+
+def test_softmax_strided_rows():
+    wide = rand(12, 3000, dtype=torch.bfloat16)
+    x = wide[:, 1000:2500]
+    out = torch.full((12, 2000), float("nan"), device=DEV, dtype=torch.bfloat16)
+    tkern.softmax(x, out=out[:, :1500])
+    check(out[:, :1500], torch.softmax(x.double(), -1), "softmax slice into slice")
+    assert torch.isnan(out[:, 1500:].float()).all()
+    with pytest.raises(ValueError, match="argument 'dim'"):
+        tkern.softmax(x, dim=0)
+
+
+# ------------------------------------------------------------------------------ rope -------
+def rope_ref(x, pos, rotary_dim, style, theta=10000.0, cache=None, inverse=False):
+    """x [..., H, D] float64, pos [...] -> rotated copy."""
+    d = x.shape[-1]
+    rd = rotary_dim or d
+    half = rd // 2
+    if cache is None:
+        inv = theta ** (-2.0 * torch.arange(half, device=DEV, dtype=torch.float64) / rd)
+        ang = pos.double().unsqueeze(-1) * inv
+        cos, sin = torch.cos(ang), torch.sin(ang)
+    else:
+        cos = cache[pos.long(), :half].double()
+        sin = cache[pos.long(), half:rd].double()
+    if inverse:
+        sin = -sin
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    out = x.clone()
+    if style == "neox":
+        x1, x2 = x[..., :half], x[..., half:rd]
+        out[..., :half] = x1 * cos - x2 * sin
+        out[..., half:rd] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[..., 0:rd:2], x[..., 1:rd:2]
+        out[..., 0:rd:2] = x1 * cos - x2 * sin
+        out[..., 1:rd:2] = x2 * cos + x1 * sin
+    return out
+
+
+def test_rope_styles_positions_caches_inplace_and_packed():
+    for dtype in FLOATS:
+        for style in ("neox", "gptj"):
+            for head_dim, rotary_dim in [(64, None), (128, 32), (80, 80)]:
+                what = f"rope {style} {NAMES[dtype]} D={head_dim} rd={rotary_dim}"
+                T, HQ, HK = 37, 8, 2
+                q = rand(T, HQ, head_dim, dtype=dtype)
+                k = rand(T, HK, head_dim, dtype=dtype)
+                pos = torch.randint(0, 4096, (T,), device=DEV, dtype=torch.int32)
+                qo, ko = tkern.rope(q, k, pos, style=style, rotary_dim=rotary_dim)
+                check(qo, rope_ref(q.double(), pos, rotary_dim, style), what + " q")
+                check(ko, rope_ref(k.double(), pos, rotary_dim, style), what + " k")
+                # In place, int64 positions, Llama 3 theta.
+                q2, k2 = q.clone(), k.clone()
+                r = tkern.rope_(q2, k2, pos.long(), theta=500000.0, style=style,
+                                rotary_dim=rotary_dim)
+                assert r[0] is q2 and r[1] is k2
+                check(q2, rope_ref(q.double(), pos, rotary_dim, style, 500000.0), what + " q_")
+                check(k2, rope_ref(k.double(), pos, rotary_dim, style, 500000.0), what + " k_")
+                # No positions: position_start + token index; q only.
+                start = torch.arange(T, device=DEV) + 11
+                qo, none = tkern.rope(q, None, position_start=11, style=style,
+                                      rotary_dim=rotary_dim)
+                assert none is None
+                check(qo, rope_ref(q.double(), start, rotary_dim, style), what + " no positions")
+                # vLLM-style cos_sin_cache [max_position, rotary_dim].
+                rd = rotary_dim or head_dim
+                inv = 10000.0 ** (-2.0 * torch.arange(rd // 2, device=DEV,
+                                                       dtype=torch.float64) / rd)
+                ang = torch.arange(4096, device=DEV, dtype=torch.float64).unsqueeze(-1) * inv
+                cache = torch.cat([torch.cos(ang), torch.sin(ang)], -1).float()
+                qo, ko = tkern.rope(q, k, pos, style=style, rotary_dim=rotary_dim,
+                                    cos_sin_cache=cache)
+                check(qo, rope_ref(q.double(), pos, rotary_dim, style, cache=cache),
+                      what + " cache")
+                half = rd // 2
+                qo, _ = tkern.rope(q, None, pos, style=style, rotary_dim=rotary_dim,
+                                   cos=cache[:, :half], sin=cache[:, half:])
+                check(qo, rope_ref(q.double(), pos, rotary_dim, style, cache=cache),
+                      what + " cos/sin")
+                # Backward: the opposite rotation.
+                dq, dk = tkern.rope_backward(q, k, pos, style=style, rotary_dim=rotary_dim)
+                check(dq, rope_ref(q.double(), pos, rotary_dim, style, inverse=True), what + " dq")
+                check(dk, rope_ref(k.double(), pos, rotary_dim, style, inverse=True), what + " dk")
+    # A packed QKV buffer [B, S, HQ + 2 HK, D]: rotate the q and k views in place, v untouched.
+    B, S, HQ, HK, D = 2, 33, 8, 2, 128
+    qkv = rand(B, S, HQ + 2 * HK, D, dtype=torch.bfloat16)
+    orig = qkv.clone()
+    pos = torch.randint(0, 8192, (B, S), device=DEV, dtype=torch.int64)
+    tkern.rope_(qkv[:, :, :HQ], qkv[:, :, HQ:HQ + HK], pos)
+    check(qkv[:, :, :HQ], rope_ref(orig[:, :, :HQ].double(), pos, None, "neox"), "packed q")
+    check(qkv[:, :, HQ:HQ + HK], rope_ref(orig[:, :, HQ:HQ + HK].double(), pos, None, "neox"),
+          "packed k")
+    assert torch.equal(qkv[:, :, HQ + HK:], orig[:, :, HQ + HK:]), "rope_ touched v"
+    with pytest.raises(ValueError, match="argument 'positions' has 10 elements"):
+        tkern.rope_(qkv[:, :, :HQ], None, pos.flatten()[:10])
+    with pytest.raises(ValueError, match="argument 'q': head_dim"):
+        tkern.rope_(qkv.transpose(2, 3), None)
+
+
+# ------------------------------------------------------------------------- attention -------
+def attn_ref(q, k, v, causal=False, window=None, softcap=0.0, scale=None, alibi=None,
+             naive=None):
+    """q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (float64) -> (o [B, Sq, Hq, D], lse [B, Hq, Sq]).
+    naive: a dtype to round every intermediate to (the naive same-precision attention)."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(Hq // Hkv, dim=2)
+    v = v.repeat_interleave(Hq // Hkv, dim=2)
+    rnd = (lambda t: t.to(naive).double()) if naive is not None else (lambda t: t)
+    scale = scale or 1.0 / math.sqrt(D)
+    s = rnd(torch.einsum("bqhd,bkhd->bhqk", q, k) * scale)
+    if softcap:
+        s = rnd(softcap * torch.tanh(s / softcap))
+    shift = Sk - Sq
+    i = torch.arange(Sq, device=DEV).view(-1, 1)
+    j = torch.arange(Sk, device=DEV).view(1, -1)
+    if alibi is not None:
+        s = rnd(s - alibi.double().view(1, -1, 1, 1) * (i + shift - j).abs())
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0
+    visible = torch.ones(Sq, Sk, dtype=torch.bool, device=DEV)
+    if left is not None and left >= 0:
+        visible &= j >= i + shift - left
+    if right is not None and right >= 0:
+        visible &= j <= i + shift + right
+    s = s.masked_fill(~visible, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    p = rnd(torch.where(total > 0, e / total.clamp_min(1e-300), torch.zeros_like(e)))
+    o = rnd(torch.einsum("bhqk,bkhd->bqhd", p, v))
+    lse = torch.where(total > 0, m + torch.log(total.clamp_min(1e-300)),
+                      torch.full_like(m, float("-inf"))).squeeze(-1)
+    return o, lse, visible
+
+
+def check_attention(o, q, k, v, what, lse=None, **kw):
+    """FlashAttention's rule, as tests/test_attention.c."""
+    o = as_torch(o).double()
+    dt = q.dtype
+    exact, lse_ref, _ = attn_ref(q.double(), k.double(), v.double(), **kw)
+    naive, _, _ = attn_ref(q.double(), k.double(), v.double(), naive=dt, **kw)
+    assert torch.isfinite(o).all(), f"{what}: non-finite outputs"
+    err = (o - exact).abs().max().item()
+    err_naive = (naive - exact).abs().max().item()
+    r = exact.to(dt).double()
+    shifted = ((r + 0.3).to(dt).double() - 0.3).to(dt).double()
+    atol = 2 * (shifted - r).abs().max().item()
+    assert err <= 2 * err_naive + atol, (
+        f"{what}: max |o - ref| = {err:.3g} > 2 x naive error {err_naive:.3g} + {atol:.3g}")
+    if lse is not None:
+        check(lse, lse_ref, what + " lse")
+
+
+ATTN_CASES = [
+    dict(B=2, Sq=128, Sk=128, Hq=4, Hkv=4, D=64),
+    dict(B=1, Sq=200, Sk=333, Hq=8, Hkv=2, D=128, causal=True),
+    dict(B=2, Sq=256, Sk=256, Hq=4, Hkv=1, D=128, causal=True, window=(63, 0)),
+    dict(B=1, Sq=150, Sk=300, Hq=4, Hkv=2, D=128, window=(40, 17)),
+    dict(B=1, Sq=96, Sk=96, Hq=2, Hkv=2, D=256, causal=True, softcap=30.0),
+    dict(B=1, Sq=64, Sk=190, Hq=4, Hkv=4, D=64, alibi=True, scale=0.2),
+]
+
+
+def test_attention_against_fp64_reference():
+    for dtype in (torch.float16, torch.bfloat16):
+        for case in ATTN_CASES:
+            for layout in ("bshd", "bhsd"):
+                c = dict(case)
+                B, Sq, Sk, Hq, Hkv, D = (c.pop(n) for n in ("B", "Sq", "Sk", "Hq", "Hkv", "D"))
+                alibi = rand(Hq).abs().float() * 0.1 if c.pop("alibi", False) else None
+                what = f"attention {NAMES[dtype]} {layout} B{B} Sq{Sq} Sk{Sk} H{Hq}/{Hkv} D{D} {c}"
+                q = rand(B, Sq, Hq, D, dtype=dtype)
+                k = rand(B, Sk, Hkv, D, dtype=dtype)
+                v = rand(B, Sk, Hkv, D, dtype=dtype)
+                if layout == "bhsd":
+                    qi, ki, vi = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+                else:
+                    qi, ki, vi = q, k, v
+                o, lse = tkern.attention(qi, ki, vi, alibi_slopes=alibi, return_lse=True,
+                                         layout=layout, **c)
+                assert o.shape == qi.shape and lse.shape == (B, Hq, Sq)
+                if layout == "bhsd":
+                    o = o.transpose(1, 2)
+                check_attention(o, q, k, v, what, lse=lse, alibi=alibi, **c)
+
+
+def test_attention_matches_sdpa_with_explicit_window_mask():
+    B, S, Hq, Hkv, D = 2, 384, 8, 2, 128
+    q = rand(B, Hq, S, D, dtype=torch.bfloat16)
+    k = rand(B, Hkv, S, D, dtype=torch.bfloat16)
+    v = rand(B, Hkv, S, D, dtype=torch.bfloat16)
+    for causal, window in [(True, None), (True, (127, 0)), (False, (64, 64))]:
+        what = f"attention vs SDPA causal={causal} window={window}"
+        _, _, visible = attn_ref(q.transpose(1, 2).double(), k.transpose(1, 2).double(),
+                                 v.transpose(1, 2).double(), causal=causal, window=window)
+        sdpa = F.scaled_dot_product_attention(
+            q.float(), k.float().repeat_interleave(Hq // Hkv, 1),
+            v.float().repeat_interleave(Hq // Hkv, 1), attn_mask=visible)
+        o = tkern.attention(q, k, v, causal=causal, window=window, layout="bhsd")
+        err = (o.double() - sdpa.double()).abs().max().item()
+        check_attention(o.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2),
+                        v.transpose(1, 2), what, causal=causal, window=window)
+        assert err < 2e-2, f"{what}: max |tkern - SDPA(f32, explicit mask)| = {err:.3g}"
+        if window and window[1] == 0:
+            o2 = tkern.sliding_window_attention(q, k, v, window[0], layout="bhsd")
+            assert torch.equal(o2, o), f"{what}: sliding_window_attention differs"
+
+
+def test_attention_strided_views_supported_query_and_errors():
+    B, S, H, D = 2, 128, 4, 64
+    qkv = rand(B, S, 3, H, D, dtype=torch.float16)  # packed QKV
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    o = tkern.attention(q, k, v, causal=True)
+    check_attention(o, q, k, v, "attention on packed QKV views", causal=True)
+    qt = rand(B, H, S, D, dtype=torch.float16).transpose(1, 2)  # BSHD view of a BHSD buffer
+    o = tkern.attention(qt, k, v)
+    check_attention(o, qt, k, v, "attention on a transposed q")
+    ok, variant = tkern.attention_supported(q, k, v, causal=True)
+    assert ok and variant, variant
+    bad = rand(1, 16, 2, 96, dtype=torch.float16)
+    ok, reason = tkern.attention_supported(bad, bad, bad)
+    assert not ok and reason.startswith("TK_ERROR_NOT_SUPPORTED") and "head_dim" in reason
+    with pytest.raises(tkern.TkernError) as e:
+        tkern.attention(bad, bad, bad)
+    assert e.value.status_name == "TK_ERROR_NOT_SUPPORTED"
+    f32 = rand(1, 16, 2, 64)
+    with pytest.raises(tkern.TkernError, match="TK_ERROR_NOT_SUPPORTED"):
+        tkern.attention(f32, f32, f32)
+    with pytest.raises(ValueError, match="argument 'k' has shape"):
+        tkern.attention(q, rand(B, S, H, 128, dtype=torch.float16), v)
+
+
+# ------------------------------------------------------------------------------ gemm -------
+def test_gemm_layouts_epilogues_and_dtypes():
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, n, k in [(1, 1, 1), (64, 64, 64), (129, 257, 96), (300, 1000, 512), (37, 8, 40)]:
+            for b_layout in ("kn", "nk"):
+                for out_dtype in (None, torch.float32):
+                    for epi in ({}, {"bias": True, "activation": "gelu"},
+                                {"c": True, "alpha": 0.7, "beta": 0.5, "activation": "silu"}):
+                        odt = out_dtype or dtype
+                        what = (f"gemm {NAMES[dtype]}->{NAMES[odt]} m{m} n{n} k{k} "
+                                f"{b_layout} {epi}")
+                        a = rand(m, k, dtype=dtype)
+                        w = rand(k, n, dtype=dtype) if b_layout == "kn" else rand(n, k, dtype=dtype)
+                        b = w if b_layout == "kn" else w.t()
+                        bias = rand(n, dtype=odt) if epi.get("bias") else None
+                        c = rand(m, n, dtype=odt) if epi.get("c") else None
+                        alpha, beta = epi.get("alpha", 1.0), epi.get("beta")
+                        out = tkern.gemm(a, b, bias, epi.get("activation"), c=c, alpha=alpha,
+                                         beta=beta,
+                                         out_dtype=None if out_dtype is None else "float32")
+                        assert out.dtype == odt
+                        ref = alpha * (a.double() @ b.double())
+                        if c is not None:
+                            ref = ref + beta * c.double()
+                        if bias is not None:
+                            ref = ref + bias.double()
+                        ref = ACT_REF[epi.get("activation") or "none"](ref)
+                        scale = abs(alpha) * math.sqrt(k) + abs(beta or 0.0) + 1.0
+                        check(out, ref, what, scale=scale)
+
+
+def test_gemm_batched_strided_and_rejections():
+    a_wide = rand(2, 33, 200, dtype=torch.bfloat16)
+    a = a_wide[..., :128]  # lda = 200
+    w = rand(96, 128, dtype=torch.bfloat16)  # Linear weight [out, in]
+    out = tkern.gemm(a, w.t(), activation="relu")
+    assert out.shape == (2, 33, 96)
+    check(out, F.relu(a.double() @ w.double().t()), "gemm batched a with lda, b = W.t()",
+          scale=math.sqrt(128) + 1)
+    ok, variant = tkern.gemm_supported(a, w.t())
+    assert ok and variant, variant
+    with pytest.raises(ValueError, match="argument 'b' must have one unit stride"):
+        tkern.gemm(rand(8, 64, dtype=torch.bfloat16), rand(128, 64, dtype=torch.bfloat16)[::2, ::2])
+    with pytest.raises(TypeError, match="argument 'a' has dtype float32"):
+        tkern.gemm(rand(8, 64), rand(64, 8))
+
+
+# ---------------------------------------------------------------------- CuPy inputs -------
+@needs_cupy
+def test_cupy_inputs_give_cupy_outputs():
+    for dtype in (torch.float32, torch.float16):
+        x = rand(17, 4096, dtype=dtype)
+        y = tkern.gelu(cp(x), approximate="tanh")
+        assert isinstance(y, cupy.ndarray) and y.dtype == cupy.dtype(NAMES[dtype].replace(
+            "f", "float"))
+        check(y, F.gelu(x.double(), approximate="tanh"), f"CuPy gelu {NAMES[dtype]}")
+        check(tkern.activation(cp(x), "silu", bias=cp(x[0])), F.silu(x.double() + x[0].double()),
+              f"CuPy activation {NAMES[dtype]}")
+        check(tkern.swiglu(cp(x)), glu_ref(x.double(), "swiglu", "gate_first"),
+              f"CuPy swiglu {NAMES[dtype]}")
+        w = rand(4096, dtype=dtype)
+        check(tkern.rms_norm(cp(x), cp(w), 1e-6), rms_ref(x.double(), w.double(), 1e-6),
+              f"CuPy rms_norm {NAMES[dtype]}")
+        check(tkern.layer_norm(cp(x), cp(w), cp(w), 1e-5),
+              ln_ref(x.double(), w.double(), w.double(), 1e-5), f"CuPy layer_norm {NAMES[dtype]}")
+        check(tkern.softmax(cp(x)), torch.softmax(x.double(), -1), f"CuPy softmax {NAMES[dtype]}")
+        sliced = cp(x)[:, 100:3000]
+        check(tkern.log_softmax(sliced), torch.log_softmax(x[:, 100:3000].double(), -1),
+              f"CuPy log_softmax of a slice {NAMES[dtype]}")
+        q = rand(9, 4, 64, dtype=dtype)
+        pos = torch.arange(9, device=DEV, dtype=torch.int32) * 7
+        qo, _ = tkern.rope(cp(q), None, cp(pos))
+        assert isinstance(qo, cupy.ndarray)
+        check(qo, rope_ref(q.double(), pos, None, "neox"), f"CuPy rope {NAMES[dtype]}")
+        with pytest.raises(ValueError, match="argument 'x' must be contiguous"):
+            tkern.gelu(cp(x).T)
+        # CuPy exports a reversed view's strides through DLPack as huge positive numbers; the
+        # binding must still refuse it, naming the argument.
+        with pytest.raises(ValueError, match="argument 'x' has (a zero or negative stride|stride)"):
+            tkern.softmax(cp(x)[::-1])
+    q = rand(1, 64, 4, 128, dtype=torch.float16)
+    o = tkern.attention(cp(q), cp(q), cp(q), causal=True)
+    assert isinstance(o, cupy.ndarray)
+    check_attention(o, q, q, q, "CuPy attention", causal=True)
+    a, b = rand(64, 256, dtype=torch.float16), rand(256, 128, dtype=torch.float16)
+    d = tkern.gemm(cp(a), cp(b))
+    assert isinstance(d, cupy.ndarray)
+    check(d, a.double() @ b.double(), "CuPy gemm", scale=math.sqrt(256) + 1)
+    with pytest.raises(TypeError, match="CuPy has no bfloat16"):
+        tkern.gemm(cp(a), cp(b), out_dtype="bfloat16")
+
+
+@needs_cupy
+def test_cupy_stream_is_used():
+    x = rand(1 << 20, dtype=torch.float16)
+    with cupy.cuda.Stream(non_blocking=True) as s:
+        xc = cupy.full(x.shape, cupy.nan, dtype=cupy.float16)
+        _delay_on_cupy(s)
+        xc[...] = cp(x)  # ordered after the delay, on s
+        y = tkern.gelu(xc)  # must run on s, after the copy
+    s.synchronize()
+    check(y, F.gelu(x.double()), "gelu on a CuPy stream")
+
+
+def _delay_on_cupy(s):
+    """Keeps stream s busy for a while (a chain of matrix products)."""
+    m = cupy.ones((2048, 2048), dtype=cupy.float32)
+    for _ in range(20):
+        m = m @ m * (1.0 / 2048)
+
+
+# ----------------------------------------------------- __cuda_array_interface__ only -------
+class CAIOnly:
+    """Hides DLPack: only __cuda_array_interface__ (as Numba or another library would)."""
+
+    def __init__(self, t):
+        self.t = t
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+def test_cuda_array_interface_inputs():
+    for dtype in (torch.float32, torch.float16):
+        x = rand(33, 1000, dtype=dtype)
+        y = torch.full_like(x, float("nan"))
+        tkern.gelu(CAIOnly(x), out=CAIOnly(y))
+        check(y, F.gelu(x.double()), f"gelu through __cuda_array_interface__ {NAMES[dtype]}")
+        wide = rand(33, 1500, dtype=dtype)
+        out = torch.full((33, 1000), float("nan"), device=DEV, dtype=dtype)
+        tkern.softmax(CAIOnly(wide[:, :1000]), out=CAIOnly(out))
+        check(out, torch.softmax(wide[:, :1000].double(), -1), f"softmax CAI slice {NAMES[dtype]}")
+        with pytest.raises(TypeError, match="pass 'out' explicitly"):
+            tkern.gelu(CAIOnly(x))
+
+
+# --------------------------------------------------------------------------- streams -------
+def _busy(stream):
+    """Enqueues a long kernel on `stream`."""
+    with torch.cuda.stream(stream):
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(100_000_000)
+        else:
+            m = torch.ones(4096, 4096, device=DEV)
+            for _ in range(20):
+                m = m @ m / 4096
+
+
+def test_current_and_explicit_streams_order_the_work():
+    src = rand(1 << 22, dtype=torch.bfloat16)
+    # The current torch stream: x is filled on s after a long kernel; gelu must run after it.
+    s = torch.cuda.Stream()
+    x = torch.full_like(src, float("nan"))
+    torch.cuda.current_stream().synchronize()
+    _busy(s)
+    with torch.cuda.stream(s):
+        x.copy_(src)
+        y = tkern.gelu(x)
+        z = tkern.rms_norm(x.view(1024, -1), None, 1e-6)
+    s.synchronize()
+    check(y, F.gelu(src.double()), "gelu on torch's current (non-default) stream")
+    check(z, rms_ref(src.view(1024, -1).double(), None, 1e-6), "rms_norm on the current stream")
+    # An explicit stream= (object and int handle), with the default stream current.
+    for handle in (lambda st: st, lambda st: st.cuda_stream):
+        s2 = torch.cuda.Stream()
+        x2 = torch.full_like(src, float("nan"))
+        out = torch.empty_like(src)
+        torch.cuda.synchronize()
+        _busy(s2)
+        with torch.cuda.stream(s2):
+            x2.copy_(src)
+        tkern.gelu(x2, approximate="tanh", out=out, stream=handle(s2))
+        s2.synchronize()
+        check(out, F.gelu(src.double(), approximate="tanh"), "gelu with an explicit stream")
+
+
+# ------------------------------------------------------------------ runtime queries -------
+def test_device_query_variants_and_forcing():
+    info = tkern.device_query()
+    assert info["supported"] and info["compute_capability"] >= 800 and info["sm_count"] > 0
+    assert info["device"] == torch.cuda.current_device()
+    x = rand(64, 4096, dtype=torch.bfloat16)
+    w = rand(4096, dtype=torch.bfloat16)
+    forced = {
+        "softmax": (["vec16_regs", "vec16_stream", "scalar_regs", "scalar_stream"],
+                    lambda: tkern.softmax(x), torch.softmax(x.double(), -1)),
+        "norm": (["vec16", "wide_vec16", "scalar", "wide_scalar"],
+                 lambda: tkern.rms_norm(x, w, 1e-6), rms_ref(x.double(), w.double(), 1e-6)),
+        "activation": (["vec16", "scalar"], lambda: tkern.gelu(x), F.gelu(x.double())),
+    }
+    try:
+        for op, (variants, run, ref) in forced.items():
+            for v in variants:
+                tkern.force_variant(op, v)
+                out = run()
+                assert tkern.last_variant() == v, f"{op}: forced {v}, ran {tkern.last_variant()}"
+                check(out, ref, f"{op} forced to {v}")
+            tkern.force_variant(op, None)
+            run()
+            assert tkern.last_variant() == variants[0], f"{op}: automatic choice"
+    finally:
+        for op in forced:
+            tkern.force_variant(op, None)

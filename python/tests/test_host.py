@@ -1,0 +1,545 @@
+"""Host-side tests (no GPU needed): loading, version, the ctypes declarations against
+include/tkern.h, array checks with clear errors, and behaviour without a device."""
+
+import ctypes
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HEADER, PYTHON_DIR, REPO, FakeCudaArray
+
+import tkern
+from tkern import _arrays, _lib
+
+
+# ------------------------------------------------------------------ header parsing ------
+def _header_text():
+    with open(HEADER) as f:
+        text = f.read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    text = text.replace("\\\n", " ")
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def _enums(text):
+    """typedef name -> {constant: value}."""
+    out = {}
+    for m in re.finditer(r"typedef\s+enum\s+\w*\s*\{(.*?)\}\s*(\w+)\s*;", text, re.S):
+        values = {}
+        for item in m.group(1).split(","):
+            if item.strip():
+                name, value = (s.strip() for s in item.split("="))
+                values[name] = int(value)
+        out[m.group(2)] = values
+    return out
+
+
+def _scalar_ctype(base, enums):
+    base = " ".join(base.replace("const", " ").split())
+    table = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
+             "size_t": ctypes.c_size_t, "float": ctypes.c_float, "double": ctypes.c_double,
+             "tk_stream_t": ctypes.c_void_p}
+    if base in enums:
+        return ctypes.c_int
+    assert base in table, f"the test does not know the C type {base!r}: extend _scalar_ctype"
+    return table[base]
+
+
+def _ctype(base, stars, enums):
+    """The ctypes type the binding must use for a C type: pointers are c_void_p except
+    char * (c_char_p) and char ** (POINTER(c_char_p))."""
+    plain = " ".join(base.replace("const", " ").split())
+    if stars == 0:
+        return _scalar_ctype(plain, enums)
+    if plain == "char":
+        return ctypes.c_char_p if stars == 1 else ctypes.POINTER(ctypes.c_char_p)
+    assert stars == 1, f"unexpected {base} {'*' * stars}"
+    return ctypes.c_void_p
+
+
+_DECL = re.compile(r"^(?P<base>(?:const\s+)?\w+(?:\s+\w+)*?)\s*(?P<stars>(?:\*\s*(?:const\s*)?)*)"
+                   r"(?P<name>\w+)?\s*(?:\[(?P<n>\d+)\])?$")
+
+
+def _split_decl(decl):
+    m = _DECL.match(" ".join(decl.split()))
+    assert m, f"cannot parse the declaration {decl!r}"
+    base, name = m.group("base"), m.group("name")
+    if name is None and " " in base and not m.group("stars"):
+        base, name = base.rsplit(" ", 1)
+    if base.split()[-1] == "const":  # "const char" parsed whole
+        base = base
+    return base, m.group("stars").count("*"), name, m.group("n")
+
+
+def _functions(text, enums):
+    """name -> (restype, [argtypes]) from the TK_API declarations."""
+    out = {}
+    for m in re.finditer(r"\bTK_API\s+([^;(]*?)\b(tk_\w+)\s*\(([^)]*)\)\s*;", text, re.S):
+        ret = m.group(1).strip()
+        rbase, rstars, _, _ = _split_decl(ret + " x")
+        args = [a.strip() for a in m.group(3).split(",")]
+        argtypes = []
+        if args != ["void"]:
+            for a in args:
+                base, stars, name, _ = _split_decl(a)
+                argtypes.append(_ctype(base, stars, enums))
+        out[m.group(2)] = (_ctype(rbase, rstars, enums), argtypes)
+    return out
+
+
+def _structs(text, enums):
+    """typedef name -> [(field, ctypes type)] in declaration order."""
+    out = {}
+    for m in re.finditer(r"typedef\s+struct\s+\w*\s*\{(.*?)\}\s*(\w+)\s*;", text, re.S):
+        fields = []
+        for decl in filter(None, (d.strip() for d in m.group(1).split(";"))):
+            first, *rest = [p.strip() for p in decl.split(",")]
+            base, stars, name, n = _split_decl(first)
+            declarators = [(stars, name, n)]
+            for r in rest:
+                rm = re.match(r"^((?:\*\s*)*)(\w+)\s*(?:\[(\d+)\])?$", r)
+                declarators.append((rm.group(1).count("*"), rm.group(2), rm.group(3)))
+            for stars, name, n in declarators:
+                t = _ctype(base, stars, enums)
+                fields.append((name, t * int(n) if n else t))
+        out[m.group(2)] = fields
+    return out
+
+
+TEXT = _header_text()
+ENUMS = _enums(TEXT)
+FUNCTIONS = _functions(TEXT, ENUMS)
+STRUCTS = _structs(TEXT, ENUMS)
+
+
+def _same_ctype(a, b):
+    if hasattr(a, "_length_") or hasattr(b, "_length_"):
+        return (getattr(a, "_length_", None) == getattr(b, "_length_", None)
+                and a._type_ == b._type_)
+    return a is b
+
+
+def _name(t):
+    return f"{t._type_.__name__}*{t._length_}" if hasattr(t, "_length_") else t.__name__
+
+
+# ------------------------------------------------------------------------ loading -------
+def _run_python(code, env_update, cwd=None, path=PYTHON_DIR):
+    env = {k: v for k, v in os.environ.items() if k != "TKERN_LIBRARY"}
+    env.update(env_update)
+    env["PYTHONPATH"] = path
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_library_loads_and_reports_version():
+    path = tkern.load_library()
+    assert os.path.exists(path) or path.startswith("libtkern.so.")
+    numbers = {k: int(re.search(rf"#define TK_VERSION_{k} (\d+)", open(HEADER).read()).group(1))
+               for k in ("MAJOR", "MINOR", "PATCH")}
+    assert tkern.version() == (numbers["MAJOR"], numbers["MINOR"], numbers["PATCH"])
+    assert tkern.EXPECTED_MAJOR == numbers["MAJOR"], (
+        "include/tkern.h changed TK_VERSION_MAJOR: update EXPECTED_MAJOR in tkern/_lib.py")
+    if os.environ.get("TKERN_LIBRARY"):
+        assert os.path.samefile(path, os.environ["TKERN_LIBRARY"])
+
+
+def test_library_loads_from_in_tree_build():
+    soname = os.path.join(REPO, "build", "lib", f"libtkern.so.{tkern.EXPECTED_MAJOR}")
+    if not os.path.exists(soname):
+        pytest.skip(f"no in-tree build at {soname} (built elsewhere with BUILD=...)")
+    r = _run_python("import tkern; print(tkern.load_library()); print(tkern.version())", {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == soname
+
+
+def test_load_failure_says_what_was_tried(tmp_path):
+    r = _run_python("import tkern; tkern.gelu", {"TKERN_LIBRARY": str(tmp_path / "nope.so")})
+    assert r.returncode == 0, "import tkern must work without the library: " + r.stderr
+    r = _run_python("import tkern; tkern.load_library()",
+                    {"TKERN_LIBRARY": str(tmp_path / "nope.so")})
+    assert r.returncode != 0
+    assert "LibraryNotFoundError" in r.stderr and "TKERN_LIBRARY" in r.stderr
+    assert str(tmp_path / "nope.so") in r.stderr
+    # A copy of the package away from the source tree, with nothing on the loader path: both
+    # the in-tree location and the loader name are reported.
+    shutil.copytree(os.path.join(PYTHON_DIR, "tkern"), tmp_path / "pkg" / "python" / "tkern")
+    r = _run_python("import tkern; tkern.load_library()", {"LD_LIBRARY_PATH": ""},
+                    path=str(tmp_path / "pkg" / "python"))
+    if r.returncode == 0:
+        pytest.skip("libtkern is installed on the loader path, so loading succeeded")
+    assert "in-tree build" in r.stderr and "loader path" in r.stderr
+    assert f"libtkern.so.{tkern.EXPECTED_MAJOR}" in r.stderr
+
+
+def test_major_version_mismatch_is_refused():
+    r = _run_python("import tkern._lib as l; l.EXPECTED_MAJOR = 99\n"
+                    "import tkern; tkern.load_library()",
+                    {"TKERN_LIBRARY": tkern.library_path()})
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr and "major version 99" in r.stderr
+
+
+# ----------------------------------------------------------------- ABI mirroring --------
+def test_header_parsed():
+    assert len(FUNCTIONS) >= 20 and "tk_glu_params" in STRUCTS and "tk_dtype" in ENUMS
+
+
+def test_every_header_function_is_declared_with_matching_types():
+    problems = []
+    for name, (restype, argtypes) in FUNCTIONS.items():
+        if name not in _lib.SIGNATURES:
+            problems.append(f"{name}: declared in include/tkern.h, missing from SIGNATURES")
+            continue
+        got_res, got_args = _lib.SIGNATURES[name]
+        if got_res is not restype:
+            problems.append(f"{name}: restype {_name(got_res)}, header says {_name(restype)}")
+        if len(got_args) != len(argtypes):
+            problems.append(f"{name}: {len(got_args)} argtypes, header has {len(argtypes)}")
+            continue
+        for i, (g, h) in enumerate(zip(got_args, argtypes)):
+            if g is not h:
+                problems.append(f"{name}: argument {i} is {_name(g)}, header says {_name(h)}")
+    for name in set(_lib.SIGNATURES) - set(FUNCTIONS):
+        problems.append(f"{name}: in SIGNATURES but not declared TK_API in include/tkern.h")
+    assert not problems, "\n".join(problems)
+
+
+def test_loaded_functions_carry_the_declarations():
+    lib = _lib.load()
+    for name, (restype, argtypes) in _lib.SIGNATURES.items():
+        if name in _lib._state["missing"]:
+            continue
+        fn = getattr(lib, name)
+        assert fn.restype is restype and list(fn.argtypes) == argtypes, name
+
+
+def test_every_entry_point_has_a_python_function():
+    sources = ""
+    for path in glob.glob(os.path.join(PYTHON_DIR, "tkern", "*.py")):
+        if not path.endswith("_lib.py"):
+            sources += open(path).read()
+    # _lib.py calls these three itself (version check, TkernError); every other entry point is
+    # named by a public function's module.
+    called = set(re.findall(r'"(tk_\w+)"', sources))
+    called |= {"tk_version", "tk_status_string", "tk_last_error"}
+    missing = [n for n in FUNCTIONS if n not in called]
+    assert not missing, f"entry points without a Python wrapper: {missing}"
+
+
+def test_enums_match_header():
+    problems = []
+    for enum, (table, names) in _lib.ENUM_MIRRORS.items():
+        assert enum in ENUMS, f"{enum} not found in the header"
+        if set(ENUMS[enum]) != set(names):
+            problems.append(f"{enum}: header constants {sorted(ENUMS[enum])}, binding maps "
+                            f"{sorted(names)}")
+            continue
+        for const, value in ENUMS[enum].items():
+            if table[names[const]] != value:
+                problems.append(f"{enum}.{const} = {value} in the header, "
+                                f"{table[names[const]]} in the binding")
+    enums_used = {e for e in ENUMS if e != "tk_status"}
+    assert enums_used <= set(_lib.ENUM_MIRRORS), (
+        f"enums without a mirror: {sorted(enums_used - set(_lib.ENUM_MIRRORS))}")
+    assert not problems, "\n".join(problems)
+
+
+def test_struct_mirrors_match_header_fields():
+    assert set(STRUCTS) == set(_lib.STRUCTS), (
+        f"header structs {sorted(STRUCTS)}, mirrored {sorted(_lib.STRUCTS)}")
+    problems = []
+    for name, fields in STRUCTS.items():
+        mirror = _lib.STRUCTS[name]._fields_
+        if [f for f, _ in mirror] != [f for f, _ in fields]:
+            problems.append(f"{name}: fields {[f for f, _ in mirror]}, header "
+                            f"{[f for f, _ in fields]}")
+            continue
+        for (f, t), (_, h) in zip(mirror, fields):
+            if not _same_ctype(t, h):
+                problems.append(f"{name}.{f}: {_name(t)}, header says {_name(h)}")
+    assert not problems, "\n".join(problems)
+
+
+def _compile_and_run(tmp_path, source):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc or not shutil.which(cc):
+        pytest.skip("no C compiler to measure the C layouts")
+    (tmp_path / "layout.c").write_text(source)
+    exe = tmp_path / "layout"
+    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(REPO, "include"),
+                        str(tmp_path / "layout.c"), "-o", str(exe)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+
+
+def test_struct_layouts_and_init_values_match_c(tmp_path):
+    lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <tkern.h>",
+             "int main(void) {"]
+    for name, cls in _lib.STRUCTS.items():
+        init = name.upper() + "_INIT"
+        lines.append(f"  {{ {name} v = {init}; (void)v;")
+        lines.append(f'  printf("{name} sizeof %zu\\n", sizeof({name}));')
+        for field, t in cls._fields_:
+            lines.append(f'  printf("{name}.{field} offset %zu\\n", offsetof({name}, {field}));')
+            if field == "size":
+                continue
+            if hasattr(t, "_length_"):
+                for i in range(t._length_):
+                    lines.append(f'  printf("{name}.{field}[{i}] init %.9g\\n", '
+                                 f"(double)v.{field}[{i}]);")
+            elif t is ctypes.c_void_p:
+                lines.append(f'  printf("{name}.{field} init %d\\n", v.{field} != NULL);')
+            else:
+                lines.append(f'  printf("{name}.{field} init %.9g\\n", (double)v.{field});')
+        lines.append("  }")
+    lines += ["  return 0;", "}"]
+    out = _compile_and_run(tmp_path, "\n".join(lines) + "\n")
+    c_values = dict(line.rsplit(" ", 1) for line in out.splitlines())
+    problems = []
+    for name, cls in _lib.STRUCTS.items():
+        py = {f"{name} sizeof": str(ctypes.sizeof(cls))}
+        inst = cls()
+        for field, t in cls._fields_:
+            py[f"{name}.{field} offset"] = str(getattr(cls, field).offset)
+            if field == "size":
+                continue
+            value = getattr(inst, field)
+            if hasattr(t, "_length_"):
+                for i in range(t._length_):
+                    py[f"{name}.{field}[{i}] init"] = "%.9g" % value[i]
+            elif t is ctypes.c_void_p:
+                py[f"{name}.{field} init"] = str(int(bool(value)))
+            else:
+                py[f"{name}.{field} init"] = "%.9g" % value
+        for key, v in py.items():
+            if c_values.get(key) != v:
+                problems.append(f"{key}: C {c_values.get(key)}, Python {v}")
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------- array handling --------
+def test_non_array_inputs_name_the_argument():
+    with pytest.raises(TypeError, match=r"argument 'x' \(builtins.list\) is not a CUDA array"):
+        tkern.gelu([1.0, 2.0])
+    x = FakeCudaArray((4, 64))
+    with pytest.raises(TypeError, match=r"argument 'weight'.*not a CUDA array"):
+        tkern.rms_norm(x, weight=3.0, out=FakeCudaArray((4, 64)))
+    with pytest.raises(TypeError, match="argument 'x' is None"):
+        tkern.gelu(None)
+
+
+def test_host_numpy_arrays_are_rejected_naming_the_argument():
+    np = pytest.importorskip("numpy")
+    host = np.zeros((4, 64), dtype=np.float16)
+    with pytest.raises(TypeError, match=r"argument 'x' \(numpy.ndarray\) is on DLPack device "
+                                        r"kDLCPU; libtkern needs CUDA"):
+        tkern.gelu(host)
+    fake = FakeCudaArray((4, 64))
+    with pytest.raises(TypeError, match="argument 'bias'.*kDLCPU"):
+        tkern.activation(fake, "silu", bias=np.zeros(64, np.float16), out=FakeCudaArray((4, 64)))
+    with pytest.raises(TypeError, match="argument 'b'.*kDLCPU"):
+        tkern.gemm(FakeCudaArray((8, 16)), np.zeros((16, 8), np.float16))
+    q = FakeCudaArray((1, 8, 2, 64))
+    with pytest.raises(TypeError, match="argument 'k'.*kDLCPU"):
+        tkern.attention(q, np.zeros((1, 8, 2, 64), np.float16), q)
+
+
+def test_dlpack_capsules_are_parsed_exactly():
+    np = pytest.importorskip("numpy")
+    base = np.arange(6 * 10, dtype=np.float32).reshape(6, 10)
+    cases = {
+        "dense f32": base,
+        "f16": base.astype(np.float16),
+        "int64": base.astype(np.int64),
+        "int32 column slice": base.astype(np.int32)[1:5, 2:9],
+        "transposed": base.T,
+        "step slice": base[::2, 1::3],
+        "0-d": np.array(3.0, dtype=np.float32),
+    }
+    for what, arr in cases.items():
+        a = _arrays._from_dlpack(arr, "x", None)
+        assert a.dtype == arr.dtype.name, what
+        assert a.shape == arr.shape, what
+        assert a.strides == tuple(s // arr.itemsize for s in arr.strides) or arr.size <= 1, what
+        assert a.ptr == arr.ctypes.data, what
+        assert a.is_contiguous() == arr.flags.c_contiguous, what
+        assert a.device_type == 1, what
+
+
+def test_rows_view_accepts_strided_rows_and_rejects_the_rest():
+    np = pytest.importorskip("numpy")
+    base = np.zeros((4, 6, 32), dtype=np.float16)
+    rows = lambda arr: _arrays._from_dlpack(arr, "x", None).rows()  # noqa: E731
+    assert rows(base) == (24, 32, 32)
+    assert rows(base[:, :, :16]) == (24, 16, 32)
+    assert rows(base[1:3]) == (12, 32, 32)
+    with pytest.raises(ValueError, match="argument 'x': the last dimension must be contiguous"):
+        rows(base.transpose(0, 2, 1))
+    assert rows(base[:, ::2, :]) == (12, 32, 64)  # every other row: still one row stride
+    with pytest.raises(ValueError, match="argument 'x': its leading dimensions cannot be"):
+        rows(base[:, :3, :])
+    # A broadcast row (stride 0) must not reach a library where a row stride of 0 means dense.
+    with pytest.raises(ValueError, match="argument 'x' has a zero or negative stride"):
+        rows(np.lib.stride_tricks.as_strided(base[0, 0], (5, 32), (0, 2)))
+    with pytest.raises(ValueError, match="argument 'x' has a zero or negative stride"):
+        rows(base[::-1])
+
+
+def test_cuda_array_interface_checks():
+    x = FakeCudaArray((8, 64), "<f2")
+    a = _arrays.as_array(x, "x")
+    assert (a.dtype, a.shape, a.strides, a.ptr) == ("float16", (8, 64), (64, 1),
+                                                     ctypes.addressof(x.buffer))
+    t = FakeCudaArray((64, 8), "<f4", strides=(4, 256))
+    assert _arrays.as_array(t, "x").strides == (1, 64)
+    with pytest.raises(TypeError, match=r"argument 'x'.*'<V2'.*bfloat16.*DLPack"):
+        tkern.gelu(FakeCudaArray((8, 64), "<V2"))
+    with pytest.raises(TypeError, match=r"argument 'x' has dtype int32; accepted: float32"):
+        tkern.gelu(FakeCudaArray((8, 64), "<i4"))
+    with pytest.raises(ValueError, match=r"argument 'x' must be contiguous"):
+        tkern.gelu(t, out=FakeCudaArray((64, 8), "<f4"))
+    with pytest.raises(ValueError, match=r"argument 'out' has shape \(8, 32\), expected"):
+        tkern.gelu(x, out=FakeCudaArray((8, 32)))
+    with pytest.raises(TypeError, match=r"argument 'out' has dtype float32; accepted: float16"):
+        tkern.gelu(x, out=FakeCudaArray((8, 64), "<f4"))
+    with pytest.raises(ValueError, match=r"argument 'approximate' = 'fast'; accepted"):
+        tkern.gelu(x, approximate="fast", out=x)
+    with pytest.raises(TypeError, match="cannot allocate 'out'.*pass 'out' explicitly"):
+        tkern.gelu(x)
+    with pytest.raises(ValueError, match="argument 'dim' = 0"):
+        tkern.softmax(x, dim=0, out=x)
+    with pytest.raises(ValueError, match="argument 'x' must have an even last dimension"):
+        tkern.swiglu(FakeCudaArray((8, 63)), out=FakeCudaArray((8, 31)))
+    with pytest.raises(ValueError, match=r"argument 'q' must be 4-D"):
+        tkern.attention(x, x, x)
+    with pytest.raises(ValueError, match=r"arguments 'a' \(8, 64\) and 'b' \(32, 8\) do not chain"):
+        tkern.gemm(x, FakeCudaArray((32, 8)))
+    with pytest.raises(TypeError, match="argument 'stream'"):
+        tkern.gelu(x, out=x, stream="default")
+
+
+def test_library_errors_raise_tkern_error_with_status_and_message():
+    x, y = FakeCudaArray((8, 64)), FakeCudaArray((8, 64))
+    with pytest.raises(tkern.TkernError) as e:
+        tkern.gelu(x, approximate=7, out=y)
+    err = e.value
+    assert err.status == 101 and err.status_name == "TK_ERROR_INVALID_VALUE"
+    assert err.function == "tk_gelu_fwd" and "tk_gelu_fwd" in err.message
+    assert "TK_ERROR_INVALID_VALUE" in str(err) and err.message in str(err)
+    assert y.untouched()
+    # Partial overlap of the output with the input is the library's to reject.
+    big = FakeCudaArray((9, 64))
+    shifted = FakeCudaArray((8, 64))
+    shifted.__cuda_array_interface__ = dict(big.__cuda_array_interface__, shape=(8, 64),
+                                            data=(ctypes.addressof(big.buffer) + 128, False))
+    ref = FakeCudaArray((8, 64))
+    ref.__cuda_array_interface__ = dict(big.__cuda_array_interface__, shape=(8, 64))
+    with pytest.raises(tkern.TkernError) as e:
+        tkern.activation(ref, "relu", out=shifted)
+    assert e.value.status_name == "TK_ERROR_OVERLAP" and "'y'" in e.value.message
+    assert big.untouched()
+    assert tkern.status_name(0) == "TK_SUCCESS"
+
+
+def _has_device():
+    try:
+        tkern.device_query()
+        return True
+    except tkern.TkernError:
+        return False
+
+
+def test_without_a_device_calls_fail_cleanly():
+    if _has_device():
+        pytest.skip("a CUDA device is present: the no-device behaviour cannot be observed")
+    with pytest.raises(tkern.TkernError) as e:
+        tkern.device_query()
+    assert e.value.status_name == "TK_ERROR_NO_DEVICE" and e.value.message
+    x, y = FakeCudaArray((8, 64)), FakeCudaArray((8, 64))
+    with pytest.raises(tkern.TkernError) as e:
+        tkern.gelu(x, out=y)
+    assert e.value.status_name == "TK_ERROR_NO_DEVICE" and "tk_gelu_fwd" in e.value.message
+    assert x.untouched() and y.untouched()
+    with pytest.raises(tkern.TkernError) as e:
+        tkern.swiglu(FakeCudaArray((4, 128)), out=FakeCudaArray((4, 64)))
+    assert e.value.status_name == "TK_ERROR_NO_DEVICE"
+
+
+def test_force_variant_and_last_variant():
+    tkern.force_variant("activation", None)
+    assert isinstance(tkern.last_variant(), str)
+    with pytest.raises(tkern.TkernError, match="TK_ERROR_INVALID_VALUE"):
+        tkern.force_variant("no_such_op", "x")
+
+
+def test_dlpack_bfloat16_and_views_from_torch():
+    torch = pytest.importorskip("torch")
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+    for t in (base.to(torch.bfloat16), base.to(torch.float16)[1:5, 2:9], base.t(),
+              base[::2, 1::3], base.to(torch.int64)):
+        a = _arrays._from_dlpack(t, "x", None)
+        assert a.dtype == str(t.dtype).replace("torch.", "")
+        assert (a.shape, a.strides, a.ptr) == (tuple(t.shape), t.stride(), t.data_ptr())
+    with pytest.raises(TypeError, match=r"argument 'x' \(torch.Tensor\) is on DLPack device"):
+        tkern.gelu(base.requires_grad_(True))
+
+
+def test_every_family_builds_parameters_the_library_accepts():
+    """Each function's ctypes parameters pass the C library's full argument validation, which
+    then stops at the missing device (fake host buffers must never reach a real GPU)."""
+    if _has_device():
+        pytest.skip("a CUDA device is present: the GPU tests cover these calls")
+    F2, F4 = "<f2", "<f4"
+
+    def f(*shape, t=F2, strides=None):
+        return FakeCudaArray(shape, t, strides)
+
+    x, y = f(8, 256), f(8, 256)
+    calls = {
+        "gelu": lambda: tkern.gelu(x, out=y),
+        "gelu_backward": lambda: tkern.gelu_backward(x, x, "tanh", out=y),
+        "activation": lambda: tkern.activation(x, "silu", bias=f(256), out=y),
+        "activation_backward": lambda: tkern.activation_backward(x, x, "relu", out=y),
+        "glu": lambda: tkern.glu(x, "swiglu_clamped", "interleaved", out=f(8, 128)),
+        "glu_backward": lambda: tkern.glu_backward(f(8, 128), x, out=y),
+        "rms_norm": lambda: tkern.rms_norm(x, f(256, t=F4), 1e-6, residual=f(8, 256), out=y),
+        "layer_norm": lambda: tkern.layer_norm(x, f(256), f(256), out=y),
+        "softmax": lambda: tkern.softmax(x, causal=True, causal_period=4, out=y),
+        "log_softmax": lambda: tkern.log_softmax(x, out=y),
+        "softmax_backward": lambda: tkern.softmax_backward(x, x, out=y),
+        "rope_": lambda: tkern.rope_(f(4, 6, 8, 64), f(4, 6, 2, 64), f(4, 6, t="<i8")),
+        "rope": lambda: tkern.rope(f(24, 8, 64), None, cos_sin_cache=f(100, 64, t=F4),
+                                   q_out=f(24, 8, 64)),
+        "rope_backward": lambda: tkern.rope_backward(f(24, 8, 64), f(24, 2, 64), inplace=True),
+        "attention": lambda: tkern.attention(f(2, 64, 8, 128), f(2, 96, 2, 128),
+                                             f(2, 96, 2, 128), causal=True, window=(31, 0),
+                                             out=f(2, 64, 8, 128)),
+        "attention bhsd": lambda: tkern.attention(f(2, 8, 64, 64), f(2, 8, 64, 64),
+                                                  f(2, 8, 64, 64), layout="bhsd", softcap=30.0,
+                                                  out=f(2, 8, 64, 64)),
+        "sliding_window_attention": lambda: tkern.sliding_window_attention(
+            f(1, 64, 4, 64), f(1, 64, 4, 64), f(1, 64, 4, 64), 15, out=f(1, 64, 4, 64)),
+        "gemm": lambda: tkern.gemm(f(64, 128), f(128, 32), f(32), "gelu", out=f(64, 32)),
+        "gemm W^T": lambda: tkern.gemm(f(64, 128), f(128, 32, strides=(2, 256)), c=f(64, 32, t=F4),
+                                       out_dtype="float32", out=f(64, 32, t=F4)),
+    }
+    for what, fn in calls.items():
+        with pytest.raises(tkern.TkernError) as e:
+            fn()
+        assert e.value.status_name == "TK_ERROR_NO_DEVICE", f"{what}: {e.value}"
+    ok, reason = tkern.gemm_supported(f(64, 128), f(128, 32), out=f(64, 32))
+    assert not ok and reason.startswith("TK_ERROR_NO_DEVICE"), reason
+
+
+def test_every_public_function_is_documented():
+    undocumented = [n for n in tkern.__all__ if not (getattr(tkern, n).__doc__ or "").strip()]
+    assert not undocumented, f"public names without a docstring: {undocumented}"

@@ -1,0 +1,412 @@
+"""CUDA arrays from any library, without importing one: DLPack first, then
+__cuda_array_interface__; output allocation and streams through the input's own library.
+
+An Array is a checked description of one argument (pointer, shape, element strides, dtype,
+device) that keeps its producer's memory alive while a call uses it. Call gathers the arguments
+of one libtkern call, the stream and the device, and runs the C function.
+"""
+
+import contextlib
+import ctypes
+import importlib
+import sys
+
+from . import _lib
+
+FLOATS = ("float32", "float16", "bfloat16")
+HALVES = ("float16", "bfloat16")
+
+# DLPack (dlpack.h): device types and the (type code, bits) of the dtypes we name.
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
+_DEVICE_NAMES = {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL", 7: "kDLVulkan",
+                 8: "kDLMetal", 10: "kDLROCM", 13: "kDLCUDAManaged", 14: "kDLOneAPI"}
+_DL_DTYPES = {(2, 32): "float32", (2, 16): "float16", (4, 16): "bfloat16", (2, 64): "float64",
+              (0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
+              (1, 8): "uint8", (6, 8): "bool"}
+# __cuda_array_interface__ typestr (without byte order) -> dtype.
+_CAI_DTYPES = {"f4": "float32", "f2": "float16", "f8": "float64", "i1": "int8", "i2": "int16",
+               "i4": "int32", "i8": "int64", "u1": "uint8", "b1": "bool"}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int16": 2,
+            "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = ctypes.c_void_p
+_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def producer(obj):
+    """The top-level module of obj's type: "torch", "cupy", "numpy", ..."""
+    return type(obj).__module__.partition(".")[0]
+
+
+class Array:
+    """One checked array argument: ptr (data + byte offset), shape, strides in elements, dtype
+    name, device, and the objects that keep its memory alive."""
+
+    __slots__ = ("obj", "name", "ptr", "shape", "strides", "dtype", "device_type", "device_id",
+                 "producer", "_keep")
+
+    @property
+    def itemsize(self):
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def numel(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def is_contiguous(self):
+        """Row-major dense (strides of size-1 dimensions do not matter)."""
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def describe(self):
+        return f"shape {self.shape}, strides {self.strides} (elements), dtype {self.dtype}"
+
+    # ---- checks, each raising with the argument's name ----
+    def check_dtype(self, accepted):
+        if self.dtype not in accepted:
+            raise TypeError(f"argument '{self.name}' has dtype {self.dtype}; accepted: "
+                            f"{', '.join(accepted)}")
+        return self
+
+    def check_contiguous(self):
+        if not self.is_contiguous():
+            raise ValueError(f"argument '{self.name}' must be contiguous (row-major dense), but "
+                             f"has {self.describe()}; pass a contiguous copy")
+        return self
+
+    def check_shape(self, shape):
+        if tuple(self.shape) != tuple(shape):
+            raise ValueError(f"argument '{self.name}' has shape {self.shape}, expected "
+                             f"{tuple(shape)}")
+        return self
+
+    def check_ndim(self, ndims, meaning):
+        if self.ndim not in ndims:
+            raise ValueError(f"argument '{self.name}' must be {meaning}, but has shape "
+                             f"{self.shape}")
+        return self
+
+    def rows(self):
+        """(rows, cols, row_stride) of this array seen as a matrix of its last dimension, the
+        leading dimensions collapsed; raises when they cannot be (or the last dimension is not
+        contiguous)."""
+        if self.ndim == 0:
+            return 1, 1, 1
+        cols = self.shape[-1]
+        if cols != 1 and self.strides[-1] != 1:
+            raise ValueError(f"argument '{self.name}': the last dimension must be contiguous "
+                             f"(stride 1), but it has {self.describe()}")
+        return self.collapse(self.ndim - 1, cols)
+
+    def collapse(self, end, inner_extent):
+        """(count, inner, stride) for dimensions [0, end) collapsed into one whose stride is
+        `stride`; inner is inner_extent (what one step of the collapsed dimension spans)."""
+        count, stride, expected = 1, None, None
+        for i in reversed(range(end)):
+            size, st = self.shape[i], self.strides[i]
+            count *= size
+            if size == 1:
+                continue
+            if st <= 0:
+                raise ValueError(f"argument '{self.name}' has a zero or negative stride (a "
+                                 f"broadcast or reversed view): {self.describe()}; pass a "
+                                 "contiguous copy")
+            if stride is None:
+                stride = st
+            elif st != expected:
+                raise ValueError(f"argument '{self.name}': its leading dimensions cannot be "
+                                 f"collapsed into one (a layout libtkern cannot address): "
+                                 f"{self.describe()}; pass a contiguous copy")
+            expected = st * size
+        return count, inner_extent, inner_extent if stride is None else stride
+
+
+def _dlpack_capsule(obj, name, stream_arg):
+    try:
+        return obj.__dlpack__() if stream_arg is None else obj.__dlpack__(stream=stream_arg)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        raise TypeError(f"argument '{name}': its __dlpack__() failed: {e}") from e
+
+
+def _from_dlpack(obj, name, stream_arg):
+    capsule = _dlpack_capsule(obj, name, stream_arg)
+    if not _capsule_is_valid(capsule, b"dltensor"):
+        raise TypeError(f"argument '{name}': __dlpack__() did not return an unused 'dltensor' "
+                        "capsule")
+    managed = _DLManagedTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
+    t = managed.dl_tensor
+    a = Array()
+    a.obj, a.name = obj, name
+    a.device_type, a.device_id = t.device.device_type, t.device.device_id
+    key = (t.dtype.code, t.dtype.bits)
+    if t.dtype.lanes != 1 or key not in _DL_DTYPES:
+        raise TypeError(f"argument '{name}' has a DLPack dtype (code {t.dtype.code}, "
+                        f"{t.dtype.bits} bits, {t.dtype.lanes} lanes) that libtkern has no use for")
+    a.dtype = _DL_DTYPES[key]
+    a.shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides:
+        a.strides = tuple(t.strides[i] for i in range(t.ndim))
+    else:
+        a.strides = _dense_strides(a.shape)
+    a.ptr = (t.data or 0) + t.byte_offset
+    # The capsule's destructor (the producer's) frees the DLManagedTensor, and with it the
+    # reference to the producer's memory, when this Array is dropped.
+    a._keep = (capsule, obj)
+    return a
+
+
+def _from_cai(obj, name, cai):
+    a = Array()
+    a.obj, a.name = obj, name
+    a.device_type, a.device_id = _KDL_CUDA, None
+    typestr = cai.get("typestr", "")
+    kind = typestr[1:]
+    if typestr[:1] == ">" or kind not in _CAI_DTYPES:
+        extra = (" (bfloat16 has no standard __cuda_array_interface__ typestr: pass an array "
+                 "that supports DLPack, __dlpack__)") if kind.startswith("V") else ""
+        raise TypeError(f"argument '{name}' has __cuda_array_interface__ typestr "
+                        f"{typestr!r}, which libtkern does not accept{extra}")
+    a.dtype = _CAI_DTYPES[kind]
+    a.shape = tuple(int(s) for s in cai["shape"])
+    strides = cai.get("strides")
+    if strides is None:
+        a.strides = _dense_strides(a.shape)
+    else:
+        if any(s % a.itemsize for s in strides):
+            raise ValueError(f"argument '{name}' has byte strides {tuple(strides)} that are not "
+                             f"multiples of its element size {a.itemsize}")
+        a.strides = tuple(int(s) // a.itemsize for s in strides)
+    a.ptr = int(cai["data"][0] or 0)
+    a._keep = (obj,)
+    return a
+
+
+def _dense_strides(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+def as_array(obj, name, stream_arg=None):
+    """Describes obj (a CUDA array from any library) as an Array named `name`.
+
+    DLPack (__dlpack_device__ / __dlpack__) is used when obj has it, else
+    __cuda_array_interface__. stream_arg is what __dlpack__ receives as `stream` (None: the
+    producer's own default; -1, no synchronisation, for torch and CuPy, whose current stream is
+    then the one we run on). Raises TypeError naming the argument for anything that is not CUDA
+    device memory.
+    """
+    if obj is None:
+        raise TypeError(f"argument '{name}' is None; a CUDA array is needed")
+    if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
+        obj = obj.detach()  # neither DLPack nor the CUDA array interface export autograd leaves
+    if hasattr(obj, "__dlpack_device__") and hasattr(obj, "__dlpack__"):
+        device_type, _ = obj.__dlpack_device__()
+        if int(device_type) not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+            raise TypeError(
+                f"argument '{name}' ({type(obj).__module__}.{type(obj).__qualname__}) is on "
+                f"DLPack device {_DEVICE_NAMES.get(int(device_type), int(device_type))}; "
+                "libtkern needs CUDA device memory (kDLCUDA)")
+        if stream_arg is None and producer(obj) in ("torch", "cupy"):
+            stream_arg = -1  # we run on this library's current stream: nothing to order
+        a = _from_dlpack(obj, name, stream_arg)
+    elif hasattr(obj, "__cuda_array_interface__"):
+        a = _from_cai(obj, name, obj.__cuda_array_interface__)
+    else:
+        raise TypeError(
+            f"argument '{name}' ({type(obj).__module__}.{type(obj).__qualname__}) is not a CUDA "
+            "array: it has neither __dlpack__ nor __cuda_array_interface__")
+    for size, stride in zip(a.shape, a.strides):
+        # Seen with CuPy 14: a reversed view's DLPack strides arrive as an unsigned byte stride
+        # divided by the item size (2**62 - 4096 for -4096 float32 elements). No allocation
+        # spans that; refuse rather than hand the kernel a garbage layout.
+        if size > 1 and abs(stride) * (size - 1) >= 1 << 62:
+            raise ValueError(f"argument '{name}' has stride {stride} in a dimension of size "
+                             f"{size}, which no CUDA allocation can span (a reversed view whose "
+                             "producer exported its strides wrongly?); pass a contiguous copy")
+    a.producer = producer(obj)
+    return a
+
+
+def stream_handle(stream, ref):
+    """The cudaStream_t (as int) to run on: `stream` when given (an int handle, or an object
+    with .cuda_stream (torch) or .ptr (CuPy)), else the current stream of ref's library, else
+    the stream named by ref's __cuda_array_interface__, else 0 (the legacy default stream)."""
+    if stream is not None:
+        if isinstance(stream, bool):
+            raise TypeError("argument 'stream' must be a stream handle (int) or a stream object")
+        if isinstance(stream, int):
+            return stream
+        if isinstance(stream, ctypes.c_void_p):
+            return stream.value or 0
+        for attr in ("cuda_stream", "ptr", "handle"):
+            value = getattr(stream, attr, None)
+            if isinstance(value, int):
+                return value
+        raise TypeError(f"argument 'stream' ({type(stream).__qualname__}) is neither an int "
+                        "handle nor an object with .cuda_stream or .ptr")
+    lib = producer(ref)
+    if lib == "torch" and getattr(getattr(ref, "device", None), "type", None) == "cuda":
+        torch = importlib.import_module("torch")
+        return torch.cuda.current_stream(ref.device).cuda_stream
+    if lib == "cupy":
+        cupy = importlib.import_module("cupy")
+        return cupy.cuda.get_current_stream().ptr
+    if not hasattr(ref, "__dlpack__"):
+        cai = getattr(ref, "__cuda_array_interface__", None)
+        if isinstance(cai, dict) and cai.get("stream"):
+            return int(cai["stream"])
+    return 0
+
+
+def _object_device_context(obj):
+    """device_context for an object not yet described (torch tensors only)."""
+    device = getattr(obj, "device", None)
+    if producer(obj) == "torch" and getattr(device, "type", None) == "cuda":
+        return sys.modules["torch"].cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def device_context(a):
+    """A context that makes a's device the current one through a's own library (the library
+    runs on the calling thread's current device)."""
+    if a.device_id is None:
+        return contextlib.nullcontext()
+    if a.producer == "torch":
+        return sys.modules["torch"].cuda.device(a.device_id)
+    if a.producer == "cupy":
+        return sys.modules["cupy"].cuda.Device(a.device_id)
+    return contextlib.nullcontext()
+
+
+def empty(like, shape, dtype, name):
+    """A new dense array of `shape` and `dtype` from the library of Array `like`, on its device.
+    The output argument's name is used in errors."""
+    shape = tuple(int(s) for s in shape)
+    if like.producer == "torch":
+        torch = importlib.import_module("torch")
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.obj.device)
+    if like.producer == "cupy":
+        cupy = importlib.import_module("cupy")
+        if dtype == "bfloat16":
+            raise TypeError(f"cannot allocate '{name}': CuPy has no bfloat16 dtype; pass "
+                            f"'{name}' explicitly")
+        with cupy.cuda.Device(like.device_id):
+            return cupy.empty(shape, dtype=dtype)
+    raise TypeError(
+        f"cannot allocate '{name}': argument '{like.name}' is a {type(like.obj).__module__}."
+        f"{type(like.obj).__qualname__}, and tkern allocates only torch tensors and CuPy arrays; "
+        f"pass '{name}' explicitly")
+
+
+def enum(table, value, name):
+    """An enum argument: a name from `table` (case-insensitive) or a raw int, which libtkern
+    itself validates."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in table:
+        return table[value.lower()]
+    raise ValueError(f"argument '{name}' = {value!r}; accepted: {', '.join(map(repr, table))}")
+
+
+class Call:
+    """The arguments of one libtkern call.
+
+    Call(stream, x=x, out=out, ...) resolves the stream from the first array given (or
+    `stream`), describes every array that is not None (DLPack with that stream, so the
+    producer orders its pending work before ours), and checks they share a device.
+    """
+
+    def __init__(self, stream, **objs):
+        present = [(k, v) for k, v in objs.items() if v is not None]
+        if not present:
+            raise TypeError(f"argument '{next(iter(objs))}' is None; a CUDA array is needed")
+        ref_name, ref = present[0]
+        self.explicit_stream = stream is not None
+        self.stream = stream_handle(stream, ref)
+        # Implicit stream = the producer's current one: nothing to order (see as_array).
+        # Explicit: DLPack's stream convention (1 is the legacy default stream, 0 is not valid).
+        stream_arg = (self.stream or 1) if self.explicit_stream else None
+        self._stream_arg = stream_arg
+        self.arrays = {}
+        # torch exports a tensor through DLPack only while its device is the current one.
+        with _object_device_context(ref):
+            for k, v in present:
+                self.arrays[k] = as_array(v, k, stream_arg)
+        self.ref = self.arrays[ref_name]
+        for a in self.arrays.values():
+            self._check_device(a)
+
+    def _check_device(self, a):
+        if (a.device_id is not None and self.ref.device_id is not None
+                and a.device_id != self.ref.device_id):
+            raise ValueError(f"argument '{a.name}' is on CUDA device {a.device_id} but "
+                             f"'{self.ref.name}' is on device {self.ref.device_id}")
+
+    def __getitem__(self, name):
+        return self.arrays[name]
+
+    def get(self, name):
+        return self.arrays.get(name)
+
+    def output(self, name, obj, shape, dtype):
+        """The output `name`: obj checked for shape, dtype, device and density, or (obj None)
+        a new array from the reference input's library. Returns (object, Array)."""
+        with device_context(self.ref):
+            if obj is None:
+                obj = empty(self.ref, shape, dtype, name)
+                a = as_array(obj, name, self._stream_arg)
+            else:
+                a = self.arrays.get(name) or as_array(obj, name, self._stream_arg)
+                a.check_shape(shape).check_dtype((dtype,)).check_contiguous()
+        self._check_device(a)
+        self.arrays[name] = a
+        return obj, a
+
+    def run(self, fn, *args):
+        """Calls the C entry point `fn` on the reference input's device; args are passed as
+        they are (the stream must be among them). Raises TkernError on failure."""
+        with device_context(self.ref):
+            _lib.call(fn, *args)
+
+
+def ptr(a):
+    """The device pointer of an optional Array (0 for None)."""
+    return 0 if a is None else a.ptr

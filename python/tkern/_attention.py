@@ -1,0 +1,126 @@
+"""Attention forward: tk_attention_fwd, tk_attention_sliding_fwd, tk_attention_supported."""
+
+import ctypes
+
+from . import _lib
+from ._arrays import FLOATS, Call, ptr
+
+# Where batch, sequence, head and head_dim sit in the array's dimensions, per layout.
+_LAYOUTS = {"bshd": ((0, 1, 2, 3), "[batch, seq, heads, head_dim]"),
+            "bhsd": ((0, 2, 1, 3), "[batch, heads, seq, head_dim]")}
+
+
+def _dims(a, layout):
+    order, meaning = _LAYOUTS[layout]
+    a.check_ndim((4,), f"4-D {meaning} (layout={layout!r})")
+    return tuple(a.shape[i] for i in order), [a.strides[i] for i in order]
+
+
+def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse, layout, out,
+           lse, stream):
+    if layout not in _LAYOUTS:
+        raise ValueError(f"argument 'layout' = {layout!r}; accepted: 'bshd', 'bhsd'")
+    c = Call(stream, q=q, k=k, v=v, alibi_slopes=alibi_slopes, out=out, lse=lse)
+    qa = c["q"].check_dtype(FLOATS)
+    (batch, sq, hq, dim), q_strides = _dims(qa, layout)
+    kv = {}
+    for name in ("k", "v"):
+        a = c[name].check_dtype((qa.dtype,))
+        kv[name] = _dims(a, layout)
+        (b, _, _, d), _ = kv[name]
+        if b != batch or d != dim:
+            raise ValueError(f"argument '{name}' has shape {a.shape}: its batch and head_dim "
+                             f"must match q's {qa.shape} (layout={layout!r})")
+    if kv["k"][0] != kv["v"][0]:
+        raise ValueError(f"arguments 'k' and 'v' must have the same shape, got {c['k'].shape} "
+                         f"and {c['v'].shape}")
+    (_, sk, hkv, _), k_strides = kv["k"]
+    v_strides = kv["v"][1]
+    aa = c.get("alibi_slopes")
+    if aa is not None:
+        aa.check_dtype(("float32",)).check_shape((hq,)).check_contiguous()
+    if window is None:
+        window = (-1, -1)
+    if len(window) != 2:
+        raise ValueError(f"argument 'window' = {window!r}; expected (left, right), -1 or None "
+                         "for unbounded")
+    left, right = (-1 if w is None else int(w) for w in window)
+    if out is None:
+        out, oa = c.output("out", None, qa.shape, qa.dtype)
+    else:
+        oa = c["out"].check_shape(qa.shape).check_dtype((qa.dtype,))
+    lse_obj, la = None, None
+    if return_lse:
+        lse_obj, la = c.output("lse", lse, (batch, hq, sq), "float32")
+    p = _lib.AttentionParams(
+        dtype=_lib.DTYPES[qa.dtype], q=qa.ptr, k=c["k"].ptr, v=c["v"].ptr, o=oa.ptr,
+        batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=dim,
+        softmax_scale=0.0 if scale is None else scale, causal=int(bool(causal)),
+        window_left=left, window_right=right, softcap=softcap or 0.0, alibi_slopes=ptr(aa),
+        return_lse=int(bool(return_lse)), lse=ptr(la))
+    p.q_strides[:] = q_strides
+    p.k_strides[:] = k_strides
+    p.v_strides[:] = v_strides
+    p.o_strides[:] = _dims(oa, layout)[1]
+    return c, p, out, lse_obj
+
+
+def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
+              alibi_slopes=None, return_lse=False, layout="bshd", out=None, lse=None,
+              stream=None):
+    """Attention forward (FlashAttention-style), softmax(scale * q k^T + mask) v.
+
+    q: [batch, seq_q, heads_q, head_dim], k and v: [batch, seq_k, heads_kv, head_dim] with
+    layout="bshd" (FlashAttention's), or [batch, heads, seq, head_dim] with layout="bhsd"
+    (PyTorch SDPA's); any strides with head_dim contiguous (16-byte aligned). float16 or
+    bfloat16; head_dim 64, 128 or 256; heads_q a multiple of heads_kv (GQA / MQA).
+    causal: masks aligned bottom-right (the last query sees the last key), as FlashAttention.
+    window=(left, right): query i sees keys i + shift - left .. i + shift + right (shift =
+    seq_k - seq_q; -1 or None = unbounded); Hugging Face sliding_window=N is causal=True,
+    window=(N - 1, 0). softcap > 0: Gemma 2's tanh capping. scale: default 1/sqrt(head_dim).
+    alibi_slopes: float32 [heads_q]. Returns out (q's shape), or (out, lse) with return_lse
+    (lse: float32 [batch, heads_q, seq_q], natural log). A query that sees no key gets 0.
+    """
+    c, p, out, lse = _setup(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale,
+                            alibi_slopes=alibi_slopes, return_lse=return_lse, layout=layout,
+                            out=out, lse=lse, stream=stream)
+    c.run("tk_attention_fwd", _lib.byref(p), c.stream)
+    return (out, lse) if return_lse else out
+
+
+def sliding_window_attention(q, k, v, window_left, *, softcap=0.0, scale=None,
+                             alibi_slopes=None, return_lse=False, layout="bshd", out=None,
+                             lse=None, stream=None):
+    """Causal local attention (tk_attention_sliding_fwd): query i sees keys
+    i + shift - window_left .. i + shift. Same as attention(..., causal=True,
+    window=(window_left, 0)); Mistral / Hugging Face sliding_window = N is window_left = N - 1.
+    """
+    c, p, out, lse = _setup(q, k, v, causal=True, window=(window_left, 0), softcap=softcap,
+                            scale=scale, alibi_slopes=alibi_slopes, return_lse=return_lse,
+                            layout=layout, out=out, lse=lse, stream=stream)
+    c.run("tk_attention_sliding_fwd", _lib.byref(p), int(window_left), c.stream)
+    return (out, lse) if return_lse else out
+
+
+def attention_supported(q, k, v, **kwargs):
+    """Whether attention(q, k, v, **kwargs) would run on the current device, launching nothing:
+    (True, variant_name) or (False, "<status name>: <reason>"). Output arrays are allocated
+    (and dropped) as attention would."""
+    kwargs.pop("stream", None)
+    kw = dict(causal=False, window=None, softcap=0.0, scale=None, alibi_slopes=None,
+              return_lse=False, layout="bshd", out=None, lse=None)
+    unknown = set(kwargs) - set(kw)
+    if unknown:
+        raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")
+    kw.update(kwargs)
+    c, p, _, _ = _setup(q, k, v, stream=None, **kw)
+    return _supported("tk_attention_supported", c, p)
+
+
+def _supported(fn, c, p):
+    name = ctypes.c_char_p()
+    try:
+        c.run(fn, _lib.byref(p), _lib.byref(name))
+    except _lib.TkernError as e:
+        return False, f"{e.status_name}: {e.message}"
+    return True, (name.value or b"").decode()

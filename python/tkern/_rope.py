@@ -1,0 +1,144 @@
+"""Rotary position embedding: tk_rope_fwd, tk_rope_bwd."""
+
+from . import _lib
+from ._arrays import FLOATS, Call, enum, ptr
+
+
+def _heads(a):
+    """(tokens, heads, head_dim, [token_stride, head_stride]) of an array [..., heads, dim]."""
+    if a.ndim < 3:
+        raise ValueError(f"argument '{a.name}' must be [..., heads, head_dim] with at least one "
+                         f"token dimension (e.g. [tokens, heads, head_dim] or [batch, seq, "
+                         f"heads, head_dim]), but has shape {a.shape}")
+    heads, dim = a.shape[-2], a.shape[-1]
+    if dim != 1 and a.strides[-1] != 1:
+        raise ValueError(f"argument '{a.name}': head_dim (the last dimension) must be "
+                         f"contiguous, but it has {a.describe()}")
+    head_stride = a.strides[-2] if heads != 1 else dim
+    if head_stride <= 0:
+        raise ValueError(f"argument '{a.name}' has a zero or negative head stride (a broadcast "
+                         f"or reversed view): {a.describe()}")
+    tokens, _, token_stride = a.collapse(a.ndim - 2, heads * head_stride)
+    return tokens, heads, dim, [token_stride, head_stride]
+
+
+def _cache(c, p):
+    rd = p.rotary_dim or p.head_dim
+    cache, cos, sin = c.get("cos_sin_cache"), c.get("cos"), c.get("sin")
+    if cache is not None:
+        if cos is not None or sin is not None:
+            raise ValueError("pass either 'cos_sin_cache' or 'cos' and 'sin', not both")
+        cache.check_dtype(("float32",)).check_ndim((2,), "[max_position, rotary_dim]")
+        if cache.shape[1] != rd or cache.strides[1] != 1:
+            raise ValueError(f"argument 'cos_sin_cache' must be [max_position, {rd}] with "
+                             f"contiguous rows, but has {cache.describe()}")
+        p.cos_cache, p.sin_cache = cache.ptr, cache.ptr + (rd // 2) * 4
+        p.cache_row_stride, p.max_position = cache.strides[0], cache.shape[0]
+    elif cos is not None or sin is not None:
+        if cos is None or sin is None:
+            raise ValueError("pass both 'cos' and 'sin' (float32 [max_position, rotary_dim/2])")
+        for a in (cos, sin):
+            a.check_dtype(("float32",)).check_ndim((2,), "[max_position, rotary_dim / 2]")
+            if a.shape[1] != rd // 2 or a.strides[1] != 1:
+                raise ValueError(f"argument '{a.name}' must be [max_position, {rd // 2}] with "
+                                 f"contiguous rows, but has {a.describe()}")
+        if cos.shape != sin.shape or cos.strides != sin.strides:
+            raise ValueError(f"arguments 'cos' and 'sin' must have one shape and row stride: "
+                             f"{cos.describe()} vs {sin.describe()}")
+        p.cos_cache, p.sin_cache = cos.ptr, sin.ptr
+        p.cache_row_stride, p.max_position = cos.strides[0], cos.shape[0]
+
+
+def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim,
+          position_start, cos, sin, cos_sin_cache, stream):
+    qn, kn = names
+    if q is None and k is None:
+        raise TypeError(f"at least one of '{qn}' and '{kn}' must be given")
+    c = Call(stream, **{qn: q, kn: k}, positions=positions, cos=cos, sin=sin,
+             cos_sin_cache=cos_sin_cache,
+             **({} if inplace else {qn + "_out": outs[0], kn + "_out": outs[1]}))
+    p = _lib.RopeParams(style=enum(_lib.ROPE_STYLES, style, "style"),
+                        theta=theta, position_start=position_start, rotary_dim=rotary_dim or 0)
+    shapes, dtype = {}, None
+    for name, field in ((qn, "q"), (kn, "k")):
+        a = c.get(name)
+        if a is None:
+            continue
+        a.check_dtype((dtype,) if dtype else FLOATS)
+        dtype = a.dtype
+        tokens, heads, dim, strides = _heads(a)
+        shapes[name] = (tokens, dim)
+        setattr(p, "heads_" + field, heads)
+        getattr(p, field + "_strides")[:] = strides
+        p.tokens, p.head_dim = tokens, dim
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"arguments '{qn}' and '{kn}' must have the same tokens and head_dim, "
+                         f"got {c[qn].shape} and {c[kn].shape}")
+    p.dtype = _lib.DTYPES[dtype]
+    pa = c.get("positions")
+    if pa is not None:
+        pa.check_dtype(("int32", "int64")).check_contiguous()
+        if pa.numel != p.tokens:
+            raise ValueError(f"argument 'positions' has {pa.numel} elements for {p.tokens} "
+                             f"tokens (shape {pa.shape})")
+        if pa.dtype == "int32":
+            p.positions32 = pa.ptr
+        else:
+            p.positions64 = pa.ptr
+    _cache(c, p)
+    results, ptrs = [], []
+    for name, field, obj in ((qn, "q", outs[0]), (kn, "k", outs[1])):
+        a = c.get(name)
+        if a is None:
+            results.append(None)
+            ptrs.append(0)
+        elif inplace:
+            results.append(a.obj if obj is None else obj)
+            ptrs.append(a.ptr)
+        else:
+            o, oa = (c.output(name + "_out", None, a.shape, a.dtype) if obj is None else
+                     (obj, c[name + "_out"].check_shape(a.shape).check_dtype((a.dtype,))))
+            getattr(p, field + "_out_strides")[:] = _heads(oa)[3]
+            results.append(o)
+            ptrs.append(oa.ptr)
+    c.run(fn, _lib.byref(p), ptr(c.get(qn)), ptr(c.get(kn)), ptrs[0], ptrs[1], c.stream)
+    return tuple(results)
+
+
+def rope_(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
+          position_start=0, cos=None, sin=None, cos_sin_cache=None, stream=None):
+    """Rotary position embedding applied in place to q and k (either may be None).
+
+    q: [..., heads_q, head_dim], k: [..., heads_k, head_dim] (GQA allowed), float dtype, one
+    dtype; the leading dimensions ([tokens] or [batch, seq]) are the tokens and may be strided
+    (e.g. views of a packed QKV buffer); head_dim contiguous. positions: CUDA int32/int64 with
+    one entry per token; None: position_start + token index. style: "neox" (rotate halves,
+    Hugging Face Llama) or "gptj" (interleaved pairs). rotary_dim: the rotated prefix of each
+    head (default head_dim). Angles from theta, or from a float32 cache: cos_sin_cache
+    [max_position, rotary_dim] (vLLM's layout, cos then sin) or cos and sin [max_position,
+    rotary_dim / 2]. Returns (q, k).
+    """
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q, k), inplace=True, theta=theta,
+                 style=style, rotary_dim=rotary_dim, position_start=position_start, cos=cos,
+                 sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
+
+
+def rope(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
+         position_start=0, cos=None, sin=None, cos_sin_cache=None, q_out=None, k_out=None,
+         stream=None):
+    """Out-of-place rope_: returns (q_rotated, k_rotated), new arrays (or q_out / k_out) of the
+    inputs' shapes; elements past rotary_dim are copied. Arguments as rope_."""
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q_out, k_out), inplace=False,
+                 theta=theta, style=style, rotary_dim=rotary_dim, position_start=position_start,
+                 cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
+
+
+def rope_backward(grad_q, grad_k, positions=None, *, theta=10000.0, style="neox",
+                  rotary_dim=None, position_start=0, cos=None, sin=None, cos_sin_cache=None,
+                  inplace=False, stream=None):
+    """Gradient of rope: rotates grad_q and grad_k by the opposite angles (the exact gradient).
+    Same arguments as rope; inplace=True overwrites grad_q / grad_k. Returns (dq, dk)."""
+    return _rope("tk_rope_bwd", ("grad_q", "grad_k"), grad_q, grad_k, positions, (None, None),
+                 inplace=inplace, theta=theta, style=style, rotary_dim=rotary_dim,
+                 position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
+                 stream=stream)
