@@ -637,7 +637,8 @@ TK_API tk_status tk_gemm(const tk_gemm_params *p, tk_stream_t stream);
 /* The status tk_gemm(p, stream) would return on the calling thread's current device, with the
  * same message in tk_last_error() (under this function's name), without launching anything or
  * reading the matrices. On TK_SUCCESS, *variant_name (when variant_name is not NULL) receives
- * the static name of the variant that tk_gemm would run; it is left alone otherwise. */
+ * the static name of the variant that tk_gemm would run, and NULL on failure (as with
+ * tk_attention_supported). */
 TK_API tk_status tk_gemm_supported(const tk_gemm_params *p, const char **variant_name);
 
 #ifdef __cplusplus

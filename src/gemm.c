@@ -189,6 +189,8 @@ TK_API tk_status tk_gemm(const tk_gemm_params *p, tk_stream_t stream) {
 TK_API tk_status tk_gemm_supported(const tk_gemm_params *p, const char **variant_name) {
     static const char fn[] = "tk_gemm_supported";
     tk_begin_call();
+    if (variant_name)
+        *variant_name = NULL;
     tk_gemm_call call;
     const tk_device *dev;
     const tk_variant *v;

@@ -36,7 +36,7 @@ static void reset_buffers(void) {
         TK_EXPECT_STATUS(tk_gemm(rp_, NULL), status, needle);                                   \
         const char *name_ = "untouched";                                                        \
         TK_EXPECT_STATUS(tk_gemm_supported(rp_, &name_), status, needle);                       \
-        cr_assert_str_eq(name_, "untouched", "tk_gemm_supported wrote variant_name on failure"); \
+        cr_assert_null(name_, "tk_gemm_supported left variant_name set on failure");            \
         cr_assert(tk_is_sentinel(out_buf, sizeof out_buf), "%s: tk_gemm wrote its output", needle); \
         cr_assert(tk_is_sentinel(in_buf, sizeof in_buf), "%s: tk_gemm wrote an input", needle);    \
     } while (0)
