@@ -11,21 +11,14 @@
  * - Every access is a 16-byte pack (8 bf16 / 8 f16 / 4 f32), consecutive lanes touch
  *   consecutive packs: each warp instruction moves 512 contiguous bytes.
  * - Each thread loads 16 elements per input before their first use: 4 packs of f32 or 2 packs
- *   of f16 / bf16 (unroll_for). Little's law at ~4 TB/s and ~1 us of latency asks for ~32 KB
- *   in flight per SM; 16 elements per thread keep the 2-byte kernels near 60 registers, so 4
- *   blocks of 256 threads are resident: 32-64 KB in flight. Holding 32 bf16 elements per thread
- *   instead (4 packs) took ~115 registers, 2 blocks per SM, and measured 0.62-0.74 of the copy
- *   bandwidth for the transcendental kinds on an H200: the erf / exp work of one thread then
- *   runs with too few other warps to hide the next loads.
- * - A persistent grid (one wave at the occupancy limit) walks the flattened tensor; each thread
- *   loads its next step's packs before computing the current step (software pipelining), so
- *   memory and math overlap within every warp. Without this, measured on an H200, the
- *   exp/erf kinds in bf16 reached only 0.57-0.77 of the copy bandwidth: their math takes
- *   about as long as a load, and warps that all load, then all compute, leave the memory
- *   system idle half the time.
- * - The bias column of each pack is tracked incrementally (the grid step modulo the row length),
- *   no division per element. Calls without a bias arrive as one long row, so odd sizes only
- *   leave a short scalar tail.
+ *   of f16 / bf16 (unroll_for), so several 16-byte loads per thread are in flight at once.
+ * - One block per chunk of 256 threads x 16 elements of a row (tk_row_chunk_shape), not a
+ *   persistent grid: with ~30-50 registers per thread up to 8 blocks share an SM, and while some
+ *   compute, others load and others store, so the memory system never idles. A persistent grid
+ *   that software-pipelined each thread's next loads measured 0.87-0.94 of the copy bandwidth
+ *   on an H200 where this layout measured 0.97-1.00 (bf16 16384x4096, ReLU to erf-GELU).
+ * - Calls without a bias arrive as one long row; with a bias, the chunk of a row gives each
+ *   pack's bias column directly, with no division. Odd sizes leave a short scalar tail.
  * The "scalar" variant is the same kernel with packs of one element: for pointers that are not
  * 16-byte aligned (e.g. a tensor offset by 2 bytes), correct and slower.
  */
@@ -49,102 +42,86 @@ __device__ __forceinline__ float activation_element(float x, float dy) {
         return tk_act_apply<Kind, Fast>(x);
 }
 
-/* The packs one thread works on in one step: UNROLL packs, blockDim.x packs apart. */
-template <typename T, int Vec, int UNROLL> struct activation_step {
-    tk_pack<T, Vec> x[UNROLL], dy[UNROLL], bias[UNROLL];
-    int64_t col[UNROLL]; /* pack index within the row, for the bias */
-};
-
-template <typename T, int Vec, int UNROLL, bool Backward>
-__device__ __forceinline__ void load_step(const tk_activation_call &a, int64_t first, int64_t packs,
-                                          activation_step<T, Vec, UNROLL> &s) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; u++) {
-        const int64_t p = first + (int64_t)u * blockDim.x;
-        if (p < packs) {
-            s.x[u] = tk_load_pack<T, Vec>(static_cast<const T *>(a.x) + p * Vec);
-            if constexpr (Backward)
-                s.dy[u] = tk_load_pack<T, Vec>(static_cast<const T *>(a.dy) + p * Vec);
-            if (a.bias)
-                s.bias[u] = tk_load_pack<T, Vec>(static_cast<const T *>(a.bias) + s.col[u] * Vec);
-        }
-    }
+/* Blocks per SM promised to ptxas, which caps the registers at 65536 / (256 x blocks): 16-bit
+ * forward kernels fit 40 (6 blocks, 1536 threads per SM), f32 forward 48 (5), backward ones,
+ * with dy's packs too, 64 (4); tighter caps spill. Without a promise ptxas picked caps of its
+ * own that spilled a few bytes in some kernels. */
+template <typename T, bool Backward> constexpr int min_blocks() {
+    return Backward ? 4 : (sizeof(T) == 2 ? 6 : 5);
 }
 
-/* Minimum resident blocks per SM promised to ptxas: 0 (no promise) except for GELU-erf on 16-bit
- * types, which with no promise ptxas squeezed to 48 registers and spilled 8 bytes on sm_80 and
- * sm_90a. Promising 1 for every kind instead cost 0.1 of the copy bandwidth on the H200 (the
- * cheap kinds then take more registers and fewer blocks fit). */
-template <typename T, int Kind> constexpr int min_blocks_hint() {
-    return (Kind == TK_ACT_GELU_ERF && sizeof(T) == 2) ? 1 : 0;
-}
-
-template <typename T, int Kind, int Vec, bool Backward>
-__global__ void __launch_bounds__(MAX_THREADS, (min_blocks_hint<T, Kind>())) activation_kernel(tk_activation_call a) {
+/* Block (blockIdx.x, blockIdx.y) handles chunk blockIdx.x of rows blockIdx.y, blockIdx.y +
+ * gridDim.y, ...: UNROLL packs per thread, blockDim.x packs apart, all loaded before the first
+ * is used. */
+template <typename T, int Kind, int Vec, bool Backward, bool HasBias>
+__global__ void __launch_bounds__(MAX_THREADS, (min_blocks<T, Backward>())) activation_kernel(tk_activation_call a) {
     constexpr int UNROLL = unroll_for(Vec);
+    const T *x = static_cast<const T *>(a.x), *dy = static_cast<const T *>(a.dy);
+    const T *bias = static_cast<const T *>(a.bias);
     T *out = static_cast<T *>(a.out);
-    /* Whole packs of the flattened tensor (multi-row calls of this kernel have cols % Vec == 0,
-     * so packs never straddle rows). */
-    const int64_t n = a.rows * a.cols, packs = n / Vec, packs_per_row = a.cols / Vec;
-    const int64_t grid_step = (int64_t)gridDim.x * blockDim.x * UNROLL;
-    const int64_t col_step = grid_step % packs_per_row;
-    int64_t first = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x;
+    const int64_t packs_per_row = a.cols / Vec;
+    const int64_t first_pack = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x;
+    /* This thread's packs are first_pack + u * blockDim.x for u * blockDim.x < packs_left: the
+     * row pointers advance once per row, the per-pack offsets stay 32-bit. */
+    const int64_t packs_left = packs_per_row - first_pack;
+    const T *bias_p = bias + first_pack * Vec;
 
-    activation_step<T, Vec, UNROLL> cur, next;
-#pragma unroll
-    for (int u = 0; u < UNROLL; u++)
-        cur.col[u] = (first + (int64_t)u * blockDim.x) % packs_per_row;
-    load_step<T, Vec, UNROLL, Backward>(a, first, packs, cur);
-    for (; first < packs; first += grid_step) {
-        /* Issue the next step's loads before this step's math: the loads are then in flight
-         * while the exponentials run, instead of every warp of an SM alternating between a
-         * load phase and a math phase. */
+    for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
+        const int64_t row_start = row * a.cols;
+        const int64_t offset = row_start + first_pack * Vec;
+        tk_pack<T, Vec> xs[UNROLL], dys[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            next.col[u] = cur.col[u] + col_step;
-            if (next.col[u] >= packs_per_row)
-                next.col[u] -= packs_per_row;
-        }
-        load_step<T, Vec, UNROLL, Backward>(a, first + grid_step, packs, next);
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int64_t p = first + (int64_t)u * blockDim.x;
-            if (p < packs) {
-                tk_pack<T, Vec> r;
-#pragma unroll
-                for (int e = 0; e < Vec; e++) {
-                    const float v = tk_to_float(cur.x[u].v[e]) + (a.bias ? tk_to_float(cur.bias[u].v[e]) : 0.0f);
-                    const float g = Backward ? tk_to_float(cur.dy[u].v[e]) : 0.0f;
-                    r.v[e] = tk_from_float<T>(activation_element<Kind, Backward, sizeof(T) == 2>(v, g));
-                }
-                tk_store_pack<T, Vec>(out + p * Vec, r);
+            const int k = u * (int)blockDim.x;
+            if (k < packs_left) {
+                xs[u] = tk_load_pack<T, Vec>(x + offset + k * Vec);
+                if constexpr (Backward)
+                    dys[u] = tk_load_pack<T, Vec>(dy + offset + k * Vec);
             }
         }
-        cur = next;
-    }
-    /* Elements past the last whole pack: only one-row calls have them, so the column is the
-     * element index. */
-    if (blockIdx.x == 0) {
-        const T *x = static_cast<const T *>(a.x), *dy = static_cast<const T *>(a.dy);
-        const T *bias = static_cast<const T *>(a.bias);
-        for (int64_t i = packs * Vec + threadIdx.x; i < n; i += blockDim.x) {
-            const float v = tk_to_float(x[i]) + (bias ? tk_to_float(bias[i]) : 0.0f);
-            const float g = Backward ? tk_to_float(dy[i]) : 0.0f;
-            out[i] = tk_from_float<T>(activation_element<Kind, Backward, sizeof(T) == 2>(v, g));
+        /* Convert each pack where it is used, not all at once (32 live f32 values for bf16). */
+        keep_packed(xs);
+        if constexpr (Backward)
+            keep_packed(dys);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int k = u * (int)blockDim.x;
+            if (k < packs_left) {
+                /* The bias row is small and stays in L1 / L2: it is loaded at its use. */
+                tk_pack<T, Vec> r, b;
+                if constexpr (HasBias)
+                    b = tk_load_pack<T, Vec>(bias_p + k * Vec);
+#pragma unroll
+                for (int e = 0; e < Vec; e++) {
+                    const float v = tk_to_float(xs[u].v[e]) + (HasBias ? tk_to_float(b.v[e]) : 0.0f);
+                    const float g = Backward ? tk_to_float(dys[u].v[e]) : 0.0f;
+                    r.v[e] = tk_from_float<T>(activation_element<Kind, Backward, sizeof(T) == 2>(v, g));
+                }
+                tk_store_pack<T, Vec>(out + offset + k * Vec, r);
+            }
+        }
+        /* Columns past the last whole pack: only one-row calls have them (multi-row calls with
+         * a partial last pack take the scalar variant). */
+        if (blockIdx.x == 0) {
+            for (int64_t j = packs_per_row * Vec + threadIdx.x; j < a.cols; j += blockDim.x) {
+                const float v = tk_to_float(x[row_start + j]) + (HasBias ? tk_to_float(bias[j]) : 0.0f);
+                const float g = Backward ? tk_to_float(dy[row_start + j]) : 0.0f;
+                out[row_start + j] = tk_from_float<T>(activation_element<Kind, Backward, sizeof(T) == 2>(v, g));
+            }
         }
     }
 }
 
-/* A persistent grid: one wave at the occupancy limit (or fewer blocks for small tensors), each
- * block striding over the tensor, so every thread runs the software pipeline above many times. */
+/* The bias is a template parameter: the no-bias kernels then carry no bias registers or adds
+ * (4 of the ~20 instructions per element of a bf16 GELU). */
 template <typename T, int Kind, int Vec, bool Backward>
 cudaError_t launch(const tk_activation_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr auto kernel = activation_kernel<T, Kind, Vec, Backward>;
-    const int64_t packs_per_block = (int64_t)MAX_THREADS * unroll_for(Vec);
-    const int64_t blocks_needed = (a->rows * a->cols / Vec + packs_per_block - 1) / packs_per_block;
-    const int64_t wave = tk_wave_blocks<kernel>(dev, MAX_THREADS, 0);
-    const int64_t blocks = blocks_needed < 1 ? 1 : (blocks_needed < wave ? blocks_needed : wave);
-    kernel<<<(unsigned)blocks, MAX_THREADS, 0, stream>>>(*a);
+    (void)dev;
+    const tk_row_chunks shape = tk_row_chunk_shape(a->rows, a->cols / Vec, unroll_for(Vec), MAX_THREADS);
+    if (a->bias)
+        activation_kernel<T, Kind, Vec, Backward, true><<<shape.grid, shape.threads, 0, stream>>>(*a);
+    else
+        activation_kernel<T, Kind, Vec, Backward, false><<<shape.grid, shape.threads, 0, stream>>>(*a);
     return cudaGetLastError();
 }
 

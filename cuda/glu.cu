@@ -15,7 +15,7 @@
  * Why it is fast: forward moves 3 values per output (2 in, 1 out), backward 5 (x and dy in, dx
  * out), with ~20 flops per output: memory-bound. The mapping is the activation kernel's
  * (activation.cu): 16-byte packs, 16 outputs per thread loaded before use, rows split into
- * chunks by tk_row_chunk_shape, one wave of blocks striding over rows. A pack of gates and its
+ * chunks by tk_row_chunk_shape, one block per chunk. A pack of gates and its
  * pack of ups come from the two halves of the row; interleaved rows load two consecutive packs
  * and split them in registers, so every access stays 16 bytes wide. Row strides let the kernel
  * read the gate/up projection output of a fused GEMM in place.
@@ -147,11 +147,11 @@ __device__ __forceinline__ void glu_pack(const tk_pack<T, Vec> &g, const tk_pack
     }
 }
 
-/* The "1" in the launch bounds only lifts the register cap that ptxas otherwise picks for an
- * occupancy it guesses: with it, no variant spills (without it, two spilled 8 bytes at 48
- * registers). Occupancy is still set by the registers used (<= 64: 4 blocks of 256 per SM). */
+/* Blocks per SM promised to ptxas: 4 forward (at most 64 registers, 1024 threads per SM), 2
+ * backward (its x, dy and two outputs per pack need 80-107 registers). The promise also lifts
+ * the lower register caps ptxas otherwise guesses, under which two kernels spilled 8 bytes. */
 template <typename T, int Kind, int Vec, bool Interleaved, bool Backward>
-__global__ void __launch_bounds__(MAX_THREADS, 1) glu_kernel(tk_glu_call a) {
+__global__ void __launch_bounds__(MAX_THREADS, Backward ? 2 : 4) glu_kernel(tk_glu_call a) {
     const T *x = static_cast<const T *>(a.x);
     const T *dy = static_cast<const T *>(a.dy);
     T *out = static_cast<T *>(a.out);
@@ -177,6 +177,13 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) glu_kernel(tk_glu_call a) {
                     dys[u] = tk_load_pack<T, Vec>(dy + row * a.y_row_stride + j);
             }
         }
+        /* Convert each pack where it is used: converted all at once, bf16 rows held 32 f32
+         * values (62 registers against 45 for f16, whose conversion is one instruction per
+         * pair), and fewer blocks fit an SM. */
+        keep_packed(gs);
+        keep_packed(us);
+        if constexpr (Backward)
+            keep_packed(dys);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int64_t j = (first_pack + (int64_t)u * blockDim.x) * Vec;
@@ -199,7 +206,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) glu_kernel(tk_glu_call a) {
 template <typename T, int Kind, int Vec, bool Interleaved, bool Backward>
 cudaError_t launch(const tk_glu_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = glu_kernel<T, Kind, Vec, Interleaved, Backward>;
-    const tk_row_chunks shape = tk_row_chunk_shape<kernel>(dev, a->rows, a->d / Vec, unroll_for(Vec), MAX_THREADS);
+    const tk_row_chunks shape = tk_row_chunk_shape(a->rows, a->d / Vec, unroll_for(Vec), MAX_THREADS);
+    (void)dev;
     kernel<<<shape.grid, shape.threads, 0, stream>>>(*a);
     return cudaGetLastError();
 }
