@@ -23,8 +23,9 @@
  * forward rows reach 1024 x 4 x 8 = 32768 bf16 / f16 (16384 f32), backward half that. Every
  * thread issues all its loads before the first use (64 bytes in flight per thread, 64 KB per SM
  * at 1024 resident threads). Grid: one block per row group (see launch_regs for why not a
- * persistent grid); blocks stride only past the grid limit. The 16384 x 4096 bf16 benchmark is 512 packs per row: one block of
- * 128 threads x 4 packs per row, up to 16 blocks per SM (56 registers).
+ * persistent grid); blocks stride only past the grid limit. The 16384 x 4096 bf16 benchmark
+ * is 512 packs per row: one block of 128 threads x 4 packs per row, up to 16 blocks per SM
+ * (56 registers).
  *
  * "stream" (any width, e.g. 131072-wide vocabulary rows): one block of 512 threads per row.
  * Pass 1 reads the row in chunks of 512 x UNROLL packs (4 forward, 2 per tensor backward:
