@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(MAX_THREADS, (min_blocks<T, Backward>())) acti
     /* This thread's packs are first_pack + u * blockDim.x for u * blockDim.x < packs_left: the
      * row pointers advance once per row, the per-pack offsets stay 32-bit. */
     const int64_t packs_left = packs_per_row - first_pack;
-    const T *bias_p = bias + first_pack * Vec;
+    const T *bias_p = HasBias ? bias + first_pack * Vec : nullptr;
 
     for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
         const int64_t row_start = row * a.cols;
@@ -88,15 +88,17 @@ __global__ void __launch_bounds__(MAX_THREADS, (min_blocks<T, Backward>())) acti
             const int k = u * (int)blockDim.x;
             if (k < packs_left) {
                 /* The bias row is small and stays in L1 / L2: it is loaded at its use. */
-                tk_pack<T, Vec> r, b;
+                float v[Vec], b[Vec], g[Vec];
+                tk_unpack(xs[u], v);
                 if constexpr (HasBias)
-                    b = tk_load_pack<T, Vec>(bias_p + k * Vec);
+                    tk_unpack(tk_load_pack<T, Vec>(bias_p + k * Vec), b);
+                if constexpr (Backward)
+                    tk_unpack(dys[u], g);
+                tk_pack<T, Vec> r;
 #pragma unroll
-                for (int e = 0; e < Vec; e++) {
-                    const float v = tk_to_float(xs[u].v[e]) + (HasBias ? tk_to_float(b.v[e]) : 0.0f);
-                    const float g = Backward ? tk_to_float(dys[u].v[e]) : 0.0f;
-                    r.v[e] = tk_from_float<T>(activation_element<Kind, Backward, sizeof(T) == 2>(v, g));
-                }
+                for (int e = 0; e < Vec; e++)
+                    r.v[e] = tk_from_float<T>(activation_element<Kind, Backward, sizeof(T) == 2>(
+                        HasBias ? v[e] + b[e] : v[e], Backward ? g[e] : 0.0f));
                 tk_store_pack<T, Vec>(out + offset + k * Vec, r);
             }
         }

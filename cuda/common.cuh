@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "launch.h"
 
 /* ---- dtype conversion: every kernel computes in f32 ---- */
@@ -119,6 +121,24 @@ template <typename T, int N> __device__ __forceinline__ tk_pack<T, N> tk_load_pa
         return r;
     } else {
         return *reinterpret_cast<const tk_pack<T, N> *>(p);
+    }
+}
+
+/* The elements of a pack as f32. bf16 pairs convert per 32-bit word: the low element is the
+ * word shifted left by 16 and the high one the word with its low half cleared, one instruction
+ * each, where converting element by element moves the high half down first (two). */
+template <typename T, int N> __device__ __forceinline__ void tk_unpack(const tk_pack<T, N> &p, float (&f)[N]) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+        const uint32_t *words = reinterpret_cast<const uint32_t *>(&p);
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            f[2 * i] = __uint_as_float(words[i] << 16);
+            f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            f[i] = tk_to_float(p.v[i]);
     }
 }
 
