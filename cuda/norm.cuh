@@ -32,10 +32,11 @@ __device__ __forceinline__ void norm_load_params(const W *p, int64_t c, float *o
         static_assert(VEC % per == 0, "a pack of parameters is whole 16-byte chunks");
 #pragma unroll
         for (int k = 0; k < VEC / per; k++) {
-            const tk_vec<W> v = tk_load_vec(p + c + k * per);
+            float f[per];
+            tk_unpack(tk_load_pack<W, per>(p + c + k * per), f);
 #pragma unroll
             for (int e = 0; e < per; e++)
-                out[k * per + e] = tk_to_float(v.v[e]);
+                out[k * per + e] = f[e];
         }
     }
 }
@@ -45,9 +46,10 @@ template <typename W, int VEC>
 __device__ __forceinline__ void norm_load_scale(const W *w, bool gemma, int64_t c, float *out) {
     if (w) {
         norm_load_params<W, VEC>(w, c, out);
+        if (gemma) /* a uniform branch: no add per element for plain weights */
 #pragma unroll
-        for (int e = 0; e < VEC; e++)
-            out[e] += gemma ? 1.0f : 0.0f;
+            for (int e = 0; e < VEC; e++)
+                out[e] += 1.0f;
     } else {
 #pragma unroll
         for (int e = 0; e < VEC; e++)

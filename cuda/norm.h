@@ -38,8 +38,9 @@ typedef struct tk_norm_call {
     int64_t workspace_slots;
 } tk_norm_call;
 
-/* Elements of a row that a "rows" kernel thread holds (16-byte packs / scalars); a row is held
- * by one block of at most TK_NORM_ROWS_MAX_THREADS threads. */
+/* Row widths the "rows" kernels hold in registers: TK_NORM_ROWS_MAX_THREADS threads of
+ * ELEMS elements (16-byte packs / scalars). The forward kernel holds 16-bit rows as 32 elements
+ * per thread in at most half as many threads (cuda/norm_fwd.cu): the same widths. */
 #define TK_NORM_FWD_ELEMS_VEC 16
 #define TK_NORM_FWD_ELEMS_SCALAR 8
 #define TK_NORM_BWD_ELEMS_VEC 16

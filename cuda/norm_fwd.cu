@@ -11,21 +11,29 @@
  * Why it is fast: ~10 flops per element against 4 (plain) or 8 (residual) bytes of bf16
  * traffic: memory-bound, so one pass over memory is the goal.
  * - "rows" kernels (vec16 / scalar) hold the whole row in registers (norm.cuh has the thread
- *   mapping): 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs), 8 scalars
- *   otherwise, in one block of up to 512 threads, so rows up to 8192 (4096 scalar). Each
+ *   mapping): 4 packs of 16 bytes per thread (32 bf16 / f16 or 16 f32 elements) or 8 scalars,
+ *   in one block of up to 256 (16-bit) or 512 threads, so rows up to 8192 (4096 scalar). Each
  *   thread issues all its loads (x and residual) before the first use, so the row is read once
- *   and written once; the reductions are warp shuffles plus, for groups wider than a warp, one
- *   shared-memory step. LayerNorm's variance is a second pass over the registers (exact
- *   two-pass, no cancellation). Registers: ~64 (ptxas -v, sm_90a), so 1024 threads per SM:
- *   a bf16 4096 row is 256 threads x 2 packs, and an SM keeps 4 rows (32 KB of x, plus 32 KB
- *   of residual) in flight, the ~24-32 KB that Little's law asks at ~30 GB/s per SM and
- *   ~1 us of latency. (32 elements per thread measured 104 registers and half the threads.)
+ *   and written once; the packs stay raw in registers (keep_packed) and are converted where
+ *   used. The reductions are warp shuffles plus, for groups wider than a warp, one
+ *   shared-memory step behind a single barrier. LayerNorm's variance is a second pass over the
+ *   registers (exact two-pass, no cancellation). LayerNorm and the residual add are template
+ *   parameters, so each kernel holds only its own state: 72-80 registers for 16-bit packs,
+ *   54-62 for f32 (ptxas -v, sm_90a). A bf16 4096 row is one block of 128 threads x 4 packs.
+ *   These kernels are close to the SM's instruction-issue limit, not only to the memory's:
+ *   Nsight Compute counted 61 M warp instructions (77% issue-active) for a bf16 LayerNorm of
+ *   16384 x 4096 that ran at 0.82 of the copy bandwidth, against 29 M (44%) for a fixed-shape
+ *   experiment at 0.97. Hence the per-element work is kept minimal: bf16 pairs unpack per
+ *   32-bit word (tk_unpack), shifts instead of divisions, the weight kind (w, 1 + w, none)
+ *   lifted out of the output loop.
  * - "wide" kernels (any width, up to 262144): a 512-thread block per row, two passes over the
  *   row: pass 1 reads it (adding and storing the residual) and accumulates per-thread shifted
  *   sums, combined across the block with Chan's formula in a fixed order; pass 2 reads it back
  *   (from L2 when it is still there) and writes y. Only for rows the registers cannot hold,
  *   or when forced.
- * Grids: one wave of the occupancy limit (tk_wave_blocks) or fewer, blocks striding over rows.
+ * Grids: "rows" kernels one block per row group (no persistent grid: blocks in their load,
+ * reduce and store phases share each SM); "wide" kernels one wave of the occupancy limit, so
+ * that the rows in flight stay in L2 for pass 2.
  */
 #include "norm.cuh"
 
@@ -34,22 +42,55 @@ namespace {
 constexpr int WIDE_THREADS = 512;
 constexpr int WIDE_UNROLL = 2;
 
-template <int VEC> constexpr int fwd_packs() {
-    return (VEC > 1 ? TK_NORM_FWD_ELEMS_VEC : TK_NORM_FWD_ELEMS_SCALAR) / VEC;
+/* Packs per thread: 4 of 16 bytes (16 f32 or 32 f16 / bf16 elements), or 8 scalars. The 16-bit
+ * rows thus take at most TK_NORM_FWD_ELEMS_VEC * TK_NORM_ROWS_MAX_THREADS / 32 = 256 threads. */
+template <int VEC> constexpr int fwd_packs() { return VEC > 1 ? 4 : TK_NORM_FWD_ELEMS_SCALAR; }
+
+/* Launch bounds: 16-bit rows (<= 256 threads) are capped at 80 registers (3 blocks of 256 per
+ * SM), which a standalone H200 experiment found best for LayerNorm (0.97 of the copy bandwidth
+ * at 80 against 0.92 at 95); f32 rows (<= 512 threads) at 64, scalars at 128. */
+template <typename T, int VEC> constexpr int rows_max_threads() {
+    return VEC > 1 && sizeof(T) == 2 ? TK_NORM_ROWS_MAX_THREADS / 2 : TK_NORM_ROWS_MAX_THREADS;
+}
+template <typename T, int VEC> constexpr int rows_min_blocks() { return VEC == 1 ? 1 : (sizeof(T) == 2 ? 3 : 2); }
+
+/* Sum over the threads of one row's group, with one barrier for groups wider than a warp (one
+ * row per block): partial sums alternate between two scratch buffers by `parity`, so a
+ * reduction never overwrites partials that a slower thread of the previous one still reads.
+ * Fixed order: the same inputs give the same bits. */
+__device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[32], int &parity) {
+    if (group <= 32)
+        return norm_group_sum(v, group, nullptr);
+    v = tk_warp_sum(v);
+    float *buf = scratch[parity];
+    parity ^= 1;
+    if ((threadIdx.x & 31) == 0)
+        buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    return tk_warp_sum(lane < (int)(blockDim.x >> 5) ? buf[lane] : 0.0f);
 }
 
-/* Minimum blocks per SM: 2 x 512 threads (<= 64 registers, 1024 threads per SM) for 16-byte
- * packs, which fit in 64 without spilling; 1 for scalars, which need ~70 (at 64, sm_86 spills). */
-template <typename T, typename W, int VEC>
-__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, VEC > 1 ? 2 : 1) norm_fwd_rows(tk_norm_call a, int group) {
+/* The effective scale w' of the forward kernels: the weight, 1 + weight (gemma), or 1 (none). */
+enum { SCALE_WEIGHT, SCALE_GEMMA, SCALE_NONE };
+
+/* LayerNorm and Residual are template parameters: each of the four kernels carries only its own
+ * registers and work (on an H200 a runtime-general kernel at 64 registers measured 0.74 of the
+ * copy bandwidth for bf16 RMSNorm where a specialised one at 40 measured 0.90-0.97). */
+template <typename T, typename W, int VEC, bool LayerNorm, bool Residual>
+__global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks<T, VEC>())) norm_fwd_rows(tk_norm_call a, int group, float inv_n) {
     constexpr int PACKS = fwd_packs<VEC>();
-    __shared__ float scratch[32];
+    __shared__ float scratch[2][32];
+    int parity = 0;
     const W *w = static_cast<const W *>(a.weight);
     const W *b = static_cast<const W *>(a.bias);
     const int packs_row = (int)(a.cols / VEC);
-    const int groups_per_block = blockDim.x / group;
-    const int local = threadIdx.x / group, lane = threadIdx.x % group;
-    const float inv_n = 1.0f / (float)a.cols;
+    /* A group is a power of two <= 32 or the whole block (norm.cuh): shifts, not divisions. */
+    const bool one_row = group == (int)blockDim.x;
+    const int group_shift = __ffs(group) - 1;
+    const int groups_per_block = one_row ? 1 : (int)blockDim.x >> group_shift;
+    const int local = one_row ? 0 : (int)threadIdx.x >> group_shift;
+    const int lane = one_row ? (int)threadIdx.x : (int)threadIdx.x & (group - 1);
 
     for (int64_t base = (int64_t)blockIdx.x * groups_per_block; base < a.rows;
          base += (int64_t)gridDim.x * groups_per_block) {
@@ -57,7 +98,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, VEC > 1 ? 2 : 1) nor
         const bool active = row < a.rows;
         /* In-row offsets are 32-bit (cols <= 262144); only the row bases are 64-bit. */
         const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride;
-        T *__restrict__ res_row = a.residual ? static_cast<T *>(a.residual) + row * a.residual_stride : nullptr;
+        T *__restrict__ res_row = Residual ? static_cast<T *>(a.residual) + row * a.residual_stride : nullptr;
         T *y_row = static_cast<T *>(a.y) + row * a.y_stride;
         tk_pack<T, VEC> h[PACKS], r[PACKS];
 #pragma unroll
@@ -65,65 +106,98 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, VEC > 1 ? 2 : 1) nor
             const int j = lane + p * group;
             if (active && j < packs_row) {
                 h[p] = tk_load_pack<T, VEC>(x_row + j * VEC);
-                if (res_row)
+                if constexpr (Residual)
                     r[p] = tk_load_pack<T, VEC>(res_row + j * VEC);
             }
         }
+        if constexpr (Residual)
+            keep_packed(r); /* convert pack by pack in the add below, not all at once */
         float sum = 0.0f;
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
             if (active && j < packs_row) {
-                if (res_row) {
+                float f[VEC];
+                if constexpr (Residual) {
+                    float g[VEC];
+                    tk_unpack(h[p], f);
+                    tk_unpack(r[p], g);
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
-                        h[p].v[e] = tk_from_float<T>(tk_to_float(h[p].v[e]) + tk_to_float(r[p].v[e]));
+                        h[p].v[e] = tk_from_float<T>(f[e] + g[e]);
                     tk_store_pack<T, VEC>(res_row + j * VEC, h[p]);
                 }
+                tk_unpack(h[p], f); /* the rounded h that was stored */
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
-                    sum += tk_to_float(h[p].v[e]);
+                    sum += f[e];
             }
         }
+        keep_packed(h); /* reconvert below rather than hold VEC x PACKS floats */
         float mean = 0.0f;
-        if (a.layernorm)
-            mean = norm_group_sum(sum, group, scratch) * inv_n;
+        if constexpr (LayerNorm)
+            mean = group_sum(sum, group, scratch, parity) * inv_n;
         float squares = 0.0f;
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
             if (active && j < packs_row) {
+                float f[VEC];
+                tk_unpack(h[p], f);
 #pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    const float d = tk_to_float(h[p].v[e]) - mean;
-                    squares += d * d;
-                }
+                for (int e = 0; e < VEC; e++)
+                    squares += (f[e] - mean) * (f[e] - mean);
             }
         }
-        const float rstd = rsqrtf(norm_group_sum(squares, group, scratch) * inv_n + a.eps);
+        keep_packed(h);
+        const float rstd = rsqrtf(group_sum(squares, group, scratch, parity) * inv_n + a.eps);
         if (active && lane == 0) {
             if (a.rstd_out)
                 a.rstd_out[row] = rstd;
             if (a.mean_out)
                 a.mean_out[row] = mean;
         }
+        /* y = (h - mu) rstd w' + b. Few instructions per element here: at the copy bandwidth a
+         * bf16 row has ~30 per element of issue budget and the loads, sums and conversions take
+         * ~15 of them. Hence the kind of w' (w, 1 + w or 1) is lifted out of the loop: each
+         * kind gets its own copy of the loop with no per-element select or add. (h - mu) rstd
+         * stays a subtraction first (h rstd - mu rstd would cancel for rows far from zero). */
+        auto store_normalised = [&](auto scale_kind) {
+            constexpr int kind = decltype(scale_kind)::value;
 #pragma unroll
-        for (int p = 0; p < PACKS; p++) {
-            const int j = lane + p * group;
-            if (active && j < packs_row) {
-                float scale[VEC], shift[VEC];
-                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
-                if (b)
-                    norm_load_params<W, VEC>(b, j * VEC, shift);
-                tk_pack<T, VEC> out;
+            for (int p = 0; p < PACKS; p++) {
+                const int j = lane + p * group;
+                if (active && j < packs_row) {
+                    float f[VEC], scale[VEC], shift[VEC];
+                    tk_unpack(h[p], f);
+                    if constexpr (kind == SCALE_NONE) {
 #pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    const float v = (tk_to_float(h[p].v[e]) - mean) * rstd * scale[e];
-                    out.v[e] = tk_from_float<T>(b ? v + shift[e] : v);
+                        for (int e = 0; e < VEC; e++)
+                            scale[e] = 1.0f;
+                    } else {
+                        norm_load_scale<W, VEC>(w, kind == SCALE_GEMMA, j * VEC, scale);
+                    }
+                    tk_pack<T, VEC> out;
+                    if (b) {
+                        norm_load_params<W, VEC>(b, j * VEC, shift);
+#pragma unroll
+                        for (int e = 0; e < VEC; e++)
+                            out.v[e] = tk_from_float<T>(fmaf((f[e] - mean) * rstd, scale[e], shift[e]));
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < VEC; e++)
+                            out.v[e] = tk_from_float<T>((f[e] - mean) * rstd * scale[e]);
+                    }
+                    tk_store_pack<T, VEC>(y_row + j * VEC, out);
                 }
-                tk_store_pack<T, VEC>(y_row + j * VEC, out);
             }
-        }
+        };
+        if (!w)
+            store_normalised(std::integral_constant<int, SCALE_NONE>{});
+        else if (a.gemma)
+            store_normalised(std::integral_constant<int, SCALE_GEMMA>{});
+        else
+            store_normalised(std::integral_constant<int, SCALE_WEIGHT>{});
     }
 }
 
@@ -280,12 +354,22 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
         kernel<<<(unsigned)grid_for<kernel>(dev, WIDE_THREADS, a->rows), WIDE_THREADS, 0, stream>>>(*a);
         return cudaGetLastError();
     }
-    constexpr auto kernel = norm_fwd_rows<T, W, VEC>;
     constexpr int packs = fwd_packs<VEC>();
     const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
     const int groups_per_block = s.threads / s.group;
-    const int64_t blocks = grid_for<kernel>(dev, s.threads, (a->rows + groups_per_block - 1) / groups_per_block);
-    kernel<<<(unsigned)blocks, s.threads, 0, stream>>>(*a, s.group);
+    /* One block per row group, not a persistent grid: blocks in different phases (loading,
+     * reducing, storing) then share each SM. The kernel strides only past the grid limit. */
+    int64_t blocks = (a->rows + groups_per_block - 1) / groups_per_block;
+    if (blocks > 0x7fffffff)
+        blocks = 0x7fffffff;
+    const dim3 grid((unsigned)(blocks < 1 ? 1 : blocks));
+    const float inv_n = 1.0f / (float)a->cols; /* here, not a division per thread */
+    if (a->layernorm)
+        a->residual ? norm_fwd_rows<T, W, VEC, true, true><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
+                    : norm_fwd_rows<T, W, VEC, true, false><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
+    else
+        a->residual ? norm_fwd_rows<T, W, VEC, false, true><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
+                    : norm_fwd_rows<T, W, VEC, false, false><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
     return cudaGetLastError();
 }
 
