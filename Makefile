@@ -93,7 +93,8 @@ TEST_BIN     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c tests/ref/*.c)
 TEST_CFLAGS  := -std=c11 -O2 -g $(WARN) $(CWERROR) -Itests \
                 -DTK_SOURCE_DIR='"$(CURDIR)"' -DTK_BUILD_DIR='"$(abspath $(BUILD))"' \
-                -DTK_CC='"$(CC)"' -DTK_CXX='"$(CXX)"' -DTK_CUDA_INCLUDE='"$(CUDA_HOME)/include"'
+                -DTK_CC='"$(CC)"' -DTK_CXX='"$(CXX)"' -DTK_CUDA_INCLUDE='"$(CUDA_HOME)/include"' \
+                -DTK_COMPILED_ARCHS='"$(ARCHS)"'
 
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(wildcard tests/support/*.h tests/ref/*.h) $(SHARED) $(BUILD)/lib/libtkern.so $(BUILD)/lib/$(SONAME)
 	@mkdir -p $(@D)

@@ -52,14 +52,10 @@
 
 #include <type_traits>
 
-#include "activation_math.cuh"
 #include "common.cuh"
+#include "gemm_epilogue.cuh"
 
 namespace {
-
-constexpr int WARP_TILE = 64;    /* both dimensions of a warp's tile */
-constexpr int EPI_STRIDE = 72;   /* floats per row of a warp tile staged for the epilogue */
-constexpr int64_t TILE_GROUP = 16;
 
 template <int BM_, int BN_, int BK_, int STAGES_, int MIN_BLOCKS_> struct tile_config {
     static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
@@ -174,78 +170,6 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
     }
 }
 
-/* ---- epilogue ---- */
-
-/* Writes the warp's 64 x 64 tile of D, rows from row0 and columns from col0, out of its staged
- * accumulators: lane L handles columns col0 + 4 (L % 16) .. + 3 of every other row, so 16 lanes
- * cover one row. Not inlined: one copy per output dtype and activation serves every kernel, and
- * nothing of the caller is live across the call. */
-template <typename Out, int Act>
-__device__ __noinline__ void store_tile(const tk_gemm_call &p, const float *staged, int64_t row0,
-                                        int64_t col0, int lane) {
-    const int64_t col = col0 + (lane % 16) * 4;
-    if (col >= p.n)
-        return;
-    const int cols = p.n - col < 4 ? (int)(p.n - col) : 4;
-    const Out *c = static_cast<const Out *>(p.c);
-    const Out *bias = static_cast<const Out *>(p.bias);
-    Out *d = static_cast<Out *>(p.d);
-    float bias_v[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-        bias_v[e] = bias && e < cols ? tk_to_float(bias[col + e]) : 0.0f;
-    constexpr uintptr_t pack_misalign = 4 * sizeof(Out) - 1;
-#pragma unroll 2
-    for (int r = lane / 16; r < WARP_TILE; r += 2) {
-        const int64_t row = row0 + r;
-        if (row >= p.m)
-            break;
-        const float4 acc = *reinterpret_cast<const float4 *>(staged + r * EPI_STRIDE + (lane % 16) * 4);
-        float x[4] = {p.alpha * acc.x, p.alpha * acc.y, p.alpha * acc.z, p.alpha * acc.w};
-        if (p.beta != 0.0f) {
-            const Out *c_row = c + row * p.ldc + col;
-            if (cols == 4 && (reinterpret_cast<uintptr_t>(c_row) & pack_misalign) == 0) {
-                const tk_pack<Out, 4> v = tk_load_pack<Out, 4>(c_row);
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    x[e] += p.beta * tk_to_float(v.v[e]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (e < cols)
-                        x[e] += p.beta * tk_to_float(c_row[e]);
-            }
-        }
-        tk_pack<Out, 4> out;
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            out.v[e] = tk_from_float<Out>(tk_act_apply<Act, sizeof(Out) == 2>(x[e] + bias_v[e]));
-        Out *d_row = d + row * p.ldd + col;
-        if (cols == 4 && (reinterpret_cast<uintptr_t>(d_row) & pack_misalign) == 0) {
-            tk_store_pack<Out, 4>(d_row, out);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (e < cols)
-                    d_row[e] = out.v[e];
-        }
-    }
-}
-
-template <typename Out>
-__device__ __forceinline__ void store_tile_act(const tk_gemm_call &p, const float *staged,
-                                               int64_t row0, int64_t col0, int lane) {
-    switch (p.activation) {
-    case TK_ACT_GELU_ERF: return store_tile<Out, TK_ACT_GELU_ERF>(p, staged, row0, col0, lane);
-    case TK_ACT_GELU_TANH: return store_tile<Out, TK_ACT_GELU_TANH>(p, staged, row0, col0, lane);
-    case TK_ACT_QUICK_GELU: return store_tile<Out, TK_ACT_QUICK_GELU>(p, staged, row0, col0, lane);
-    case TK_ACT_SILU: return store_tile<Out, TK_ACT_SILU>(p, staged, row0, col0, lane);
-    case TK_ACT_RELU: return store_tile<Out, TK_ACT_RELU>(p, staged, row0, col0, lane);
-    case TK_ACT_RELU_SQUARED: return store_tile<Out, TK_ACT_RELU_SQUARED>(p, staged, row0, col0, lane);
-    default: return store_tile<Out, TK_ACT_NONE>(p, staged, row0, col0, lane);
-    }
-}
-
 /* ---- the kernel ---- */
 
 template <class Cfg, typename In, bool BKn, bool Aligned>
@@ -257,15 +181,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
     constexpr int KS = BK / 16;                            /* k16 slices per K step */
     extern __shared__ __align__(128) unsigned char smem[];
 
-    /* Tile coordinates: groups of TILE_GROUP tile rows, tile rows fastest within a group. */
-    const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
-    const int64_t per_group = TILE_GROUP * tiles_n;
-    const int64_t group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
-    const int64_t first_tile_m = group * TILE_GROUP;
-    const int64_t group_rows =
-        tiles_m - first_tile_m < TILE_GROUP ? tiles_m - first_tile_m : TILE_GROUP;
-    const int64_t m0 = (first_tile_m + in_group % group_rows) * BM;
-    const int64_t n0 = (in_group / group_rows) * BN;
+    int64_t m0, n0;
+    tile_origin(p, BM, BN, blockIdx.x, &m0, &n0);
 
     const uint16_t *a = static_cast<const uint16_t *>(p.a);
     const uint16_t *b = static_cast<const uint16_t *>(p.b);
@@ -386,13 +303,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
             *reinterpret_cast<float2 *>(s + 8 * EPI_STRIDE) = make_float2(acc[i][j][2], acc[i][j][3]);
         }
     __syncwarp();
-    const int64_t row0 = m0 + warp_m * WARP_TILE, col0 = n0 + warp_n * WARP_TILE;
-    if (p.output_dtype == TK_F32)
-        store_tile_act<float>(p, staged, row0, col0, lane);
-    else if (p.output_dtype == TK_F16)
-        store_tile_act<__half>(p, staged, row0, col0, lane);
-    else
-        store_tile_act<__nv_bfloat16>(p, staged, row0, col0, lane);
+    store_warp_tile(p, staged, m0 + warp_m * WARP_TILE, n0 + warp_n * WARP_TILE, lane);
 }
 
 /* ---- host side ---- */

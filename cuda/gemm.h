@@ -1,5 +1,5 @@
-/* Launchers of the GEMM kernels (cuda/gemm.cu), called by src/gemm.c after validation, and the
- * checks that say which variant can run a call. Internal. */
+/* Launchers of the GEMM kernels (cuda/gemm.cu, cuda/gemm_wgmma.cu), called by src/gemm.c after
+ * validation, and the checks that say which variant can run a call. Internal. */
 #ifndef TK_CUDA_GEMM_H
 #define TK_CUDA_GEMM_H
 
@@ -30,6 +30,10 @@ typedef struct tk_gemm_call {
     int max_smem_optin;  /* bytes of shared memory a block may opt in to on that device */
 } tk_gemm_call;
 
+/* "wgmma_128x256" (cuda/gemm_wgmma.cu, sm_90a only): wgmma with TMA loads, 128x256 tiles; B as
+ * [N, K], A and B 16-byte aligned with leading dimensions multiples of 8. */
+bool tk_gemm_supports_wgmma_128x256(const void *call);
+cudaError_t tk_launch_gemm_wgmma_128x256(const void *call, const tk_device *dev, cudaStream_t stream);
 /* "mma_128x256": 16-byte cp.async loads of A and B, 128x256 tiles; only for calls with at least
  * one full wave of tiles on a device with enough shared memory. */
 bool tk_gemm_supports_mma_128x256(const void *call);

@@ -623,10 +623,13 @@ typedef struct tk_gemm_params {
  *   the same element of D is written. Any other overlap of D's memory span
  *   [d, d + ((m - 1) * ldd + n) elements) with the spans of A, B, C or bias is rejected.
  * - Variants (tk_last_variant, tk_experimental_force_variant op "gemm"), in selection order:
+ *   "wgmma_128x256": Hopper warpgroup MMA with TMA loads, 128x256 tiles, only on compute
+ *   capability 9.0 with a library built for sm_90a (ARCHS 90a), B as TK_GEMM_B_NK and the
+ *   16-byte rule above; m, n <= 2^31 - 1;
  *   "mma_128x256": 128x256 tiles, for calls that fill at least one wave of them (tiles >= SM
  *   count) on devices with 144 KiB of shared memory per block (A100, H100, H200);
  *   "mma_128x128": 128x128 tiles, any size; "mma_unaligned": 128x128 tiles loaded element by
- *   element, for any alignment of a and b. The first two need the 16-byte rule above.
+ *   element, for any alignment of a and b. All but the last need the 16-byte rule above.
  * Errors: NULL p / a / b / d, or c with beta != 0 (TK_ERROR_NULL_POINTER); p->size too small,
  * m, n or k < 1, a leading dimension smaller than its row, unknown dtype / layout / activation,
  * NaN or infinite alpha / beta, a matrix extent past int64 (TK_ERROR_INVALID_VALUE); input

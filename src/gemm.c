@@ -7,7 +7,9 @@
 #include "runtime.h"
 #include "../cuda/gemm.h"
 
+/* Best first. wgmma_128x256 is arch-specific: only cc 9.0 devices with an sm_90a binary. */
 static const tk_variant gemm_variants[] = {
+    {"wgmma_128x256", 900, true, tk_gemm_supports_wgmma_128x256, tk_launch_gemm_wgmma_128x256},
     {"mma_128x256", 800, false, tk_gemm_supports_mma_128x256, tk_launch_gemm_mma_128x256},
     {"mma_128x128", 800, false, tk_gemm_supports_mma_128x128, tk_launch_gemm_mma_128x128},
     {"mma_unaligned", 800, false, tk_gemm_supports_mma_unaligned, tk_launch_gemm_mma_unaligned},

@@ -8,8 +8,13 @@
 #include "support/tk_test.h"
 #include "ref/gemm_ref.h"
 
-#define VARIANT_COUNT 3
-static const char *const VARIANTS[VARIANT_COUNT] = {"mma_128x256", "mma_128x128", "mma_unaligned"};
+#define VARIANT_COUNT 4
+static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_128x256", "mma_128x256", "mma_128x128",
+                                                    "mma_unaligned"};
+enum { WGMMA_128x256, MMA_128x256, MMA_128x128, MMA_UNALIGNED };
+
+/* Shared memory of "wgmma_128x256": 4 stages of (128 + 256) x 64 x 2 B, barriers, alignment. */
+#define WGMMA_SMEM (4 * (128 + 256) * 64 * 2 + 64 + 1024)
 
 /* Tile shape and shared memory of "mma_128x256" (cuda/gemm.cu), which claims only calls with at
  * least one wave of its tiles on devices with this much shared memory per block. */
@@ -143,7 +148,7 @@ Test(gemm_args, force_variant_names) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("gemm", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("gemm", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("gemm", "cublas"), TK_ERROR_INVALID_VALUE,
-                     "\"mma_128x256\", \"mma_128x128\", \"mma_unaligned\"");
+                     "\"wgmma_128x256\", \"mma_128x256\", \"mma_128x128\", \"mma_unaligned\"");
 }
 
 /* ------------------------------------------------------------------------ GPU checks ---- */
@@ -179,12 +184,25 @@ typedef struct gemm_shape {
 typedef struct device_facts {
     int sm_count;
     bool big_smem;
+    bool wgmma; /* a cc 9.0 device and a build with sm_90a code (TK_COMPILED_ARCHS has "90a") */
 } device_facts;
+
+/* Whether the space-separated ARCHS list of the build names the target `arch` exactly. */
+static bool build_has_arch(const char *arch) {
+    static const char archs[] = TK_COMPILED_ARCHS;
+    const size_t len = strlen(arch);
+    for (const char *s = archs; (s = strstr(s, arch)) != NULL; s += len)
+        if ((s == archs || s[-1] == ' ') && (s[len] == ' ' || s[len] == '\0'))
+            return true;
+    return false;
+}
 
 static device_facts device_facts_now(void) {
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
-    return (device_facts){info.sm_count, info.max_smem_per_block >= BIG_TILE_SMEM};
+    return (device_facts){info.sm_count, info.max_smem_per_block >= BIG_TILE_SMEM,
+                          info.compute_capability == 900 && build_has_arch("90a") &&
+                              info.max_smem_per_block >= WGMMA_SMEM};
 }
 
 /* What each variant claims (tk_gemm's documentation), so that a wrong claim fails too. */
@@ -192,9 +210,11 @@ static bool variant_claims(int v, const tk_gemm_params *p, const device_facts *d
     const bool fast = ((uintptr_t)p->a % 16 == 0) && ((uintptr_t)p->b % 16 == 0) &&
                       p->lda % 8 == 0 && p->ldb % 8 == 0;
     const int64_t big_tiles = ((p->m + BIG_TILE_M - 1) / BIG_TILE_M) * ((p->n + BIG_TILE_N - 1) / BIG_TILE_N);
-    if (v == 0)
+    if (v == WGMMA_128x256)
+        return fast && dev->wgmma && p->b_layout == TK_GEMM_B_NK;
+    if (v == MMA_128x256)
         return fast && dev->big_smem && big_tiles >= dev->sm_count;
-    if (v == 1)
+    if (v == MMA_128x128)
         return fast;
     return true;
 }
@@ -348,8 +368,11 @@ Test(gemm_gpu, small_and_odd_shapes_every_variant, .timeout = 600) {
     };
     run_counts counts = {{0}};
     run_shapes(shapes, sizeof shapes / sizeof shapes[0], 21, &counts);
-    cr_assert(counts.runs[1] > 0 && counts.runs[2] > 0, "mma_128x128 ran %d cases, mma_unaligned %d",
-              counts.runs[1], counts.runs[2]);
+    cr_assert(counts.runs[MMA_128x128] > 0 && counts.runs[MMA_UNALIGNED] > 0,
+              "mma_128x128 ran %d cases, mma_unaligned %d", counts.runs[MMA_128x128],
+              counts.runs[MMA_UNALIGNED]);
+    if (device_facts_now().wgmma)
+        cr_assert(counts.runs[WGMMA_128x256] > 0, "wgmma_128x256 never ran");
 }
 
 /* 1000^3, and a shape wide enough that "mma_128x256" claims it on this device (at least one
@@ -365,6 +388,8 @@ Test(gemm_gpu, large_shapes_every_variant, .timeout = 600) {
     run_counts counts = {{0}};
     run_shapes(shapes, sizeof shapes / sizeof shapes[0], 22, &counts);
     if (dev.big_smem)
-        cr_assert(counts.runs[0] > 0, "mma_128x256 never ran");
-    cr_assert(counts.runs[1] > 0 && counts.runs[2] > 0);
+        cr_assert(counts.runs[MMA_128x256] > 0, "mma_128x256 never ran");
+    if (dev.wgmma)
+        cr_assert(counts.runs[WGMMA_128x256] > 0, "wgmma_128x256 never ran");
+    cr_assert(counts.runs[MMA_128x128] > 0 && counts.runs[MMA_UNALIGNED] > 0);
 }
