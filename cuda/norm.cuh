@@ -46,10 +46,9 @@ template <typename W, int VEC>
 __device__ __forceinline__ void norm_load_scale(const W *w, bool gemma, int64_t c, float *out) {
     if (w) {
         norm_load_params<W, VEC>(w, c, out);
-        if (gemma) /* a uniform branch: no add per element for plain weights */
 #pragma unroll
-            for (int e = 0; e < VEC; e++)
-                out[e] += 1.0f;
+        for (int e = 0; e < VEC; e++)
+            out[e] += gemma ? 1.0f : 0.0f;
     } else {
 #pragma unroll
         for (int e = 0; e < VEC; e++)

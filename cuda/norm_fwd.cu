@@ -175,7 +175,11 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
                         for (int e = 0; e < VEC; e++)
                             scale[e] = 1.0f;
                     } else {
-                        norm_load_scale<W, VEC>(w, kind == SCALE_GEMMA, j * VEC, scale);
+                        norm_load_params<W, VEC>(w, j * VEC, scale);
+                        if constexpr (kind == SCALE_GEMMA)
+#pragma unroll
+                            for (int e = 0; e < VEC; e++)
+                                scale[e] += 1.0f;
                     }
                     tk_pack<T, VEC> out;
                     if (b) {
