@@ -7,27 +7,45 @@
  *
  * NeoX pairs are (x[i], x[i + rotary_dim / 2]); GPT-J pairs are (x[2i], x[2i + 1]).
  *
- * Mapping. A work item is (token, unit, head slice): a unit is Vec consecutive pairs (Vec = 8
- * bf16 / f16, 4 f32, 1 for "scalar"), read as two packs (NeoX: one from each half; GPT-J: two
- * adjacent packs de-interleaved in registers), or, out of place with rotary_dim < head_dim, one
- * pack of the unrotated rest to copy. The item's angles depend on (token, unit) only, so they
- * are computed once and reused for every head of its slice: Q heads then K heads, HEADS = 4 at a
- * time with all 8 pack loads issued before the first store (128 bytes in flight per thread).
- * Consecutive threads take consecutive units of a token: for head_dim 128 bf16 a warp reads
- * 4 tokens x 2 x 128 contiguous bytes of one head per instruction. Head slices (items per
- * token x heads / slice) only split the heads when tokens x units alone cannot fill one wave
- * (decode-sized calls); the 16384-token benchmark has 131072 items of 40 heads each. Grid:
- * min(items / 256, one wave at the occupancy limit), grid-stride.
+ * Work list. A unit is Vec consecutive pairs of one head row (Vec = 8 bf16 / f16, 4 f32, 1 for
+ * "scalar"), read as two packs (NeoX: one from each half; GPT-J: two adjacent packs
+ * de-interleaved in registers), or, out of place with rotary_dim < head_dim, one pack of the
+ * unrotated rest to copy. Units are numbered token-major, then head (Q heads, then K heads), then
+ * unit within the row, and consecutive threads take consecutive units: on a dense tensor each
+ * warp instruction touches contiguous bytes and a block a contiguous span, as a copy does.
  *
- * Angle precision: inv_freq and p * inv_freq are computed in f64, the angle is reduced to
+ * Why it is fast: the op is memory-bound (a few flops per element), so the aim is the copy
+ * bandwidth, which needs many bytes in flight per SM and few registers per thread.
+ * - One block per chunk of THREADS x PER_THREAD units (no persistent grid): a chunk is T whole
+ *   tokens (T = chunk / units per token), or a part of one token when a token has more units
+ *   than a chunk. Finished blocks are replaced by fresh ones, so SMs never idle on a tail of
+ *   long-running threads.
+ * - Each thread first issues the loads of all its units (PER_THREAD x 32 bytes for 16-bit
+ *   types), then, while they are in flight, helps fill the block's angle table in shared memory:
+ *   cos and sin of every (token, pair) of its T tokens, each computed once and used by every
+ *   head. After one barrier each unit reads its Vec cos / sin from the table, rotates and is
+ *   stored with 16-byte st.global.v4 (tk_store_pack).
+ * - Registers (80 at most, 3 blocks of 256 per SM): between the loads and the rotation only the
+ *   raw packs (keep_packed) and one cursor are alive; step 3 walks the work list again instead
+ *   of keeping each unit's addresses (forget), and rotates 4 pairs at a time. Angles are not
+ *   held across heads and no per-head loop is unrolled.
+ * - Benchmark shape (40 heads x 8 units of bf16 = 320 units per token): a chunk of 256 x 5 units
+ *   is 4 tokens, whose table is 256 (token, pair) entries: one sincos per thread.
+ * The former mapping (a thread per (token, unit) walking all 40 heads with its angles in
+ * registers, a one-wave persistent grid) used 102-116 registers and measured 0.86-0.88 of the
+ * copy bandwidth on an H200.
+ * rotary_dim / 2 > TABLE_PAIRS (no table fits; a cold path) computes each unit's angles where it
+ * is rotated, one unit per thread.
+ *
+ * Angle precision: inv_freq = 2^(i step) (step = -2 log2(theta) / rotary_dim, from the host) and
+ * p * inv_freq are computed in f64, the angle is reduced to
  * [-pi, pi] in f64 (two-part 2 pi), then sincosf (full range reduction never needed, error
- * ~1 ulp): the angle is exact to ~2e-7 rad for |p| < 2^30. Per item that is Vec f64 exp2 and
- * a few f64 ops, amortised over its heads (negligible on the H200's full-rate f64; on sm_86 /
- * sm_89 at 1/64 rate about 20 us for the benchmark shape). __sincosf on the unreduced f32
- * product would be off by radians at large positions.
+ * ~1 ulp): the angle is exact to ~2e-7 rad for |p| < 2^30. With the table that is one f64 exp2
+ * and a few f64 ops per (token, pair) of the call. __sincosf on the unreduced f32 product would
+ * be off by radians at large positions.
  *
  * Memory: each element is read once and written once (in place: the same address), the cache
- * or position array is read once per item (L2 hits across heads and slices).
+ * or position array once per (token, pair) (per block of a token split over blocks).
  */
 #include <math.h>
 
@@ -39,7 +57,14 @@
 namespace {
 
 constexpr int THREADS = 256;
-constexpr int HEADS = 4;
+/* Units a thread loads before it rotates any: 5 x 32 bytes in flight for 16-bit types. */
+constexpr int PER_THREAD = 5;
+/* Blocks per SM promised to ptxas: 3 caps the registers at 80 (bf16 / f16 vec16 use all 80, no
+ * spill on sm_80 - sm_90a), 768 threads and ~120 KB of loads in flight per SM. 4 blocks of 4
+ * units (64 registers) spilled a few bytes on sm_80. */
+constexpr int MIN_BLOCKS = 3;
+/* (token, pair) angles a block's table holds at most: 16 KB of cos and sin. */
+constexpr int64_t TABLE_PAIRS = 2048;
 
 /* 2 pi as a sum of two doubles (hi has 53 bits, lo the next 53). */
 constexpr double TWO_PI_HI = 6.283185307179586232;
@@ -64,7 +89,7 @@ __device__ __forceinline__ void pair_cos_sin(const tk_rope_call &a, int64_t pos,
         *c = a.cos_cache[pos * a.cache_row_stride + i];
         *s = a.sin_cache[pos * a.cache_row_stride + i];
     } else {
-        const double inv_freq = exp2(-(double)(2 * i) / (double)a.rotary_dim * a.log2_theta);
+        const double inv_freq = exp2((double)i * a.log2_inv_freq_step);
         const double angle = (double)pos * inv_freq;
         const double k = rint(angle * INV_TWO_PI);
         const double reduced = fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, angle));
@@ -98,132 +123,206 @@ __device__ __forceinline__ head_ref locate(const tk_rope_call &a, int64_t t, int
     return r;
 }
 
-/* Element offsets, within a head, of the two packs of a unit starting at pair j0. */
-template <int Vec, bool NeoX> __device__ __forceinline__ int64_t first_pack(int64_t j0) { return NeoX ? j0 : 2 * j0; }
-template <int Vec, bool NeoX> __device__ __forceinline__ int64_t second_pack(int64_t j0, int64_t half) {
-    return NeoX ? j0 + half : 2 * j0 + Vec;
-}
+/* Pairs rotated at a time: one 16-byte read of cosines and one of sines from the table. */
+template <int Vec> __host__ __device__ constexpr int pairs_per_step() { return Vec < 4 ? Vec : 4; }
 
-/* Rotates the Vec pairs held in packs (lo, hi): NeoX pairs are (lo[e], hi[e]); GPT-J pairs are
- * elements (2e, 2e + 1) of the 2 Vec elements lo then hi. */
+/* Rotates pairs [e0, e0 + pairs_per_step) of the Vec pairs held in packs (lo, hi) by angles with
+ * cosines c and sines s. NeoX pairs are (lo[e], hi[e]); GPT-J pairs are elements (2e, 2e + 1) of
+ * the 2 Vec elements lo then hi. */
 template <typename T, int Vec, bool NeoX>
-__device__ __forceinline__ void rotate(tk_pack<T, Vec> &lo, tk_pack<T, Vec> &hi, const float (&c)[Vec],
-                                       const float (&s)[Vec]) {
-    float x1[Vec], x2[Vec];
+__device__ __forceinline__ void rotate_step(tk_pack<T, Vec> &lo, tk_pack<T, Vec> &hi, int e0,
+                                            const tk_pack<float, pairs_per_step<Vec>()> &c,
+                                            const tk_pack<float, pairs_per_step<Vec>()> &s) {
 #pragma unroll
-    for (int e = 0; e < Vec; e++) {
-        if constexpr (NeoX) {
-            x1[e] = tk_to_float(lo.v[e]);
-            x2[e] = tk_to_float(hi.v[e]);
-        } else {
-            const int k1 = 2 * e, k2 = 2 * e + 1;
-            x1[e] = tk_to_float(k1 < Vec ? lo.v[k1 % Vec] : hi.v[k1 % Vec]);
-            x2[e] = tk_to_float(k2 < Vec ? lo.v[k2 % Vec] : hi.v[k2 % Vec]);
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < Vec; e++) {
-        const T o1 = tk_from_float<T>(x1[e] * c[e] - x2[e] * s[e]);
-        const T o2 = tk_from_float<T>(x2[e] * c[e] + x1[e] * s[e]);
-        if constexpr (NeoX) {
-            lo.v[e] = o1;
-            hi.v[e] = o2;
-        } else {
-            const int k1 = 2 * e, k2 = 2 * e + 1;
-            (k1 < Vec ? lo.v[k1 % Vec] : hi.v[k1 % Vec]) = o1;
-            (k2 < Vec ? lo.v[k2 % Vec] : hi.v[k2 % Vec]) = o2;
-        }
+    for (int j = 0; j < pairs_per_step<Vec>(); j++) {
+        const int e = e0 + j;
+        T &e1 = NeoX ? lo.v[e] : (2 * e < Vec ? lo.v[2 * e % Vec] : hi.v[2 * e % Vec]);
+        T &e2 = NeoX ? hi.v[e] : (2 * e + 1 < Vec ? lo.v[(2 * e + 1) % Vec] : hi.v[(2 * e + 1) % Vec]);
+        const float x1 = tk_to_float(e1), x2 = tk_to_float(e2);
+        e1 = tk_from_float<T>(x1 * c.v[j] - x2 * s.v[j]);
+        e2 = tk_from_float<T>(x2 * c.v[j] + x1 * s.v[j]);
     }
 }
 
-template <typename T, int Vec, bool NeoX>
-__global__ void __launch_bounds__(THREADS) rope_kernel(tk_rope_call a, int64_t units, int64_t rot_units,
-                                                       int64_t slices, int64_t items) {
-    const int64_t heads = a.heads_q + a.heads_k;
-    const int64_t half = a.rotary_dim / 2;
-    for (int64_t item = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; item < items;
-         item += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t unit = item % units;
-        const int64_t rest = item / units;
-        const int64_t slice = rest % slices;
-        const int64_t t = rest / slices;
+/* The launch shape (host-computed). Blocks come in groups of blocks_per_group that share one group
+ * of tokens_per_block tokens; block b of a group takes units [b, b + 1) x block_units of the
+ * group's list. */
+struct rope_shape {
+    int64_t units;            /* per head row: rot_units rotated, then the rest to copy */
+    int64_t rot_units;
+    int64_t tokens_per_block;
+    int64_t blocks_per_group; /* > 1 only for one token per group */
+    int64_t block_units;      /* THREADS x units per thread (the last round may be partial) */
+    /* THREADS units further on in the list: this many units, heads and tokens (carries aside) */
+    int64_t step_unit, step_head;
+    int step_token;
+};
 
-        if (unit < rot_units) {
-            const int64_t j0 = unit * Vec;
-            const int64_t pos = token_position(a, t);
-            float c[Vec], s[Vec];
+/* A thread's place in its block's part of the work list: the unit's index from the start of the
+ * block's part (index < block_units), its token within the group, its head and unit. */
+struct cursor {
+    int index, token;
+    int64_t head, unit;
+};
+
+__device__ __forceinline__ cursor cursor_at(int64_t first_unit, int index, int64_t units, int64_t heads) {
+    cursor c;
+    c.index = index;
+    const int64_t row = (first_unit + index) / units;
+    c.unit = first_unit + index - row * units;
+    c.token = (int)(row / heads);
+    c.head = row - c.token * heads;
+    return c;
+}
+
+/* THREADS units on, with carries instead of divisions (step_head < heads, so one carry each). */
+__device__ __forceinline__ void advance(cursor &c, const rope_shape &g, int64_t heads) {
+    c.index += THREADS;
+    c.unit += g.step_unit;
+    c.head += g.step_head;
+    c.token += g.step_token;
+    if (c.unit >= g.units) {
+        c.unit -= g.units;
+        c.head++;
+    }
+    if (c.head >= heads) {
+        c.head -= heads;
+        c.token++;
+    }
+}
+
+/* Makes the compiler forget what the cursor holds (emits nothing): step 3 walks the list again
+ * from the start instead of keeping every unit's address alive from step 1. */
+__device__ __forceinline__ void forget(cursor &c) {
+    asm("" : "+r"(c.index), "+r"(c.token), "+l"(c.head), "+l"(c.unit));
+}
+
+/* Table: angles from the block's shared-memory table; else each unit computes its own (one token
+ * per block). */
+template <typename T, int Vec, bool NeoX, bool Table, int PerThread>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS) rope_kernel(tk_rope_call a, rope_shape g) {
+    extern __shared__ float4 table_storage[]; /* cos [tokens_per_block][half], then sin */
+    float *const cos_table = reinterpret_cast<float *>(table_storage);
+    float *const sin_table = cos_table + g.tokens_per_block * (a.rotary_dim / 2);
+    const int64_t heads = a.heads_q + a.heads_k, half = a.rotary_dim / 2;
+    const int64_t group = blockIdx.x / g.blocks_per_group, part = blockIdx.x - group * g.blocks_per_group;
+    const int64_t first_token = group * g.tokens_per_block;
+    const int64_t group_tokens = min(g.tokens_per_block, a.tokens - first_token);
+    const int64_t first_unit = part * g.block_units; /* in the group's list */
+    const int end = (int)min(g.block_units, group_tokens * heads * g.units - first_unit);
+    const cursor start = cursor_at(first_unit, threadIdx.x, g.units, heads);
+
+    /* 1. Every load of the thread's units, before any is used. */
+    tk_pack<T, Vec> first[PerThread], second[PerThread];
+    cursor c = start;
 #pragma unroll
-            for (int e = 0; e < Vec; e++)
-                pair_cos_sin(a, pos, j0 + e, &c[e], &s[e]);
-            const int64_t off1 = first_pack<Vec, NeoX>(j0), off2 = second_pack<Vec, NeoX>(j0, half);
-            for (int64_t h0 = slice; h0 < heads; h0 += HEADS * slices) {
-                tk_pack<T, Vec> lo[HEADS], hi[HEADS];
-#pragma unroll
-                for (int u = 0; u < HEADS; u++) {
-                    const int64_t h = h0 + u * slices;
-                    if (h < heads) {
-                        const head_ref r = locate(a, t, h);
-                        const T *in = static_cast<const T *>(r.in) + r.in_offset;
-                        lo[u] = tk_load_pack<T, Vec>(in + off1);
-                        hi[u] = tk_load_pack<T, Vec>(in + off2);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < HEADS; u++) {
-                    const int64_t h = h0 + u * slices;
-                    if (h < heads) {
-                        rotate<T, Vec, NeoX>(lo[u], hi[u], c, s);
-                        const head_ref r = locate(a, t, h);
-                        T *out = static_cast<T *>(r.out) + r.out_offset;
-                        tk_store_pack<T, Vec>(out + off1, lo[u]);
-                        tk_store_pack<T, Vec>(out + off2, hi[u]);
-                    }
-                }
-            }
-        } else { /* copy one pack of the unrotated rest (out of place only) */
-            const int64_t col = a.rotary_dim + (unit - rot_units) * Vec;
-            for (int64_t h0 = slice; h0 < heads; h0 += HEADS * slices) {
-                tk_pack<T, Vec> v[HEADS];
-#pragma unroll
-                for (int u = 0; u < HEADS; u++) {
-                    const int64_t h = h0 + u * slices;
-                    if (h < heads) {
-                        const head_ref r = locate(a, t, h);
-                        v[u] = tk_load_pack<T, Vec>(static_cast<const T *>(r.in) + r.in_offset + col);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < HEADS; u++) {
-                    const int64_t h = h0 + u * slices;
-                    if (h < heads) {
-                        const head_ref r = locate(a, t, h);
-                        tk_store_pack<T, Vec>(static_cast<T *>(r.out) + r.out_offset + col, v[u]);
-                    }
-                }
+    for (int k = 0; k < PerThread; k++) {
+        if (c.index < end) {
+            const head_ref r = locate(a, first_token + c.token, c.head);
+            const T *in = static_cast<const T *>(r.in) + r.in_offset;
+            if (c.unit < g.rot_units) {
+                const int64_t j0 = c.unit * Vec;
+                first[k] = tk_load_pack<T, Vec>(in + (NeoX ? j0 : 2 * j0));
+                second[k] = tk_load_pack<T, Vec>(in + (NeoX ? j0 + half : 2 * j0 + Vec));
+            } else {
+                first[k] = tk_load_pack<T, Vec>(in + a.rotary_dim + (c.unit - g.rot_units) * Vec);
             }
         }
+        advance(c, g, heads);
+    }
+
+    /* 2. While they are in flight: the angles of the group's tokens, once per (token, pair). */
+    if constexpr (Table) {
+        const int entries = (int)(group_tokens * half);
+        for (int e = threadIdx.x; e < entries; e += THREADS) {
+            const int token = e / (int)half;
+            pair_cos_sin(a, token_position(a, first_token + token), e - token * (int)half, &cos_table[e],
+                         &sin_table[e]);
+        }
+        __syncthreads();
+    }
+
+    /* 3. Rotate and store. The packs stay raw 32-bit words until their step converts them. */
+    keep_packed(first);
+    keep_packed(second);
+    c = start;
+    forget(c);
+#pragma unroll
+    for (int k = 0; k < PerThread; k++) {
+        if (c.index < end) {
+            const head_ref r = locate(a, first_token + c.token, c.head);
+            T *out = static_cast<T *>(r.out) + r.out_offset;
+            if (c.unit < g.rot_units) {
+                const int64_t j0 = c.unit * Vec;
+                /* A few pairs at a time; keep_packed makes each step finish before the next
+                 * unpacks, so that only a few f32 values are alive at once. */
+                constexpr int STEP = pairs_per_step<Vec>();
+#pragma unroll
+                for (int e0 = 0; e0 < Vec; e0 += STEP) {
+                    tk_pack<float, STEP> cs, sn;
+                    if constexpr (Table) { /* whole packs: half and j0 are multiples of Vec */
+                        cs = *reinterpret_cast<const tk_pack<float, STEP> *>(cos_table + c.token * half + j0 + e0);
+                        sn = *reinterpret_cast<const tk_pack<float, STEP> *>(sin_table + c.token * half + j0 + e0);
+                    } else {
+                        const int64_t pos = token_position(a, first_token);
+#pragma unroll
+                        for (int j = 0; j < STEP; j++)
+                            pair_cos_sin(a, pos, j0 + e0 + j, &cs.v[j], &sn.v[j]);
+                    }
+                    rotate_step<T, Vec, NeoX>(first[k], second[k], e0, cs, sn);
+                    keep_packed(first[k]);
+                    keep_packed(second[k]);
+                }
+                tk_store_pack<T, Vec>(out + (NeoX ? j0 : 2 * j0), first[k]);
+                tk_store_pack<T, Vec>(out + (NeoX ? j0 + half : 2 * j0 + Vec), second[k]);
+            } else {
+                tk_store_pack<T, Vec>(out + a.rotary_dim + (c.unit - g.rot_units) * Vec, first[k]);
+            }
+        }
+        advance(c, g, heads);
     }
 }
 
 template <typename T, int Vec, bool NeoX>
 cudaError_t launch(const tk_rope_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr auto kernel = rope_kernel<T, Vec, NeoX>;
-    const int64_t heads = a->heads_q + a->heads_k;
-    const int64_t rot_units = a->rotary_dim / 2 / Vec;
-    const int64_t units = rot_units + (a->copy_rest ? (a->head_dim - a->rotary_dim) / Vec : 0);
-    const int64_t wave = tk_wave_blocks<kernel>(dev, THREADS, 0);
-    /* Split the heads only as far as needed to give one wave of threads some work. */
-    const int64_t per_slice = a->tokens * units;
-    int64_t slices = (wave * THREADS + per_slice - 1) / per_slice;
-    if (slices > heads)
-        slices = heads;
-    if (slices < 1)
-        slices = 1;
-    const int64_t items = per_slice * slices;
-    int64_t blocks = (items + THREADS - 1) / THREADS;
-    if (blocks > wave)
-        blocks = wave;
-    kernel<<<(unsigned)blocks, THREADS, 0, stream>>>(*a, units, rot_units, slices, items);
+    const int64_t heads = a->heads_q + a->heads_k, half = a->rotary_dim / 2;
+    rope_shape g;
+    g.rot_units = half / Vec;
+    g.units = g.rot_units + (a->copy_rest ? (a->head_dim - a->rotary_dim) / Vec : 0);
+    const int64_t token_units = heads * g.units;
+    /* Without a table (rotary_dim / 2 > TABLE_PAIRS, a cold path) each unit computes Vec angles
+     * where it is rotated: one unit per thread keeps that within the registers. */
+    const bool table = half <= TABLE_PAIRS;
+    const int64_t most_per_thread = table ? PER_THREAD : 1;
+    /* Fewer units per thread when that is what it takes to give each SM several blocks (decode). */
+    int64_t per_thread = a->tokens * token_units / ((int64_t)THREADS * dev->sm_count * 8);
+    per_thread = per_thread < 1 ? 1 : per_thread > most_per_thread ? most_per_thread : per_thread;
+    g.block_units = THREADS * per_thread;
+    if (token_units <= g.block_units) {
+        g.tokens_per_block = g.block_units / token_units;
+        g.blocks_per_group = 1;
+    } else {
+        g.tokens_per_block = 1;
+        g.blocks_per_group = (token_units + g.block_units - 1) / g.block_units;
+    }
+    if (g.tokens_per_block > a->tokens)
+        g.tokens_per_block = a->tokens;
+    if (!table)
+        g.tokens_per_block = 1;
+    else if (g.tokens_per_block * half > TABLE_PAIRS)
+        g.tokens_per_block = TABLE_PAIRS / half;
+    const int64_t rows = THREADS / g.units;
+    g.step_unit = THREADS % g.units;
+    g.step_head = rows % heads;
+    g.step_token = (int)(rows / heads);
+    const int64_t blocks = (a->tokens + g.tokens_per_block - 1) / g.tokens_per_block * g.blocks_per_group;
+    if (blocks > INT32_MAX) /* 2^31 blocks of >= 256 units: more bytes than a device holds */
+        return cudaErrorInvalidConfiguration;
+    if (table)
+        rope_kernel<T, Vec, NeoX, true, PER_THREAD>
+            <<<(unsigned)blocks, THREADS, (size_t)(g.tokens_per_block * half) * 2 * sizeof(float), stream>>>(*a, g);
+    else
+        rope_kernel<T, Vec, NeoX, false, 1><<<(unsigned)blocks, THREADS, 0, stream>>>(*a, g);
     return cudaGetLastError();
 }
 

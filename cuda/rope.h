@@ -25,7 +25,8 @@ typedef struct tk_rope_call {
     const int32_t *positions32;
     const int64_t *positions64;
     int64_t position_start;
-    double log2_theta;            /* angles from theta (cos_cache == NULL) */
+    double log2_inv_freq_step;    /* angles from theta (cos_cache == NULL): inv_freq_i = 2^(i step),
+                                     step = -2 log2(theta) / rotary_dim */
     const float *cos_cache, *sin_cache;
     int64_t cache_row_stride, max_position;
 } tk_rope_call;

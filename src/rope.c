@@ -265,7 +265,7 @@ static tk_status rope_run(const char *fn, const tk_rope_params *p, const void *q
     call.positions32 = p->positions32;
     call.positions64 = p->positions64;
     call.position_start = p->position_start;
-    call.log2_theta = cached ? 0.0 : log2((double)p->theta);
+    call.log2_inv_freq_step = cached ? 0.0 : -2.0 * log2((double)p->theta) / (double)rotary_dim;
     call.cos_cache = cached ? p->cos_cache : NULL;
     call.sin_cache = cached ? p->sin_cache : NULL;
     call.cache_row_stride = cache_stride;

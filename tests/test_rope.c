@@ -427,6 +427,8 @@ static void run_all(bool backward) {
         {3, 5, 0, 128, 0, LAYOUT_DENSE, false, false, POS_START, 0, 0},          /* Q only */
         {11, 3, 2, 40, 20, LAYOUT_PADDED, false, false, POS_I32, 0, 1},          /* misaligned */
         {4, 2, 2, 64, 0, LAYOUT_DENSE, true, true, POS_I32, 0, 1},               /* misaligned, in place */
+        {3, 2, 1, 4112, 0, LAYOUT_DENSE, false, false, POS_I64, 0, 0},           /* no angle table fits */
+        {2, 1, 1, 4224, 4112, LAYOUT_DENSE, false, true, POS_START, 7, 0},       /* no table, cache, copy */
     };
     for (size_t d = 0; d < 3; d++)
         for (int style = TK_ROPE_NEOX; style <= TK_ROPE_GPTJ; style++)
@@ -452,6 +454,19 @@ Test(rope_gpu, forward_all_styles_layouts_dtypes_variants, .timeout = 600) {
 Test(rope_gpu, backward_all_styles_layouts_dtypes_variants, .timeout = 600) {
     TK_REQUIRE_GPU();
     run_all(true);
+}
+
+/* A call big enough for several units per thread, with one head of 512: a block's tokens are
+ * then capped by the angle table's size (on a GPU of 132 SMs: 16 tokens' worth of units, 8 tokens
+ * of table). */
+Test(rope_gpu, many_tokens_one_wide_head) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(44);
+    for (int style = TK_ROPE_NEOX; style <= TK_ROPE_GPTJ; style++) {
+        const rope_case c = {TK_BF16, (tk_rope_style)style, 17000, 1, 0, 512, 0, LAYOUT_DENSE, false, false,
+                             false, POS_I64, 0, 0, "vec16"};
+        run_case(&c, &rng);
+    }
 }
 
 /* Forward then backward gives the input back (the rotation is orthogonal), at a large position
