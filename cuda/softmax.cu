@@ -43,6 +43,8 @@
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
  * last elements of a vec16 row are loaded and stored one by one (row_tail).
  */
+#include <type_traits>
+
 #include "tkern.h"
 
 #include "common.cuh"
@@ -50,17 +52,19 @@
 
 namespace {
 
-constexpr int REGS_PACKS_FWD = 4;
-constexpr int REGS_PACKS_BWD = 2;
-constexpr int REGS_MAX_THREADS = 1024;
+constexpr int ROWS_PACKS = 4;     /* packs of x a thread holds, forward */
+constexpr int ROWS_PACKS_BWD = 2; /* softmax backward: of y and of dy */
+constexpr int ROWS_MAX_THREADS = 1024;
 constexpr int REGS_GROUP_BLOCK = 128; /* block size when several rows share a block */
+constexpr int CLUSTER_BLOCK_THREADS = 512;
+constexpr int CLUSTER_MAX_BLOCKS = 8; /* the portable cluster size */
+constexpr bool ROWS_LAST_USE_LOADS = true;
+constexpr bool ROWS_STREAMING_STORES = true;
 constexpr int STREAM_THREADS = 512;
 constexpr int STREAM_UNROLL_FWD = 4;
 constexpr int STREAM_UNROLL_BWD = 2;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.69314718055994531f;
-
-template <bool Backward> constexpr int regs_packs() { return Backward ? REGS_PACKS_BWD : REGS_PACKS_FWD; }
 
 /* 2^x with MUFU.EX2 alone (ex2.approx.ftz: relative error <= 2^-22, results below 2^-126
  * flush to 0, as every probability that small is 0 at the output's f32 spacing near 1). The
@@ -72,11 +76,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+/* row % period (row >= 0, period > 0): a 32-bit remainder when both fit (tensors of fewer
+ * than 2^32 rows), else shift-and-subtract. Not the 64-bit `%`: that calls a routine, and the
+ * registers saved around the call made the rows kernels spill. */
+__device__ __forceinline__ int64_t row_in_period(int64_t row, int64_t period) {
+    if (((row | period) >> 32) == 0)
+        return (int64_t)((uint32_t)row % (uint32_t)period);
+    uint64_t r = 0;
+    for (int bit = 63; bit >= 0; bit--) {
+        r = r << 1 | ((uint64_t)row >> bit & 1); /* r < period <= 2^63: no overflow */
+        if (r >= (uint64_t)period)
+            r -= (uint64_t)period;
+    }
+    return (int64_t)r;
+}
+
 /* Columns of `row` that are visible (host clamped causal_offset to [-period, cols]; cols < 2^31). */
 __device__ __forceinline__ int visible_len(const tk_softmax_call &a, int64_t row) {
     if (!a.causal)
         return (int)a.cols;
-    const int64_t len = row % a.causal_period + a.causal_offset + 1;
+    const int64_t len = row_in_period(row, a.causal_period) + a.causal_offset + 1;
     return (int)(len < 0 ? 0 : (len > a.cols ? a.cols : len));
 }
 
@@ -108,67 +127,37 @@ template <typename T, int Vec, bool LastUse> __device__ __forceinline__ tk_pack<
         return tk_load_pack<T, Vec>(p);
 }
 
-/* Reductions over the threads of one row: the whole block, or aligned groups of `width`
- * (a power of two <= 32) lanes within a warp. */
-__device__ __forceinline__ float row_max(float v, int width, bool whole_block, float *scratch) {
-    if (whole_block)
-        return tk_block_max(v, scratch);
-    for (int offset = width >> 1; offset > 0; offset >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
-__device__ __forceinline__ float row_sum(float v, int width, bool whole_block, float *scratch) {
-    if (whole_block)
-        return tk_block_sum(v, scratch);
-    for (int offset = width >> 1; offset > 0; offset >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-/* What a row's outputs are computed from. Forward: max m and sum s (base 2); backward: sum dy y
- * (softmax) or sum dy (log-softmax). */
+/* What a row's outputs are computed from (stream kernel). Forward: lse = m + log2 s (base 2);
+ * backward: sum dy y (softmax) or sum dy (log-softmax). */
 struct row_stats {
-    float m, inv_s, lse; /* forward: m, 1 / s, m + log2 s */
-    float dot;           /* backward */
+    float lse, dot;
 };
 
-__device__ __forceinline__ row_stats forward_stats(float m, float s) {
-    row_stats st;
-    st.m = m;
-    st.inv_s = 1.0f / s;
-    st.lse = m + log2f(s);
-    st.dot = 0.0f;
-    return st;
-}
-
-/* Accumulates one visible element into the pass-1 statistics: the max (Phase 0), the sum of
- * 2^(t - m) (Phase 1) or, backward, the dot (Phase 0). */
-template <bool Backward, int Phase>
+/* Accumulates one visible element into the pass-1 statistics: the sum of 2^(t - m) forward,
+ * the dot backward. */
+template <bool Backward>
 __device__ __forceinline__ void accumulate(const tk_softmax_call &a, float x_or_y, float dy, float c2, float m,
                                            float *acc) {
     if constexpr (Backward)
         *acc += a.log ? dy : dy * x_or_y;
-    else if constexpr (Phase == 0)
-        *acc = fmaxf(*acc, x_or_y * c2);
     else
         *acc += fast_exp2(x_or_y * c2 - m);
 }
 
 /* Accumulates the visible elements of a pack starting at column c0. */
-template <typename T, int Vec, bool Backward, int Phase>
+template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ void accumulate_pack(const tk_softmax_call &a, const tk_pack<T, Vec> &xs,
                                                 const tk_pack<T, Vec> &gs, int c0, int len, float c2, float m,
                                                 float *acc) {
     if (c0 + Vec <= len) {
 #pragma unroll
         for (int e = 0; e < Vec; e++)
-            accumulate<Backward, Phase>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
+            accumulate<Backward>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
     } else if (c0 < len) {
 #pragma unroll
         for (int e = 0; e < Vec; e++)
             if (c0 + e < len)
-                accumulate<Backward, Phase>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
+                accumulate<Backward>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
     }
 }
 
@@ -183,7 +172,7 @@ __device__ __forceinline__ float output_value(const tk_softmax_call &a, const ro
         return a.log ? a.scale * (dy - fast_exp2(x_or_y * LOG2E) * st.dot) : a.scale * x_or_y * (dy - st.dot);
     } else {
         const float t = x_or_y * c2;
-        return a.log ? (t - st.lse) * LN2 : fast_exp2(t - st.m) * st.inv_s;
+        return a.log ? (t - st.lse) * LN2 : fast_exp2(t - st.lse); /* 2^(t - m) / s */
     }
 }
 
@@ -221,89 +210,363 @@ __device__ __forceinline__ row_tail<T, Vec> load_tail(const T *in_row, const T *
     return t;
 }
 
-/* ------------------------------------------------------------------------------- regs ---- */
+/* ------------------------------------------------------------------------------- rows ---- */
 
-template <typename T, int Vec, bool Backward>
-__global__ void __launch_bounds__(REGS_MAX_THREADS) softmax_regs_kernel(tk_softmax_call a, int threads_per_row) {
-    constexpr int PACKS = regs_packs<Backward>();
-    __shared__ float scratch[32];
+/* Backward holds y and dy (ROWS_PACKS_BWD each). Holding only dy for the log-softmax backward
+ * (whose sum needs only dy) and loading y after the reduction spilled at 64 registers. */
+enum rows_mode { FORWARD, BACKWARD, BACKWARD_LOG };
+
+template <int Mode> __host__ __device__ constexpr int rows_packs() { return Mode == FORWARD ? ROWS_PACKS : ROWS_PACKS_BWD; }
+
+/* The two reductions of a row: the forward max, and sums. */
+struct op_max {
+    static constexpr float identity = -INFINITY;
+    static __device__ __forceinline__ float apply(float a, float b) { return fmaxf(a, b); }
+};
+
+struct op_sum {
+    static constexpr float identity = 0.0f;
+    static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
+};
+
+/* Thread-block cluster primitives (sm_90; the launcher uses clusters only there). */
+__device__ __forceinline__ int cluster_rank() {
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return (int)r;
+}
+
+/* Every thread of the cluster arrives (publishing its shared-memory writes) and waits. */
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+/* Split barrier: arrive once done reading the other blocks' shared memory, wait before that
+ * memory may be reused or freed (the next row, or the end of the kernel). */
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+/* The same shared variable in the block of cluster rank `rank`. */
+__device__ __forceinline__ uint32_t cluster_address(const void *p, int rank) {
+    uint32_t r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ float load_cluster(const float *p, int rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(p, rank)) : "memory");
+#endif
+    return v;
+}
+
+/* Reduces v over the threads_per_row threads of a row, result in every one of them: within
+ * aligned groups of lanes (threads_per_row <= 32); over the block with ONE barrier; or over a
+ * cluster with one cluster barrier, reading the other blocks' partials from their shared memory.
+ * Each warp writes its partial and every warp reads all of them. The partials alternate between
+ * two buffers: a buffer is written again two reductions later, after a barrier that every
+ * reader of its previous contents has passed (the last reduction of a row in a cluster is
+ * followed by cluster_arrive / cluster_wait, before the blocks move on or exit). Every thread
+ * combines the same partials in the same order (xor shuffles are symmetric): same bits. */
+template <typename Op>
+__device__ __forceinline__ float row_reduce(float v, int threads_per_row, int cluster, float (&scratch)[2][32],
+                                            int &parity) {
+    const int width = threads_per_row < 32 ? threads_per_row : 32;
+    for (int offset = width >> 1; offset > 0; offset >>= 1)
+        v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    if (threads_per_row <= 32)
+        return v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float *buf = scratch[parity];
+    parity ^= 1;
+    if (lane == 0)
+        buf[warp] = v;
+    float r = Op::identity;
+    if (cluster == 1) {
+        __syncthreads();
+        if (lane < warps)
+            r = buf[lane];
+    } else {
+        cluster_sync();
+        for (int k = lane; k < cluster * warps; k += 32)
+            r = Op::apply(r, load_cluster(buf + k % warps, k / warps));
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        r = Op::apply(r, __shfl_xor_sync(0xffffffffu, r, offset));
+    return r;
+}
+
+/* Running max and min of a row's elements. Whole packs of 16-bit types are folded two elements
+ * at a time into packed accumulators (HMNMX2 on the raw pack, no conversion); other elements
+ * one at a time in f32. Like fmaxf, NaN elements are skipped (they make the sum NaN). */
+template <typename T> struct pair_of {
+    using type = float; /* no pairs */
+};
+template <> struct pair_of<__nv_bfloat16> {
+    using type = __nv_bfloat162;
+};
+template <> struct pair_of<__half> {
+    using type = __half2;
+};
+
+template <typename T, int Vec> struct row_extremes {
+    static constexpr bool PAIRS = Vec % 2 == 0 && !std::is_same_v<typename pair_of<T>::type, float>;
+    using T2 = typename pair_of<T>::type;
+    float mx = -INFINITY, mn = INFINITY;
+    T2 pmx, pmn;
+
+    __device__ __forceinline__ row_extremes() {
+        if constexpr (std::is_same_v<T2, __nv_bfloat162>) {
+            pmx = __float2bfloat162_rn(-INFINITY);
+            pmn = __float2bfloat162_rn(INFINITY);
+        } else if constexpr (std::is_same_v<T2, __half2>) {
+            pmx = __float2half2_rn(-INFINITY);
+            pmn = __float2half2_rn(INFINITY);
+        }
+    }
+    __device__ __forceinline__ void add(float x) {
+        mx = fmaxf(mx, x);
+        mn = fminf(mn, x);
+    }
+    __device__ __forceinline__ void add_pack(const tk_pack<T, Vec> &p) {
+        if constexpr (PAIRS) {
+#pragma unroll
+            for (int i = 0; i < Vec / 2; i++) {
+                const T2 w = reinterpret_cast<const T2 *>(p.v)[i];
+                pmx = __hmax2(pmx, w);
+                pmn = __hmin2(pmn, w);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < Vec; e++)
+                add(tk_to_float(p.v[e]));
+        }
+    }
+    /* The visible elements of the pack at column c0 (columns < pack_len). */
+    __device__ __forceinline__ void add_visible(const tk_pack<T, Vec> &p, int c0, int pack_len) {
+        if (c0 + Vec <= pack_len) {
+            add_pack(p);
+        } else if (c0 < pack_len) {
+#pragma unroll
+            for (int e = 0; e < Vec; e++)
+                if (c0 + e < pack_len)
+                    add(tk_to_float(p.v[e]));
+        }
+    }
+    /* max of t = x * c2 over what was added (-inf if nothing was): one product, as t is monotonic
+     * in x, and rounding it keeps it equal to the largest rounded t. */
+    __device__ __forceinline__ float max_times(float c2) const {
+        float hi = mx, lo = mn;
+        if constexpr (PAIRS) {
+            hi = fmaxf(hi, fmaxf(__low2float(pmx), __high2float(pmx)));
+            lo = fminf(lo, fminf(__low2float(pmn), __high2float(pmn)));
+        }
+        if (!(hi >= lo))
+            return -INFINITY;
+        return (c2 >= 0.0f ? hi : lo) * c2;
+    }
+};
+
+/* Calls f(e) for the visible elements e of the pack at column c0 (columns < pack_len): all of
+ * them without a test for whole packs, each one tested only in the pack that holds column len. */
+template <int Vec, typename F> __device__ __forceinline__ void for_visible(int c0, int pack_len, F f) {
+    if (c0 + Vec <= pack_len) {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            f(e);
+    } else if (c0 < pack_len) {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            if (c0 + e < pack_len)
+                f(e);
+    }
+}
+
+/* f32 values to a pack: two elements per conversion instruction for 16-bit types. */
+template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> pack_of(const float (&f)[Vec]) {
+    tk_pack<T, Vec> r;
+    if constexpr (Vec % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__nv_bfloat162 *>(r.v)[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    } else if constexpr (Vec % 2 == 0 && std::is_same_v<T, __half>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__half2 *>(r.v)[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            r.v[e] = tk_from_float<T>(f[e]);
+    }
+    return r;
+}
+
+template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> load_row_pack(const T *p) {
+    if constexpr (ROWS_LAST_USE_LOADS)
+        return load_last_use<T, Vec>(p);
+    else
+        return tk_load_pack<T, Vec>(p);
+}
+
+template <typename T, int Vec> __device__ __forceinline__ void store_row_pack(T *p, const tk_pack<T, Vec> &v) {
+    if constexpr (ROWS_STREAMING_STORES)
+        store_streaming<T, Vec>(p, v);
+    else
+        tk_store_pack<T, Vec>(p, v);
+}
+
+/* threads_per_row: the threads that hold one row (over `cluster` blocks when cluster > 1). */
+template <typename T, int Vec, int Mode>
+__global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softmax_call a, int threads_per_row,
+                                                                         int cluster) {
+    constexpr int PACKS = rows_packs<Mode>();
+    constexpr bool Backward = Mode != FORWARD;
+    __shared__ float scratch[2][32];
+    int parity = 0;
     const T *in = static_cast<const T *>(a.in);
     const T *dy = static_cast<const T *>(a.dy);
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
-    const int rows_per_block = blockDim.x / threads_per_row;
-    const bool whole_block = rows_per_block == 1;
-    const int group = threadIdx.x / threads_per_row, lane = threadIdx.x % threads_per_row;
+    const int whole = cols / Vec * Vec; /* columns covered by whole packs */
+    const int rows_per_block = cluster > 1 ? 1 : (int)blockDim.x / threads_per_row;
+    const int group = cluster > 1 ? 0 : (int)threadIdx.x / threads_per_row;
+    const int lane = cluster > 1 ? cluster_rank() * (int)blockDim.x + (int)threadIdx.x
+                                 : (int)threadIdx.x % threads_per_row;
     const float c2 = a.scale * LOG2E;
 
-    /* Every thread of a block runs the same iterations (the reductions need all of them);
-     * threads whose row is past the end take part with nothing visible and store nothing. */
-    for (int64_t first = (int64_t)blockIdx.x * rows_per_block; first < a.rows;
-         first += (int64_t)gridDim.x * rows_per_block) {
+    /* Every thread of a block (cluster) runs the same iterations (the reductions need all of
+     * them); threads whose row is past the end take part with nothing visible and store nothing. */
+    for (int64_t first = (int64_t)(blockIdx.x / cluster) * rows_per_block; first < a.rows;
+         first += (int64_t)(gridDim.x / cluster) * rows_per_block) {
         const int64_t row = first + group;
         const bool active = row < a.rows;
         const int len = active ? visible_len(a, row) : 0;
+        const int pack_len = len < whole ? len : whole;
         const T *in_row = in + row * a.in_stride;
         const T *dy_row = dy + row * a.in_stride;
-        /* Whole packs: those that start before len are loaded (a pack may straddle len). */
-        tk_pack<T, Vec> xs[PACKS], gs[PACKS];
+        T *out_row = out + row * a.out_stride;
+        /* Whole packs that start before len are loaded (a pack may straddle len). */
+        tk_pack<T, Vec> xs[PACKS], gs[Backward ? PACKS : 1];
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int c0 = (p * threads_per_row + lane) * Vec;
-            if (c0 < len && c0 + Vec <= cols) {
-                xs[p] = load<T, Vec, true>(in_row + c0);
+            if (c0 < pack_len) {
+                xs[p] = load_row_pack<T, Vec>(in_row + c0);
                 if constexpr (Backward)
-                    gs[p] = load<T, Vec, true>(dy_row + c0);
+                    gs[p] = load_row_pack<T, Vec>(dy_row + c0);
             }
         }
         const row_tail<T, Vec> tail = load_tail<T, Vec, Backward>(in_row, dy_row, cols, len, lane);
-        const int whole = cols / Vec * Vec; /* columns covered by whole packs */
-        const int pack_len = len < whole ? len : whole;
 
-        row_stats st;
-        if constexpr (Backward) {
-            float dot = 0.0f;
+        if constexpr (!Backward) {
+            row_extremes<T, Vec> ext;
 #pragma unroll
             for (int p = 0; p < PACKS; p++)
-                accumulate_pack<T, Vec, true, 0>(a, xs[p], gs[p], (p * threads_per_row + lane) * Vec, pack_len, c2,
-                                                 0.0f, &dot);
+                ext.add_visible(xs[p], (p * threads_per_row + lane) * Vec, pack_len);
             if (tail.col < len)
-                accumulate<true, 0>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &dot);
-            st.dot = row_sum(dot, threads_per_row, whole_block, scratch);
+                ext.add(tk_to_float(tail.x));
             keep_packed(xs);
-            keep_packed(gs);
-        } else {
-            float m = -INFINITY;
-#pragma unroll
-            for (int p = 0; p < PACKS; p++)
-                accumulate_pack<T, Vec, false, 0>(a, xs[p], gs[p], (p * threads_per_row + lane) * Vec, pack_len, c2,
-                                                  0.0f, &m);
-            if (tail.col < len)
-                accumulate<false, 0>(a, tk_to_float(tail.x), 0.0f, c2, 0.0f, &m);
-            m = row_max(m, threads_per_row, whole_block, scratch);
-            keep_packed(xs);
+            const float m = row_reduce<op_max>(ext.max_times(c2), threads_per_row, cluster, scratch, parity);
+            const float shift = m == -INFINITY ? 0.0f : m; /* nothing visible, or only -inf */
             float s = 0.0f;
 #pragma unroll
             for (int p = 0; p < PACKS; p++)
-                accumulate_pack<T, Vec, false, 1>(a, xs[p], gs[p], (p * threads_per_row + lane) * Vec, pack_len, c2,
-                                                  m, &s);
+                for_visible<Vec>((p * threads_per_row + lane) * Vec, pack_len,
+                                 [&](int e) { s += fast_exp2(tk_to_float(xs[p].v[e]) * c2 - shift); });
             if (tail.col < len)
-                accumulate<false, 1>(a, tk_to_float(tail.x), 0.0f, c2, m, &s);
-            st = forward_stats(m, row_sum(s, threads_per_row, whole_block, scratch));
+                s += fast_exp2(tk_to_float(tail.x) * c2 - shift);
             keep_packed(xs);
-        }
-        if (active) {
-            T *out_row = out + row * a.out_stride;
+            s = row_reduce<op_sum>(s, threads_per_row, cluster, scratch, parity);
+            if (cluster > 1)
+                cluster_arrive();
+            /* y = 2^(t - lse): the division by the sum folded into the exponent. lse = -inf
+             * when nothing is visible (no visible output then). */
+            const float lse = shift + __log2f(s);
+            if (active) {
 #pragma unroll
-            for (int p = 0; p < PACKS; p++) {
-                const int c0 = (p * threads_per_row + lane) * Vec;
-                if (c0 + Vec <= cols)
-                    store_streaming<T, Vec>(out_row + c0, output_pack<T, Vec, Backward>(a, st, xs[p], gs[p], c0, len, c2));
+                for (int p = 0; p < PACKS; p++) {
+                    const int c0 = (p * threads_per_row + lane) * Vec;
+                    float y[Vec];
+                    if (a.log) {
+#pragma unroll
+                        for (int e = 0; e < Vec; e++)
+                            y[e] = -INFINITY;
+                        for_visible<Vec>(c0, pack_len,
+                                         [&](int e) { y[e] = (tk_to_float(xs[p].v[e]) * c2 - lse) * LN2; });
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < Vec; e++)
+                            y[e] = 0.0f;
+                        for_visible<Vec>(c0, pack_len,
+                                         [&](int e) { y[e] = fast_exp2(tk_to_float(xs[p].v[e]) * c2 - lse); });
+                    }
+                    if (c0 < whole)
+                        store_row_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(y));
+                }
+                if (tail.col < cols) {
+                    const float t = tk_to_float(tail.x) * c2;
+                    out_row[tail.col] = tk_from_float<T>(tail.col >= len ? (a.log ? -INFINITY : 0.0f)
+                                                         : a.log       ? (t - lse) * LN2
+                                                                       : fast_exp2(t - lse));
+                }
             }
-            if (tail.col < cols)
-                out_row[tail.col] = tk_from_float<T>(output_value<Backward>(
-                    a, st, tk_to_float(tail.x), Backward ? tk_to_float(tail.g) : 0.0f, c2, tail.col < len));
+        } else {
+            constexpr bool Log = Mode == BACKWARD_LOG;
+            float dot = 0.0f; /* sum dy y (softmax) or sum dy (log-softmax) */
+#pragma unroll
+            for (int p = 0; p < PACKS; p++)
+                for_visible<Vec>((p * threads_per_row + lane) * Vec, pack_len, [&](int e) {
+                    dot += Log ? tk_to_float(gs[p].v[e]) : tk_to_float(xs[p].v[e]) * tk_to_float(gs[p].v[e]);
+                });
+            if (tail.col < len)
+                dot += Log ? tk_to_float(tail.g) : tk_to_float(tail.x) * tk_to_float(tail.g);
+            keep_packed(xs);
+            keep_packed(gs);
+            dot = row_reduce<op_sum>(dot, threads_per_row, cluster, scratch, parity);
+            if (cluster > 1)
+                cluster_arrive();
+            if (active) {
+#pragma unroll
+                for (int p = 0; p < PACKS; p++) {
+                    const int c0 = (p * threads_per_row + lane) * Vec;
+                    float dx[Vec];
+#pragma unroll
+                    for (int e = 0; e < Vec; e++)
+                        dx[e] = 0.0f;
+                    for_visible<Vec>(c0, pack_len, [&](int e) {
+                        const float y = tk_to_float(xs[p].v[e]), g = tk_to_float(gs[p].v[e]);
+                        dx[e] = Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot) : a.scale * y * (g - dot);
+                    });
+                    if (c0 < whole)
+                        store_row_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(dx));
+                }
+                if (tail.col < cols) {
+                    const float y = tk_to_float(tail.x), g = tk_to_float(tail.g);
+                    out_row[tail.col] = tk_from_float<T>(tail.col >= len ? 0.0f
+                                                         : Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot)
+                                                               : a.scale * y * (g - dot));
+                }
+            }
         }
+        if (cluster > 1)
+            cluster_wait();
     }
 }
 
@@ -338,7 +601,8 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             for (int u = 0; u < UNROLL; u++) {
                 const int c0 = base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec;
                 if (c0 < pack_len) {
-                    xs[u] = load<T, Vec, false>(in_row + c0);
+                    if (!(Backward && a.log)) /* the log-softmax backward sums dy alone */
+                        xs[u] = load<T, Vec, false>(in_row + c0);
                     if constexpr (Backward)
                         gs[u] = load<T, Vec, false>(dy_row + c0);
                 }
@@ -346,15 +610,15 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             if constexpr (Backward) {
 #pragma unroll
                 for (int u = 0; u < UNROLL; u++)
-                    accumulate_pack<T, Vec, true, 0>(a, xs[u], gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                                     pack_len, c2, 0.0f, &acc);
+                    accumulate_pack<T, Vec, true>(a, xs[u], gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
+                                                  pack_len, c2, 0.0f, &acc);
             } else {
-                float chunk_max = -INFINITY;
+                row_extremes<T, Vec> ext;
 #pragma unroll
                 for (int u = 0; u < UNROLL; u++)
-                    accumulate_pack<T, Vec, false, 0>(a, xs[u], gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                                      pack_len, c2, 0.0f, &chunk_max);
+                    ext.add_visible(xs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec, pack_len);
                 keep_packed(xs);
+                const float chunk_max = ext.max_times(c2);
                 if (chunk_max > m) { /* rescale the sum to the new maximum (0 * 0 when m = -inf) */
                     acc *= fast_exp2(m - chunk_max);
                     m = chunk_max;
@@ -362,16 +626,16 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
                 if (m != -INFINITY) { /* all -inf so far: nothing to add */
 #pragma unroll
                     for (int u = 0; u < UNROLL; u++)
-                        accumulate_pack<T, Vec, false, 1>(a, xs[u], gs[u],
-                                                          base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                                          pack_len, c2, m, &acc);
+                        accumulate_pack<T, Vec, false>(a, xs[u], gs[u],
+                                                       base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
+                                                       pack_len, c2, m, &acc);
                 }
             }
         }
         row_stats st;
         if constexpr (Backward) {
             if (tail.col < len)
-                accumulate<true, 0>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &acc);
+                accumulate<true>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &acc);
             st.dot = tk_block_sum(acc, scratch);
         } else {
             if (tail.col < len) {
@@ -385,7 +649,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             }
             const float row_m = tk_block_max(m, scratch);
             const float scaled = m == -INFINITY ? 0.0f : acc * fast_exp2(m - row_m);
-            st = forward_stats(row_m, tk_block_sum(scaled, scratch));
+            st.lse = row_m + __log2f(tk_block_sum(scaled, scratch)); /* -inf: nothing visible */
         }
 
         /* Pass 2: re-read (last use) and write every whole pack, masked columns included. */
@@ -418,36 +682,65 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
 
 int64_t grid_limit(int64_t blocks) { return blocks > 0x7fffffff ? 0x7fffffff : (blocks < 1 ? 1 : blocks); }
 
-template <typename T, int Vec, bool Backward>
-cudaError_t launch_regs(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr int PACKS = regs_packs<Backward>();
-    constexpr auto kernel = softmax_regs_kernel<T, Vec, Backward>;
+/* Row mapping of the rows kernel (see the top of the file). use_cluster: spread rows of more
+ * than CLUSTER_BLOCK_THREADS threads over a cluster of blocks instead of one larger block. */
+template <typename T, int Vec, int Mode>
+cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream, bool use_cluster) {
+    constexpr int PACKS = rows_packs<Mode>();
+    constexpr auto kernel = softmax_rows_kernel<T, Vec, Mode>;
     const int64_t packs = (a->cols + Vec - 1) / Vec;
     const int64_t needed = (packs + PACKS - 1) / PACKS;
-    int threads, threads_per_row;
+    int threads, threads_per_row, cluster = 1;
     if (needed <= 32) { /* several rows per block, each on a power-of-two group of lanes */
         threads_per_row = Vec; /* at least one lane per element of a partial last pack */
         while (threads_per_row < needed)
             threads_per_row *= 2;
         threads = REGS_GROUP_BLOCK;
-    } else {
+    } else if (!use_cluster || needed <= CLUSTER_BLOCK_THREADS) {
         threads = threads_per_row = (int)((needed + 31) / 32 * 32);
+    } else {
+        cluster = 2;
+        while (cluster < CLUSTER_MAX_BLOCKS && (int64_t)cluster * CLUSTER_BLOCK_THREADS < needed)
+            cluster *= 2;
+        threads = (int)((needed + cluster - 1) / cluster + 31) / 32 * 32;
+        threads_per_row = cluster * threads;
     }
-    const int64_t rows_per_block = threads / threads_per_row;
-    /* One block per row group, not a one-wave persistent grid: on an H200 this measured
-     * 0.85-0.92 of the copy bandwidth where the persistent grid measured 0.78-0.84 (bf16 and f32
-     * 16384x4096, 65536x1024, backward): while some blocks reduce, others of the same SM load. */
-    (void)dev;
-    const int64_t blocks = (a->rows + rows_per_block - 1) / rows_per_block;
-    kernel<<<(unsigned)grid_limit(blocks), threads, 0, stream>>>(*a, threads_per_row);
-    return cudaGetLastError();
+    const int64_t rows_per_block = cluster > 1 ? 1 : threads / threads_per_row;
+    /* One block (cluster) per row group, not a one-wave persistent grid: on an H200 this
+     * measured 0.85-0.92 of the copy bandwidth where the persistent grid measured 0.78-0.84
+     * (bf16 and f32 16384x4096, 65536x1024, backward): while some blocks reduce, others of the
+     * same SM load. */
+    const int64_t groups = grid_limit((a->rows + rows_per_block - 1) / rows_per_block);
+    if (cluster == 1) {
+        kernel<<<(unsigned)groups, threads, 0, stream>>>(*a, threads_per_row, 1);
+        return cudaGetLastError();
+    }
+    if (cluster > 8) { /* past the portable cluster size */
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e != cudaSuccess)
+            return e;
+    }
+    const int64_t cluster_groups = groups < 0x7fffffff / cluster ? groups : 0x7fffffff / cluster;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)(cluster_groups * cluster));
+    config.blockDim = dim3((unsigned)threads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = (unsigned)cluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, *a, threads_per_row, cluster);
 }
 
 template <typename T, int Vec, bool Backward>
 cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward>;
     /* Rows in flight: at least one per SM, more only while they fit in half of L2. */
-    const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward ? 2 : 1);
+    /* What pass 2 re-reads: x, or y and dy (dy alone for the log-softmax backward). */
+    const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward && !a->log ? 2 : 1);
     int64_t blocks = (int64_t)dev->l2_bytes / 2 / row_bytes;
     if (blocks < dev->sm_count)
         blocks = dev->sm_count;
@@ -460,45 +753,53 @@ cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaSt
     return cudaGetLastError();
 }
 
-template <bool Wide, bool Stream, typename T>
+enum launch_kind { REGS, CLUSTER, STREAM };
+
+template <int Kind, int Vec, typename T>
 cudaError_t launch_direction(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr int Vec = Wide ? (int)(16 / sizeof(T)) : 1;
-    if constexpr (Stream)
+    if constexpr (Kind == STREAM)
         return a->backward ? launch_stream<T, Vec, true>(a, dev, stream) : launch_stream<T, Vec, false>(a, dev, stream);
-    else
-        return a->backward ? launch_regs<T, Vec, true>(a, dev, stream) : launch_regs<T, Vec, false>(a, dev, stream);
+    if (!a->backward)
+        return launch_rows<T, Vec, FORWARD>(a, stream, Kind == CLUSTER);
+    return a->log ? launch_rows<T, Vec, BACKWARD_LOG>(a, stream, Kind == CLUSTER)
+                  : launch_rows<T, Vec, BACKWARD>(a, stream, Kind == CLUSTER);
 }
 
-template <bool Wide, bool Stream>
+template <int Kind, bool Wide>
 cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
     switch (a->dtype) {
-    case TK_F32: return launch_direction<Wide, Stream, float>(a, dev, stream);
-    case TK_F16: return launch_direction<Wide, Stream, __half>(a, dev, stream);
-    case TK_BF16: return launch_direction<Wide, Stream, __nv_bfloat16>(a, dev, stream);
+    case TK_F32: return launch_direction<Kind, Wide ? 4 : 1, float>(a, dev, stream);
+    case TK_F16: return launch_direction<Kind, Wide ? 8 : 1, __half>(a, dev, stream);
+    case TK_BF16: return launch_direction<Kind, Wide ? 8 : 1, __nv_bfloat16>(a, dev, stream);
     }
     return cudaErrorInvalidValue;
 }
 
 } // namespace
 
-extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward) {
+extern "C" int64_t tk_softmax_rows_max_cols(int elem_bytes, bool wide, bool backward, bool log, bool cluster) {
     const int64_t vec = wide ? 16 / elem_bytes : 1;
-    return (int64_t)REGS_MAX_THREADS * (backward ? REGS_PACKS_BWD : REGS_PACKS_FWD) * vec;
+    const int64_t packs = backward && !log ? ROWS_PACKS_BWD : ROWS_PACKS;
+    return (cluster ? CLUSTER_MAX_BLOCKS : 1) * (int64_t)ROWS_MAX_THREADS * packs * vec;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<true, false>(call, dev, stream);
+    return launch_dtype<REGS, true>(call, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_dtype<CLUSTER, true>(call, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_softmax_scalar_regs(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<false, false>(call, dev, stream);
+    return launch_dtype<REGS, false>(call, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_stream(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<true, true>(call, dev, stream);
+    return launch_dtype<STREAM, true>(call, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_softmax_scalar_stream(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<false, true>(call, dev, stream);
+    return launch_dtype<STREAM, false>(call, dev, stream);
 }
