@@ -2,42 +2,49 @@
  * Row softmax and log-softmax, forward and backward, with a scale and an optional causal mask
  * (conventions and formulas in include/tkern.h, tk_softmax_params). Per row of visible length
  * len (masked columns are written but not read, except for the rest of the 16-byte pack that
- * holds column len), in base 2 so that each exponential is one
- * FFMA + MUFU.EX2:
+ * holds column len), in base 2 so that each exponential is one FFMA + MUFU.EX2:
  *
- *     t_c = x_c * scale * log2(e),  m = max_c t_c,  s = sum_c 2^(t_c - m)
- *     softmax y_c = 2^(t_c - m) / s                 log-softmax y_c = (t_c - m - log2 s) * ln 2
+ *     t_c = x_c * scale * log2(e),  m = max_c t_c,  s = sum_c 2^(t_c - m),  lse = m + log2 s
+ *     softmax y_c = 2^(t_c - lse)                   log-softmax y_c = (t_c - lse) * ln 2
  *     backward: softmax dx_c = scale y_c (dy_c - sum dy y),  log dx_c = scale (dy_c - e^y_c sum dy)
  *
- * The op is memory-bound (a few flops per element), so the aim is to move each byte once at
- * the copy bandwidth. Two row mappings:
+ * The op is memory-bound, but only just for 16-bit data: 4 bytes per element moved against two
+ * exponentials and ~10 other instructions. On the H200 the row kernels ran at 0.78-0.85 of the
+ * copy bandwidth with 11.5-13.5 instructions per element, so the per-element work is cut to
+ * the minimum: the max is taken on the raw packs, two bf16 / f16 at a time and before any
+ * conversion (max and min of x, times the scale once); the sum is FFMA + EX2 + FADD; the
+ * output folds the division by the sum into the exponent (2^(t - lse)) and converts two
+ * elements per instruction. Two row mappings:
  *
  * "regs" (rows that fit on chip): the row is loaded once into registers, as raw 16-byte packs
- * (PACKS = 4 per thread forward, 32 bf16 elements = 16 registers; 2 per tensor backward, which
- * holds y and dy), then reduced and written from the registers: exactly one read and one write
- * per element. keep_packed() stops the compiler from keeping f32 copies of the row alive across
- * the reductions (which spilled at 8 packs). Threads per row tpr = packs / PACKS rounded up: up
- * to 32 it is a power of two (at least one lane per element of a partial last pack) and a
- * 128-thread block holds 128 / tpr rows, reduced with shuffles only (no barrier); past 32 one
- * block holds one row (64..1024 threads, reductions through 32 floats of shared memory), so
- * forward rows reach 1024 x 4 x 8 = 32768 bf16 / f16 (16384 f32), backward half that. Every
- * thread issues all its loads before the first use (64 bytes in flight per thread, 64 KB per SM
- * at 1024 resident threads). Grid: one block per row group (see launch_regs for why not a
- * persistent grid); blocks stride only past the grid limit. The 16384 x 4096 bf16 benchmark
- * is 512 packs per row: one block of 128 threads x 4 packs per row, up to 16 blocks per SM
- * (56 registers).
+ * (ROWS_PACKS = 4 per thread forward, 32 bf16 elements = 16 registers; 2 of y and 2 of dy
+ * backward), then reduced and written from the registers: exactly one read and one write per
+ * element. keep_packed() stops the compiler from keeping f32 copies of the row alive across
+ * the reductions. Threads per row tpr = packs / PACKS rounded up: up to 32 it is a power of two
+ * (at least one lane per element of a partial last pack) and a 128-thread block holds
+ * 128 / tpr rows, reduced with shuffles only; past 32 one block holds one row (64..1024
+ * threads), and each reduction (max, then sum; the dot backward) costs ONE barrier: every warp
+ * writes its partial to double-buffered shared memory and reads all of them. Forward rows reach
+ * 1024 x 4 x 8 = 32768 bf16 / f16 (16384 f32), backward half that. Every thread issues all its
+ * loads before the first use. Grid: one block per row group (see launch_rows); blocks stride
+ * only past the grid limit. The 16384 x 4096 bf16 benchmark is one block of 128 threads x
+ * 4 packs per row, 56 registers: 9 blocks per SM.
  *
  * "stream" (any width, e.g. 131072-wide vocabulary rows): one block of 512 threads per row.
  * Pass 1 reads the row in chunks of 512 x UNROLL packs (4 forward, 2 per tensor backward:
  * 32 KB in flight per block) and keeps a running (max, sum) per thread with the online
  * rescaling s = s 2^(m_old - m_new) + ..., combined across the block at the end; backward just
- * sums. Pass 2 re-reads the row with last-use loads (ld.global.cs) and writes the output with
- * streaming stores. DRAM traffic is one read and one write when pass 2 hits L2: the grid is
- * limited to max(SM count, L2 bytes / 2 / row bytes) blocks, so that the rows being worked on
- * (132 x 256 KB = 33 MB for 131072 bf16 columns on an H200) fit in its 50 MB L2 next to the
- * streaming stores; a miss costs a second DRAM read (at worst 3 instead of 2 row transfers).
- * Not measured yet; the alternative, a row split over a thread-block cluster's shared memory
- * (one DRAM read guaranteed), is not implemented.
+ * sums (dy alone for the log-softmax, which does not read y in pass 1). Pass 2 re-reads the row
+ * with last-use loads (ld.global.cs) and writes the output with streaming stores. The grid is
+ * limited to max(SM count, L2 bytes / 2 / re-read row bytes) blocks so that the rows being
+ * worked on (132 x 256 KB = 33 MB for 131072 bf16 columns) stay in the H200's 50 MB L2: ncu
+ * measured the forward's DRAM traffic at one read and one write of the tensor, pass 2 hitting
+ * L2. What holds the stream at ~0.67 of the copy bandwidth is one block per SM alternating
+ * between a load-only and a store-only phase, not DRAM. A row held in the registers of a
+ * thread-block cluster (8 x 512 threads, max / sum exchanged through distributed shared
+ * memory: one DRAM read, no second pass) measured 0.50 of copy on the H200 where the stream,
+ * with the same earlier per-element code, measured 0.67; it was dropped (git history of this
+ * file).
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -56,10 +63,6 @@ constexpr int ROWS_PACKS = 4;     /* packs of x a thread holds, forward */
 constexpr int ROWS_PACKS_BWD = 2; /* softmax backward: of y and of dy */
 constexpr int ROWS_MAX_THREADS = 1024;
 constexpr int REGS_GROUP_BLOCK = 128; /* block size when several rows share a block */
-constexpr int CLUSTER_BLOCK_THREADS = 512;
-constexpr int CLUSTER_MAX_BLOCKS = 8; /* the portable cluster size */
-constexpr bool ROWS_LAST_USE_LOADS = true;
-constexpr bool ROWS_STREAMING_STORES = true;
 constexpr int STREAM_THREADS = 512;
 constexpr int STREAM_UNROLL_FWD = 4;
 constexpr int STREAM_UNROLL_BWD = 2;
@@ -176,16 +179,35 @@ __device__ __forceinline__ float output_value(const tk_softmax_call &a, const ro
     }
 }
 
+/* f32 values to a pack: two elements per conversion instruction for 16-bit types. */
+template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> pack_of(const float (&f)[Vec]) {
+    tk_pack<T, Vec> r;
+    if constexpr (Vec % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__nv_bfloat162 *>(r.v)[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    } else if constexpr (Vec % 2 == 0 && std::is_same_v<T, __half>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__half2 *>(r.v)[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            r.v[e] = tk_from_float<T>(f[e]);
+    }
+    return r;
+}
+
 template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ tk_pack<T, Vec> output_pack(const tk_softmax_call &a, const row_stats &st,
                                                        const tk_pack<T, Vec> &xs, const tk_pack<T, Vec> &gs, int c0,
                                                        int len, float c2) {
-    tk_pack<T, Vec> r;
+    float r[Vec];
 #pragma unroll
     for (int e = 0; e < Vec; e++)
-        r.v[e] = tk_from_float<T>(output_value<Backward>(a, st, tk_to_float(xs.v[e]),
-                                                         Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, c0 + e < len));
-    return r;
+        r[e] = output_value<Backward>(a, st, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2,
+                                      c0 + e < len);
+    return pack_of<T, Vec>(r);
 }
 
 /* The last cols % Vec elements of a row (vec16 rows whose width is not a whole number of
@@ -212,8 +234,8 @@ __device__ __forceinline__ row_tail<T, Vec> load_tail(const T *in_row, const T *
 
 /* ------------------------------------------------------------------------------- rows ---- */
 
-/* Backward holds y and dy (ROWS_PACKS_BWD each). Holding only dy for the log-softmax backward
- * (whose sum needs only dy) and loading y after the reduction spilled at 64 registers. */
+/* Forward holds x (ROWS_PACKS per thread); backward y and dy (ROWS_PACKS_BWD each), for the
+ * softmax (dot of dy and y) or the log-softmax (sum of dy) gradient. */
 enum rows_mode { FORWARD, BACKWARD, BACKWARD_LOG };
 
 template <int Mode> __host__ __device__ constexpr int rows_packs() { return Mode == FORWARD ? ROWS_PACKS : ROWS_PACKS_BWD; }
@@ -229,64 +251,14 @@ struct op_sum {
     static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
 };
 
-/* Thread-block cluster primitives (sm_90; the launcher uses clusters only there). */
-__device__ __forceinline__ int cluster_rank() {
-    unsigned r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return (int)r;
-}
-
-/* Every thread of the cluster arrives (publishing its shared-memory writes) and waits. */
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-/* Split barrier: arrive once done reading the other blocks' shared memory, wait before that
- * memory may be reused or freed (the next row, or the end of the kernel). */
-__device__ __forceinline__ void cluster_arrive() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cluster_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-/* The same shared variable in the block of cluster rank `rank`. */
-__device__ __forceinline__ uint32_t cluster_address(const void *p, int rank) {
-    uint32_t r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
-#endif
-    return r;
-}
-
-__device__ __forceinline__ float load_cluster(const float *p, int rank) {
-    float v = 0.0f;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(p, rank)) : "memory");
-#endif
-    return v;
-}
-
 /* Reduces v over the threads_per_row threads of a row, result in every one of them: within
- * aligned groups of lanes (threads_per_row <= 32); over the block with ONE barrier; or over a
- * cluster with one cluster barrier, reading the other blocks' partials from their shared memory.
- * Each warp writes its partial and every warp reads all of them. The partials alternate between
- * two buffers: a buffer is written again two reductions later, after a barrier that every
- * reader of its previous contents has passed (the last reduction of a row in a cluster is
- * followed by cluster_arrive / cluster_wait, before the blocks move on or exit). Every thread
- * combines the same partials in the same order (xor shuffles are symmetric): same bits. */
+ * aligned groups of lanes (threads_per_row <= 32), or over the block with ONE barrier: each warp
+ * writes its partial, every warp reads all of them. The partials alternate between two buffers:
+ * a buffer is written again two reductions later, after a barrier that every reader of its
+ * previous contents has passed. Every thread combines the same partials in the same order (xor
+ * shuffles are symmetric), so all get the same bits. */
 template <typename Op>
-__device__ __forceinline__ float row_reduce(float v, int threads_per_row, int cluster, float (&scratch)[2][32],
-                                            int &parity) {
+__device__ __forceinline__ float row_reduce(float v, int threads_per_row, float (&scratch)[2][32], int &parity) {
     const int width = threads_per_row < 32 ? threads_per_row : 32;
     for (int offset = width >> 1; offset > 0; offset >>= 1)
         v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
@@ -297,16 +269,8 @@ __device__ __forceinline__ float row_reduce(float v, int threads_per_row, int cl
     parity ^= 1;
     if (lane == 0)
         buf[warp] = v;
-    float r = Op::identity;
-    if (cluster == 1) {
-        __syncthreads();
-        if (lane < warps)
-            r = buf[lane];
-    } else {
-        cluster_sync();
-        for (int k = lane; k < cluster * warps; k += 32)
-            r = Op::apply(r, load_cluster(buf + k % warps, k / warps));
-    }
+    __syncthreads();
+    float r = lane < warps ? buf[lane] : Op::identity;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
         r = Op::apply(r, __shfl_xor_sync(0xffffffffu, r, offset));
@@ -399,43 +363,8 @@ template <int Vec, typename F> __device__ __forceinline__ void for_visible(int c
     }
 }
 
-/* f32 values to a pack: two elements per conversion instruction for 16-bit types. */
-template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> pack_of(const float (&f)[Vec]) {
-    tk_pack<T, Vec> r;
-    if constexpr (Vec % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
-#pragma unroll
-        for (int i = 0; i < Vec / 2; i++)
-            reinterpret_cast<__nv_bfloat162 *>(r.v)[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    } else if constexpr (Vec % 2 == 0 && std::is_same_v<T, __half>) {
-#pragma unroll
-        for (int i = 0; i < Vec / 2; i++)
-            reinterpret_cast<__half2 *>(r.v)[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-    } else {
-#pragma unroll
-        for (int e = 0; e < Vec; e++)
-            r.v[e] = tk_from_float<T>(f[e]);
-    }
-    return r;
-}
-
-template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> load_row_pack(const T *p) {
-    if constexpr (ROWS_LAST_USE_LOADS)
-        return load_last_use<T, Vec>(p);
-    else
-        return tk_load_pack<T, Vec>(p);
-}
-
-template <typename T, int Vec> __device__ __forceinline__ void store_row_pack(T *p, const tk_pack<T, Vec> &v) {
-    if constexpr (ROWS_STREAMING_STORES)
-        store_streaming<T, Vec>(p, v);
-    else
-        tk_store_pack<T, Vec>(p, v);
-}
-
-/* threads_per_row: the threads that hold one row (over `cluster` blocks when cluster > 1). */
 template <typename T, int Vec, int Mode>
-__global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softmax_call a, int threads_per_row,
-                                                                         int cluster) {
+__global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softmax_call a, int threads_per_row) {
     constexpr int PACKS = rows_packs<Mode>();
     constexpr bool Backward = Mode != FORWARD;
     __shared__ float scratch[2][32];
@@ -445,16 +374,14 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
     const int whole = cols / Vec * Vec; /* columns covered by whole packs */
-    const int rows_per_block = cluster > 1 ? 1 : (int)blockDim.x / threads_per_row;
-    const int group = cluster > 1 ? 0 : (int)threadIdx.x / threads_per_row;
-    const int lane = cluster > 1 ? cluster_rank() * (int)blockDim.x + (int)threadIdx.x
-                                 : (int)threadIdx.x % threads_per_row;
+    const int rows_per_block = (int)blockDim.x / threads_per_row;
+    const int group = (int)threadIdx.x / threads_per_row, lane = (int)threadIdx.x % threads_per_row;
     const float c2 = a.scale * LOG2E;
 
-    /* Every thread of a block (cluster) runs the same iterations (the reductions need all of
-     * them); threads whose row is past the end take part with nothing visible and store nothing. */
-    for (int64_t first = (int64_t)(blockIdx.x / cluster) * rows_per_block; first < a.rows;
-         first += (int64_t)(gridDim.x / cluster) * rows_per_block) {
+    /* Every thread of a block runs the same iterations (the reductions need all of them);
+     * threads whose row is past the end take part with nothing visible and store nothing. */
+    for (int64_t first = (int64_t)blockIdx.x * rows_per_block; first < a.rows;
+         first += (int64_t)gridDim.x * rows_per_block) {
         const int64_t row = first + group;
         const bool active = row < a.rows;
         const int len = active ? visible_len(a, row) : 0;
@@ -468,9 +395,9 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
         for (int p = 0; p < PACKS; p++) {
             const int c0 = (p * threads_per_row + lane) * Vec;
             if (c0 < pack_len) {
-                xs[p] = load_row_pack<T, Vec>(in_row + c0);
+                xs[p] = tk_load_pack<T, Vec>(in_row + c0);
                 if constexpr (Backward)
-                    gs[p] = load_row_pack<T, Vec>(dy_row + c0);
+                    gs[p] = tk_load_pack<T, Vec>(dy_row + c0);
             }
         }
         const row_tail<T, Vec> tail = load_tail<T, Vec, Backward>(in_row, dy_row, cols, len, lane);
@@ -483,7 +410,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
             if (tail.col < len)
                 ext.add(tk_to_float(tail.x));
             keep_packed(xs);
-            const float m = row_reduce<op_max>(ext.max_times(c2), threads_per_row, cluster, scratch, parity);
+            const float m = row_reduce<op_max>(ext.max_times(c2), threads_per_row, scratch, parity);
             const float shift = m == -INFINITY ? 0.0f : m; /* nothing visible, or only -inf */
             float s = 0.0f;
 #pragma unroll
@@ -493,12 +420,10 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
             if (tail.col < len)
                 s += fast_exp2(tk_to_float(tail.x) * c2 - shift);
             keep_packed(xs);
-            s = row_reduce<op_sum>(s, threads_per_row, cluster, scratch, parity);
-            if (cluster > 1)
-                cluster_arrive();
+            s = row_reduce<op_sum>(s, threads_per_row, scratch, parity);
             /* y = 2^(t - lse): the division by the sum folded into the exponent. lse = -inf
              * when nothing is visible (no visible output then). */
-            const float lse = shift + __log2f(s);
+            const float lse = shift + log2f(s);
             if (active) {
 #pragma unroll
                 for (int p = 0; p < PACKS; p++) {
@@ -518,7 +443,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                                          [&](int e) { y[e] = fast_exp2(tk_to_float(xs[p].v[e]) * c2 - lse); });
                     }
                     if (c0 < whole)
-                        store_row_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(y));
+                        tk_store_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(y));
                 }
                 if (tail.col < cols) {
                     const float t = tk_to_float(tail.x) * c2;
@@ -539,9 +464,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                 dot += Log ? tk_to_float(tail.g) : tk_to_float(tail.x) * tk_to_float(tail.g);
             keep_packed(xs);
             keep_packed(gs);
-            dot = row_reduce<op_sum>(dot, threads_per_row, cluster, scratch, parity);
-            if (cluster > 1)
-                cluster_arrive();
+            dot = row_reduce<op_sum>(dot, threads_per_row, scratch, parity);
             if (active) {
 #pragma unroll
                 for (int p = 0; p < PACKS; p++) {
@@ -555,7 +478,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                         dx[e] = Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot) : a.scale * y * (g - dot);
                     });
                     if (c0 < whole)
-                        store_row_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(dx));
+                        tk_store_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(dx));
                 }
                 if (tail.col < cols) {
                     const float y = tk_to_float(tail.x), g = tk_to_float(tail.g);
@@ -565,8 +488,6 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                 }
             }
         }
-        if (cluster > 1)
-            cluster_wait();
     }
 }
 
@@ -649,7 +570,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             }
             const float row_m = tk_block_max(m, scratch);
             const float scaled = m == -INFINITY ? 0.0f : acc * fast_exp2(m - row_m);
-            st.lse = row_m + __log2f(tk_block_sum(scaled, scratch)); /* -inf: nothing visible */
+            st.lse = row_m + log2f(tk_block_sum(scaled, scratch)); /* -inf: nothing visible */
         }
 
         /* Pass 2: re-read (last use) and write every whole pack, masked columns included. */
@@ -682,57 +603,28 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
 
 int64_t grid_limit(int64_t blocks) { return blocks > 0x7fffffff ? 0x7fffffff : (blocks < 1 ? 1 : blocks); }
 
-/* Row mapping of the rows kernel (see the top of the file). use_cluster: spread rows of more
- * than CLUSTER_BLOCK_THREADS threads over a cluster of blocks instead of one larger block. */
 template <typename T, int Vec, int Mode>
-cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream, bool use_cluster) {
+cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
     constexpr int PACKS = rows_packs<Mode>();
     constexpr auto kernel = softmax_rows_kernel<T, Vec, Mode>;
     const int64_t packs = (a->cols + Vec - 1) / Vec;
     const int64_t needed = (packs + PACKS - 1) / PACKS;
-    int threads, threads_per_row, cluster = 1;
+    int threads, threads_per_row;
     if (needed <= 32) { /* several rows per block, each on a power-of-two group of lanes */
         threads_per_row = Vec; /* at least one lane per element of a partial last pack */
         while (threads_per_row < needed)
             threads_per_row *= 2;
         threads = REGS_GROUP_BLOCK;
-    } else if (!use_cluster || needed <= CLUSTER_BLOCK_THREADS) {
-        threads = threads_per_row = (int)((needed + 31) / 32 * 32);
     } else {
-        cluster = 2;
-        while (cluster < CLUSTER_MAX_BLOCKS && (int64_t)cluster * CLUSTER_BLOCK_THREADS < needed)
-            cluster *= 2;
-        threads = (int)((needed + cluster - 1) / cluster + 31) / 32 * 32;
-        threads_per_row = cluster * threads;
+        threads = threads_per_row = (int)((needed + 31) / 32 * 32);
     }
-    const int64_t rows_per_block = cluster > 1 ? 1 : threads / threads_per_row;
-    /* One block (cluster) per row group, not a one-wave persistent grid: on an H200 this
-     * measured 0.85-0.92 of the copy bandwidth where the persistent grid measured 0.78-0.84
-     * (bf16 and f32 16384x4096, 65536x1024, backward): while some blocks reduce, others of the
-     * same SM load. */
-    const int64_t groups = grid_limit((a->rows + rows_per_block - 1) / rows_per_block);
-    if (cluster == 1) {
-        kernel<<<(unsigned)groups, threads, 0, stream>>>(*a, threads_per_row, 1);
-        return cudaGetLastError();
-    }
-    if (cluster > 8) { /* past the portable cluster size */
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess)
-            return e;
-    }
-    const int64_t cluster_groups = groups < 0x7fffffff / cluster ? groups : 0x7fffffff / cluster;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)(cluster_groups * cluster));
-    config.blockDim = dim3((unsigned)threads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = (unsigned)cluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, *a, threads_per_row, cluster);
+    const int64_t rows_per_block = threads / threads_per_row;
+    /* One block per row group, not a one-wave persistent grid: on an H200 this measured
+     * 0.85-0.92 of the copy bandwidth where the persistent grid measured 0.78-0.84 (bf16 and f32
+     * 16384x4096, 65536x1024, backward): while some blocks reduce, others of the same SM load. */
+    const int64_t blocks = (a->rows + rows_per_block - 1) / rows_per_block;
+    kernel<<<(unsigned)grid_limit(blocks), threads, 0, stream>>>(*a, threads_per_row);
+    return cudaGetLastError();
 }
 
 template <typename T, int Vec, bool Backward>
@@ -753,53 +645,46 @@ cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaSt
     return cudaGetLastError();
 }
 
-enum launch_kind { REGS, CLUSTER, STREAM };
-
-template <int Kind, int Vec, typename T>
+template <bool Wide, bool Stream, typename T>
 cudaError_t launch_direction(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    if constexpr (Kind == STREAM)
+    constexpr int Vec = Wide ? (int)(16 / sizeof(T)) : 1;
+    if constexpr (Stream)
         return a->backward ? launch_stream<T, Vec, true>(a, dev, stream) : launch_stream<T, Vec, false>(a, dev, stream);
     if (!a->backward)
-        return launch_rows<T, Vec, FORWARD>(a, stream, Kind == CLUSTER);
-    return a->log ? launch_rows<T, Vec, BACKWARD_LOG>(a, stream, Kind == CLUSTER)
-                  : launch_rows<T, Vec, BACKWARD>(a, stream, Kind == CLUSTER);
+        return launch_rows<T, Vec, FORWARD>(a, stream);
+    return a->log ? launch_rows<T, Vec, BACKWARD_LOG>(a, stream) : launch_rows<T, Vec, BACKWARD>(a, stream);
 }
 
-template <int Kind, bool Wide>
+template <bool Wide, bool Stream>
 cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
     switch (a->dtype) {
-    case TK_F32: return launch_direction<Kind, Wide ? 4 : 1, float>(a, dev, stream);
-    case TK_F16: return launch_direction<Kind, Wide ? 8 : 1, __half>(a, dev, stream);
-    case TK_BF16: return launch_direction<Kind, Wide ? 8 : 1, __nv_bfloat16>(a, dev, stream);
+    case TK_F32: return launch_direction<Wide, Stream, float>(a, dev, stream);
+    case TK_F16: return launch_direction<Wide, Stream, __half>(a, dev, stream);
+    case TK_BF16: return launch_direction<Wide, Stream, __nv_bfloat16>(a, dev, stream);
     }
     return cudaErrorInvalidValue;
 }
 
 } // namespace
 
-extern "C" int64_t tk_softmax_rows_max_cols(int elem_bytes, bool wide, bool backward, bool log, bool cluster) {
+extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward) {
     const int64_t vec = wide ? 16 / elem_bytes : 1;
-    const int64_t packs = backward && !log ? ROWS_PACKS_BWD : ROWS_PACKS;
-    return (cluster ? CLUSTER_MAX_BLOCKS : 1) * (int64_t)ROWS_MAX_THREADS * packs * vec;
+    return (int64_t)ROWS_MAX_THREADS * (backward ? ROWS_PACKS_BWD : ROWS_PACKS) * vec;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<REGS, true>(call, dev, stream);
-}
-
-extern "C" cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<CLUSTER, true>(call, dev, stream);
+    return launch_dtype<true, false>(call, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_softmax_scalar_regs(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<REGS, false>(call, dev, stream);
+    return launch_dtype<false, false>(call, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_stream(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<STREAM, true>(call, dev, stream);
+    return launch_dtype<true, true>(call, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_softmax_scalar_stream(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_dtype<STREAM, false>(call, dev, stream);
+    return launch_dtype<false, true>(call, dev, stream);
 }

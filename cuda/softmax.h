@@ -27,16 +27,13 @@ typedef struct tk_softmax_call {
     float scale;
 } tk_softmax_call;
 
-/* Widest row (elements) that the "_regs" launchers (cluster = false) or the "vec16_cluster"
- * launcher (cluster = true) hold on chip, for this dtype (element size in bytes), access width
- * and direction; src/softmax.c uses it in the variants' supports(). */
-int64_t tk_softmax_rows_max_cols(int elem_bytes, bool wide, bool backward, bool log, bool cluster);
+/* Widest row (elements) that the "_regs" launchers hold in registers, for this dtype (element
+ * size in bytes) and direction; src/softmax.c uses it in the variants' supports(). */
+int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward);
 
-/* "vec16_regs" / "scalar_regs": a row in the registers of one block. */
+/* "vec16_regs" / "scalar_regs": a row in registers (cols <= tk_softmax_regs_max_cols). */
 cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_softmax_scalar_regs(const void *call, const tk_device *dev, cudaStream_t stream);
-/* "vec16_cluster" (sm_90): a row in the registers of a thread-block cluster. */
-cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream);
 /* "vec16_stream" / "scalar_stream": any width, two passes over the row. */
 cudaError_t tk_launch_softmax_vec16_stream(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_softmax_scalar_stream(const void *call, const tk_device *dev, cudaStream_t stream);

@@ -24,24 +24,21 @@ static bool vec16_fits(const tk_softmax_call *a) {
            rows_aligned16(a->out, a->rows, a->out_stride, es);
 }
 
-static bool rows_fit(const tk_softmax_call *a, bool wide, bool cluster) {
-    return a->cols <=
-           tk_softmax_rows_max_cols((int)tk_dtype_size((tk_dtype)a->dtype), wide, a->backward, a->log, cluster);
+static bool regs_fit(const tk_softmax_call *a, bool wide) {
+    return a->cols <= tk_softmax_regs_max_cols((int)tk_dtype_size((tk_dtype)a->dtype), wide, a->backward);
 }
 
-static bool vec16_regs_supports(tk_call_args call) { return vec16_fits(call) && rows_fit(call, true, false); }
-static bool vec16_cluster_supports(tk_call_args call) { return vec16_fits(call) && rows_fit(call, true, true); }
+static bool vec16_regs_supports(tk_call_args call) { return vec16_fits(call) && regs_fit(call, true); }
 static bool vec16_stream_supports(tk_call_args call) { return vec16_fits(call); }
-static bool scalar_regs_supports(tk_call_args call) { return rows_fit(call, false, false); }
+static bool scalar_regs_supports(tk_call_args call) { return regs_fit(call, false); }
 
 static const tk_variant softmax_variants[] = {
     {"vec16_regs", 800, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
-    {"vec16_cluster", 900, false, vec16_cluster_supports, tk_launch_softmax_vec16_cluster},
     {"vec16_stream", 800, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
     {"scalar_regs", 800, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
     {"scalar_stream", 800, false, NULL, tk_launch_softmax_scalar_stream},
 };
-const tk_op tk_op_softmax = {"softmax", softmax_variants, 5};
+const tk_op tk_op_softmax = {"softmax", softmax_variants, 4};
 
 static tk_status check_element_aligned(const char *fn, const char *name, const void *p, tk_dtype dtype) {
     if ((uintptr_t)p % tk_dtype_size(dtype) == 0)
