@@ -10,8 +10,8 @@
  *
  * The op is memory-bound, but only just for 16-bit data: 4 bytes per element moved against two
  * exponentials and ~10 other instructions. On the H200 the row kernels ran at 0.78-0.85 of the
- * copy bandwidth with 11.5-13.5 instructions per element, so the per-element work is cut to
- * the minimum: the max is taken on the raw packs, two bf16 / f16 at a time and before any
+ * copy bandwidth with about 11.5-13.5 instructions per element (counted from the source), the
+ * slower the more instructions, so the per-element work is cut to the minimum: the max is taken on the raw packs, two bf16 / f16 at a time and before any
  * conversion (max and min of x, times the scale once); the sum is FFMA + EX2 + FADD; the
  * output folds the division by the sum into the exponent (2^(t - lse)) and converts two
  * elements per instruction. Two row mappings:
