@@ -11,10 +11,11 @@
  * The op is memory-bound, but only just for 16-bit data: 4 bytes per element moved against two
  * exponentials and ~10 other instructions. On the H200 the row kernels ran at 0.78-0.85 of the
  * copy bandwidth with about 11.5-13.5 instructions per element (counted from the source), the
- * slower the more instructions, so the per-element work is cut to the minimum: the max is taken on the raw packs, two bf16 / f16 at a time and before any
- * conversion (max and min of x, times the scale once); the sum is FFMA + EX2 + FADD; the
- * output folds the division by the sum into the exponent (2^(t - lse)) and converts two
- * elements per instruction. Two row mappings:
+ * slower the more instructions, so the per-element work is cut to the minimum: the max is
+ * taken on the raw packs, two bf16 / f16 at a time and before any conversion (max and min of
+ * x, times the scale once); the sum is FFMA + EX2 + FADD; the output folds the division by the
+ * sum into the exponent (2^(t - lse)) and converts two elements per instruction. Two row
+ * mappings:
  *
  * "regs" (rows that fit on chip): the row is loaded once into registers, as raw 16-byte packs
  * (ROWS_PACKS = 4 per thread forward, 32 bf16 elements = 16 registers; 2 of y and 2 of dy
@@ -238,7 +239,9 @@ __device__ __forceinline__ row_tail<T, Vec> load_tail(const T *in_row, const T *
  * softmax (dot of dy and y) or the log-softmax (sum of dy) gradient. */
 enum rows_mode { FORWARD, BACKWARD, BACKWARD_LOG };
 
-template <int Mode> __host__ __device__ constexpr int rows_packs() { return Mode == FORWARD ? ROWS_PACKS : ROWS_PACKS_BWD; }
+template <int Mode> __host__ __device__ constexpr int rows_packs() {
+    return Mode == FORWARD ? ROWS_PACKS : ROWS_PACKS_BWD;
+}
 
 /* The two reductions of a row: the forward max, and sums. */
 struct op_max {
