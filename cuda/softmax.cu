@@ -2,47 +2,57 @@
  * Row softmax and log-softmax, forward and backward, with a scale and an optional causal mask
  * (conventions and formulas in include/tkern.h, tk_softmax_params). Per row of visible length
  * len (masked columns are written but not read, except for the rest of the 16-byte pack that
- * holds column len), in base 2 so that each exponential is one
- * FFMA + MUFU.EX2:
+ * holds column len), in base 2 so that each exponential is one FFMA + MUFU.EX2:
  *
- *     t_c = x_c * scale * log2(e),  m = max_c t_c,  s = sum_c 2^(t_c - m)
- *     softmax y_c = 2^(t_c - m) / s                 log-softmax y_c = (t_c - m - log2 s) * ln 2
+ *     t_c = x_c * scale * log2(e),  m = max_c t_c,  s = sum_c 2^(t_c - m),  lse = m + log2 s
+ *     softmax y_c = 2^(t_c - lse)                   log-softmax y_c = (t_c - lse) * ln 2
  *     backward: softmax dx_c = scale y_c (dy_c - sum dy y),  log dx_c = scale (dy_c - e^y_c sum dy)
  *
- * The op is memory-bound (a few flops per element), so the aim is to move each byte once at
- * the copy bandwidth. Two row mappings:
+ * The op is memory-bound, but only just for 16-bit data: 4 bytes per element moved against two
+ * exponentials and ~10 other instructions. On the H200 the row kernels ran at 0.78-0.85 of the
+ * copy bandwidth with about 11.5-13.5 instructions per element (counted from the source), the
+ * slower the more instructions, so the per-element work is cut to the minimum: the max is
+ * taken on the raw packs, two bf16 / f16 at a time and before any conversion (max and min of
+ * x, times the scale once); the sum is FFMA + EX2 + FADD; the output folds the division by the
+ * sum into the exponent (2^(t - lse)) and converts two elements per instruction. Two row
+ * mappings:
  *
  * "regs" (rows that fit on chip): the row is loaded once into registers, as raw 16-byte packs
- * (PACKS = 4 per thread forward, 32 bf16 elements = 16 registers; 2 per tensor backward, which
- * holds y and dy), then reduced and written from the registers: exactly one read and one write
- * per element. keep_packed() stops the compiler from keeping f32 copies of the row alive across
- * the reductions (which spilled at 8 packs). Threads per row tpr = packs / PACKS rounded up: up
- * to 32 it is a power of two (at least one lane per element of a partial last pack) and a
- * 128-thread block holds 128 / tpr rows, reduced with shuffles only (no barrier); past 32 one
- * block holds one row (64..1024 threads, reductions through 32 floats of shared memory), so
- * forward rows reach 1024 x 4 x 8 = 32768 bf16 / f16 (16384 f32), backward half that. Every
- * thread issues all its loads before the first use (64 bytes in flight per thread, 64 KB per SM
- * at 1024 resident threads). Grid: one block per row group (see launch_regs for why not a
- * persistent grid); blocks stride only past the grid limit. The 16384 x 4096 bf16 benchmark
- * is 512 packs per row: one block of 128 threads x 4 packs per row, up to 16 blocks per SM
- * (56 registers).
+ * (ROWS_PACKS = 4 per thread forward, 32 bf16 elements = 16 registers; 2 of y and 2 of dy
+ * backward), then reduced and written from the registers: exactly one read and one write per
+ * element. keep_packed() stops the compiler from keeping f32 copies of the row alive across
+ * the reductions. Threads per row tpr = packs / PACKS rounded up: up to 32 it is a power of two
+ * (at least one lane per element of a partial last pack) and a 128-thread block holds
+ * 128 / tpr rows, reduced with shuffles only; past 32 one block holds one row (64..1024
+ * threads), and each reduction (max, then sum; the dot backward) costs ONE barrier: every warp
+ * writes its partial to double-buffered shared memory and reads all of them. Forward rows reach
+ * 1024 x 4 x 8 = 32768 bf16 / f16 (16384 f32), backward half that. Every thread issues all its
+ * loads before the first use. Grid: one block per row group (see launch_rows); blocks stride
+ * only past the grid limit. The 16384 x 4096 bf16 benchmark is one block of 128 threads x
+ * 4 packs per row, 56 registers: 9 blocks per SM.
  *
  * "stream" (any width, e.g. 131072-wide vocabulary rows): one block of 512 threads per row.
  * Pass 1 reads the row in chunks of 512 x UNROLL packs (4 forward, 2 per tensor backward:
  * 32 KB in flight per block) and keeps a running (max, sum) per thread with the online
  * rescaling s = s 2^(m_old - m_new) + ..., combined across the block at the end; backward just
- * sums. Pass 2 re-reads the row with last-use loads (ld.global.cs) and writes the output with
- * streaming stores. DRAM traffic is one read and one write when pass 2 hits L2: the grid is
- * limited to max(SM count, L2 bytes / 2 / row bytes) blocks, so that the rows being worked on
- * (132 x 256 KB = 33 MB for 131072 bf16 columns on an H200) fit in its 50 MB L2 next to the
- * streaming stores; a miss costs a second DRAM read (at worst 3 instead of 2 row transfers).
- * Not measured yet; the alternative, a row split over a thread-block cluster's shared memory
- * (one DRAM read guaranteed), is not implemented.
+ * sums (dy alone for the log-softmax, which does not read y in pass 1). Pass 2 re-reads the row
+ * with last-use loads (ld.global.cs) and writes the output with streaming stores. The grid is
+ * limited to max(SM count, L2 bytes / 2 / re-read row bytes) blocks so that the rows being
+ * worked on (132 x 256 KB = 33 MB for 131072 bf16 columns) stay in the H200's 50 MB L2: ncu
+ * measured the forward's DRAM traffic at one read and one write of the tensor, pass 2 hitting
+ * L2. What holds the stream at ~0.67 of the copy bandwidth is one block per SM alternating
+ * between a load-only and a store-only phase, not DRAM. A row held in the registers of a
+ * thread-block cluster (8 x 512 threads, max / sum exchanged through distributed shared
+ * memory: one DRAM read, no second pass) measured 0.50 of copy on the H200 where the stream,
+ * with the same earlier per-element code, measured 0.67; it was dropped (git history of this
+ * file).
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
  * last elements of a vec16 row are loaded and stored one by one (row_tail).
  */
+#include <type_traits>
+
 #include "tkern.h"
 
 #include "common.cuh"
@@ -50,17 +60,15 @@
 
 namespace {
 
-constexpr int REGS_PACKS_FWD = 4;
-constexpr int REGS_PACKS_BWD = 2;
-constexpr int REGS_MAX_THREADS = 1024;
+constexpr int ROWS_PACKS = 4;     /* packs of x a thread holds, forward */
+constexpr int ROWS_PACKS_BWD = 2; /* softmax backward: of y and of dy */
+constexpr int ROWS_MAX_THREADS = 1024;
 constexpr int REGS_GROUP_BLOCK = 128; /* block size when several rows share a block */
 constexpr int STREAM_THREADS = 512;
 constexpr int STREAM_UNROLL_FWD = 4;
 constexpr int STREAM_UNROLL_BWD = 2;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.69314718055994531f;
-
-template <bool Backward> constexpr int regs_packs() { return Backward ? REGS_PACKS_BWD : REGS_PACKS_FWD; }
 
 /* 2^x with MUFU.EX2 alone (ex2.approx.ftz: relative error <= 2^-22, results below 2^-126
  * flush to 0, as every probability that small is 0 at the output's f32 spacing near 1). The
@@ -72,11 +80,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+/* row % period (row >= 0, period > 0): a 32-bit remainder when both fit (tensors of fewer
+ * than 2^32 rows), else shift-and-subtract. Not the 64-bit `%`: that calls a routine, and the
+ * registers saved around the call made the rows kernels spill. */
+__device__ __forceinline__ int64_t row_in_period(int64_t row, int64_t period) {
+    if (((row | period) >> 32) == 0)
+        return (int64_t)((uint32_t)row % (uint32_t)period);
+    uint64_t r = 0;
+    for (int bit = 63; bit >= 0; bit--) {
+        r = r << 1 | ((uint64_t)row >> bit & 1); /* r < period <= 2^63: no overflow */
+        if (r >= (uint64_t)period)
+            r -= (uint64_t)period;
+    }
+    return (int64_t)r;
+}
+
 /* Columns of `row` that are visible (host clamped causal_offset to [-period, cols]; cols < 2^31). */
 __device__ __forceinline__ int visible_len(const tk_softmax_call &a, int64_t row) {
     if (!a.causal)
         return (int)a.cols;
-    const int64_t len = row % a.causal_period + a.causal_offset + 1;
+    const int64_t len = row_in_period(row, a.causal_period) + a.causal_offset + 1;
     return (int)(len < 0 ? 0 : (len > a.cols ? a.cols : len));
 }
 
@@ -108,67 +131,37 @@ template <typename T, int Vec, bool LastUse> __device__ __forceinline__ tk_pack<
         return tk_load_pack<T, Vec>(p);
 }
 
-/* Reductions over the threads of one row: the whole block, or aligned groups of `width`
- * (a power of two <= 32) lanes within a warp. */
-__device__ __forceinline__ float row_max(float v, int width, bool whole_block, float *scratch) {
-    if (whole_block)
-        return tk_block_max(v, scratch);
-    for (int offset = width >> 1; offset > 0; offset >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
-__device__ __forceinline__ float row_sum(float v, int width, bool whole_block, float *scratch) {
-    if (whole_block)
-        return tk_block_sum(v, scratch);
-    for (int offset = width >> 1; offset > 0; offset >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-/* What a row's outputs are computed from. Forward: max m and sum s (base 2); backward: sum dy y
- * (softmax) or sum dy (log-softmax). */
+/* What a row's outputs are computed from (stream kernel). Forward: lse = m + log2 s (base 2);
+ * backward: sum dy y (softmax) or sum dy (log-softmax). */
 struct row_stats {
-    float m, inv_s, lse; /* forward: m, 1 / s, m + log2 s */
-    float dot;           /* backward */
+    float lse, dot;
 };
 
-__device__ __forceinline__ row_stats forward_stats(float m, float s) {
-    row_stats st;
-    st.m = m;
-    st.inv_s = 1.0f / s;
-    st.lse = m + log2f(s);
-    st.dot = 0.0f;
-    return st;
-}
-
-/* Accumulates one visible element into the pass-1 statistics: the max (Phase 0), the sum of
- * 2^(t - m) (Phase 1) or, backward, the dot (Phase 0). */
-template <bool Backward, int Phase>
+/* Accumulates one visible element into the pass-1 statistics: the sum of 2^(t - m) forward,
+ * the dot backward. */
+template <bool Backward>
 __device__ __forceinline__ void accumulate(const tk_softmax_call &a, float x_or_y, float dy, float c2, float m,
                                            float *acc) {
     if constexpr (Backward)
         *acc += a.log ? dy : dy * x_or_y;
-    else if constexpr (Phase == 0)
-        *acc = fmaxf(*acc, x_or_y * c2);
     else
         *acc += fast_exp2(x_or_y * c2 - m);
 }
 
 /* Accumulates the visible elements of a pack starting at column c0. */
-template <typename T, int Vec, bool Backward, int Phase>
+template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ void accumulate_pack(const tk_softmax_call &a, const tk_pack<T, Vec> &xs,
                                                 const tk_pack<T, Vec> &gs, int c0, int len, float c2, float m,
                                                 float *acc) {
     if (c0 + Vec <= len) {
 #pragma unroll
         for (int e = 0; e < Vec; e++)
-            accumulate<Backward, Phase>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
+            accumulate<Backward>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
     } else if (c0 < len) {
 #pragma unroll
         for (int e = 0; e < Vec; e++)
             if (c0 + e < len)
-                accumulate<Backward, Phase>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
+                accumulate<Backward>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
     }
 }
 
@@ -183,20 +176,39 @@ __device__ __forceinline__ float output_value(const tk_softmax_call &a, const ro
         return a.log ? a.scale * (dy - fast_exp2(x_or_y * LOG2E) * st.dot) : a.scale * x_or_y * (dy - st.dot);
     } else {
         const float t = x_or_y * c2;
-        return a.log ? (t - st.lse) * LN2 : fast_exp2(t - st.m) * st.inv_s;
+        return a.log ? (t - st.lse) * LN2 : fast_exp2(t - st.lse); /* 2^(t - m) / s */
     }
+}
+
+/* f32 values to a pack: two elements per conversion instruction for 16-bit types. */
+template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> pack_of(const float (&f)[Vec]) {
+    tk_pack<T, Vec> r;
+    if constexpr (Vec % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__nv_bfloat162 *>(r.v)[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    } else if constexpr (Vec % 2 == 0 && std::is_same_v<T, __half>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__half2 *>(r.v)[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            r.v[e] = tk_from_float<T>(f[e]);
+    }
+    return r;
 }
 
 template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ tk_pack<T, Vec> output_pack(const tk_softmax_call &a, const row_stats &st,
                                                        const tk_pack<T, Vec> &xs, const tk_pack<T, Vec> &gs, int c0,
                                                        int len, float c2) {
-    tk_pack<T, Vec> r;
+    float r[Vec];
 #pragma unroll
     for (int e = 0; e < Vec; e++)
-        r.v[e] = tk_from_float<T>(output_value<Backward>(a, st, tk_to_float(xs.v[e]),
-                                                         Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, c0 + e < len));
-    return r;
+        r[e] = output_value<Backward>(a, st, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2,
+                                      c0 + e < len);
+    return pack_of<T, Vec>(r);
 }
 
 /* The last cols % Vec elements of a row (vec16 rows whose width is not a whole number of
@@ -221,19 +233,152 @@ __device__ __forceinline__ row_tail<T, Vec> load_tail(const T *in_row, const T *
     return t;
 }
 
-/* ------------------------------------------------------------------------------- regs ---- */
+/* ------------------------------------------------------------------------------- rows ---- */
 
-template <typename T, int Vec, bool Backward>
-__global__ void __launch_bounds__(REGS_MAX_THREADS) softmax_regs_kernel(tk_softmax_call a, int threads_per_row) {
-    constexpr int PACKS = regs_packs<Backward>();
-    __shared__ float scratch[32];
+/* Forward holds x (ROWS_PACKS per thread); backward y and dy (ROWS_PACKS_BWD each), for the
+ * softmax (dot of dy and y) or the log-softmax (sum of dy) gradient. */
+enum rows_mode { FORWARD, BACKWARD, BACKWARD_LOG };
+
+template <int Mode> __host__ __device__ constexpr int rows_packs() {
+    return Mode == FORWARD ? ROWS_PACKS : ROWS_PACKS_BWD;
+}
+
+/* The two reductions of a row: the forward max, and sums. */
+struct op_max {
+    static constexpr float identity = -INFINITY;
+    static __device__ __forceinline__ float apply(float a, float b) { return fmaxf(a, b); }
+};
+
+struct op_sum {
+    static constexpr float identity = 0.0f;
+    static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
+};
+
+/* Reduces v over the threads_per_row threads of a row, result in every one of them: within
+ * aligned groups of lanes (threads_per_row <= 32), or over the block with ONE barrier: each warp
+ * writes its partial, every warp reads all of them. The partials alternate between two buffers:
+ * a buffer is written again two reductions later, after a barrier that every reader of its
+ * previous contents has passed. Every thread combines the same partials in the same order (xor
+ * shuffles are symmetric), so all get the same bits. */
+template <typename Op>
+__device__ __forceinline__ float row_reduce(float v, int threads_per_row, float (&scratch)[2][32], int &parity) {
+    const int width = threads_per_row < 32 ? threads_per_row : 32;
+    for (int offset = width >> 1; offset > 0; offset >>= 1)
+        v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    if (threads_per_row <= 32)
+        return v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float *buf = scratch[parity];
+    parity ^= 1;
+    if (lane == 0)
+        buf[warp] = v;
+    __syncthreads();
+    float r = lane < warps ? buf[lane] : Op::identity;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        r = Op::apply(r, __shfl_xor_sync(0xffffffffu, r, offset));
+    return r;
+}
+
+/* Running max and min of a row's elements. Whole packs of 16-bit types are folded two elements
+ * at a time into packed accumulators (HMNMX2 on the raw pack, no conversion); other elements
+ * one at a time in f32. Like fmaxf, NaN elements are skipped (they make the sum NaN). */
+template <typename T> struct pair_of {
+    using type = float; /* no pairs */
+};
+template <> struct pair_of<__nv_bfloat16> {
+    using type = __nv_bfloat162;
+};
+template <> struct pair_of<__half> {
+    using type = __half2;
+};
+
+template <typename T, int Vec> struct row_extremes {
+    static constexpr bool PAIRS = Vec % 2 == 0 && !std::is_same_v<typename pair_of<T>::type, float>;
+    using T2 = typename pair_of<T>::type;
+    float mx = -INFINITY, mn = INFINITY;
+    T2 pmx, pmn;
+
+    __device__ __forceinline__ row_extremes() {
+        if constexpr (std::is_same_v<T2, __nv_bfloat162>) {
+            pmx = __float2bfloat162_rn(-INFINITY);
+            pmn = __float2bfloat162_rn(INFINITY);
+        } else if constexpr (std::is_same_v<T2, __half2>) {
+            pmx = __float2half2_rn(-INFINITY);
+            pmn = __float2half2_rn(INFINITY);
+        }
+    }
+    __device__ __forceinline__ void add(float x) {
+        mx = fmaxf(mx, x);
+        mn = fminf(mn, x);
+    }
+    __device__ __forceinline__ void add_pack(const tk_pack<T, Vec> &p) {
+        if constexpr (PAIRS) {
+#pragma unroll
+            for (int i = 0; i < Vec / 2; i++) {
+                const T2 w = reinterpret_cast<const T2 *>(p.v)[i];
+                pmx = __hmax2(pmx, w);
+                pmn = __hmin2(pmn, w);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < Vec; e++)
+                add(tk_to_float(p.v[e]));
+        }
+    }
+    /* The visible elements of the pack at column c0 (columns < pack_len). */
+    __device__ __forceinline__ void add_visible(const tk_pack<T, Vec> &p, int c0, int pack_len) {
+        if (c0 + Vec <= pack_len) {
+            add_pack(p);
+        } else if (c0 < pack_len) {
+#pragma unroll
+            for (int e = 0; e < Vec; e++)
+                if (c0 + e < pack_len)
+                    add(tk_to_float(p.v[e]));
+        }
+    }
+    /* max of t = x * c2 over what was added (-inf if nothing was): one product, as t is monotonic
+     * in x, and rounding it keeps it equal to the largest rounded t. */
+    __device__ __forceinline__ float max_times(float c2) const {
+        float hi = mx, lo = mn;
+        if constexpr (PAIRS) {
+            hi = fmaxf(hi, fmaxf(__low2float(pmx), __high2float(pmx)));
+            lo = fminf(lo, fminf(__low2float(pmn), __high2float(pmn)));
+        }
+        if (!(hi >= lo))
+            return -INFINITY;
+        return (c2 >= 0.0f ? hi : lo) * c2;
+    }
+};
+
+/* Calls f(e) for the visible elements e of the pack at column c0 (columns < pack_len): all of
+ * them without a test for whole packs, each one tested only in the pack that holds column len. */
+template <int Vec, typename F> __device__ __forceinline__ void for_visible(int c0, int pack_len, F f) {
+    if (c0 + Vec <= pack_len) {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            f(e);
+    } else if (c0 < pack_len) {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            if (c0 + e < pack_len)
+                f(e);
+    }
+}
+
+template <typename T, int Vec, int Mode>
+__global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softmax_call a, int threads_per_row) {
+    constexpr int PACKS = rows_packs<Mode>();
+    constexpr bool Backward = Mode != FORWARD;
+    __shared__ float scratch[2][32];
+    int parity = 0;
     const T *in = static_cast<const T *>(a.in);
     const T *dy = static_cast<const T *>(a.dy);
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
-    const int rows_per_block = blockDim.x / threads_per_row;
-    const bool whole_block = rows_per_block == 1;
-    const int group = threadIdx.x / threads_per_row, lane = threadIdx.x % threads_per_row;
+    const int whole = cols / Vec * Vec; /* columns covered by whole packs */
+    const int rows_per_block = (int)blockDim.x / threads_per_row;
+    const int group = (int)threadIdx.x / threads_per_row, lane = (int)threadIdx.x % threads_per_row;
     const float c2 = a.scale * LOG2E;
 
     /* Every thread of a block runs the same iterations (the reductions need all of them);
@@ -243,66 +388,108 @@ __global__ void __launch_bounds__(REGS_MAX_THREADS) softmax_regs_kernel(tk_softm
         const int64_t row = first + group;
         const bool active = row < a.rows;
         const int len = active ? visible_len(a, row) : 0;
+        const int pack_len = len < whole ? len : whole;
         const T *in_row = in + row * a.in_stride;
         const T *dy_row = dy + row * a.in_stride;
-        /* Whole packs: those that start before len are loaded (a pack may straddle len). */
-        tk_pack<T, Vec> xs[PACKS], gs[PACKS];
+        T *out_row = out + row * a.out_stride;
+        /* Whole packs that start before len are loaded (a pack may straddle len). */
+        tk_pack<T, Vec> xs[PACKS], gs[Backward ? PACKS : 1];
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int c0 = (p * threads_per_row + lane) * Vec;
-            if (c0 < len && c0 + Vec <= cols) {
-                xs[p] = load<T, Vec, true>(in_row + c0);
+            if (c0 < pack_len) {
+                xs[p] = tk_load_pack<T, Vec>(in_row + c0);
                 if constexpr (Backward)
-                    gs[p] = load<T, Vec, true>(dy_row + c0);
+                    gs[p] = tk_load_pack<T, Vec>(dy_row + c0);
             }
         }
         const row_tail<T, Vec> tail = load_tail<T, Vec, Backward>(in_row, dy_row, cols, len, lane);
-        const int whole = cols / Vec * Vec; /* columns covered by whole packs */
-        const int pack_len = len < whole ? len : whole;
 
-        row_stats st;
-        if constexpr (Backward) {
-            float dot = 0.0f;
+        if constexpr (!Backward) {
+            row_extremes<T, Vec> ext;
 #pragma unroll
             for (int p = 0; p < PACKS; p++)
-                accumulate_pack<T, Vec, true, 0>(a, xs[p], gs[p], (p * threads_per_row + lane) * Vec, pack_len, c2,
-                                                 0.0f, &dot);
+                ext.add_visible(xs[p], (p * threads_per_row + lane) * Vec, pack_len);
             if (tail.col < len)
-                accumulate<true, 0>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &dot);
-            st.dot = row_sum(dot, threads_per_row, whole_block, scratch);
+                ext.add(tk_to_float(tail.x));
             keep_packed(xs);
-            keep_packed(gs);
-        } else {
-            float m = -INFINITY;
-#pragma unroll
-            for (int p = 0; p < PACKS; p++)
-                accumulate_pack<T, Vec, false, 0>(a, xs[p], gs[p], (p * threads_per_row + lane) * Vec, pack_len, c2,
-                                                  0.0f, &m);
-            if (tail.col < len)
-                accumulate<false, 0>(a, tk_to_float(tail.x), 0.0f, c2, 0.0f, &m);
-            m = row_max(m, threads_per_row, whole_block, scratch);
-            keep_packed(xs);
+            const float m = row_reduce<op_max>(ext.max_times(c2), threads_per_row, scratch, parity);
+            const float shift = m == -INFINITY ? 0.0f : m; /* nothing visible, or only -inf */
             float s = 0.0f;
 #pragma unroll
             for (int p = 0; p < PACKS; p++)
-                accumulate_pack<T, Vec, false, 1>(a, xs[p], gs[p], (p * threads_per_row + lane) * Vec, pack_len, c2,
-                                                  m, &s);
+                for_visible<Vec>((p * threads_per_row + lane) * Vec, pack_len,
+                                 [&](int e) { s += fast_exp2(tk_to_float(xs[p].v[e]) * c2 - shift); });
             if (tail.col < len)
-                accumulate<false, 1>(a, tk_to_float(tail.x), 0.0f, c2, m, &s);
-            st = forward_stats(m, row_sum(s, threads_per_row, whole_block, scratch));
+                s += fast_exp2(tk_to_float(tail.x) * c2 - shift);
             keep_packed(xs);
-        }
-        if (active) {
-            T *out_row = out + row * a.out_stride;
+            s = row_reduce<op_sum>(s, threads_per_row, scratch, parity);
+            /* y = 2^(t - lse): the division by the sum folded into the exponent. lse = -inf
+             * when nothing is visible (no visible output then). */
+            const float lse = shift + log2f(s);
+            if (active) {
 #pragma unroll
-            for (int p = 0; p < PACKS; p++) {
-                const int c0 = (p * threads_per_row + lane) * Vec;
-                if (c0 + Vec <= cols)
-                    store_streaming<T, Vec>(out_row + c0, output_pack<T, Vec, Backward>(a, st, xs[p], gs[p], c0, len, c2));
+                for (int p = 0; p < PACKS; p++) {
+                    const int c0 = (p * threads_per_row + lane) * Vec;
+                    float y[Vec];
+                    if (a.log) {
+#pragma unroll
+                        for (int e = 0; e < Vec; e++)
+                            y[e] = -INFINITY;
+                        for_visible<Vec>(c0, pack_len,
+                                         [&](int e) { y[e] = (tk_to_float(xs[p].v[e]) * c2 - lse) * LN2; });
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < Vec; e++)
+                            y[e] = 0.0f;
+                        for_visible<Vec>(c0, pack_len,
+                                         [&](int e) { y[e] = fast_exp2(tk_to_float(xs[p].v[e]) * c2 - lse); });
+                    }
+                    if (c0 < whole)
+                        tk_store_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(y));
+                }
+                if (tail.col < cols) {
+                    const float t = tk_to_float(tail.x) * c2;
+                    out_row[tail.col] = tk_from_float<T>(tail.col >= len ? (a.log ? -INFINITY : 0.0f)
+                                                         : a.log       ? (t - lse) * LN2
+                                                                       : fast_exp2(t - lse));
+                }
             }
-            if (tail.col < cols)
-                out_row[tail.col] = tk_from_float<T>(output_value<Backward>(
-                    a, st, tk_to_float(tail.x), Backward ? tk_to_float(tail.g) : 0.0f, c2, tail.col < len));
+        } else {
+            constexpr bool Log = Mode == BACKWARD_LOG;
+            float dot = 0.0f; /* sum dy y (softmax) or sum dy (log-softmax) */
+#pragma unroll
+            for (int p = 0; p < PACKS; p++)
+                for_visible<Vec>((p * threads_per_row + lane) * Vec, pack_len, [&](int e) {
+                    dot += Log ? tk_to_float(gs[p].v[e]) : tk_to_float(xs[p].v[e]) * tk_to_float(gs[p].v[e]);
+                });
+            if (tail.col < len)
+                dot += Log ? tk_to_float(tail.g) : tk_to_float(tail.x) * tk_to_float(tail.g);
+            keep_packed(xs);
+            keep_packed(gs);
+            dot = row_reduce<op_sum>(dot, threads_per_row, scratch, parity);
+            if (active) {
+#pragma unroll
+                for (int p = 0; p < PACKS; p++) {
+                    const int c0 = (p * threads_per_row + lane) * Vec;
+                    float dx[Vec];
+#pragma unroll
+                    for (int e = 0; e < Vec; e++)
+                        dx[e] = 0.0f;
+                    for_visible<Vec>(c0, pack_len, [&](int e) {
+                        const float y = tk_to_float(xs[p].v[e]), g = tk_to_float(gs[p].v[e]);
+                        dx[e] = Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot) : a.scale * y * (g - dot);
+                    });
+                    if (c0 < whole)
+                        tk_store_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(dx));
+                }
+                if (tail.col < cols) {
+                    const float y = tk_to_float(tail.x), g = tk_to_float(tail.g);
+                    out_row[tail.col] = tk_from_float<T>(tail.col >= len ? 0.0f
+                                                         : Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot)
+                                                               : a.scale * y * (g - dot));
+                }
+            }
         }
     }
 }
@@ -338,7 +525,8 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             for (int u = 0; u < UNROLL; u++) {
                 const int c0 = base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec;
                 if (c0 < pack_len) {
-                    xs[u] = load<T, Vec, false>(in_row + c0);
+                    if (!(Backward && a.log)) /* the log-softmax backward sums dy alone */
+                        xs[u] = load<T, Vec, false>(in_row + c0);
                     if constexpr (Backward)
                         gs[u] = load<T, Vec, false>(dy_row + c0);
                 }
@@ -346,15 +534,15 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             if constexpr (Backward) {
 #pragma unroll
                 for (int u = 0; u < UNROLL; u++)
-                    accumulate_pack<T, Vec, true, 0>(a, xs[u], gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                                     pack_len, c2, 0.0f, &acc);
+                    accumulate_pack<T, Vec, true>(a, xs[u], gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
+                                                  pack_len, c2, 0.0f, &acc);
             } else {
-                float chunk_max = -INFINITY;
+                row_extremes<T, Vec> ext;
 #pragma unroll
                 for (int u = 0; u < UNROLL; u++)
-                    accumulate_pack<T, Vec, false, 0>(a, xs[u], gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                                      pack_len, c2, 0.0f, &chunk_max);
+                    ext.add_visible(xs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec, pack_len);
                 keep_packed(xs);
+                const float chunk_max = ext.max_times(c2);
                 if (chunk_max > m) { /* rescale the sum to the new maximum (0 * 0 when m = -inf) */
                     acc *= fast_exp2(m - chunk_max);
                     m = chunk_max;
@@ -362,16 +550,16 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
                 if (m != -INFINITY) { /* all -inf so far: nothing to add */
 #pragma unroll
                     for (int u = 0; u < UNROLL; u++)
-                        accumulate_pack<T, Vec, false, 1>(a, xs[u], gs[u],
-                                                          base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                                          pack_len, c2, m, &acc);
+                        accumulate_pack<T, Vec, false>(a, xs[u], gs[u],
+                                                       base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
+                                                       pack_len, c2, m, &acc);
                 }
             }
         }
         row_stats st;
         if constexpr (Backward) {
             if (tail.col < len)
-                accumulate<true, 0>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &acc);
+                accumulate<true>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &acc);
             st.dot = tk_block_sum(acc, scratch);
         } else {
             if (tail.col < len) {
@@ -385,7 +573,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             }
             const float row_m = tk_block_max(m, scratch);
             const float scaled = m == -INFINITY ? 0.0f : acc * fast_exp2(m - row_m);
-            st = forward_stats(row_m, tk_block_sum(scaled, scratch));
+            st.lse = row_m + log2f(tk_block_sum(scaled, scratch)); /* -inf: nothing visible */
         }
 
         /* Pass 2: re-read (last use) and write every whole pack, masked columns included. */
@@ -418,10 +606,10 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
 
 int64_t grid_limit(int64_t blocks) { return blocks > 0x7fffffff ? 0x7fffffff : (blocks < 1 ? 1 : blocks); }
 
-template <typename T, int Vec, bool Backward>
-cudaError_t launch_regs(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr int PACKS = regs_packs<Backward>();
-    constexpr auto kernel = softmax_regs_kernel<T, Vec, Backward>;
+template <typename T, int Vec, int Mode>
+cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
+    constexpr int PACKS = rows_packs<Mode>();
+    constexpr auto kernel = softmax_rows_kernel<T, Vec, Mode>;
     const int64_t packs = (a->cols + Vec - 1) / Vec;
     const int64_t needed = (packs + PACKS - 1) / PACKS;
     int threads, threads_per_row;
@@ -437,7 +625,6 @@ cudaError_t launch_regs(const tk_softmax_call *a, const tk_device *dev, cudaStre
     /* One block per row group, not a one-wave persistent grid: on an H200 this measured
      * 0.85-0.92 of the copy bandwidth where the persistent grid measured 0.78-0.84 (bf16 and f32
      * 16384x4096, 65536x1024, backward): while some blocks reduce, others of the same SM load. */
-    (void)dev;
     const int64_t blocks = (a->rows + rows_per_block - 1) / rows_per_block;
     kernel<<<(unsigned)grid_limit(blocks), threads, 0, stream>>>(*a, threads_per_row);
     return cudaGetLastError();
@@ -447,7 +634,8 @@ template <typename T, int Vec, bool Backward>
 cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward>;
     /* Rows in flight: at least one per SM, more only while they fit in half of L2. */
-    const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward ? 2 : 1);
+    /* What pass 2 re-reads: x, or y and dy (dy alone for the log-softmax backward). */
+    const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward && !a->log ? 2 : 1);
     int64_t blocks = (int64_t)dev->l2_bytes / 2 / row_bytes;
     if (blocks < dev->sm_count)
         blocks = dev->sm_count;
@@ -465,8 +653,9 @@ cudaError_t launch_direction(const tk_softmax_call *a, const tk_device *dev, cud
     constexpr int Vec = Wide ? (int)(16 / sizeof(T)) : 1;
     if constexpr (Stream)
         return a->backward ? launch_stream<T, Vec, true>(a, dev, stream) : launch_stream<T, Vec, false>(a, dev, stream);
-    else
-        return a->backward ? launch_regs<T, Vec, true>(a, dev, stream) : launch_regs<T, Vec, false>(a, dev, stream);
+    if (!a->backward)
+        return launch_rows<T, Vec, FORWARD>(a, stream);
+    return a->log ? launch_rows<T, Vec, BACKWARD_LOG>(a, stream) : launch_rows<T, Vec, BACKWARD>(a, stream);
 }
 
 template <bool Wide, bool Stream>
@@ -484,7 +673,7 @@ cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t st
 
 extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward) {
     const int64_t vec = wide ? 16 / elem_bytes : 1;
-    return (int64_t)REGS_MAX_THREADS * (backward ? REGS_PACKS_BWD : REGS_PACKS_FWD) * vec;
+    return (int64_t)ROWS_MAX_THREADS * (backward ? ROWS_PACKS_BWD : ROWS_PACKS) * vec;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {

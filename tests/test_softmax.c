@@ -255,6 +255,12 @@ static void run_all(bool backward) {
         {2, 140001, 3, 0, 1.0f, 0, 1, 100000, 0, false, 0},
         {3, 777, 1, 5, 1.0f, 0, 0, 0, 0, false, 1},     /* every pointer 2 bytes off */
         {2, 33000, 0, 0, 1.0f, 1, 1, 20000, 0, false, 1},
+        /* rows of just over 512 threads (bf16 forward), a partial last pack with padded strides,
+         * causal rows of several matrices, in-place log-softmax with rows that see nothing */
+        {3, 16392, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},
+        {3, 16389, 3, 11, 0.5f, 1, 0, 0, 0, false, 0},
+        {6, 50000, 0, 0, 1.0f, 0, 1, 20000, 3, false, 0},
+        {4, 65536, 0, 0, 1.0f, 1, 1, -2, 2, true, 0},
     };
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
