@@ -40,7 +40,7 @@
  * 32 rows per warp (MT = 2) halves the shared-memory traffic per MMA against 16 rows: each K/V
  * fragment feeds two MMAs, which keeps ldmatrix under the 128 B/clk shared-memory bandwidth at
  * the tensor-core rate. The O and S accumulators take most of the 255 registers a thread may
- * have (2 CTAs x 128 threads per SM; ptxas reports 237 to 255, no spills): that is why head dim
+ * have (2 CTAs x 128 threads per SM; ptxas reports 238 to 254, no spills): that is why head dim
  * 128 takes BN = 32 (BN = 64 spills; so does 96 with BN = 64) and head dim 256 keeps 16 rows
  * per warp. Every shape fits
  * the 99 KB per block of sm_86 / sm_89, so one table serves every sm_80+ device. The Q tile is
@@ -57,8 +57,9 @@
  * of W keys the tiles meeting the band's two edges are partly wasted, tile_rows / (W +
  * tile_rows) of the work: 11 % at W = 1024 with 128 positions, 3 % with 32, hence the packed
  * heads. A key tile that no row of a warp sees leaves its state bit for bit unchanged (p = 0,
- * alpha = exp2(0) = 1), so both variants give the same bits. Query tiles are scheduled last to
- * first, so under a causal mask the longest CTAs start first.
+ * alpha = exp2(0) = 1), so both variants give the same bits. The grid runs query tiles last to
+ * first as its slowest index, every head and batch of a tile before the next: under a causal
+ * mask the longest CTAs start first over the whole grid, not just within each head.
  *
  * 64-bit element offsets throughout; rows past seqlen_q and keys past seqlen_k are zero-filled
  * by cp.async (src-size 0) and never stored.
@@ -119,6 +120,7 @@ struct attn_params {
     int heads_per_tile; /* query heads of one GQA group sharing a CTA: 1, 2 or 4 */
     int tile_rows;      /* query positions per CTA: BM / heads_per_tile */
     int head_tiles;     /* heads_q / heads_per_tile */
+    int batch;          /* the grid runs head tiles, then batches, then query tiles */
 };
 
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of rows ROW_BYTES apart:
@@ -262,18 +264,21 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    /* Block -> (batch, heads_per_tile query heads of one GQA group, query tile); query tiles
-     * run last to first. The CTA's BM rows are the positions [m0, m0 + tile_rows) of heads
-     * head0, head0 + 1, ...; warp w's rows belong to one head, warp_head, at positions from
-     * warp_m0 on. */
+    /* Block -> (query tile, batch, heads_per_tile query heads of one GQA group), heads
+     * fastest and query tiles last to first slowest: no CTA starts before every CTA of a later
+     * query tile, which under a causal mask is every longer one (longest first over the whole
+     * grid, so the grid ends on short CTAs), and the CTAs running at one time are every head of
+     * a few neighbouring query tiles, whose K/V rows are neighbours in memory. The CTA's BM
+     * rows are the positions [m0, m0 + tile_rows) of heads head0, head0 + 1, ...; warp w's rows
+     * belong to one head, warp_head, at positions from warp_m0 on. */
     const int heads_per_tile = PACKED ? p.heads_per_tile : 1;
     const int tile_rows = PACKED ? p.tile_rows : BM;
     const int head_tiles = PACKED ? p.head_tiles : p.heads_q;
     unsigned block = blockIdx.x;
-    const int m_block = p.m_blocks - 1 - (int)(block % (unsigned)p.m_blocks);
-    block /= (unsigned)p.m_blocks;
     const int head0 = (int)(block % (unsigned)head_tiles) * heads_per_tile;
-    const int64_t batch = block / (unsigned)head_tiles;
+    block /= (unsigned)head_tiles;
+    const int64_t batch = block % (unsigned)p.batch;
+    const int m_block = p.m_blocks - 1 - (int)(block / (unsigned)p.batch);
     const int head_kv = head0 / p.group;
     const int m0 = m_block * tile_rows;
     const int q_rows = min(tile_rows, p.seqlen_q - m0);
@@ -590,6 +595,7 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
     p.tile_rows = shape::BM / heads_per_tile;
     p.head_tiles = c->heads_q / heads_per_tile;
     p.m_blocks = (c->seqlen_q + p.tile_rows - 1) / p.tile_rows;
+    p.batch = c->batch;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
     p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
