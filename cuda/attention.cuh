@@ -1,6 +1,7 @@
 /*
  * Attention forward on the tensor cores of sm_80 and newer (FlashAttention-2 style). Included by
- * cuda/attention_d64.cu, _d128.cu and _d256.cu, one head dim each, so they compile in parallel.
+ * cuda/attention_d64.cu, _d80.cu, _d96.cu, _d128.cu and _d256.cu, one head dim each, so they
+ * compile in parallel.
  *
  * Math, for one (batch, query head) and query rows i, keys j (shift = seqlen_k - seqlen_q):
  *     s_ij = scale * q_i . k_j, or softcap * tanh(scale * q_i . k_j / softcap); minus
@@ -13,41 +14,52 @@
  * score scale, so each p costs one FFMA and one MUFU.EX2. Accumulation is f32; P is rounded
  * to the input dtype for the P.V product.
  *
- * Launch shape. One CTA of 4 warps owns BM = 64 * MT query rows of one (batch, head); each warp
- * owns 16 * MT consecutive rows (MT m16 tiles). The Q tile sits in shared memory; K and V tiles
- * of BN keys stream through a two-stage cp.async ring (tile t + 1 is in flight while tile t is
- * computed; one __syncthreads per tile). Per tile and warp:
+ * Launch shape. One CTA of 4 warps owns BM = 64 * MT query rows of one batch: BM consecutive
+ * positions of one head, or (heads_per_tile = 2 or 4, variant "mma_sm80_packed") BM / 2 or
+ * BM / 4 positions of as many query heads of one GQA group, which share every K/V tile. Each
+ * warp owns 16 * MT consecutive rows (MT m16 tiles) of one head. The Q tile sits in shared
+ * memory; K and V tiles of BN keys stream through a two-stage cp.async ring (tile t + 1 is in
+ * flight while tile t is computed; one __syncthreads per tile). Per tile and warp:
  *     S (16MT x BN) = Q K^T : D/16 k-steps, A fragments (Q) and B fragments (K) by ldmatrix.x4
  *     online softmax in registers; P repacked from the S accumulators into A fragments (the
  *     C layout of m16n8 equals the A layout of m16n8k16 two n-tiles at a time)
  *     O (16MT x D) += P V   : BN/16 k-steps, B fragments (V) by ldmatrix.x4.trans
- * Q and K rows are 2D bytes with 16-byte chunk c of row r stored at chunk c ^ (r & 7); V rows
- * are padded to 2D + 16 bytes. Either way the 8 rows an ldmatrix phase reads (and the 8 chunks
+ * Q and K rows are 2D bytes (256 at head dims 80 and 96, whose 10 or 12 chunks the swizzle
+ * spreads over 16) with 16-byte chunk c of row r stored at chunk c ^ (r & 7); V rows are
+ * padded to 2D + 16 bytes. Either way the 8 rows an ldmatrix phase reads (and the 8 chunks
  * a cp.async quarter-warp writes) hit 8 different 16-byte bank groups: no conflicts. The swizzle
  * costs one XOR per k-step of Q K^T (shared by the Q and K addresses); V's padding makes its
  * d-steps immediate offsets, which keeps those address registers out of the P V loop.
  *
  *   head dim  MT  BM   BN   accumulators/thread (O + S)   shared memory (Q + 2 x (K + V))
  *   64        2   128  64   64 + 64                       16 KB + 2 x (8 + 9) KB = 50 KB
+ *   80        2   128  64   80 + 64                       32 KB + 2 x (16 + 11) KB = 86 KB
+ *   96        2   128  32   96 + 32                       32 KB + 2 x (8 + 6.5) KB = 61 KB
  *   128       2   128  32   128 + 32                      32 KB + 2 x (8 + 8.5) KB = 65 KB
  *   256       1   64   32   128 + 16                      32 KB + 2 x (16 + 16.5) KB = 97 KB
  * 32 rows per warp (MT = 2) halves the shared-memory traffic per MMA against 16 rows: each K/V
  * fragment feeds two MMAs, which keeps ldmatrix under the 128 B/clk shared-memory bandwidth at
  * the tensor-core rate. The O and S accumulators take most of the 255 registers a thread may
- * have (2 CTAs x 128 threads per SM; ptxas reports 237 to 255, no spills): that is why head dim
- * 128 takes BN = 32 (BN = 64 spills) and head dim 256 keeps 16 rows per warp. Every shape fits
+ * have (2 CTAs x 128 threads per SM; ptxas reports 238 to 254, no spills): that is why head dim
+ * 128 takes BN = 32 (BN = 64 spills; so does 96 with BN = 64) and head dim 256 keeps 16 rows
+ * per warp. Every shape fits
  * the 99 KB per block of sm_86 / sm_89, so one table serves every sm_80+ device. The Q tile is
  * re-read from shared memory for every key tile rather than held in registers (that would add
  * 16 * MT * D / 64 registers per thread). Tile loads walk their rows through a pointer the
  * compiler cannot re-associate (attn_opaque): otherwise it precomputes every row's offset once
  * and keeps them in registers for the whole key loop, which spills.
  *
- * Work skipping. A CTA's rows [m0, m0 + BM) see keys in [m0 + shift - window_left,
+ * Work skipping. A CTA's positions [m0, m0 + tile_rows) see keys in [m0 + shift - window_left,
  * row_last + shift + window_right]; only key tiles meeting that range are visited, so causal
- * attention does about half the tiles and a sliding window O(window / BN) tiles per CTA. Per
- * tile, a uniform test decides whether any (row, key) pair in it can be masked (window
- * boundary or the end of the keys); only those tiles run the per-element mask. Query tiles are
- * scheduled last to first, so under a causal mask the longest CTAs start first.
+ * attention does about half the tiles and a sliding window (window + tile_rows) / BN tiles per
+ * CTA. Per tile, a uniform test decides whether any (row, key) pair in it can be masked (window
+ * boundary or the end of the keys); only those tiles run the per-element mask. Under a window
+ * of W keys the tiles meeting the band's two edges are partly wasted, tile_rows / (W +
+ * tile_rows) of the work: 11 % at W = 1024 with 128 positions, 3 % with 32, hence the packed
+ * heads. A key tile that no row of a warp sees leaves its state bit for bit unchanged (p = 0,
+ * alpha = exp2(0) = 1), so both variants give the same bits. The grid runs query tiles last to
+ * first as its slowest index, every head and batch of a tile before the next: under a causal
+ * mask the longest CTAs start first over the whole grid, not just within each head.
  *
  * 64-bit element offsets throughout; rows past seqlen_q and keys past seqlen_k are zero-filled
  * by cp.async (src-size 0) and never stored.
@@ -71,6 +83,8 @@ constexpr float ATTN_LN2 = 0.6931471805599453f;
 /* Per head dim: MT m16 tiles per warp, BN keys per tile, CTAs per SM asked of the compiler. */
 template <int D> struct attn_tile;
 template <> struct attn_tile<64> { static constexpr int MT = 2, BN = 64, MIN_CTAS = 2; };
+template <> struct attn_tile<80> { static constexpr int MT = 2, BN = 64, MIN_CTAS = 2; };
+template <> struct attn_tile<96> { static constexpr int MT = 2, BN = 32, MIN_CTAS = 2; };
 template <> struct attn_tile<128> { static constexpr int MT = 2, BN = 32, MIN_CTAS = 2; };
 template <> struct attn_tile<256> { static constexpr int MT = 1, BN = 32, MIN_CTAS = 2; };
 
@@ -78,9 +92,11 @@ template <int D> struct attn_shape {
     static constexpr int MT = attn_tile<D>::MT;
     static constexpr int BN = attn_tile<D>::BN;
     static constexpr int BM = 16 * MT * ATTN_WARPS;
-    static constexpr int ROW_BYTES = 2 * D;
+    /* Q and K rows in shared memory: 2 D bytes, or 256 at head dims 80 and 96, whose 10 and 12
+     * chunks the swizzle scatters over 16 (the XOR reaches chunk 15); V rows: 2 D + 16 bytes. */
+    static constexpr int ROW_BYTES = D % 64 == 0 ? 2 * D : 256;
     static constexpr int Q_BYTES = BM * ROW_BYTES;
-    static constexpr int V_ROW_BYTES = ROW_BYTES + 16;
+    static constexpr int V_ROW_BYTES = 2 * D + 16;
     static constexpr int K_BYTES = BN * ROW_BYTES;
     static constexpr int V_BYTES = BN * V_ROW_BYTES;
     static constexpr int SMEM_BYTES = Q_BYTES + 2 * (K_BYTES + V_BYTES);
@@ -93,22 +109,28 @@ struct attn_params {
     float *lse;
     const float *alibi_slopes;
     int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
-    int seqlen_q, seqlen_k, heads_q, group, m_blocks;
+    int seqlen_q, seqlen_k, heads_q, group;
+    int m_blocks;       /* query tiles per head: ceil(seqlen_q / tile_rows) */
     int window_left, window_right;
     int transform;    /* softcap or ALiBi: scores are rewritten in natural-log units */
     float scale;      /* softmax scale, applied to raw scores when transform is set */
     float softcap;    /* 0 = off */
     float softcap_in; /* scale / softcap */
     float exp_scale;  /* log2(e) times whatever scale is still to apply to the scores */
+    int heads_per_tile; /* query heads of one GQA group sharing a CTA: 1, 2 or 4 */
+    int tile_rows;      /* query positions per CTA: BM / heads_per_tile */
+    int head_tiles;     /* heads_q / heads_per_tile */
+    int batch;          /* the grid runs head tiles, then batches, then query tiles */
 };
 
-/* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of D-element rows: XOR-swizzled
- * rows of 2 D bytes (Q, K, O staging) or rows padded to 2 D + 16 bytes (V). */
-template <int D, bool PADDED> __device__ __forceinline__ uint32_t attn_chunk_offset(int row, int chunk) {
-    if constexpr (PADDED)
-        return (uint32_t)(row * (2 * D + 16) + (chunk << 4));
+/* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of rows ROW_BYTES apart:
+ * XOR-swizzled (Q, K, O staging) or plain in rows padded by 16 bytes (V). */
+template <int ROW_BYTES, bool SWIZZLED>
+__device__ __forceinline__ uint32_t attn_chunk_offset(int row, int chunk) {
+    if constexpr (SWIZZLED)
+        return (uint32_t)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
     else
-        return (uint32_t)(row * (2 * D) + ((chunk ^ (row & 7)) << 4));
+        return (uint32_t)(row * ROW_BYTES + (chunk << 4));
 }
 
 /* p, hidden from the compiler's reassociation and loop-invariant code motion: without it the
@@ -177,31 +199,61 @@ __device__ __forceinline__ float attn_exp2(float x) {
     return y;
 }
 
-/* ROWS rows of D elements, `row_stride` apart from g, into a swizzled shared tile; rows at or
- * past valid_rows are zero-filled. Each thread copies the same 16-byte chunk of every
- * (THREADS / chunks)-th row. */
-template <typename T, int D, int ROWS, bool PADDED>
+/* ROWS rows of D elements, `row_stride` apart from g, into a shared tile of rows ROW_BYTES
+ * apart; rows at or past valid_rows are zero-filled. A row is taken as SLOTS 16-byte chunks, the
+ * power of two at or above its D / 8 (16 at head dims 80 and 96, whose threads for chunks 10 to
+ * 15 or 12 to 15 stay idle), so each thread copies the same chunk of every (THREADS / SLOTS)-th
+ * row and walks its rows by a constant step. */
+template <typename T, int D, int ROWS, int ROW_BYTES, bool SWIZZLED>
 __device__ __forceinline__ void attn_load_tile(uint32_t s_tile, const T *g, int64_t row_stride,
                                                int valid_rows, int tid) {
     constexpr int CHUNKS = D / 8;
-    constexpr int ROWS_PER_PASS = ATTN_THREADS / CHUNKS;
-    static_assert(ROWS % ROWS_PER_PASS == 0, "tile rows must be a multiple of a pass");
-    const int chunk = tid % CHUNKS;
-    int row = tid / CHUNKS;
+    constexpr int SLOTS = CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
+    constexpr int ROWS_PER_PASS = ATTN_THREADS / SLOTS;
+    static_assert(CHUNKS <= SLOTS && ROWS % ROWS_PER_PASS == 0, "tile rows in whole passes");
+    const int chunk = tid % SLOTS;
+    if (chunk >= CHUNKS)
+        return;
+    int row = tid / SLOTS;
     const T *src = g + row * row_stride + chunk * 8;
 #pragma unroll
     for (int i = 0; i < ROWS / ROWS_PER_PASS; i++) {
-        attn_cp_async16(s_tile + attn_chunk_offset<D, PADDED>(row, chunk), src, row < valid_rows);
+        attn_cp_async16(s_tile + attn_chunk_offset<ROW_BYTES, SWIZZLED>(row, chunk), src,
+                        row < valid_rows);
         row += ROWS_PER_PASS;
         src = attn_opaque(src + ROWS_PER_PASS * row_stride);
     }
 }
 
-template <typename T, int D>
+/* The BM-row Q tile, swizzled rows ROW_BYTES apart: heads_per_tile blocks of tile_rows rows,
+ * block b from query head (first head) + b, rows of one block `row_stride` apart, rows at or
+ * past valid_rows of their block zero-filled. Thread t copies chunks t, t + THREADS, ... of
+ * the tile; once per CTA, so the divisions do not matter. */
+template <typename T, int D, int BM, int ROW_BYTES>
+__device__ __forceinline__ void attn_load_q(uint32_t s_tile, const T *g, int64_t row_stride,
+                                            int64_t head_stride, int tile_rows, int valid_rows,
+                                            int tid) {
+    constexpr int CHUNKS = D / 8;
+    static_assert(BM * CHUNKS % ATTN_THREADS == 0, "every thread copies as many chunks");
+#pragma unroll
+    for (int i = 0; i < BM * CHUNKS / ATTN_THREADS; i++) {
+        const int idx = tid + i * ATTN_THREADS;
+        const int row = idx / CHUNKS, chunk = idx % CHUNKS;
+        const int block = row / tile_rows, pos = row - block * tile_rows;
+        const T *src = g + block * head_stride + pos * row_stride + chunk * 8;
+        attn_cp_async16(s_tile + attn_chunk_offset<ROW_BYTES, true>(row, chunk), src,
+                        pos < valid_rows);
+    }
+}
+
+/* PACKED: heads_per_tile comes from p (2 or 4); otherwise it is 1 at compile time, so the
+ * one-head kernel keeps the plain tile load and index arithmetic. */
+template <typename T, int D, bool PACKED>
 __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     attention_fwd_kernel(const attn_params p) {
     using shape = attn_shape<D>;
     constexpr int MT = shape::MT, BN = shape::BN, BM = shape::BM, ROW_BYTES = shape::ROW_BYTES;
+    constexpr int V_ROW_BYTES = shape::V_ROW_BYTES;
     constexpr int WARP_ROWS = 16 * MT;
     constexpr int CHUNKS = D / 8;  /* 16-byte chunks per row */
     constexpr int NT = BN / 8;     /* n8 tiles of S */
@@ -212,16 +264,28 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    /* Block -> (batch, head, query tile); query tiles run last to first. */
+    /* Block -> (query tile, batch, heads_per_tile query heads of one GQA group), heads
+     * fastest and query tiles last to first slowest: no CTA starts before every CTA of a later
+     * query tile, which under a causal mask is every longer one (longest first over the whole
+     * grid, so the grid ends on short CTAs), and the CTAs running at one time are every head of
+     * a few neighbouring query tiles, whose K/V rows are neighbours in memory. The CTA's BM
+     * rows are the positions [m0, m0 + tile_rows) of heads head0, head0 + 1, ...; warp w's rows
+     * belong to one head, warp_head, at positions from warp_m0 on. */
+    const int heads_per_tile = PACKED ? p.heads_per_tile : 1;
+    const int tile_rows = PACKED ? p.tile_rows : BM;
+    const int head_tiles = PACKED ? p.head_tiles : p.heads_q;
     unsigned block = blockIdx.x;
-    const int m_block = p.m_blocks - 1 - (int)(block % (unsigned)p.m_blocks);
-    block /= (unsigned)p.m_blocks;
-    const int head = (int)(block % (unsigned)p.heads_q);
-    const int64_t batch = block / (unsigned)p.heads_q;
-    const int head_kv = head / p.group;
-    const int m0 = m_block * BM;
-    const int q_rows = min(BM, p.seqlen_q - m0);
+    const int head0 = (int)(block % (unsigned)head_tiles) * heads_per_tile;
+    block /= (unsigned)head_tiles;
+    const int64_t batch = block % (unsigned)p.batch;
+    const int m_block = p.m_blocks - 1 - (int)(block / (unsigned)p.batch);
+    const int head_kv = head0 / p.group;
+    const int m0 = m_block * tile_rows;
+    const int q_rows = min(tile_rows, p.seqlen_q - m0);
     const int shift = p.seqlen_k - p.seqlen_q;
+    const int warp_row = warp * WARP_ROWS; /* in the CTA's tile */
+    const int warp_head = PACKED ? head0 + warp_row / tile_rows : head0;
+    const int warp_m0 = m0 + (PACKED ? warp_row % tile_rows : warp_row);
 
     /* Keys any row of this tile can see, and the key tiles that hold them. */
     int key_lo = 0, key_hi = p.seqlen_k - 1;
@@ -232,7 +296,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int tile_begin = key_lo / BN;
     const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
 
-    const T *q = static_cast<const T *>(p.q) + batch * p.q_sb + head * p.q_sh + m0 * p.q_ss;
+    const T *q = static_cast<const T *>(p.q) + batch * p.q_sb + head0 * p.q_sh + m0 * p.q_ss;
     const T *k = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh;
     const T *v = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh;
 
@@ -240,11 +304,16 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const uint32_t s_k = s_q + shape::Q_BYTES;     /* two stages */
     const uint32_t s_v = s_k + 2 * shape::K_BYTES; /* two stages */
 
-    attn_load_tile<T, D, BM, false>(s_q, q, p.q_ss, q_rows, tid);
+    if constexpr (PACKED)
+        attn_load_q<T, D, BM, ROW_BYTES>(s_q, q, p.q_ss, p.q_sh, tile_rows, q_rows, tid);
+    else
+        attn_load_tile<T, D, BM, ROW_BYTES, true>(s_q, q, p.q_ss, q_rows, tid);
     if (tile_begin < tile_end) {
         const int n0 = tile_begin * BN;
-        attn_load_tile<T, D, BN, false>(s_k, k + n0 * p.k_ss, p.k_ss, p.seqlen_k - n0, tid);
-        attn_load_tile<T, D, BN, true>(s_v, v + n0 * p.v_ss, p.v_ss, p.seqlen_k - n0, tid);
+        attn_load_tile<T, D, BN, ROW_BYTES, true>(s_k, k + n0 * p.k_ss, p.k_ss, p.seqlen_k - n0,
+                                                  tid);
+        attn_load_tile<T, D, BN, V_ROW_BYTES, false>(s_v, v + n0 * p.v_ss, p.v_ss, p.seqlen_k - n0,
+                                                     tid);
     }
     attn_cp_async_commit();
 
@@ -266,13 +335,13 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
         (uint32_t)(((lmat & 1) * 8 + lrow) * ROW_BYTES + (((lmat >> 1) ^ lrow) << 4));
     const uint32_t s_qw = s_q + warp * WARP_ROWS * ROW_BYTES; /* this warp's Q rows */
     const uint32_t v_lane =
-        (uint32_t)(((lmat & 1) * 8 + lrow) * shape::V_ROW_BYTES + ((lmat >> 1) << 4));
+        (uint32_t)(((lmat & 1) * 8 + lrow) * V_ROW_BYTES + ((lmat >> 1) << 4));
 
     /* Accumulator fragment (m16n8, f32): c[0], c[1] at row g, columns 2t, 2t + 1; c[2], c[3]
-     * at row g + 8. This thread's rows: m0 + warp * WARP_ROWS + 16 mt + g + 8 half. */
+     * at row g + 8. This thread's rows: positions warp_m0 + 16 mt + g + 8 half of warp_head. */
     const int g = lane >> 2, tq = lane & 3;
-    const int row_base = m0 + warp * WARP_ROWS + g;
-    const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
+    const int row_base = warp_m0 + g;
+    const float slope = p.alibi_slopes ? p.alibi_slopes[warp_head] : 0.0f;
 
     float o[MT][DT][4];
     float row_max[MT][2], row_sum[MT][2];
@@ -296,10 +365,12 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
         __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
         if (t + 1 < tile_end) {
             const int n1 = (t + 1) * BN;
-            attn_load_tile<T, D, BN, false>(s_k + (stage ^ 1) * shape::K_BYTES, k + n1 * p.k_ss,
-                                            p.k_ss, p.seqlen_k - n1, tid);
-            attn_load_tile<T, D, BN, true>(s_v + (stage ^ 1) * shape::V_BYTES, v + n1 * p.v_ss,
-                                           p.v_ss, p.seqlen_k - n1, tid);
+            attn_load_tile<T, D, BN, ROW_BYTES, true>(s_k + (stage ^ 1) * shape::K_BYTES,
+                                                      k + n1 * p.k_ss, p.k_ss, p.seqlen_k - n1,
+                                                      tid);
+            attn_load_tile<T, D, BN, V_ROW_BYTES, false>(s_v + (stage ^ 1) * shape::V_BYTES,
+                                                         v + n1 * p.v_ss, p.v_ss, p.seqlen_k - n1,
+                                                         tid);
         }
         attn_cp_async_commit();
         const uint32_t s_kt = s_k + stage * shape::K_BYTES;
@@ -439,7 +510,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 #pragma unroll
             for (int dp = 0; dp < DT / 2; dp++) {
                 uint32_t b[4];
-                attn_ldsm_x4_trans(s_vt + v_lane + ps * 16 * shape::V_ROW_BYTES + dp * 32, b);
+                attn_ldsm_x4_trans(s_vt + v_lane + ps * 16 * V_ROW_BYTES + dp * 32, b);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     attn_mma<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
@@ -453,7 +524,13 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
      * stores), write lse. Q may still be in flight when no key tile was visited. */
     attn_cp_async_wait_all();
     __syncthreads();
-    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
+    /* Output rows: tile row out_r0 + i is position out_m0 + i of head out_head, for i below
+     * out_rows; this warp's own head block when packed, the whole tile otherwise. */
+    const int out_head = PACKED ? warp_head : head0;
+    const int out_m0 = PACKED ? warp_m0 : m0;
+    const int out_r0 = PACKED ? warp_row : 0;
+    const int out_rows = PACKED ? min(WARP_ROWS, p.seqlen_q - warp_m0) : q_rows;
+    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + out_head) * p.seqlen_q + out_m0;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -462,32 +539,35 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            const int r = warp * WARP_ROWS + 16 * mt + 8 * h + g; /* row in the tile */
+            const int r = warp_row + 16 * mt + 8 * h + g; /* row in the tile */
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
                 const uint32_t val = attn_pack<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-                *reinterpret_cast<uint32_t *>(smem + attn_chunk_offset<D, false>(r, dt) + 4 * tq) = val;
+                *reinterpret_cast<uint32_t *>(smem + attn_chunk_offset<ROW_BYTES, true>(r, dt) +
+                                              4 * tq) = val;
             }
-            if (p.lse && tq == 0 && r < q_rows)
-                p.lse[lse_row0 + m0 + r] =
+            if (p.lse && tq == 0 && r - out_r0 < out_rows)
+                p.lse[lse_row0 + r - out_r0] =
                     sum > 0.0f ? (row_max[mt][h] * p.exp_scale + __log2f(sum)) * ATTN_LN2 : -INFINITY;
         }
     __syncwarp();
-    T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh + m0 * p.o_ss;
+    T *out = static_cast<T *>(p.o) + batch * p.o_sb + out_head * p.o_sh + out_m0 * p.o_ss;
 #pragma unroll
     for (int idx = lane; idx < WARP_ROWS * CHUNKS; idx += 32) {
-        const int r = warp * WARP_ROWS + idx / CHUNKS, c = idx % CHUNKS;
-        if (r < q_rows)
-            *reinterpret_cast<uint4 *>(out + r * p.o_ss + c * 8) =
-                *reinterpret_cast<const uint4 *>(smem + attn_chunk_offset<D, false>(r, c));
+        const int r = warp_row + idx / CHUNKS, c = idx % CHUNKS;
+        if (r - out_r0 < out_rows)
+            *reinterpret_cast<uint4 *>(out + (r - out_r0) * p.o_ss + c * 8) =
+                *reinterpret_cast<const uint4 *>(smem + attn_chunk_offset<ROW_BYTES, true>(r, c));
     }
 }
 
-/* Launches attention_fwd_kernel<T, D> for one call. */
-template <typename T, int D>
-cudaError_t attn_launch(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+/* Launches attention_fwd_kernel<T, D, PACKED> for one call, heads_per_tile query heads per CTA
+ * (1 unless PACKED; else 2 or 4, dividing heads_q / heads_kv). */
+template <typename T, int D, bool PACKED>
+cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk_device *dev,
+                        cudaStream_t stream) {
     using shape = attn_shape<D>;
-    constexpr auto kernel = attention_fwd_kernel<T, D>;
+    constexpr auto kernel = attention_fwd_kernel<T, D, PACKED>;
     static int smem_opted_in[TK_MAX_DEVICES]; /* per device; a benign race writes the same 1 */
     if (shape::SMEM_BYTES > 48 * 1024 && !smem_opted_in[dev->ordinal]) {
         const cudaError_t err = cudaFuncSetAttribute(
@@ -511,7 +591,11 @@ cudaError_t attn_launch(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.seqlen_k = c->seqlen_k;
     p.heads_q = c->heads_q;
     p.group = c->heads_q / c->heads_kv;
-    p.m_blocks = (c->seqlen_q + shape::BM - 1) / shape::BM;
+    p.heads_per_tile = heads_per_tile;
+    p.tile_rows = shape::BM / heads_per_tile;
+    p.head_tiles = c->heads_q / heads_per_tile;
+    p.m_blocks = (c->seqlen_q + p.tile_rows - 1) / p.tile_rows;
+    p.batch = c->batch;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
     p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
@@ -519,20 +603,31 @@ cudaError_t attn_launch(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.softcap = c->softcap;
     p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
     p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
-    const unsigned blocks = (unsigned)((int64_t)p.m_blocks * c->heads_q * c->batch);
+    const unsigned blocks = (unsigned)((int64_t)p.m_blocks * p.head_tiles * c->batch);
     kernel<<<blocks, ATTN_THREADS, shape::SMEM_BYTES, stream>>>(p);
     return cudaGetLastError();
 }
 
 } // namespace
 
-/* The launcher of one head dim, both dtypes. */
+/* One head dim's four kernels: dtype x packed or not. */
+template <int D>
+cudaError_t attn_launch_head_dim(const tk_attention_call *c, int heads_per_tile,
+                                 const tk_device *dev, cudaStream_t stream) {
+    if (c->dtype == TK_BF16)
+        return heads_per_tile > 1
+                   ? attn_launch<__nv_bfloat16, D, true>(c, heads_per_tile, dev, stream)
+                   : attn_launch<__nv_bfloat16, D, false>(c, 1, dev, stream);
+    return heads_per_tile > 1 ? attn_launch<__half, D, true>(c, heads_per_tile, dev, stream)
+                              : attn_launch<__half, D, false>(c, 1, dev, stream);
+}
+
+/* The launcher of one head dim. */
 #define TK_ATTENTION_DEFINE_LAUNCHER(D)                                                           \
     extern "C" cudaError_t tk_attention_launch_mma_d##D(const tk_attention_call *c,              \
-                                                        const tk_device *dev,                    \
+                                                        int heads_per_tile, const tk_device *dev, \
                                                         cudaStream_t stream) {                   \
-        return c->dtype == TK_BF16 ? attn_launch<__nv_bfloat16, D>(c, dev, stream)                \
-                                   : attn_launch<__half, D>(c, dev, stream);                     \
+        return attn_launch_head_dim<D>(c, heads_per_tile, dev, stream);                          \
     }
 
 #endif

@@ -16,7 +16,7 @@ extern "C" {
  * the element offsets, which kernels compute in int64. */
 typedef struct tk_attention_call {
     int dtype;                    /* tk_dtype: TK_F16 or TK_BF16 */
-    int head_dim;                 /* 64, 128 or 256 */
+    int head_dim;                 /* 64, 80, 96, 128 or 256 */
     const void *q, *k, *v;
     void *o;
     float *lse;                   /* NULL: not written */
@@ -29,16 +29,29 @@ typedef struct tk_attention_call {
 } tk_attention_call;
 
 /* "mma_sm80": FlashAttention-2 style, ldmatrix + mma.sync m16n8k16, cp.async double buffer.
- * Any sm_80+ device. */
+ * Any sm_80+ device; one query head per CTA. */
 cudaError_t tk_attention_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);
 
-/* The same, one per head dim (cuda/attention_d<N>.cu, compiled in parallel). */
-cudaError_t tk_attention_launch_mma_d64(const tk_attention_call *c, const tk_device *dev,
-                                        cudaStream_t stream);
-cudaError_t tk_attention_launch_mma_d128(const tk_attention_call *c, const tk_device *dev,
-                                         cudaStream_t stream);
-cudaError_t tk_attention_launch_mma_d256(const tk_attention_call *c, const tk_device *dev,
-                                         cudaStream_t stream);
+/* "mma_sm80_packed": the same kernel with the CTA's rows split over 2 or 4 query heads of one
+ * GQA group (fewer positions per CTA, the same K/V tiles), for calls bounded on both sides by
+ * a window, where the CTA's key band is short and its edges cost: heads_q / heads_kv even and
+ * window_left, window_right >= 0. */
+bool tk_attention_supports_packed(const void *call);
+cudaError_t tk_attention_launch_mma_packed(const void *call, const tk_device *dev,
+                                           cudaStream_t stream);
+
+/* The kernel of one head dim (cuda/attention_d<N>.cu, compiled in parallel), heads_per_tile
+ * query heads per CTA (1, 2 or 4, dividing heads_q / heads_kv). */
+cudaError_t tk_attention_launch_mma_d64(const tk_attention_call *c, int heads_per_tile,
+                                        const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_attention_launch_mma_d80(const tk_attention_call *c, int heads_per_tile,
+                                        const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_attention_launch_mma_d96(const tk_attention_call *c, int heads_per_tile,
+                                        const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_attention_launch_mma_d128(const tk_attention_call *c, int heads_per_tile,
+                                         const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_attention_launch_mma_d256(const tk_attention_call *c, int heads_per_tile,
+                                         const tk_device *dev, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

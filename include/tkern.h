@@ -512,7 +512,7 @@ TK_API tk_status tk_rope_bwd(const tk_rope_params *p, const void *dq, const void
  * 4-byte aligned. o must not overlap q, k, v, lse or alibi_slopes, nor lse any of them.
  *
  * dtype: TK_F16 or TK_BF16 for q, k, v and o; arithmetic is f32 (P is rounded to the dtype
- * before the P.V product, as in FlashAttention). head_dim: 64, 128 or 256.
+ * before the P.V product, as in FlashAttention). head_dim: 64, 80, 96, 128 or 256.
  * Initialise with TK_ATTENTION_PARAMS_INIT; fields are only ever appended.
  * ------------------------------------------------------------------------------------------- */
 typedef struct tk_attention_params {
@@ -527,7 +527,7 @@ typedef struct tk_attention_params {
     int64_t seqlen_k;         /* >= 1 */
     int64_t heads_q;          /* >= 1, a multiple of heads_kv */
     int64_t heads_kv;         /* >= 1 */
-    int64_t head_dim;         /* 64, 128 or 256 */
+    int64_t head_dim;         /* 64, 80, 96, 128 or 256 */
     int64_t q_strides[4];     /* {batch, seq, head, dim}; all 0 = dense [B, S, H, D] */
     int64_t k_strides[4];
     int64_t v_strides[4];
@@ -551,7 +551,7 @@ typedef struct tk_attention_params {
  * Errors (nothing is written): p NULL or p->size wrong; q, k, v, o NULL (batch > 0); lse NULL
  * with return_lse = 1 (TK_ERROR_NULL_POINTER); batch < 0, seqlen or heads < 1,
  * heads_q % heads_kv != 0, a stride < 0, window < -1, causal with window_right > 0, a scale,
- * softcap or flag out of range (TK_ERROR_INVALID_VALUE); head_dim other than 64, 128, 256,
+ * softcap or flag out of range (TK_ERROR_INVALID_VALUE); head_dim other than 64, 80, 96, 128, 256,
  * dtype TK_F32, strides[3] != 1, or sizes past the kernel's limits (seqlen > 2^30)
  * (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED);
  * overlapping outputs (TK_ERROR_OVERLAP). */

@@ -14,13 +14,16 @@
 #include "../cuda/attention.h"
 
 static const tk_variant attention_variants[] = {
+    {"mma_sm80_packed", 800, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
     {"mma_sm80", 800, false, NULL, tk_attention_launch_mma},
 };
-const tk_op tk_op_attention = {"attention", attention_variants, 1};
+const tk_op tk_op_attention = {"attention", attention_variants,
+                               (int)(sizeof attention_variants / sizeof attention_variants[0])};
 
 /* Kernel limits: row and key indices, windows and their sums stay in int32. */
 #define MAX_SEQLEN (INT64_C(1) << 30)
-/* Smallest query tile of any head dim (the grid is one CTA per tile, head and batch). */
+/* Smallest query tile of any head dim (the grid is one CTA per tile, head and batch; a packed
+ * CTA holds BM / n positions of n heads, which never makes more CTAs than that). */
 #define MIN_QUERY_TILE 64
 
 static const char *const dim_names[4] = {"batch", "sequence", "head", "head_dim"};
@@ -144,9 +147,10 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
                        "head serves heads_q / heads_kv query heads)",
                        (long long)p->heads_q, (long long)p->heads_kv);
     TK_TRY(check_positive(fn, "head_dim", p->head_dim));
-    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+    if (p->head_dim != 64 && p->head_dim != 80 && p->head_dim != 96 && p->head_dim != 128 &&
+        p->head_dim != 256)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
-                       "p->head_dim = %lld is not supported; accepted: 64, 128, 256",
+                       "p->head_dim = %lld is not supported; accepted: 64, 80, 96, 128, 256",
                        (long long)p->head_dim);
     if (!(p->softmax_scale >= 0.0f) || isinf(p->softmax_scale))
         return tk_fail(TK_ERROR_INVALID_VALUE, fn,

@@ -12,8 +12,8 @@
 #include "support/tk_test.h"
 #include "ref/attention_ref.h"
 
-#define VARIANT_COUNT 1
-static const char *const VARIANTS[VARIANT_COUNT] = {"mma_sm80"};
+#define VARIANT_COUNT 2
+static const char *const VARIANTS[VARIANT_COUNT] = {"mma_sm80_packed", "mma_sm80"};
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -81,8 +81,8 @@ Test(attention_args, rejects_bad_arguments) {
     REJECT(heads_q = 0, TK_ERROR_INVALID_VALUE, "p->heads_q");
     REJECT(heads_kv = 0, TK_ERROR_INVALID_VALUE, "p->heads_kv");
     REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 2 is not a multiple of p->heads_kv");
-    REJECT(head_dim = 96, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 96 is not supported");
-    REJECT(head_dim = 32, TK_ERROR_NOT_SUPPORTED, "accepted: 64, 128, 256");
+    REJECT(head_dim = 72, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 72 is not supported");
+    REJECT(head_dim = 32, TK_ERROR_NOT_SUPPORTED, "accepted: 64, 80, 96, 128, 256");
     REJECT(head_dim = 0, TK_ERROR_INVALID_VALUE, "p->head_dim");
     REJECT(q = NULL, TK_ERROR_NULL_POINTER, "'p->q'");
     REJECT(k = NULL, TK_ERROR_NULL_POINTER, "'p->k'");
@@ -173,6 +173,8 @@ Test(attention_args, force_variant_names) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention", "flash3"), TK_ERROR_INVALID_VALUE,
                      "\"mma_sm80\"");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention", "flash3"), TK_ERROR_INVALID_VALUE,
+                     "\"mma_sm80_packed\"");
 }
 
 /* ------------------------------------------------------------------------ GPU checks ---- */
@@ -235,8 +237,20 @@ static double *to_double(tk_dtype dtype, const void *host, int64_t n) {
     return r;
 }
 
+/* Whether "mma_sm80_packed" claims the case: an even GQA group and a window bounded on both
+ * sides once the library has resolved it (causal and the sliding entry point mean
+ * window_right = 0; a window covering every key is unbounded). "mma_sm80" claims every case,
+ * and the automatic choice is the packed variant wherever it claims the case. */
+static bool packed_claims(const attn_case *c) {
+    const int64_t right = c->sliding || c->causal ? 0 : c->window_right;
+    const bool left_bounded = c->window_left >= 0 && c->window_left < c->seqlen_k - 1;
+    const bool right_bounded = right >= 0 && right < c->seqlen_q - 1;
+    return (c->heads_q / c->heads_kv) % 2 == 0 && left_bounded && right_bounded;
+}
+
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
- * (caller frees) so that cases can be compared bit for bit. */
+ * (caller frees) so that cases can be compared bit for bit. A forced variant that does not
+ * claim the case must say so through tk_attention_supported (NULL is returned). */
 static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed) {
     char what[320];
     case_name(c, variant, what, sizeof what);
@@ -302,13 +316,29 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     p.alibi_slopes = c->alibi ? dslopes : NULL;
 
     cr_assert_eq(tk_experimental_force_variant("attention", variant), TK_SUCCESS);
+    const bool packed = packed_claims(c);
+    const bool claimed = variant == NULL || strcmp(variant, "mma_sm80_packed") != 0 || packed;
+    tk_attention_params query = p; /* the mask the sliding entry point runs */
+    if (c->sliding)
+        query.causal = 1, query.window_right = 0;
+    const char *named = NULL;
+    TK_EXPECT_STATUS(tk_attention_supported(&query, &named),
+                     claimed ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"mma_sm80_packed\"");
+    if (!claimed) {
+        cr_assert_null(named, "%s: tk_attention_supported named a variant", what);
+        cr_assert_eq(tk_experimental_force_variant("attention", NULL), TK_SUCCESS);
+        free(hq); free(hk); free(hv); free(ho); free(hlse); free(hslopes);
+        tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(do_); tk_dev_free(dlse);
+        tk_dev_free(dslopes);
+        return NULL;
+    }
+    const char *expected = variant ? variant : packed ? "mma_sm80_packed" : "mma_sm80";
+    cr_assert_str_eq(named, expected, "%s: tk_attention_supported named %s", what, named);
     const tk_status s = c->sliding ? tk_attention_sliding_fwd(&p, c->window_left, NULL)
                                    : tk_attention_fwd(&p, NULL);
     cr_assert_eq(s, TK_SUCCESS, "%s: %s", what, tk_last_error());
-    if (variant)
-        cr_assert_str_eq(tk_last_variant(), variant, "%s ran variant %s", what, tk_last_variant());
-    else
-        cr_assert_str_neq(tk_last_variant(), "", "%s: no variant recorded", what);
+    cr_assert_str_eq(tk_last_variant(), expected, "%s ran variant %s", what, tk_last_variant());
     cr_assert_eq(tk_experimental_force_variant("attention", NULL), TK_SUCCESS);
     tk_dev_sync();
     tk_to_host(ho, do_, (size_t)nq * es);
@@ -375,10 +405,25 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     return ho;
 }
 
-/* Every variant forced (the automatic choice runs in the tests that pass variant NULL). */
+/* Every variant forced (the automatic choice runs in the tests that pass variant NULL). Where
+ * both run, their o must agree bit for bit: a warp's rows are the same consecutive positions of
+ * one head whether its CTA holds one head or several, and the key tiles only the wider one-head
+ * CTA visits hold none of those rows' visible keys, which leaves their state unchanged. */
 static void run_case_all_variants(const attn_case *c, uint64_t seed) {
+    uint16_t *o[VARIANT_COUNT];
     for (int v = 0; v < VARIANT_COUNT; v++)
-        free(run_case(c, VARIANTS[v], seed));
+        o[v] = run_case(c, VARIANTS[v], seed);
+    int64_t st[4];
+    const size_t bytes = (size_t)layout_strides(c, c->seqlen_q, c->heads_q, st) *
+                         tk_test_dtype_size(c->dtype);
+    char what[320];
+    case_name(c, NULL, what, sizeof what);
+    for (int v = 1; v < VARIANT_COUNT; v++)
+        if (o[0] && o[v])
+            cr_assert(memcmp(o[0], o[v], bytes) == 0, "%s: variants %s and %s differ", what,
+                      VARIANTS[0], VARIANTS[v]);
+    for (int v = 0; v < VARIANT_COUNT; v++)
+        free(o[v]);
 }
 
 static const tk_dtype DTYPES[2] = {TK_BF16, TK_F16};
@@ -408,6 +453,37 @@ Test(attention_gpu, lengths_and_masks, .timeout = 600) {
         }
 }
 
+/* Windows bounded on both sides with an even GQA group: the packed variant's ground (2 heads
+ * per CTA for groups of 2 and 6, 4 for 4 and 8), at every head dim, with query tiles that end
+ * mid-sequence, seqlen_q != seqlen_k both ways, both layouts, softcap and ALiBi. A group of 1
+ * or 3 checks that the packed variant declines and the automatic choice falls back. */
+Test(attention_gpu, narrow_windows_packed_heads, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    static const int64_t head_dims[] = {64, 80, 96, 128, 256};
+    static const int64_t heads[][2] = {{8, 2}, {6, 3}, {16, 2}, {6, 1}, {3, 3}};
+    /* {seqlen_q, seqlen_k, causal, window_left, window_right, sliding} */
+    const struct { int64_t sq, sk; int causal; int64_t wl, wr; bool sliding; } masks[] = {
+        {300, 300, 0, 0, -1, true},   {300, 300, 0, 37, -1, true}, {290, 290, 1, 100, -1, false},
+        {250, 250, 0, 20, 9, false},  {77, 400, 0, 64, -1, true},  {400, 130, 1, 45, -1, false},
+        {333, 333, 0, 5, 70, false},
+    };
+    uint64_t seed = 500;
+    for (size_t hd = 0; hd < sizeof head_dims / sizeof head_dims[0]; hd++)
+        for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
+            const size_t g = (m + hd) % (sizeof heads / sizeof heads[0]);
+            const bool extras = (m + hd) % 3 == 0; /* softcap and ALiBi on every third */
+            attn_case c = {DTYPES[(m + hd) % 2], 1 + (int64_t)(m % 2), masks[m].sq, masks[m].sk,
+                           heads[g][0], heads[g][1], head_dims[hd], (m + hd) % 2 == 1,
+                           masks[m].causal, masks[m].wl, masks[m].wr, masks[m].sliding,
+                           extras ? 20.0f : 0.0f, extras, true, extras ? 4.0 : 2.0};
+            cr_assert_eq(packed_claims(&c), (heads[g][0] / heads[g][1]) % 2 == 0);
+            run_case_all_variants(&c, seed);
+            if (m % 2 == 0)
+                free(run_case(&c, NULL, seed));
+            seed++;
+        }
+}
+
 /* A window that covers every key is the plain causal mask: same code, same bits. */
 Test(attention_gpu, window_past_the_sequence_is_causal, .timeout = 300) {
     TK_REQUIRE_GPU();
@@ -432,11 +508,11 @@ Test(attention_gpu, window_past_the_sequence_is_causal, .timeout = 300) {
 
 Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
     TK_REQUIRE_GPU();
-    static const int64_t head_dims[] = {64, 128, 256};
+    static const int64_t head_dims[] = {64, 80, 96, 128, 256};
     /* GQA ratios 1, 4 and 8, and MQA. */
     static const int64_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {6, 1}};
     uint64_t seed = 200;
-    for (size_t hd = 0; hd < 3; hd++)
+    for (size_t hd = 0; hd < sizeof head_dims / sizeof head_dims[0]; hd++)
         for (size_t d = 0; d < 2; d++)
             for (int bhsd = 0; bhsd < 2; bhsd++)
                 for (size_t g = 0; g < 4; g++) {
@@ -449,9 +525,11 @@ Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
 
 Test(attention_gpu, softcap_alibi_lse, .timeout = 600) {
     TK_REQUIRE_GPU();
+    static const int64_t head_dims[] = {64, 80, 96, 128, 256};
     uint64_t seed = 300;
     for (size_t d = 0; d < 2; d++)
-        for (int64_t hd = 64; hd <= 256; hd *= 2) {
+        for (size_t i = 0; i < sizeof head_dims / sizeof head_dims[0]; i++) {
+            const int64_t hd = head_dims[i];
             /* Gemma 2's cap of 50 on large logits, causal */
             attn_case softcap = {DTYPES[d], 2, 150, 150, 4, 2, hd, false, 1, -1, -1, false, 50.0f,
                                  false, true, 6.0};
@@ -541,10 +619,17 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
     cr_assert_str_eq(name, "mma_sm80");
     TK_EXPECT_STATUS(tk_attention_supported(&ok, NULL), TK_SUCCESS, "");
+    tk_attention_params window = ok; /* a sliding window over a GQA group of 2 */
+    window.causal = 1, window.window_left = 4;
+    TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
+    cr_assert_str_eq(name, "mma_sm80_packed");
     for (int v = 0; v < VARIANT_COUNT; v++) {
         cr_assert_eq(tk_experimental_force_variant("attention", VARIANTS[v]), TK_SUCCESS);
-        TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
+        TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
         cr_assert_str_eq(name, VARIANTS[v]);
     }
+    cr_assert_eq(tk_experimental_force_variant("attention", "mma_sm80_packed"), TK_SUCCESS);
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"mma_sm80_packed\"");
     tk_experimental_force_variant("attention", NULL);
 }

@@ -73,7 +73,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     q: [batch, seq_q, heads_q, head_dim], k and v: [batch, seq_k, heads_kv, head_dim] with
     layout="bshd" (FlashAttention's), or [batch, heads, seq, head_dim] with layout="bhsd"
     (PyTorch SDPA's); any strides with head_dim contiguous (16-byte aligned). float16 or
-    bfloat16; head_dim 64, 128 or 256; heads_q a multiple of heads_kv (GQA / MQA).
+    bfloat16; head_dim 64, 80, 96, 128 or 256; heads_q a multiple of heads_kv (GQA / MQA).
     causal: masks aligned bottom-right (the last query sees the last key), as FlashAttention.
     window=(left, right): query i sees keys i + shift - left .. i + shift + right (shift =
     seq_k - seq_q; -1 or None = unbounded); Hugging Face sliding_window=N is causal=True,
