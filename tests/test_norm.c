@@ -508,6 +508,9 @@ static const struct {
     {7, 4096, 8, 16, 24, 0, true, true, true, false, true, false},
     {3, 8192, 0, 0, 0, 0, false, false, true, false, false, false},
     {4, 4088, 0, 0, 0, 0, true, true, true, false, true, false},
+    /* More rows than one wave of 8192-wide groups (one block per SM): the backward's groups
+     * take several rows each (the next row's loads overlap the current one's reduction). */
+    {400, 8192, 0, 0, 0, 0, false, true, true, false, true, false},
     {6, 1000, 0, 0, 0, 1, true, true, true, false, true, false},
     {3, 12288, 0, 0, 0, 0, true, true, true, false, true, false},
     {300, 256, 0, 0, 0, 0, false, false, false, false, false, false},
