@@ -18,14 +18,15 @@
  *   used. The reductions are warp shuffles plus, for groups wider than a warp, one
  *   shared-memory step behind a single barrier. LayerNorm's variance is a second pass over the
  *   registers (exact two-pass, no cancellation). LayerNorm and the residual add are template
- *   parameters, so each kernel holds only its own state: 72-80 registers for 16-bit packs,
- *   54-62 for f32 (ptxas -v, sm_90a). A bf16 4096 row is one block of 128 threads x 4 packs.
+ *   parameters, so each kernel holds only its own state: 56-80 registers for 16-bit packs,
+ *   48-62 for f32 (ptxas -v, sm_90a). A bf16 4096 row is one block of 128 threads x 4 packs.
  *   These kernels are close to the SM's instruction-issue limit, not only to the memory's:
  *   Nsight Compute counted 61 M warp instructions (77% issue-active) for a bf16 LayerNorm of
  *   16384 x 4096 that ran at 0.82 of the copy bandwidth, against 29 M (44%) for a fixed-shape
  *   experiment at 0.97. Hence the per-element work is kept minimal: bf16 pairs unpack per
  *   32-bit word (tk_unpack), shifts instead of divisions, the weight kind (w, 1 + w, none)
- *   lifted out of the output loop.
+ *   and the bias lifted out of the output loop, and rows of exactly 4 packs per thread of one
+ *   block run without bounds checks (Whole, below): LayerNorm 0.96 of the copy bandwidth.
  * - "wide" kernels (any width, up to 262144): a 512-thread block per row, two passes over the
  *   row: pass 1 reads it (adding and storing the residual) and accumulates per-thread shifted
  *   sums, combined across the block with Chan's formula in a fixed order; pass 2 reads it back
@@ -55,11 +56,12 @@ template <typename T, int VEC> constexpr int rows_max_threads() {
 template <typename T, int VEC> constexpr int rows_min_blocks() { return VEC == 1 ? 1 : (sizeof(T) == 2 ? 3 : 2); }
 
 /* Sum over the threads of one row's group, with one barrier for groups wider than a warp (one
- * row per block): partial sums alternate between two scratch buffers by `parity`, so a
+ * row per block; OneRow: known to be so at compile time): partial sums alternate between two scratch buffers by `parity`, so a
  * reduction never overwrites partials that a slower thread of the previous one still reads.
  * Fixed order: the same inputs give the same bits. */
+template <bool OneRow>
 __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[32], int &parity) {
-    if (group <= 32)
+    if (!OneRow && group <= 32)
         return norm_group_sum(v, group, nullptr);
     v = tk_warp_sum(v);
     float *buf = scratch[parity];
@@ -76,8 +78,14 @@ enum { SCALE_WEIGHT, SCALE_GEMMA, SCALE_NONE };
 
 /* LayerNorm and Residual are template parameters: each of the four kernels carries only its own
  * registers and work (on an H200 a runtime-general kernel at 64 registers measured 0.74 of the
- * copy bandwidth for bf16 RMSNorm where a specialised one at 40 measured 0.90-0.97). */
-template <typename T, typename W, int VEC, bool LayerNorm, bool Residual>
+ * copy bandwidth for bf16 RMSNorm where a specialised one at 40 measured 0.90-0.97).
+ * Whole: the launcher found the row to be exactly PACKS packs per thread of one block, so every
+ * pack of every thread is inside the row and every block's row inside the tensor. The per-pack
+ * bounds checks, their branches and the per-pack address arithmetic they kept from being hoisted
+ * then disappear: with the bias test also lifted out of the output loop, the executed path of the
+ * bf16 LayerNorm kernel (weight and bias, 4096 wide) went from ~690 to ~460 SASS instructions per
+ * thread and row (sm_90a, counted in cuobjdump -sass). */
+template <typename T, typename W, int VEC, bool LayerNorm, bool Residual, bool Whole>
 __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks<T, VEC>())) norm_fwd_rows(tk_norm_call a, int group, float inv_n) {
     constexpr int PACKS = fwd_packs<VEC>();
     __shared__ float scratch[2][32];
@@ -86,7 +94,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
     const W *b = static_cast<const W *>(a.bias);
     const int packs_row = (int)(a.cols / VEC);
     /* A group is a power of two <= 32 or the whole block (norm.cuh): shifts, not divisions. */
-    const bool one_row = group == (int)blockDim.x;
+    const bool one_row = Whole || group == (int)blockDim.x;
     const int group_shift = __ffs(group) - 1;
     const int groups_per_block = one_row ? 1 : (int)blockDim.x >> group_shift;
     const int local = one_row ? 0 : (int)threadIdx.x >> group_shift;
@@ -95,7 +103,8 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
     for (int64_t base = (int64_t)blockIdx.x * groups_per_block; base < a.rows;
          base += (int64_t)gridDim.x * groups_per_block) {
         const int64_t row = base + local;
-        const bool active = row < a.rows;
+        const bool active = Whole || row < a.rows;
+        auto in_row = [&](int j) { return Whole || (active && j < packs_row); };
         /* In-row offsets are 32-bit (cols <= 262144); only the row bases are 64-bit. */
         const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride;
         T *__restrict__ res_row = Residual ? static_cast<T *>(a.residual) + row * a.residual_stride : nullptr;
@@ -104,7 +113,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
-            if (active && j < packs_row) {
+            if (in_row(j)) {
                 h[p] = tk_load_pack<T, VEC>(x_row + j * VEC);
                 if constexpr (Residual)
                     r[p] = tk_load_pack<T, VEC>(res_row + j * VEC);
@@ -116,7 +125,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
-            if (active && j < packs_row) {
+            if (in_row(j)) {
                 float f[VEC];
                 if constexpr (Residual) {
                     float g[VEC];
@@ -136,12 +145,12 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
         keep_packed(h); /* reconvert below rather than hold VEC x PACKS floats */
         float mean = 0.0f;
         if constexpr (LayerNorm)
-            mean = group_sum(sum, group, scratch, parity) * inv_n;
+            mean = group_sum<Whole>(sum, group, scratch, parity) * inv_n;
         float squares = 0.0f;
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
-            if (active && j < packs_row) {
+            if (in_row(j)) {
                 float f[VEC];
                 tk_unpack(h[p], f);
 #pragma unroll
@@ -150,7 +159,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
             }
         }
         keep_packed(h);
-        const float rstd = rsqrtf(group_sum(squares, group, scratch, parity) * inv_n + a.eps);
+        const float rstd = rsqrtf(group_sum<Whole>(squares, group, scratch, parity) * inv_n + a.eps);
         if (active && lane == 0) {
             if (a.rstd_out)
                 a.rstd_out[row] = rstd;
@@ -159,15 +168,16 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
         }
         /* y = (h - mu) rstd w' + b. Few instructions per element here: at the copy bandwidth a
          * bf16 row has ~30 per element of issue budget and the loads, sums and conversions take
-         * ~15 of them. Hence the kind of w' (w, 1 + w or 1) is lifted out of the loop: each
-         * kind gets its own copy of the loop with no per-element select or add. (h - mu) rstd
-         * stays a subtraction first (h rstd - mu rstd would cancel for rows far from zero). */
-        auto store_normalised = [&](auto scale_kind) {
+         * ~15 of them. Hence the kind of w' (w, 1 + w or 1) and whether there is a bias (only
+         * LayerNorm has one) are lifted out of the loop: each combination gets its own copy of
+         * the loop with no per-element select or add and no per-pack test. (h - mu) rstd stays
+         * a subtraction first (h rstd - mu rstd would cancel for rows far from zero). */
+        auto store_normalised = [&](auto scale_kind, auto with_bias) {
             constexpr int kind = decltype(scale_kind)::value;
 #pragma unroll
             for (int p = 0; p < PACKS; p++) {
                 const int j = lane + p * group;
-                if (active && j < packs_row) {
+                if (in_row(j)) {
                     float f[VEC], scale[VEC], shift[VEC];
                     tk_unpack(h[p], f);
                     if constexpr (kind == SCALE_NONE) {
@@ -182,7 +192,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
                                 scale[e] += 1.0f;
                     }
                     tk_pack<T, VEC> out;
-                    if (b) {
+                    if constexpr (decltype(with_bias)::value) {
                         norm_load_params<W, VEC>(b, j * VEC, shift);
 #pragma unroll
                         for (int e = 0; e < VEC; e++)
@@ -196,12 +206,18 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
                 }
             }
         };
+        auto store_with_scale = [&](auto scale_kind) {
+            if (LayerNorm && b)
+                store_normalised(scale_kind, std::bool_constant<LayerNorm>{});
+            else
+                store_normalised(scale_kind, std::false_type{});
+        };
         if (!w)
-            store_normalised(std::integral_constant<int, SCALE_NONE>{});
+            store_with_scale(std::integral_constant<int, SCALE_NONE>{});
         else if (a.gemma)
-            store_normalised(std::integral_constant<int, SCALE_GEMMA>{});
+            store_with_scale(std::integral_constant<int, SCALE_GEMMA>{});
         else
-            store_normalised(std::integral_constant<int, SCALE_WEIGHT>{});
+            store_with_scale(std::integral_constant<int, SCALE_WEIGHT>{});
     }
 }
 
@@ -351,6 +367,17 @@ int64_t grid_for(const tk_device *dev, int threads, int64_t blocks_needed) {
     return blocks_needed < wave ? blocks_needed : wave;
 }
 
+template <typename T, typename W, int VEC, bool Whole>
+cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, cudaStream_t stream) {
+    if (a->layernorm)
+        a->residual ? norm_fwd_rows<T, W, VEC, true, true, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
+                    : norm_fwd_rows<T, W, VEC, true, false, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
+    else
+        a->residual ? norm_fwd_rows<T, W, VEC, false, true, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
+                    : norm_fwd_rows<T, W, VEC, false, false, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
+    return cudaGetLastError();
+}
+
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
     if (wide) {
@@ -368,13 +395,11 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
         blocks = 0x7fffffff;
     const dim3 grid((unsigned)(blocks < 1 ? 1 : blocks));
     const float inv_n = 1.0f / (float)a->cols; /* here, not a division per thread */
-    if (a->layernorm)
-        a->residual ? norm_fwd_rows<T, W, VEC, true, true><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
-                    : norm_fwd_rows<T, W, VEC, true, false><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
-    else
-        a->residual ? norm_fwd_rows<T, W, VEC, false, true><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
-                    : norm_fwd_rows<T, W, VEC, false, false><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
-    return cudaGetLastError();
+    /* Whole rows only for 16-byte packs: e.g. 2048..8192 in steps of 1024 for 16-bit rows. */
+    if constexpr (VEC > 1)
+        if (s.group == s.threads && a->cols / VEC == (int64_t)packs * s.threads)
+            return launch_rows<T, W, VEC, true>(a, grid, s, inv_n, stream);
+    return launch_rows<T, W, VEC, false>(a, grid, s, inv_n, stream);
 }
 
 template <typename T, int VEC>

@@ -502,6 +502,15 @@ static const struct {
     {9, 3584, 0, 0, 0, 0, true, true, false, false, true, false},
     {5, 4097, 3, 1, 2, 0, true, true, true, false, true, false},
     {4, 5120, 0, 0, 0, 0, false, true, true, true, true, true},
+    /* Rows of exactly 4 packs per thread of one block (the forward's "whole" kernels): the
+     * narrowest, with strides and the residual, and the widest; then one pack short of it. */
+    {5, 2048, 0, 0, 0, 0, false, true, false, true, true, false},
+    {7, 4096, 8, 16, 24, 0, true, true, true, false, true, false},
+    {3, 8192, 0, 0, 0, 0, false, false, true, false, false, false},
+    {4, 4088, 0, 0, 0, 0, true, true, true, false, true, false},
+    /* More rows than one wave of 8192-wide groups (one block per SM): the backward's groups
+     * take several rows each (the next row's loads overlap the current one's reduction). */
+    {400, 8192, 0, 0, 0, 0, false, true, true, false, true, false},
     {6, 1000, 0, 0, 0, 1, true, true, true, false, true, false},
     {3, 12288, 0, 0, 0, 0, true, true, true, false, true, false},
     {300, 256, 0, 0, 0, 0, false, false, false, false, false, false},
