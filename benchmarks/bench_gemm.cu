@@ -6,6 +6,8 @@
  *   gemm+bias+gelu       tk_gemm, bias, GELU (tanh form)  vs cublasLtMatmul, EPILOGUE_GELU_BIAS
  *                                                            (cuBLASLt's GELU is the tanh form)
  *   gemm+bias+gelu       the same fused call              vs tk_gemm then tk_activation_fwd
+ *   gemm (mma_128x256)   the portable kernel, forced      vs cublasGemmEx (where the library
+ *                                                            picks another kernel, e.g. wgmma)
  * B is [N, K] (a Linear weight, D = A B^T) unless the row says B KN. Shapes: 4096^3, 8192^3 and
  * the Llama / Mistral layer shapes of issue 5, written M x N x K.
  */
@@ -14,10 +16,15 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench.h"
 
 namespace {
+
+/* The sm_80+ kernel for calls of at least one wave of tiles: a "gemm" row of its own at every
+ * shape, so that the portable path's ratio to cuBLAS is visible on Hopper too. */
+const char *const PORTABLE_VARIANT = "mma_128x256";
 
 void check_cublas(cublasStatus_t s, const char *what) {
     if (s != CUBLAS_STATUS_SUCCESS) {
@@ -163,7 +170,19 @@ void bench_shape(bench_ctx *ctx, cublasHandle_t blas, cublasLtHandle_t lt, int64
 
     const double cublas_ms = bench_time_ms(ctx, run_cublas, &g);
     const double plain_ms = bench_time_ms(ctx, run_tk_plain, &g);
-    report(ctx, "gemm", shape, variant_of(&g.plain), plain_ms, flops, "cuBLAS", cublas_ms);
+    const char *automatic = variant_of(&g.plain);
+    report(ctx, "gemm", shape, automatic, plain_ms, flops, "cuBLAS", cublas_ms);
+    /* The portable mma.sync kernel at the same shape, where the library picks another one
+     * (wgmma on an H100 / H200) and this device can run it. */
+    if (strcmp(automatic, PORTABLE_VARIANT) != 0) {
+        bench_check(tk_experimental_force_variant("gemm", PORTABLE_VARIANT), "tk_experimental_force_variant");
+        const char *forced = NULL;
+        if (tk_gemm_supported(&g.plain, &forced) == TK_SUCCESS) {
+            const double portable_ms = bench_time_ms(ctx, run_tk_plain, &g);
+            report(ctx, "gemm", shape, forced, portable_ms, flops, "cuBLAS", cublas_ms);
+        }
+        bench_check(tk_experimental_force_variant("gemm", NULL), "tk_experimental_force_variant");
+    }
     if (!with_epilogues)
         return;
     setup_lt(&g);

@@ -11,11 +11,20 @@
  * - Block tile BM x BN, marching over K in steps of BK through a STAGES-deep ring of shared-memory
  *   stages filled by cp.async (16-byte copies that bypass L1; partial copies zero-fill, so every
  *   edge of M, N and K is handled by the copy itself: bytes past a matrix edge arrive as 0 and
- *   add nothing). One __syncthreads per K step: at the top of step kt all warps have finished
- *   step kt - 1, so its stage is refilled with K step kt + STAGES - 1 while step kt computes.
- * - Warp tile 64 x 64: 4 x 8 mma tiles of 16 x 8, i.e. 128 f32 accumulators per thread. Per
- *   k16 slice a warp loads 4 A fragments and 8 B fragments with 8 ldmatrix.x4 (.trans for KN,
- *   whose tile is N-contiguous) and issues 32 mma: 4 mma per ldmatrix.
+ *   add nothing). One __syncthreads per K step; once every warp has passed it, the stage of
+ *   step kt - 1 is free and is refilled with K step kt + STAGES - 1 while step kt computes.
+ * - Warp tile 64 x 64: 4 x 8 mma tiles of 16 x 8, i.e. 128 f32 accumulators per thread (the
+ *   largest that fits: 128 + 48 fragment registers + addresses reach the 255 cap). Per k16 slice
+ *   a warp loads 4 A fragments and 8 B fragments with 8 ldmatrix.x4 (.trans for KN, whose tile
+ *   is N-contiguous) and issues 32 mma: 4 mma per ldmatrix.
+ * - The aligned kernels keep the tensor cores fed across slice and K-step boundaries: slice
+ *   ks + 1's fragments load while slice ks's mma run (B double-buffered, each A tile reloaded
+ *   right after its last mma), the barrier sits before a K step's last slice (whose fragments are
+ *   already loaded, so its mma cover the wait), and a K step's 12 copies per thread are spread
+ *   over its first slices instead of delaying one slice's fragment loads (copies and ldmatrix
+ *   are volatile asm touching shared memory: they keep their source order). Measured on the
+ *   H200: +10-31% over loading each slice's fragments just before its mma with all copies at
+ *   the top of the K step.
  * - Shared tiles are rows of 16-byte chunks with the chunk index XOR-swizzled by the row
  *   (chunk ^ (row & 7), or chunk ^ ((row >> 1) & 3) for 64-byte rows), so the 8 row addresses of
  *   every ldmatrix phase and the 8 chunks of every cp.async phase fall in 8 distinct 16-byte
@@ -32,18 +41,20 @@
  *   tk_activation_fwd (16-bit outputs), so fused and separate activations agree exactly.
  *
  * Configurations (a handful of instantiations: config x input dtype x B layout; registers as
- * reported by ptxas for sm_90a, 236-255, no spills):
- * - 128x256x64, 8 warps (2 x 4), 3 stages: 3 * (128 + 256) * 64 * 2 B = 144 KiB of shared
- *   memory (1 block of 256 threads per SM; __launch_bounds__(256, 1) caps registers at 255).
- *   Per K step a block moves 48 KiB and does 2 * 128 * 256 * 64 flops: 85 flops per byte of
- *   L2 traffic. Chosen when the call has at least one full wave of tiles (tiles >= SMs).
- * - 128x128x32, 4 warps (2 x 2), 4 stages: 64 KiB of pipeline, 72 KiB with the epilogue's
- *   staging, 2 blocks per SM (registers: 2 x 128 x 255 fit), so one block's epilogue and
- *   barriers overlap the other's math; for smaller problems, where twice the tiles fill the
- *   SMs better, and for devices without 144 KiB per block.
+ * reported by ptxas for sm_90a and sm_80, 242-255, no spills):
+ * - 128x256x64, 8 warps (2 x 4), 3 stages, copies over the first 3 of 4 slices: 3 * (128 +
+ *   256) * 64 * 2 B = 144 KiB of shared memory (1 block of 256 threads per SM;
+ *   __launch_bounds__(256, 1) caps registers at 255). Per K step a block moves 48 KiB and
+ *   does 2 * 128 * 256 * 64 flops: 85 flops per byte of L2 traffic. Chosen when the call has
+ *   at least one full wave of tiles (tiles >= SMs).
+ * - 128x128x32, 4 warps (2 x 2), 4 stages, copies in the first of 2 slices: 64 KiB of
+ *   pipeline, 72 KiB with the epilogue's staging, 2 blocks per SM (registers: 2 x 128 x 255
+ *   fit), so one block's epilogue and barriers overlap the other's math; for smaller problems,
+ *   where twice the tiles fill the SMs better, and for devices without 144 KiB per block.
  * - The same 128x128 kernel with element-by-element loads (2-byte loads into registers, then a
  *   16-byte shared store) for A / B pointers or leading dimensions that rule out 16-byte copies:
- *   correct for any alignment, slower (the loads no longer overlap the math).
+ *   correct for any alignment, slower (the loads no longer overlap the math); it keeps the
+ *   single-buffered fragment schedule, as its register-staged loads leave no room for more.
  * Blocks are numbered in groups of 16 tile rows (column-major within a group) so that a wave
  * of concurrently running blocks reads a compact patch of A and B and L2 serves the reuse.
  * Offsets into A, B, C and D are 64-bit.
@@ -57,8 +68,17 @@
 
 namespace {
 
-template <int BM_, int BN_, int BK_, int STAGES_, int MIN_BLOCKS_> struct tile_config {
+/* PREFETCH_FRAGMENTS: the main loop of the aligned kernels (see the kernel): fragments
+ * double-buffered across k16 slices, the K step's copies spread over its first COPY_SLICES
+ * slices. Without it (the unaligned kernel, whose register-staged loads leave no room for a
+ * second set of fragments: ptxas spills), the stage's copies are issued at once after the
+ * first slice's fragment loads and each slice loads its fragments just before its mma. */
+template <int BM_, int BN_, int BK_, int STAGES_, int MIN_BLOCKS_, bool PREFETCH_FRAGMENTS_,
+          int COPY_SLICES_ = 1>
+struct tile_config {
     static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr bool PREFETCH_FRAGMENTS = PREFETCH_FRAGMENTS_;
+    static constexpr int COPY_SLICES = COPY_SLICES_;
     static constexpr int WARPS_M = BM / WARP_TILE, WARPS_N = BN / WARP_TILE;
     static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     static constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
@@ -66,9 +86,13 @@ template <int BM_, int BN_, int BK_, int STAGES_, int MIN_BLOCKS_> struct tile_c
     static constexpr int EPI_BYTES = WARPS_M * WARPS_N * WARP_TILE * EPI_STRIDE * 4;
     static constexpr int SMEM_BYTES = PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES;
     static_assert(BM % WARP_TILE == 0 && BN % WARP_TILE == 0 && BK % 16 == 0, "tile shape");
+    /* An even slice count keeps the fragment buffers' parity across K steps; the copies are
+     * committed before the barrier in the last slice. */
+    static_assert(BK / 16 % 2 == 0 && COPY_SLICES >= 1 && COPY_SLICES < BK / 16, "copy schedule");
 };
-using config_128x256 = tile_config<128, 256, 64, 3, 1>;
-using config_128x128 = tile_config<128, 128, 32, 4, 2>;
+using config_128x256 = tile_config<128, 256, 64, 3, 1, true, 3>;
+using config_128x128 = tile_config<128, 128, 32, 4, 2, true, 1>;
+using config_unaligned = tile_config<128, 128, 32, 4, 2, false>;
 
 /* ---- PTX wrappers ---- */
 
@@ -138,10 +162,13 @@ template <int Cpr> __device__ __forceinline__ int chunk_swizzle(int row) {
 
 /* Copies a Rows x (Cpr * 8) tile of a row-major 16-bit matrix, whose element (0, 0) is at g,
  * into the swizzled shared tile at smem_tile. Elements at row >= rows_valid or column >=
- * cols_valid are not read and arrive as 0. Aligned: g and ld allow 16-byte copies. */
+ * cols_valid are not read and arrive as 0. Aligned: g and ld allow 16-byte cp.async; otherwise
+ * 2-byte loads through registers. Each thread copies its chunks j_begin .. j_end - 1 of
+ * Rows * Cpr / Threads, so that a K step's copies can be spread over several k16 slices. */
 template <int Rows, int Cpr, int Threads, bool Aligned>
 __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g, int64_t ld,
-                                          int64_t rows_valid, int64_t cols_valid) {
+                                          int64_t rows_valid, int64_t cols_valid, int j_begin = 0,
+                                          int j_end = Rows * Cpr / Threads) {
     constexpr int CHUNKS_PER_THREAD = Rows * Cpr / Threads;
     constexpr int ROW_STEP = Threads / Cpr;  /* rows between one thread's chunks */
     static_assert(Rows * Cpr % Threads == 0 && Threads % Cpr == 0 && ROW_STEP % 8 == 0,
@@ -149,15 +176,32 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
     const int row0 = threadIdx.x / Cpr, chunk = threadIdx.x % Cpr;
     const uint32_t dst0 = smem_tile + row0 * Cpr * 16 + ((chunk ^ chunk_swizzle<Cpr>(row0)) << 4);
     const int64_t cols_left = cols_valid - chunk * 8;
+    if constexpr (Aligned) {
+        /* What does not depend on the chunk, once: the byte count of an inside row (all of a
+         * thread's chunks lie in one column), the rows inside as a 32-bit count and the first
+         * chunk's address; chunk j is j row steps further. An outside chunk reads 0 bytes at
+         * the tile origin g, which lies inside the matrix. Measured on the H200: 1-14% faster
+         * than forming each chunk's address and byte count from scratch (the 128x256 main loop:
+         * 409 instead of 419 instructions per K step, 128 of them mma). */
+        const int bytes = cols_left >= 8 ? 16 : cols_left > 0 ? (int)cols_left * 2 : 0;
+        const int rows_inside = rows_valid < Rows ? (int)(rows_valid > 0 ? rows_valid : 0) : Rows;
+        const uint16_t *src0 = g + row0 * ld + chunk * 8;
 #pragma unroll
-    for (int j = 0; j < CHUNKS_PER_THREAD; j++) {
-        const int row = row0 + j * ROW_STEP;
-        const bool inside = row < rows_valid && cols_left > 0;
-        const uint16_t *src = inside ? g + row * ld + chunk * 8 : g;
-        const uint32_t dst = dst0 + j * ROW_STEP * Cpr * 16;
-        if constexpr (Aligned) {
-            cp_async_16(dst, src, inside ? (cols_left >= 8 ? 16 : (int)cols_left * 2) : 0);
-        } else {
+        for (int j = 0; j < CHUNKS_PER_THREAD; j++) {
+            if (j < j_begin || j >= j_end)
+                continue;
+            const bool inside = row0 + j * ROW_STEP < rows_inside && bytes > 0;
+            cp_async_16(dst0 + j * ROW_STEP * Cpr * 16, inside ? src0 + j * ROW_STEP * ld : g,
+                        inside ? bytes : 0);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < CHUNKS_PER_THREAD; j++) {
+            if (j < j_begin || j >= j_end)
+                continue;
+            const int row = row0 + j * ROW_STEP;
+            const bool inside = row < rows_valid && cols_left > 0;
+            const uint16_t *src = inside ? g + row * ld + chunk * 8 : g;
             uint32_t w[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -165,7 +209,7 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
                 const uint32_t hi = inside && 2 * e + 1 < cols_left ? src[2 * e + 1] : 0u;
                 w[e] = lo | (hi << 16);
             }
-            st_shared_16(dst, w);
+            st_shared_16(dst0 + j * ROW_STEP * Cpr * 16, w);
         }
     }
 }
@@ -190,21 +234,32 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
     const uint32_t smem_b = smem_a + STAGES * Cfg::A_STAGE_BYTES;
     const int64_t k_tiles = (p.k + BK - 1) / BK;
 
-    /* The copies that fill `stage` with K step kt; with valid == false the stage is filled
-     * with zeros instead (K step kt may then lie past the matrix: nothing is read). */
-    auto load_stage = [&](int stage, int64_t kt, bool valid) {
+    /* The copies that fill `stage` with K step kt, or with parts > 1 the share `part` of them
+     * (a contiguous range of the thread's A chunks, then B chunks); with valid == false the
+     * stage is filled with zeros instead (K step kt may then lie past the matrix: nothing is
+     * read). */
+    constexpr int A_CHUNKS = BM * K_CPR / Cfg::THREADS;  /* per thread and stage */
+    constexpr int B_CHUNKS = BN * BK / 8 / Cfg::THREADS;
+    auto load_stage = [&](int stage, int64_t kt, bool valid, int part = 0, int parts = 1) {
         const int64_t k0 = (valid ? kt : 0) * BK;
-        load_tile<BM, K_CPR, Cfg::THREADS, Aligned>(smem_a + stage * Cfg::A_STAGE_BYTES,
-                                                    a + m0 * p.lda + k0, p.lda,
-                                                    valid ? p.m - m0 : 0, p.k - k0);
+        const int begin = part * (A_CHUNKS + B_CHUNKS) / parts;
+        const int end = (part + 1) * (A_CHUNKS + B_CHUNKS) / parts;
+        if (begin < A_CHUNKS)
+            load_tile<BM, K_CPR, Cfg::THREADS, Aligned>(smem_a + stage * Cfg::A_STAGE_BYTES,
+                                                        a + m0 * p.lda + k0, p.lda,
+                                                        valid ? p.m - m0 : 0, p.k - k0, begin, end);
+        if (end <= A_CHUNKS)
+            return;
         if constexpr (BKn)
             load_tile<BK, N_CPR, Cfg::THREADS, Aligned>(smem_b + stage * Cfg::B_STAGE_BYTES,
                                                         b + k0 * p.ldb + n0, p.ldb,
-                                                        valid ? p.k - k0 : 0, p.n - n0);
+                                                        valid ? p.k - k0 : 0, p.n - n0,
+                                                        begin - A_CHUNKS, end - A_CHUNKS);
         else
             load_tile<BN, K_CPR, Cfg::THREADS, Aligned>(smem_b + stage * Cfg::B_STAGE_BYTES,
                                                         b + n0 * p.ldb + k0, p.ldb,
-                                                        valid ? p.n - n0 : 0, p.k - k0);
+                                                        valid ? p.n - n0 : 0, p.k - k0,
+                                                        begin - A_CHUNKS, end - A_CHUNKS);
     };
 
     /* Per-lane ldmatrix addresses, relative to a stage. A (and NK B): lanes 0-15 give rows 0-15
@@ -236,11 +291,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
                 acc[i][j][e] = 0.0f;
 
     /* The fragments of k16 slice ks of a stage: 4 A tiles of 16x16, 8 B tiles of 16x8. */
-    auto load_fragments = [&](uint32_t(&af)[MT][4], uint32_t(&bf)[NT / 2][4], uint32_t a_stage,
-                              uint32_t b_stage, int ks) {
+    auto load_a_fragment = [&](uint32_t(&af)[4], uint32_t a_stage, int ks, int i) {
+        ldmatrix_x4<false>(af, a_stage + i * 16 * BK * 2 + (((2 * ks + a_chunk_hi) ^ a_swz) << 4));
+    };
+    auto load_a_fragments = [&](uint32_t(&af)[MT][4], uint32_t a_stage, int ks) {
 #pragma unroll
         for (int i = 0; i < MT; i++)
-            ldmatrix_x4<false>(af[i], a_stage + i * 16 * BK * 2 + (((2 * ks + a_chunk_hi) ^ a_swz) << 4));
+            load_a_fragment(af[i], a_stage, ks, i);
+    };
+    auto load_b_fragments = [&](uint32_t(&bf)[NT / 2][4], uint32_t b_stage, int ks) {
 #pragma unroll
         for (int q = 0; q < NT / 2; q++) {
             if constexpr (BKn)
@@ -258,34 +317,84 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
         cp_async_commit();
     }
 
-    /* Per K step: wait for its stage; load the first slice's fragments, then issue the copies of
-     * K step kt + STAGES - 1 into the stage that step kt - 1 used (every warp is past it: the
-     * barrier), without a branch: past the last K step they only zero-fill a stage nobody
-     * reads, so the copies, the fragment loads and the mma form one block that the compiler
-     * interleaves (measured: 3-10% faster than copies first behind a branch); then per k16
-     * slice load the fragments and run 32 mma. */
+    /* Both schedules issue every copy without a branch: past the last K step the copies only
+     * zero-fill a stage nobody reads, so copies, fragment loads and mma form one basic block
+     * that ptxas interleaves. The order of the copies and the ldmatrix in the source is kept
+     * (both touch shared memory), so where the copies sit decides what they delay. */
     int read_stage = 0, write_stage = STAGES - 1;
-    for (int64_t kt = 0; kt < k_tiles; kt++) {
+    if constexpr (Cfg::PREFETCH_FRAGMENTS) {
+        /* The fragments of slice ks + 1 load while the mma of slice ks run: B's 8 tiles into
+         * the other half of a double buffer before the slice's mma, each A tile in place right
+         * after the mma row that last reads it. The one barrier per K step sits before the last
+         * slice, whose fragments are already in registers, so its 32 mma cover the loads of
+         * slice 0 from the next stage. Step kt's copies (K step kt + STAGES - 1, into the stage
+         * of step kt - 1, which every warp finished reading before the previous barrier) are
+         * spread over the first COPY_SLICES slices, between that slice's B loads and its mma,
+         * and committed before the barrier: the wait there leaves STAGES - 2 groups in flight. */
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        const uint32_t a_stage = smem_a + read_stage * Cfg::A_STAGE_BYTES + a_lane;
-        const uint32_t b_stage = smem_b + read_stage * Cfg::B_STAGE_BYTES;
-        uint32_t af[MT][4], bf[NT / 2][4];
-        load_fragments(af, bf, a_stage, b_stage, 0);
-        load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles);
-        cp_async_commit();
+        uint32_t a_stage = smem_a + a_lane, b_stage = smem_b;
+        uint32_t af[MT][4], bf[2][NT / 2][4];
+        load_a_fragments(af, a_stage, 0);
+        load_b_fragments(bf[0], b_stage, 0);
+        for (int64_t kt = 0; kt < k_tiles; kt++) {
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            if (ks > 0)
-                load_fragments(af, bf, a_stage, b_stage, ks);
+            for (int ks = 0; ks < KS; ks++) {
+                if (ks == KS - 1) {
+                    cp_async_wait<STAGES - 2>();
+                    __syncthreads();
+                    read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+                    a_stage = smem_a + read_stage * Cfg::A_STAGE_BYTES + a_lane;
+                    b_stage = smem_b + read_stage * Cfg::B_STAGE_BYTES;
+                }
+                load_b_fragments(bf[(ks + 1) % 2], b_stage, (ks + 1) % KS);
+                if (ks < Cfg::COPY_SLICES) {
+                    load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles, ks,
+                               Cfg::COPY_SLICES);
+                    if (ks == Cfg::COPY_SLICES - 1)
+                        cp_async_commit();
+                }
 #pragma unroll
-            for (int i = 0; i < MT; i++)
+                for (int i = 0; i < MT; i++) {
 #pragma unroll
-                for (int j = 0; j < NT; j++)
-                    mma_16816<In>(acc[i][j], af[i], bf[j / 2][(j % 2) * 2], bf[j / 2][(j % 2) * 2 + 1]);
+                    for (int j = 0; j < NT; j++)
+                        mma_16816<In>(acc[i][j], af[i], bf[ks % 2][j / 2][(j % 2) * 2],
+                                      bf[ks % 2][j / 2][(j % 2) * 2 + 1]);
+                    load_a_fragment(af[i], a_stage, (ks + 1) % KS, i);
+                }
+            }
+            write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
         }
-        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
-        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+    } else {
+        /* Per K step: wait for its stage; load the first slice's fragments, then issue the
+         * copies of K step kt + STAGES - 1 into the stage that step kt - 1 used (every warp is
+         * past it: the barrier), without a branch: past the last K step they only zero-fill a
+         * stage nobody reads; then per k16 slice load the fragments and run 32 mma. */
+        for (int64_t kt = 0; kt < k_tiles; kt++) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            const uint32_t a_stage = smem_a + read_stage * Cfg::A_STAGE_BYTES + a_lane;
+            const uint32_t b_stage = smem_b + read_stage * Cfg::B_STAGE_BYTES;
+            uint32_t af[MT][4], bf[NT / 2][4];
+            load_a_fragments(af, a_stage, 0);
+            load_b_fragments(bf, b_stage, 0);
+            load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles);
+            cp_async_commit();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                if (ks > 0) {
+                    load_a_fragments(af, a_stage, ks);
+                    load_b_fragments(bf, b_stage, ks);
+                }
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+                        mma_16816<In>(acc[i][j], af[i], bf[j / 2][(j % 2) * 2], bf[j / 2][(j % 2) * 2 + 1]);
+            }
+            read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+            write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+        }
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -373,10 +482,10 @@ extern "C" cudaError_t tk_launch_gemm_mma_128x128(const void *call, const tk_dev
 }
 
 extern "C" bool tk_gemm_supports_mma_unaligned(const void *call) {
-    return config_fits<config_128x128>(static_cast<const tk_gemm_call *>(call));
+    return config_fits<config_unaligned>(static_cast<const tk_gemm_call *>(call));
 }
 
 extern "C" cudaError_t tk_launch_gemm_mma_unaligned(const void *call, const tk_device *dev,
                                                     cudaStream_t stream) {
-    return launch_variant<config_128x128, false>(call, dev, stream);
+    return launch_variant<config_unaligned, false>(call, dev, stream);
 }
