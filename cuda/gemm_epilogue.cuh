@@ -4,8 +4,9 @@
  *
  *     D[i, j] = act(alpha * acc[i, j] + beta * C[i, j] + bias[j])
  *
- * applied to a 64 x 64 warp tile of f32 accumulators that the kernel has staged in shared memory
- * (row stride EPI_STRIDE floats). Both kernels thus compute the same epilogue, rounding D once.
+ * applied either to a 64 x 64 warp tile of f32 accumulators that the kernel has staged in shared
+ * memory (row stride EPI_STRIDE floats; the mma.sync kernels) or straight to accumulators in the
+ * fragment layout (the wgmma kernel). Both compute the same epilogue, rounding D once.
  */
 #ifndef TK_GEMM_EPILOGUE_CUH
 #define TK_GEMM_EPILOGUE_CUH
@@ -104,6 +105,108 @@ __device__ __forceinline__ void store_tile_act(const tk_gemm_call &p, const floa
     case TK_ACT_RELU_SQUARED: return store_tile<Out, TK_ACT_RELU_SQUARED>(p, staged, row0, col0, lane);
     default: return store_tile<Out, TK_ACT_NONE>(p, staged, row0, col0, lane);
     }
+}
+
+/* Writes D straight from accumulators in the mma / wgmma fragment layout, no staging: for n8
+ * slice j the thread holds f[4j], f[4j+1] at row `row`, columns col + 8j and col + 8j + 1, and
+ * f[4j+2], f[4j+3] at row + 8, same columns (col = the strip's first column + 2 (lane % 4)).
+ * Same arithmetic as store_tile. A warp's store covers 8 rows x 16 bytes per slice (16-bit D):
+ * the 4 slices of a 32-byte sector come from consecutive instructions and merge in L2, and the
+ * output is a small fraction of the bytes a tile loads. Inlined: the caller's accumulators stay
+ * in registers (a call would have to save them). */
+template <typename Out, int Act, int Slices>
+__device__ __forceinline__ void store_fragments(const tk_gemm_call &p, const float (&f)[4 * Slices],
+                                                int64_t row, int64_t col) {
+    const Out *bias = static_cast<const Out *>(p.bias);
+    constexpr uintptr_t pair_misalign = 2 * sizeof(Out) - 1;
+    const bool bias_pairs = (reinterpret_cast<uintptr_t>(bias + col) & pair_misalign) == 0;
+    const bool has_c = p.beta != 0.0f;
+    /* columns of D from col on, capped at the strip's width: 32-bit compares per slice */
+    const int cols = p.n - col < 8 * Slices ? (int)(p.n - col) : 8 * Slices;
+    const Out *c_row[2];
+    Out *d_row[2];
+    bool row_in[2], d_pairs[2], c_pairs[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        row_in[h] = row + 8 * h < p.m;
+        c_row[h] = static_cast<const Out *>(p.c) + (row + 8 * h) * p.ldc + col;
+        d_row[h] = static_cast<Out *>(p.d) + (row + 8 * h) * p.ldd + col;
+        c_pairs[h] = (reinterpret_cast<uintptr_t>(c_row[h]) & pair_misalign) == 0;
+        d_pairs[h] = (reinterpret_cast<uintptr_t>(d_row[h]) & pair_misalign) == 0;
+    }
+#pragma unroll
+    for (int j = 0; j < Slices; j++) {
+        if (8 * j >= cols)
+            break;
+        const bool pair = 8 * j + 1 < cols;
+        float bias_v[2] = {0.0f, 0.0f};
+        if (bias) {
+            if (pair && bias_pairs) {
+                const tk_pack<Out, 2> b = tk_load_pack<Out, 2>(bias + col + 8 * j);
+                bias_v[0] = tk_to_float(b.v[0]);
+                bias_v[1] = tk_to_float(b.v[1]);
+            } else {
+                bias_v[0] = tk_to_float(bias[col + 8 * j]);
+                if (pair)
+                    bias_v[1] = tk_to_float(bias[col + 8 * j + 1]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (!row_in[h])
+                continue;
+            float x[2] = {p.alpha * f[4 * j + 2 * h], p.alpha * f[4 * j + 2 * h + 1]};
+            if (has_c) {
+                const Out *c_at = c_row[h] + 8 * j;
+                if (pair && c_pairs[h]) {
+                    const tk_pack<Out, 2> v = tk_load_pack<Out, 2>(c_at);
+                    x[0] += p.beta * tk_to_float(v.v[0]);
+                    x[1] += p.beta * tk_to_float(v.v[1]);
+                } else {
+                    x[0] += p.beta * tk_to_float(c_at[0]);
+                    if (pair)
+                        x[1] += p.beta * tk_to_float(c_at[1]);
+                }
+            }
+            tk_pack<Out, 2> out;
+            out.v[0] = tk_from_float<Out>(tk_act_apply<Act, sizeof(Out) == 2>(x[0] + bias_v[0]));
+            out.v[1] = tk_from_float<Out>(tk_act_apply<Act, sizeof(Out) == 2>(x[1] + bias_v[1]));
+            Out *d_at = d_row[h] + 8 * j;
+            if (pair && d_pairs[h]) {
+                tk_store_pack<Out, 2>(d_at, out);
+            } else {
+                d_at[0] = out.v[0];
+                if (pair)
+                    d_at[1] = out.v[1];
+            }
+        }
+    }
+}
+
+template <typename Out, int Slices>
+__device__ __forceinline__ void store_fragments_act(const tk_gemm_call &p, const float (&f)[4 * Slices],
+                                                    int64_t row, int64_t col) {
+    switch (p.activation) {
+    case TK_ACT_GELU_ERF: return store_fragments<Out, TK_ACT_GELU_ERF, Slices>(p, f, row, col);
+    case TK_ACT_GELU_TANH: return store_fragments<Out, TK_ACT_GELU_TANH, Slices>(p, f, row, col);
+    case TK_ACT_QUICK_GELU: return store_fragments<Out, TK_ACT_QUICK_GELU, Slices>(p, f, row, col);
+    case TK_ACT_SILU: return store_fragments<Out, TK_ACT_SILU, Slices>(p, f, row, col);
+    case TK_ACT_RELU: return store_fragments<Out, TK_ACT_RELU, Slices>(p, f, row, col);
+    case TK_ACT_RELU_SQUARED: return store_fragments<Out, TK_ACT_RELU_SQUARED, Slices>(p, f, row, col);
+    default: return store_fragments<Out, TK_ACT_NONE, Slices>(p, f, row, col);
+    }
+}
+
+/* The epilogue of a fragment strip, dispatched on the output dtype and activation. */
+template <int Slices>
+__device__ __forceinline__ void store_fragment_strip(const tk_gemm_call &p, const float (&f)[4 * Slices],
+                                                     int64_t row, int64_t col) {
+    if (p.output_dtype == TK_F32)
+        store_fragments_act<float, Slices>(p, f, row, col);
+    else if (p.output_dtype == TK_F16)
+        store_fragments_act<__half, Slices>(p, f, row, col);
+    else
+        store_fragments_act<__nv_bfloat16, Slices>(p, f, row, col);
 }
 
 /* The epilogue of one staged warp tile, dispatched on the output dtype (once per warp tile). */

@@ -12,23 +12,38 @@
  * (no ldmatrix, no fragment registers) and runs asynchronously, so one warpgroup keeps 64 x 256
  * accumulators (128 f32 per thread) in flight while the tensor core streams the tiles.
  *
- * Block: 128 x 256 output tile, K step 64, three warpgroups (384 threads, 1 block per SM):
+ * Block: three warpgroups (384 threads, 1 block per SM), persistent (one block per SM walks
+ * tiles blockIdx.x, + gridDim.x, ... in the shared tile order of gemm_epilogue.cuh), 64 x 256
+ * output tiles, K step 64, "ping-pong" consumers:
  * - Producer (warpgroup 2, one thread): per K step, waits until the stage is free (its "empty"
- *   mbarrier), then issues two TMA copies (cp.async.bulk.tensor.2d) of the A [128 x 64] and
+ *   mbarrier), then issues two TMA copies (cp.async.bulk.tensor.2d) of the A [64 x 64] and
  *   B [256 x 64] boxes into it; the copies complete the stage's "full" mbarrier with their byte
  *   count. TMA writes the 128-byte swizzle (16-byte chunk c of row r lands at chunk c ^ (r % 8))
  *   that the wgmma descriptors read, so no thread touches the data, and it zero-fills the parts
- *   of a box past the matrix edges: M, N and K edges cost nothing (zeros add nothing).
- * - Consumers (warpgroups 0 and 1, rows 0-63 and 64-127 of the tile): per K step, wait for
- *   "full", issue 4 wgmma (k16 slices: the descriptors' start address advances 32 bytes inside
- *   the swizzled 128-byte rows), commit, then wait for the previous step's group and release
- *   its stage ("empty", one arrival per warp). One wgmma group stays in flight while the next
- *   waits for data.
- * - 4 stages of 48 KiB = 192 KiB of the 227 KiB of shared memory; setmaxnreg moves registers
+ *   of a box past the matrix edges: M, N and K edges cost nothing (zeros add nothing). It runs
+ *   through the block's tiles without pause, so the next tile's stages are loaded while a
+ *   consumer finishes the current one.
+ * - Consumers (warpgroups 0 and 1) take the block's tiles in turn (0 the even ones, 1 the odd
+ *   ones), each with its own 64 x 256 accumulators. Per K step: wait for "full", issue 4 wgmma
+ *   (k16 slices: the descriptors' start address advances 32 bytes inside the swizzled 128-byte
+ *   rows), commit, wait for the previous step's group and release its stage ("empty", one
+ *   arrival per warp of the warpgroup). The two main loops alternate (named barriers): when one
+ *   warpgroup has issued its tile's last MMAs, the other starts its tile while the first runs
+ *   the epilogue. The epilogue (bias, GELU: the special-function unit, not the tensor cores)
+ *   thus overlaps MMAs instead of idling them, which is what makes the fused epilogues cheap.
+ * - 5 stages of 40 KiB = 200 KiB of the 227 KiB of shared memory; setmaxnreg moves registers
  *   from the producer (40) to the consumers (232): 2 x 128 x 232 + 128 x 40 <= 64 Ki.
- * - Epilogue: the consumers stage their accumulators as f32 64 x 64 warp tiles (row stride
- *   EPI_STRIDE) over the idle pipeline memory, then each of the 8 consumer warps writes one
- *   64 x 64 tile of D with the shared epilogue (alpha, beta C, bias, activation, dtype).
+ * - Epilogue straight from the accumulator registers (store_fragment_strip: alpha, beta C, bias,
+ *   activation, dtype, edges; the arithmetic of the staged epilogue of the mma.sync kernels):
+ *   no shared memory, which the other warpgroup's loads keep using.
+ *
+ * Measured on an H200 (docs/kernels/gemm.md), against the previous layout (both warpgroups on
+ * one 128 x 256 tile, one tile per block, epilogue staged over the pipeline memory): the fused
+ * bias + GELU costs 0-3% over the plain GEMM on four of the five benchmark shapes (2.6-4.4% on
+ * 16384 x 14336 x 4096) instead of 2-7%, the plain GEMM is 4-13% faster on the four large shapes
+ * and 10-12% slower at 4096^3. Tried and not better: the same with clusters of 2 blocks sharing
+ * the B box by TMA multicast; cooperative persistent kernels, with a register or a staged
+ * epilogue (the tensor cores idle during their epilogues).
  *
  * Accumulator layout of wgmma m64nNk16 (f32): thread t of the warpgroup (warp w = t / 32,
  * g = (t % 32) / 4, q = t % 4) holds, for each n8 slice j, d[4j], d[4j+1] at row 16w + g,
@@ -52,17 +67,15 @@
 
 namespace {
 
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4;
-constexpr int CONSUMERS = 2;                       /* warpgroups of 64 x BN accumulators */
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 5; /* BM x BN: one consumer's tile */
+constexpr int CONSUMERS = 2;                       /* warpgroups of BM x BN accumulators */
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
-constexpr int EPI_BYTES = (BM / WARP_TILE) * (BN / WARP_TILE) * WARP_TILE * EPI_STRIDE * 4;
 constexpr int BARRIER_BYTES = 2 * STAGES * 8;
 /* + 1024: the dynamic shared memory is aligned up to the 1024 bytes of a swizzle pattern. */
 constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024;
-static_assert(EPI_BYTES <= PIPE_BYTES, "the staged epilogue fits in the pipeline's memory");
 static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "swizzle-aligned stages");
 static_assert(BK * 2 == 128, "one K step is one 128-byte swizzled row");
 
@@ -196,43 +209,55 @@ __device__ __forceinline__ void wgmma_64x256(float (&d)[128], uint64_t desc_a, u
 
 /* ---- the kernel ---- */
 
+__host__ __device__ __forceinline__ int64_t tile_count(int64_t m, int64_t n) {
+    const int64_t tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
+    return tiles_m > INT32_MAX / tiles_n ? INT64_MAX : tiles_m * tiles_n;
+}
+
 template <typename In>
 __global__ void __launch_bounds__(THREADS, 1)
     wgmma_kernel(const __grid_constant__ tk_gemm_call p, const __grid_constant__ CUtensorMap map_a,
                  const __grid_constant__ CUtensorMap map_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    const uint32_t raw = smem_address(smem_raw);
-    const uint32_t pipe = (raw + 1023) & ~1023u;
-    float *const staged_base = reinterpret_cast<float *>(smem_raw + (pipe - raw));
+    const uint32_t pipe = (smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t full_bar = pipe + PIPE_BYTES, empty_bar = full_bar + STAGES * 8;
 
-    int64_t m0, n0;
-    tile_origin(p, BM, BN, blockIdx.x, &m0, &n0);
+    const int64_t tiles = tile_count(p.m, p.n);
     const int k_tiles = (int)((p.k + BK - 1) / BK);
     const int warpgroup = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(full_bar + 8 * s, 1);                   /* the producer's expect_tx */
-            mbar_init(empty_bar + 8 * s, CONSUMERS * 4);      /* one arrival per consumer warp */
+            mbar_init(full_bar + 8 * s, 1);   /* the producer's expect_tx */
+            mbar_init(empty_bar + 8 * s, 4);  /* one arrival per warp of the consuming warpgroup */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
+    /* The ring: K step i of the block (counted over all its tiles) uses stage i % STAGES, whose
+     * barriers are then in phase i / STAGES; (s, phase) track that position. */
     if (warpgroup == CONSUMERS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (threadIdx.x == CONSUMERS * 128) {
-            for (int kt = 0; kt < k_tiles; kt++) {
-                const int s = kt % STAGES;
-                /* The first pass over the ring finds every stage free (a fresh barrier reports
-                 * the phase before its first as complete: parity 1). */
-                mbar_wait(empty_bar + 8 * s, ((kt / STAGES) & 1) ^ 1);
-                mbar_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
-                const uint32_t a_dst = pipe + s * STAGE_BYTES;
-                tma_load_2d(a_dst, &map_a, kt * BK, (int)m0, full_bar + 8 * s);
-                tma_load_2d(a_dst + A_STAGE_BYTES, &map_b, kt * BK, (int)n0, full_bar + 8 * s);
+            uint32_t s = 0, phase = 0;
+            for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                int64_t m0, n0;
+                tile_origin(p, BM, BN, tile, &m0, &n0);
+                for (int kt = 0; kt < k_tiles; kt++) {
+                    /* The first round finds every stage free (a fresh barrier reports the phase
+                     * before its first as complete: parity 1). */
+                    mbar_wait(empty_bar + 8 * s, phase ^ 1);
+                    mbar_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
+                    const uint32_t a_dst = pipe + s * STAGE_BYTES;
+                    tma_load_2d(a_dst, &map_a, kt * BK, (int)m0, full_bar + 8 * s);
+                    tma_load_2d(a_dst + A_STAGE_BYTES, &map_b, kt * BK, (int)n0, full_bar + 8 * s);
+                    if (++s == STAGES) {
+                        s = 0;
+                        phase ^= 1;
+                    }
+                }
             }
         }
         return;
@@ -241,55 +266,65 @@ __global__ void __launch_bounds__(THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     float acc[128];
-    int accumulate = 0;
-    for (int kt = 0; kt < k_tiles; kt++) {
-        const int s = kt % STAGES;
-        mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
-        const uint32_t a_tile = pipe + s * STAGE_BYTES + warpgroup * 64 * BK * 2;
-        const uint32_t b_tile = pipe + s * STAGE_BYTES + A_STAGE_BYTES;
-        wgmma_fence();
+    /* Warpgroup c runs the block's tiles c, c + 2, ... (its ring position starts after c tiles
+     * of K steps and skips the other's tile after each of its own). The main loops alternate:
+     * a warpgroup starts one when the other has issued all of its own (named barrier 1 + c:
+     * 128 threads wait, the other 128 arrive), so one warpgroup's epilogue runs while the other
+     * keeps the tensor cores busy. The order also keeps the parity waits exact: a warpgroup
+     * waits on a stage only after every earlier round of it has been consumed. */
+    uint32_t s = (uint32_t)(warpgroup * k_tiles % STAGES);
+    uint32_t phase = (uint32_t)(warpgroup * k_tiles / STAGES % 2);
+    const uint32_t skip_s = (uint32_t)(k_tiles % STAGES), skip_phase = (uint32_t)(k_tiles / STAGES % 2);
+    for (int64_t tile = blockIdx.x + warpgroup * gridDim.x; tile < tiles; tile += 2 * gridDim.x) {
+        int64_t m0, n0;
+        tile_origin(p, BM, BN, tile, &m0, &n0);
+        if (tile >= gridDim.x) /* not the block's first tile: wait for this warpgroup's turn */
+            asm volatile("bar.sync %0, 256;\n" ::"r"(1 + warpgroup) : "memory");
+        int accumulate = 0;
+        uint32_t prev_s = 0;
+        for (int kt = 0; kt < k_tiles; kt++) {
+            mbar_wait(full_bar + 8 * s, phase);
+            const uint32_t a_tile = pipe + s * STAGE_BYTES;
+            const uint32_t b_tile = pipe + s * STAGE_BYTES + A_STAGE_BYTES;
+            wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ks++) {
-            wgmma_64x256<In>(acc, smem_descriptor(a_tile + ks * 32),
-                             smem_descriptor(b_tile + ks * 32), accumulate);
-            accumulate = 1;
+            for (int ks = 0; ks < BK / 16; ks++) {
+                wgmma_64x256<In>(acc, smem_descriptor(a_tile + ks * 32),
+                                 smem_descriptor(b_tile + ks * 32), accumulate);
+                accumulate = 1;
+            }
+            wgmma_commit();
+            /* The previous step's group has finished reading its stage: hand it back. */
+            wgmma_wait<1>();
+            pin_accumulators(acc);
+            if (kt > 0 && lane == 0)
+                mbar_arrive(empty_bar + 8 * prev_s);
+            prev_s = s;
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
         }
-        wgmma_commit();
-        /* The previous step's group has finished reading its stage: hand it back. */
-        wgmma_wait<1>();
+        /* All of this tile's MMAs are issued: the other warpgroup's turn, if it has a tile. */
+        if (tile + gridDim.x < tiles)
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - warpgroup) : "memory");
+        wgmma_wait<0>();
         pin_accumulators(acc);
-        if (kt > 0 && lane == 0)
-            mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
+        if (lane == 0)
+            mbar_arrive(empty_bar + 8 * prev_s);
+        store_fragment_strip<BN / 8>(p, acc, m0 + warp * 16 + lane / 4, n0 + 2 * (lane % 4));
+        /* Skip the other warpgroup's tile in the ring. */
+        s += skip_s;
+        phase ^= skip_phase;
+        if (s >= STAGES) {
+            s -= STAGES;
+            phase ^= 1;
+        }
     }
-    wgmma_wait<0>();
-    pin_accumulators(acc);
-
-    /* Both consumer warpgroups are done with the pipeline memory before it is overwritten (every
-     * TMA copy has landed: each one completed a "full" barrier that a consumer waited on). */
-    asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");
-    const int g = lane / 4, q = lane % 4;
-    float *const staged = staged_base + warpgroup * (BN / WARP_TILE) * WARP_TILE * EPI_STRIDE;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        float *s = staged + (j / 8) * WARP_TILE * EPI_STRIDE + (16 * warp + g) * EPI_STRIDE +
-                   (j % 8) * 8 + 2 * q;
-        *reinterpret_cast<float2 *>(s) = make_float2(acc[4 * j], acc[4 * j + 1]);
-        *reinterpret_cast<float2 *>(s + 8 * EPI_STRIDE) =
-            make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-    }
-    /* Warp w writes the warpgroup's 64 x 64 tile w, whose rows all four warps staged. */
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + warpgroup) : "memory");
-    store_warp_tile(p, staged + warp * WARP_TILE * EPI_STRIDE, m0 + warpgroup * 64,
-                    n0 + warp * WARP_TILE, lane);
 #endif
 }
 
 /* ---- host side ---- */
-
-int64_t tile_count(const tk_gemm_call *c) {
-    const int64_t tiles_m = (c->m + BM - 1) / BM, tiles_n = (c->n + BN - 1) / BN;
-    return tiles_m > INT32_MAX / tiles_n ? INT64_MAX : tiles_m * tiles_n;
-}
 
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     void *fn = nullptr;
@@ -329,8 +364,11 @@ cudaError_t launch_kernel(const tk_gemm_call *c, const tk_device *dev, const CUt
             return err;
         smem_opted_in[dev->ordinal] = 1;
     }
-    /* One block per output tile, 384 threads; the shared memory allows one block per SM. */
-    kernel<<<(unsigned)tile_count(c), THREADS, SMEM_BYTES, stream>>>(*c, map_a, map_b);
+    /* Persistent: the shared memory allows one block of 384 threads per SM, so one block per SM
+     * (or per tile, if there are fewer) walks every gridDim.x-th tile. */
+    const int64_t tiles = tile_count(c->m, c->n);
+    const unsigned blocks = (unsigned)(tiles < c->sm_count ? tiles : c->sm_count);
+    kernel<<<blocks, THREADS, SMEM_BYTES, stream>>>(*c, map_a, map_b);
     return cudaGetLastError();
 }
 
@@ -344,7 +382,7 @@ extern "C" bool tk_gemm_supports_wgmma_128x256(const void *call) {
     return c->b_layout == TK_GEMM_B_NK && tk_aligned16(c->a) && tk_aligned16(c->b) &&
            c->lda % 8 == 0 && c->ldb % 8 == 0 && c->lda < max_ld && c->ldb < max_ld &&
            c->m <= INT32_MAX && c->n <= INT32_MAX &&
-           c->k <= INT32_MAX - BK && SMEM_BYTES <= c->max_smem_optin && tile_count(c) <= INT32_MAX;
+           c->k <= INT32_MAX - BK && SMEM_BYTES <= c->max_smem_optin && tile_count(c->m, c->n) <= INT32_MAX;
 }
 
 extern "C" cudaError_t tk_launch_gemm_wgmma_128x256(const void *call, const tk_device *dev,

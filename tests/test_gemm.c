@@ -13,8 +13,8 @@ static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_128x256", "mma_128x25
                                                     "mma_unaligned"};
 enum { WGMMA_128x256, MMA_128x256, MMA_128x128, MMA_UNALIGNED };
 
-/* Shared memory of "wgmma_128x256": 4 stages of (128 + 256) x 64 x 2 B, barriers, alignment. */
-#define WGMMA_SMEM (4 * (128 + 256) * 64 * 2 + 64 + 1024)
+/* Shared memory of "wgmma_128x256": 5 stages of (64 + 256) x 64 x 2 B, barriers, alignment. */
+#define WGMMA_SMEM (5 * (64 + 256) * 64 * 2 + 80 + 1024)
 
 /* Tile shape and shared memory of "mma_128x256" (cuda/gemm.cu), which claims only calls with at
  * least one wave of its tiles on devices with this much shared memory per block. */
