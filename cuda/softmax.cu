@@ -496,9 +496,9 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
 
 /* ----------------------------------------------------------------------------- stream ---- */
 
-template <typename T, int Vec, bool Backward>
-__global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_softmax_call a) {
-    constexpr int UNROLL = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD;
+template <typename T, int Vec, bool Backward, int Threads = STREAM_THREADS, int MinBlocks = 1,
+          int UNROLL = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD>
+__global__ void __launch_bounds__(Threads, MinBlocks) softmax_stream_kernel(tk_softmax_call a) {
     __shared__ float scratch[32];
     const T *in = static_cast<const T *>(a.in);
     const T *dy = static_cast<const T *>(a.dy);
@@ -602,6 +602,314 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
     }
 }
 
+/* ---------------------------------------------------------------------------- cluster ---- */
+
+constexpr int CLUSTER_MAX_BLOCKS = 16;  /* 16 is past the portable 8: a per-kernel opt-in */
+constexpr int CLUSTER_SLICE_BYTES = 32768; /* most of a row one block holds */
+/* The library's configuration (see launch_vec16_cluster). */
+constexpr int CLUSTER_STAGES = 2;
+constexpr int CLUSTER_THREADS = 256;
+constexpr int CLUSTER_MIN_BLOCKS = 1;
+constexpr bool CLUSTER_BULK_STORE = true;
+constexpr bool CLUSTER_PERSISTENT = true;
+
+/* A partial softmax denominator: s = sum 2^(t - m) over some elements, m their max (-inf and
+ * s = 0 for none). Two partials combine exactly like the online rescaling of the stream. */
+struct max_sum {
+    float m, s;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+constexpr int CLUSTER_UNROLL = 2; /* packs per thread per step of the statistics loop */
+
+__device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
+    const float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY)
+        return {m, 0.0f};
+    return {m, a.s * fast_exp2(a.m - m) + b.s * fast_exp2(b.m - m)}; /* commutative, bit for bit */
+}
+
+__device__ __forceinline__ float combine(float a, float b) { return a + b; } /* the backward dot */
+
+__device__ __forceinline__ max_sum warp_combine(max_sum v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = combine(v, {__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)});
+    return v;
+}
+
+__device__ __forceinline__ float warp_combine(float v) { return tk_warp_sum(v); }
+
+/* Hopper primitives: the bulk copy engine (cp.async.bulk, 1D, completing on an mbarrier with its
+ * byte count) and the thread-block cluster (rank, barrier, stores into another block's shared
+ * memory). */
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+/* The one arrival of the barrier's phase, which then completes when `bytes` more have landed. */
+__device__ __forceinline__ void mbarrier_arrive_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* bytes (a multiple of 16, both addresses 16-byte aligned) from global to this block's shared
+ * memory, counted on `bar`. */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+/* bytes from this block's shared memory to global, as one bulk group. The generic-proxy writes
+ * of the source must be fenced (fence_shared_for_bulk) and synchronised before. */
+__device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\t"
+                 "cp.async.bulk.commit_group;" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+
+/* Returns when every bulk store of this thread has read its shared-memory source. */
+__device__ __forceinline__ void bulk_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+__device__ __forceinline__ void bulk_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+__device__ __forceinline__ void fence_shared_for_bulk() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ int cluster_rank() {
+    int r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ int cluster_blocks() {
+    int r;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+
+/* Every thread of the cluster arrives (publishing its shared-memory writes, remote ones
+ * included) and waits for all the others. */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* The address of *p (this block's shared memory) in the cluster's block `rank`. */
+__device__ __forceinline__ uint32_t in_block(const void *p, int rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(p)), "r"(rank));
+    return remote;
+}
+
+/* *p = v in the shared memory of the cluster's block `rank`. */
+__device__ __forceinline__ void store_to_block(max_sum *p, int rank, max_sum v) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(in_block(p, rank)), "f"(v.m), "f"(v.s) : "memory");
+}
+
+__device__ __forceinline__ void store_to_block(float *p, int rank, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(in_block(p, rank)), "f"(v) : "memory");
+}
+
+#endif
+
+/* One row per cluster of `cluster_blocks()` blocks at a time (clusters stride over the rows).
+ * Block `rank` owns packs [rank * slice_packs, +slice_packs) of every row (the last block
+ * fewer, and the cols % Vec last elements) and keeps Stages slices of the input (x; y and dy
+ * backward) in shared memory: the slice of row r + Stages * clusters is loaded, by one bulk copy
+ * per tensor, while row r is worked on. */
+template <typename T, int Vec, bool Backward, int Stages, bool BulkStore, int Threads, int MinBlocks>
+__global__ void __launch_bounds__(Threads, MinBlocks) softmax_cluster_kernel(tk_softmax_call a, int slice_packs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int TENSORS = Backward ? 2 : 1;
+    constexpr int WARPS = Threads / 32;
+    using pack = tk_pack<T, Vec>;
+    using partial = std::conditional_t<Backward, float, max_sum>; /* the dot backward */
+    extern __shared__ uint4 slice_memory[]; /* [Stages][TENSORS][slice_packs] packs, for every T */
+    pack *const slices = reinterpret_cast<pack *>(slice_memory);
+    __shared__ uint64_t slice_full[Stages];
+    __shared__ partial partials[2][CLUSTER_MAX_BLOCKS * WARPS]; /* by row parity */
+    const T *in = static_cast<const T *>(a.in);
+    const T *dy = static_cast<const T *>(a.dy);
+    T *out = static_cast<T *>(a.out);
+    const int cols = (int)a.cols;
+    const int whole = cols / Vec * Vec;
+    const int rank = cluster_rank(), blocks = cluster_blocks();
+    const int first_pack = rank * slice_packs;
+    const int slice_end = min(whole, (first_pack + slice_packs) * Vec); /* column past the slice */
+    const int own_packs = max(0, slice_end / Vec - first_pack);
+    const int64_t clusters = gridDim.x / blocks;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float c2 = a.scale * LOG2E;
+
+    /* The visible whole packs of this block's slice of `row` into `stage` (thread 0). */
+    auto load_slice = [&](int64_t row, int stage) {
+        const int pack_len = min(visible_len(a, row), whole);
+        const int packs = min(own_packs, max(0, (pack_len + Vec - 1) / Vec - first_pack));
+        const uint32_t bar = shared_address(&slice_full[stage]);
+        const uint32_t bytes = (uint32_t)packs * sizeof(pack);
+        mbarrier_arrive_expect(bar, TENSORS * bytes);
+        if (packs > 0) {
+            const int64_t offset = row * a.in_stride + first_pack * Vec;
+            pack *dst = slices + stage * TENSORS * slice_packs;
+            bulk_load(shared_address(dst), in + offset, bytes, bar);
+            if constexpr (Backward)
+                bulk_load(shared_address(dst + slice_packs), dy + offset, bytes, bar);
+        }
+    };
+
+    const int64_t first_row = blockIdx.x / blocks;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < Stages; s++)
+            mbarrier_init(shared_address(&slice_full[s]));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < Stages && first_row + s * clusters < a.rows; s++)
+            load_slice(first_row + s * clusters, s);
+    }
+    cluster_sync(); /* barriers initialised, and every block of the cluster runs (remote stores) */
+
+    int iteration = 0;
+    for (int64_t row = first_row; row < a.rows; row += clusters, iteration++) {
+        const int stage = iteration % Stages;
+        const int len = visible_len(a, row);
+        const int pack_len = min(len, whole);
+        const int visible_end = min(pack_len, slice_end);
+        const T *in_row = in + row * a.in_stride;
+        const T *dy_row = dy + row * a.in_stride;
+        T *out_row = out + row * a.out_stride;
+        const row_tail<T, Vec> tail =
+            load_tail<T, Vec, Backward>(in_row, dy_row, cols, len, rank == blocks - 1 ? (int)threadIdx.x : Vec);
+        pack *const xs_slice = slices + stage * TENSORS * slice_packs;
+        pack *const gs_slice = Backward ? xs_slice + slice_packs : xs_slice;
+        mbarrier_wait(shared_address(&slice_full[stage]), (uint32_t)(iteration / Stages) & 1);
+
+        /* This thread's part of the row statistic: forward (max, sum), rescaled chunk by chunk
+         * as in the stream; backward the dot. */
+        partial part;
+        if constexpr (Backward) {
+            part = 0.0f;
+#pragma unroll 2
+            for (int p = (int)threadIdx.x; p < own_packs; p += Threads) {
+                const int c0 = (first_pack + p) * Vec;
+                if (c0 < visible_end)
+                    accumulate_pack<T, Vec, true>(a, xs_slice[p], gs_slice[p], c0, visible_end, c2, 0.0f, &part);
+            }
+            if (tail.col < len)
+                accumulate<true>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &part);
+        } else {
+            part = {-INFINITY, 0.0f};
+#pragma unroll 1
+            for (int base = 0; base < own_packs; base += Threads * CLUSTER_UNROLL) {
+                pack xs[CLUSTER_UNROLL];
+                row_extremes<T, Vec> ext;
+#pragma unroll
+                for (int u = 0; u < CLUSTER_UNROLL; u++) {
+                    const int p = base + u * Threads + (int)threadIdx.x, c0 = (first_pack + p) * Vec;
+                    if (c0 < visible_end) {
+                        xs[u] = xs_slice[p];
+                        ext.add_visible(xs[u], c0, visible_end);
+                    }
+                }
+                keep_packed(xs);
+                const float chunk_max = ext.max_times(c2);
+                if (chunk_max > part.m) {
+                    part.s *= fast_exp2(part.m - chunk_max);
+                    part.m = chunk_max;
+                }
+                if (part.m != -INFINITY) {
+#pragma unroll
+                    for (int u = 0; u < CLUSTER_UNROLL; u++)
+                        accumulate_pack<T, Vec, false>(a, xs[u], xs[u],
+                                                       (first_pack + base + u * Threads + (int)threadIdx.x) * Vec,
+                                                       visible_end, c2, part.m, &part.s);
+                }
+            }
+            if (tail.col < len)
+                part = combine(part, {tk_to_float(tail.x) * c2, 1.0f});
+        }
+
+        /* Every warp's part to every block of the cluster (double-buffered by row parity: a
+         * buffer is written again two rows later, after the next row's cluster barrier, which
+         * each block reaches only once it has read this row's parts); one barrier. */
+        part = warp_combine(part);
+        partial(&row_partials)[CLUSTER_MAX_BLOCKS * WARPS] = partials[iteration & 1];
+        if (lane < blocks)
+            store_to_block(&row_partials[rank * WARPS + warp], lane, part);
+        cluster_sync();
+        partial total;
+        if constexpr (Backward)
+            total = 0.0f;
+        else
+            total = {-INFINITY, 0.0f};
+        for (int i = lane; i < blocks * WARPS; i += 32)
+            total = combine(total, row_partials[i]);
+        total = warp_combine(total);
+        row_stats st;
+        if constexpr (Backward)
+            st.dot = total;
+        else
+            st.lse = total.m + log2f(total.s); /* -inf: nothing visible */
+
+        /* Outputs of every whole pack of the slice, masked ones included. */
+#pragma unroll 2
+        for (int p = (int)threadIdx.x; p < own_packs; p += Threads) {
+            const int c0 = (first_pack + p) * Vec;
+            pack x, g;
+            if (c0 < pack_len) {
+                x = xs_slice[p];
+                if constexpr (Backward)
+                    g = gs_slice[p];
+            }
+            const pack y = output_pack<T, Vec, Backward>(a, st, x, g, c0, len, c2);
+            if constexpr (BulkStore)
+                xs_slice[p] = y;
+            else
+                store_streaming<T, Vec>(out_row + c0, y);
+        }
+        if (tail.col < cols)
+            out_row[tail.col] = tk_from_float<T>(output_value<Backward>(
+                a, st, tk_to_float(tail.x), Backward ? tk_to_float(tail.g) : 0.0f, c2, tail.col < len));
+        if constexpr (BulkStore)
+            fence_shared_for_bulk();
+        __syncthreads(); /* the slices are read (and, BulkStore, written) by every thread */
+        if (threadIdx.x == 0) {
+            if constexpr (BulkStore) {
+                if (own_packs > 0)
+                    bulk_store(out_row + first_pack * Vec, shared_address(xs_slice), (uint32_t)own_packs * sizeof(pack));
+            }
+            const int64_t next = row + Stages * clusters;
+            if (next < a.rows) {
+                if constexpr (BulkStore)
+                    bulk_store_wait_read();
+                load_slice(next, stage);
+            }
+        }
+    }
+    if constexpr (BulkStore) {
+        if (threadIdx.x == 0)
+            bulk_store_wait_all();
+    }
+#endif
+}
+
 /* ---------------------------------------------------------------------------- launchers ---- */
 
 int64_t grid_limit(int64_t blocks) { return blocks > 0x7fffffff ? 0x7fffffff : (blocks < 1 ? 1 : blocks); }
@@ -630,22 +938,114 @@ cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <typename T, int Vec, bool Backward>
-cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward>;
+template <typename T, int Vec, bool Backward, int Threads = STREAM_THREADS, int MinBlocks = 1,
+          int Unroll = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD>
+cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int64_t min_blocks = 0) {
+    constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward, Threads, MinBlocks, Unroll>;
     /* Rows in flight: at least one per SM, more only while they fit in half of L2. */
     /* What pass 2 re-reads: x, or y and dy (dy alone for the log-softmax backward). */
     const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward && !a->log ? 2 : 1);
     int64_t blocks = (int64_t)dev->l2_bytes / 2 / row_bytes;
     if (blocks < dev->sm_count)
         blocks = dev->sm_count;
-    const int64_t wave = tk_wave_blocks<kernel>(dev, STREAM_THREADS, 0);
+    if (blocks < min_blocks)
+        blocks = min_blocks;
+    const int64_t wave = tk_wave_blocks<kernel>(dev, Threads, 0);
     if (blocks > wave)
         blocks = wave;
     if (blocks > a->rows)
         blocks = a->rows;
-    kernel<<<(unsigned)grid_limit(blocks), STREAM_THREADS, 0, stream>>>(*a);
+    kernel<<<(unsigned)grid_limit(blocks), Threads, 0, stream>>>(*a);
     return cudaGetLastError();
+}
+
+/* Per device, what a cluster kernel instantiation was set up for: the dynamic shared memory it
+ * may use (only ever raised), and per cluster size (1, 2, ..., 16 blocks) the clusters that fit
+ * at once with the shared memory of the last query. Kept so that a launch does not repeat the
+ * attribute calls and the occupancy query (host work) for the same shape; a race on first fill
+ * writes the same values twice. */
+struct cluster_setup {
+    size_t smem_limit;
+    size_t fit_smem[5];
+    int fit_clusters[5];
+};
+
+template <auto Kernel> cluster_setup &setup_of(int ordinal) {
+    static cluster_setup setups[TK_MAX_DEVICES];
+    return setups[ordinal];
+}
+
+/* Cluster launch: `blocks` per cluster (a power of two <= CLUSTER_MAX_BLOCKS), a grid of one
+ * cluster per row or (persistent) of as many clusters as fit at once. */
+template <typename T, int Vec, bool Backward, int Stages, bool BulkStore, int Threads, int MinBlocks>
+cudaError_t launch_cluster(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks,
+                           bool persistent) {
+    constexpr auto kernel = softmax_cluster_kernel<T, Vec, Backward, Stages, BulkStore, Threads, MinBlocks>;
+    const int64_t whole_packs = a->cols / Vec;
+    const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
+    const size_t smem = (size_t)Stages * (Backward ? 2 : 1) * slice_packs * sizeof(tk_pack<T, Vec>);
+    cluster_setup &setup = setup_of<kernel>(dev->ordinal);
+    if (smem > setup.smem_limit) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e == cudaSuccess) /* sizes past the portable 8 are an opt-in per kernel */
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e != cudaSuccess)
+            return e;
+        setup.smem_limit = smem;
+    }
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = (unsigned)blocks;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(Threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    int64_t clusters = a->rows;
+    if (persistent) {
+        int size_index = 0;
+        while ((1 << size_index) < blocks)
+            size_index++;
+        if (setup.fit_clusters[size_index] == 0 || setup.fit_smem[size_index] != smem) {
+            cfg.gridDim = dim3((unsigned)blocks);
+            int fit = 0;
+            const cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg);
+            if (e != cudaSuccess)
+                return e;
+            setup.fit_smem[size_index] = smem;
+            setup.fit_clusters[size_index] = fit < 1 ? 1 : fit;
+        }
+        if (clusters > setup.fit_clusters[size_index])
+            clusters = setup.fit_clusters[size_index];
+    }
+    if (clusters > 0x7fffffff / blocks)
+        clusters = 0x7fffffff / blocks;
+    cfg.gridDim = dim3((unsigned)(clusters * blocks));
+    return cudaLaunchKernelEx(&cfg, kernel, *a, slice_packs);
+}
+
+/* Blocks per cluster for a row: the fewest (a power of two) whose slices (of x; of y and dy
+ * backward) hold at most CLUSTER_SLICE_BYTES each (the host checked that CLUSTER_MAX_BLOCKS do). */
+int cluster_blocks_for(int64_t cols, int elem_bytes, bool backward) {
+    const int64_t whole_bytes = cols / (16 / elem_bytes) * 16 * (backward ? 2 : 1);
+    int blocks = 1;
+    while (blocks < CLUSTER_MAX_BLOCKS && whole_bytes > (int64_t)blocks * CLUSTER_SLICE_BYTES)
+        blocks *= 2;
+    return blocks;
+}
+
+template <typename T>
+cudaError_t launch_vec16_cluster(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
+    constexpr int Vec = 16 / sizeof(T);
+    const int blocks = cluster_blocks_for(a->cols, (int)sizeof(T), a->backward);
+    if (a->backward)
+        return launch_cluster<T, Vec, true, CLUSTER_STAGES, CLUSTER_BULK_STORE, CLUSTER_THREADS, CLUSTER_MIN_BLOCKS>(
+            a, dev, stream, blocks, CLUSTER_PERSISTENT);
+    return launch_cluster<T, Vec, false, CLUSTER_STAGES, CLUSTER_BULK_STORE, CLUSTER_THREADS, CLUSTER_MIN_BLOCKS>(
+        a, dev, stream, blocks, CLUSTER_PERSISTENT);
 }
 
 template <bool Wide, bool Stream, typename T>
@@ -674,6 +1074,20 @@ cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t st
 extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward) {
     const int64_t vec = wide ? 16 / elem_bytes : 1;
     return (int64_t)ROWS_MAX_THREADS * (backward ? ROWS_PACKS_BWD : ROWS_PACKS) * vec;
+}
+
+extern "C" int64_t tk_softmax_cluster_max_cols(int elem_bytes, bool backward) {
+    return (int64_t)CLUSTER_MAX_BLOCKS * CLUSTER_SLICE_BYTES / elem_bytes / (backward ? 2 : 1);
+}
+
+extern "C" cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream) {
+    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
+    switch (a->dtype) {
+    case TK_F32: return launch_vec16_cluster<float>(a, dev, stream);
+    case TK_F16: return launch_vec16_cluster<__half>(a, dev, stream);
+    case TK_BF16: return launch_vec16_cluster<__nv_bfloat16>(a, dev, stream);
+    }
+    return cudaErrorInvalidValue;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {

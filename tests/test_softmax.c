@@ -9,7 +9,8 @@
 #include "ref/softmax_ref.h"
 
 static const tk_dtype DTYPES[] = {TK_F32, TK_F16, TK_BF16};
-static const char *const VARIANTS[] = {"vec16_regs", "vec16_stream", "scalar_regs", "scalar_stream"};
+static const char *const VARIANTS[] = {"vec16_regs", "vec16_cluster", "vec16_stream", "scalar_regs", "scalar_stream"};
+#define VARIANT_COUNT (sizeof VARIANTS / sizeof VARIANTS[0])
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -97,7 +98,7 @@ Test(softmax_args, empty_is_a_noop) {
 }
 
 Test(softmax_args, force_variant_names) {
-    for (size_t v = 0; v < 4; v++)
+    for (size_t v = 0; v < VARIANT_COUNT; v++)
         TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16"), TK_ERROR_INVALID_VALUE, "\"vec16_regs\"");
@@ -116,12 +117,34 @@ typedef struct sm_case {
     const char *variant;
 } sm_case;
 
+/* Whether the build's space-separated ARCHS list names the target `arch` exactly. */
+static bool build_has_arch(const char *arch) {
+    static const char archs[] = TK_COMPILED_ARCHS;
+    const size_t len = strlen(arch);
+    for (const char *s = archs; (s = strstr(s, arch)) != NULL; s += len)
+        if ((s == archs || s[-1] == ' ') && (s[len] == ' ' || s[len] == '\0'))
+            return true;
+    return false;
+}
+
+/* "vec16_cluster" needs a cc >= 9.0 device and sm_90 code (SASS for 9.0 or PTX). */
+static bool cluster_runs_here(void) {
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+    return (info.compute_capability == 900 && (build_has_arch("90a") || build_has_arch("90"))) ||
+           (info.compute_capability >= 900 && build_has_arch("compute_90"));
+}
+
 static bool variant_claims(const sm_case *c, const char *variant) {
     const size_t es = tk_test_dtype_size(c->dtype);
     const int64_t pack = 16 / (int64_t)es;
     const bool regs = strstr(variant, "_regs") != NULL, vec = strncmp(variant, "vec16", 5) == 0;
     const int64_t regs_max = 1024 * (c->backward ? 2 : 4) * (vec ? pack : 1);
     if (regs && c->cols > regs_max)
+        return false;
+    /* cluster: up to 16 blocks x 32 KB of a row (of y and dy backward) */
+    if (strcmp(variant, "vec16_cluster") == 0 &&
+        (c->cols > 16 * 32768 / (int64_t)es / (c->backward ? 2 : 1) || !cluster_runs_here()))
         return false;
     if (!vec)
         return true;
@@ -264,7 +287,7 @@ static void run_all(bool backward) {
     };
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-            for (size_t v = 0; v < 4; v++) {
+            for (size_t v = 0; v < VARIANT_COUNT; v++) {
                 if (shapes[s].misalign && DTYPES[d] == TK_F32)
                     continue; /* f32 needs 4-byte alignment; a 2-byte shift is rejected */
                 sm_case c = {DTYPES[d], shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
@@ -286,13 +309,54 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
     run_all(true);
 }
 
+/* vec16_cluster's slices (a bf16 / f16 row of up to 16384 x B elements on B = 1, 2, 4, 8 or 16
+ * blocks, f32 8192 x B; half that backward): widths at and around slice boundaries, a partial
+ * last slice with a cols % 8 tail, causal masks that end on either side of a slice boundary or
+ * leave rows with nothing visible, in place, more rows than clusters fit on the device. */
+Test(softmax_gpu, cluster_slices, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    if (!cluster_runs_here())
+        return;
+    tk_rng rng = tk_rng_seeded(33);
+    const struct {
+        tk_dtype dtype;
+        int64_t rows, cols, x_pad, y_pad;
+        float scale;
+        int log, causal;
+        int64_t offset, period;
+        bool backward, in_place;
+    } shapes[] = {
+        {TK_BF16, 2, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, false},        /* one full slice, B = 1 */
+        {TK_BF16, 2, 16392, 0, 0, 1.0f, 1, 0, 0, 0, false, false},        /* B = 2, just past one slice */
+        {TK_BF16, 3, 49165, 3, 3, 0.5f, 1, 0, 0, 0, false, false},        /* B = 4, partial last slice + tail */
+        {TK_F16, 8, 65536, 0, 0, 1.0f, 0, 1, 16380, 8, false, false},     /* lens 16381..16388 around rank 1 */
+        {TK_BF16, 6, 65536, 0, 0, 1.0f, 1, 1, -3, 6, false, true},        /* rows 0..2 see nothing, in place */
+        {TK_BF16, 2, 131080, 0, 8, -0.7f, 0, 0, 0, 0, false, false},      /* B = 16, partial last slice */
+        {TK_F32, 3, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false, false},        /* f32, B = 16 full slices */
+        {TK_F32, 4, 40000, 4, 0, 2.0f, 0, 1, 24997, 4, false, false},     /* f32, B = 8, lens around rank 5 */
+        {TK_BF16, 600, 40960, 0, 0, 1.0f, 0, 1, 20000, 0, false, false},  /* more rows than clusters fit */
+        {TK_BF16, 2, 131072, 0, 0, 1.0f, 1, 0, 0, 0, true, false},      /* backward B = 16 */
+        {TK_F16, 3, 65541, 3, 3, 0.5f, 0, 1, 32766, 0, true, false},     /* B = 8, tail, lens around rank 4 */
+        {TK_BF16, 6, 32768, 0, 0, 1.0f, 1, 1, -3, 6, true, true},        /* rows see nothing, in place */
+        {TK_F32, 2, 65536, 0, 4, -1.0f, 0, 0, 0, 0, true, false},        /* f32 B = 16 */
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        sm_case c = {shapes[s].dtype, shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
+                     shapes[s].scale, shapes[s].log, shapes[s].causal, shapes[s].offset, shapes[s].period,
+                     shapes[s].backward, shapes[s].in_place, 0, "vec16_cluster"};
+        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a cluster shape", s);
+        run_case(&c, &rng);
+    }
+}
+
 /* The automatic choice, and a forced variant that cannot run the call. */
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
+    const char *long_rows = cluster_runs_here() ? "vec16_cluster" : "vec16_stream";
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
-        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 2, 131072, 0, "vec16_stream"},
-        {TK_F32, 4, 32768, 0, "vec16_stream"}, {TK_BF16, 4, 4096, 1, "scalar_regs"},
-        {TK_F16, 2, 70000, 1, "scalar_stream"},
+        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 2, 131072, 0, long_rows},
+        {TK_F32, 4, 32768, 0, long_rows}, {TK_F32, 2, 140000, 0, "vec16_stream"},
+        {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const size_t es = tk_test_dtype_size(cases[i].dtype);
@@ -310,6 +374,11 @@ Test(softmax_gpu, automatic_choice) {
     void *buf = tk_dev_alloc(1 << 20);
     tk_softmax_params p = params(TK_BF16, 1, 100000);
     TK_EXPECT_STATUS(tk_softmax_fwd(&p, buf, buf, NULL), TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_regs\"");
+    /* past 16 x 32 KB of y and dy */
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_cluster"), TK_SUCCESS, "");
+    p = params(TK_BF16, 1, 131080);
+    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, (unsigned char *)buf + 262176, (unsigned char *)buf + 524352, NULL),
+                     TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_cluster\"");
     tk_experimental_force_variant("softmax", NULL);
     tk_dev_free(buf);
 }
