@@ -40,12 +40,22 @@
  * limited to max(SM count, L2 bytes / 2 / re-read row bytes) blocks so that the rows being
  * worked on (132 x 256 KB = 33 MB for 131072 bf16 columns) stay in the H200's 50 MB L2: ncu
  * measured the forward's DRAM traffic at one read and one write of the tensor, pass 2 hitting
- * L2. What holds the stream at ~0.67 of the copy bandwidth is one block per SM alternating
- * between a load-only and a store-only phase, not DRAM. A row held in the registers of a
- * thread-block cluster (8 x 512 threads, max / sum exchanged through distributed shared
- * memory: one DRAM read, no second pass) measured 0.50 of copy on the H200 where the stream,
- * with the same earlier per-element code, measured 0.67; it was dropped (git history of this
- * file).
+ * L2. What holds the stream at ~0.7 of the copy bandwidth is one block per SM alternating
+ * between a load-only and a store-only phase, not DRAM.
+ *
+ * "pipelined" (forward on sm_90, rows of 64 KB to 2 MB): the stream's two passes interleaved.
+ * A block writes row r (pass 2: re-read from L2, outputs) and reads row r + 1 of its sequence
+ * (pass 1: (max, sum)) in the same loop, chunk by chunk, so DRAM sees reads and writes all
+ * along; the loads of the next chunk (at the end of a row, the next row's first one) are issued
+ * before the current chunk is used, so nothing drains at row ends. A block has two rows in L2
+ * (the one it re-reads, the one it reads): past 128 KB a row is split over a thread-block cluster
+ * of 2..16 blocks (one per SM) that exchange their (max, sum) partials through distributed shared
+ * memory, one cluster barrier per row, keeping 132 x 2 x 128 KB = 33 MB in flight on an H200
+ * (60 MB of L2). Tried and slower on the H200 (experiments/softmax_long_rows.cu and the git
+ * history): a row held in the registers of a cluster (0.50 of copy), a row's slices brought into
+ * the shared memory of a cluster's blocks by bulk copies (0.72 at best, like the stream), the
+ * stream with 1024 threads or two blocks per SM, the pipelined loop without the cluster split
+ * on 256 KB rows (0.50: two rows per SM overflow L2).
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -496,9 +506,9 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
 
 /* ----------------------------------------------------------------------------- stream ---- */
 
-template <typename T, int Vec, bool Backward, int Threads = STREAM_THREADS, int MinBlocks = 1,
-          int UNROLL = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD>
-__global__ void __launch_bounds__(Threads, MinBlocks) softmax_stream_kernel(tk_softmax_call a) {
+template <typename T, int Vec, bool Backward>
+__global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_softmax_call a) {
+    constexpr int UNROLL = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD;
     __shared__ float scratch[32];
     const T *in = static_cast<const T *>(a.in);
     const T *dy = static_cast<const T *>(a.dy);
@@ -602,26 +612,22 @@ __global__ void __launch_bounds__(Threads, MinBlocks) softmax_stream_kernel(tk_s
     }
 }
 
-/* ---------------------------------------------------------------------------- cluster ---- */
+/* -------------------------------------------------------------------------- pipelined ---- */
 
-constexpr int CLUSTER_MAX_BLOCKS = 16;  /* 16 is past the portable 8: a per-kernel opt-in */
-constexpr int CLUSTER_SLICE_BYTES = 32768; /* most of a row one block holds */
-/* The library's configuration (see launch_vec16_cluster). */
-constexpr int CLUSTER_STAGES = 2;
-constexpr int CLUSTER_THREADS = 256;
-constexpr int CLUSTER_MIN_BLOCKS = 1;
-constexpr bool CLUSTER_BULK_STORE = true;
-constexpr bool CLUSTER_PERSISTENT = true;
+constexpr int PIPE_THREADS = 512;
+constexpr int PIPE_MAX_BLOCKS = 16;            /* per cluster; past the portable 8 by opt-in */
+constexpr int64_t PIPE_SLICE_BYTES = 131072;   /* most of a row one block streams */
+constexpr int64_t PIPE_MIN_ROW_BYTES = 65536;  /* narrower rows: vec16_regs */
+constexpr bool PIPE_PREFETCH = true;
+constexpr int PIPE_UNROLL = 4; /* packs per thread and row in one chunk */
 
 /* A partial softmax denominator: s = sum 2^(t - m) over some elements, m their max (-inf and
- * s = 0 for none). Two partials combine exactly like the online rescaling of the stream. */
+ * s = 0 for none). Two partials combine like the online rescaling of the stream. */
 struct max_sum {
     float m, s;
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-
-constexpr int CLUSTER_UNROLL = 2; /* packs per thread per step of the statistics loop */
 
 __device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
     const float m = fmaxf(a.m, b.m);
@@ -630,8 +636,6 @@ __device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
     return {m, a.s * fast_exp2(a.m - m) + b.s * fast_exp2(b.m - m)}; /* commutative, bit for bit */
 }
 
-__device__ __forceinline__ float combine(float a, float b) { return a + b; } /* the backward dot */
-
 __device__ __forceinline__ max_sum warp_combine(max_sum v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
@@ -639,20 +643,42 @@ __device__ __forceinline__ max_sum warp_combine(max_sum v) {
     return v;
 }
 
-__device__ __forceinline__ float warp_combine(float v) { return tk_warp_sum(v); }
+/* Thread-block clusters (sm_90): rank, size, barrier, and stores into another block's shared
+ * memory (distributed shared memory). */
+__device__ __forceinline__ int cluster_rank() {
+    int r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
 
-/* Hopper primitives: the bulk copy engine (cp.async.bulk, 1D, completing on an mbarrier with its
- * byte count) and the thread-block cluster (rank, barrier, stores into another block's shared
- * memory). */
+__device__ __forceinline__ int cluster_blocks() {
+    int r;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+
+/* Every thread of the cluster arrives and waits for all the others. Its release / acquire
+ * semantics wait for this thread's outstanding global stores: used at start and exit only. */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 __device__ __forceinline__ uint32_t shared_address(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* The same shared-memory address in the cluster's block `rank`. */
+__device__ __forceinline__ uint32_t address_in_block(uint32_t local, int rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    return remote;
 }
 
 __device__ __forceinline__ void mbarrier_init(uint32_t bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
 }
 
-/* The one arrival of the barrier's phase, which then completes when `bytes` more have landed. */
+/* The barrier's one arrival per phase; the phase completes once `bytes` more have landed. */
 __device__ __forceinline__ void mbarrier_arrive_expect(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -669,86 +695,41 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
     } while (!done);
 }
 
-/* bytes (a multiple of 16, both addresses 16-byte aligned) from global to this block's shared
- * memory, counted on `bar`. */
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
+/* v into block `rank`'s shared memory at `slot`, counted on that block's barrier `bar` (both
+ * local addresses, mapped). An asynchronous store: unlike a release (barrier.cluster.arrive,
+ * st.release), it does not wait for this thread's global stores to complete. */
+__device__ __forceinline__ void send_to_block(uint32_t slot, uint32_t bar, int rank, max_sum v) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+                     address_in_block(slot, rank)),
+                 "f"(v.m), "f"(v.s), "r"(address_in_block(bar, rank))
                  : "memory");
-}
-
-/* bytes from this block's shared memory to global, as one bulk group. The generic-proxy writes
- * of the source must be fenced (fence_shared_for_bulk) and synchronised before. */
-__device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\t"
-                 "cp.async.bulk.commit_group;" ::"l"(dst),
-                 "r"(src), "r"(bytes)
-                 : "memory");
-}
-
-/* Returns when every bulk store of this thread has read its shared-memory source. */
-__device__ __forceinline__ void bulk_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-
-__device__ __forceinline__ void bulk_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
-__device__ __forceinline__ void fence_shared_for_bulk() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-__device__ __forceinline__ int cluster_rank() {
-    int r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-__device__ __forceinline__ int cluster_blocks() {
-    int r;
-    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-    return r;
-}
-
-/* Every thread of the cluster arrives (publishing its shared-memory writes, remote ones
- * included) and waits for all the others. */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-/* The address of *p (this block's shared memory) in the cluster's block `rank`. */
-__device__ __forceinline__ uint32_t in_block(const void *p, int rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(p)), "r"(rank));
-    return remote;
-}
-
-/* *p = v in the shared memory of the cluster's block `rank`. */
-__device__ __forceinline__ void store_to_block(max_sum *p, int rank, max_sum v) {
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(in_block(p, rank)), "f"(v.m), "f"(v.s) : "memory");
-}
-
-__device__ __forceinline__ void store_to_block(float *p, int rank, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(in_block(p, rank)), "f"(v) : "memory");
 }
 
 #endif
 
-/* One row per cluster of `cluster_blocks()` blocks at a time (clusters stride over the rows).
- * Block `rank` owns packs [rank * slice_packs, +slice_packs) of every row (the last block
- * fewer, and the cols % Vec last elements) and keeps Stages slices of the input (x; y and dy
- * backward) in shared memory: the slice of row r + Stages * clusters is loaded, by one bulk copy
- * per tensor, while row r is worked on. */
-template <typename T, int Vec, bool Backward, int Stages, bool BulkStore, int Threads, int MinBlocks>
-__global__ void __launch_bounds__(Threads, MinBlocks) softmax_cluster_kernel(tk_softmax_call a, int slice_packs) {
+/* A row as the pipelined kernel sees it: row < 0 for none. */
+struct pipe_row {
+    int64_t row;
+    int len;      /* visible columns */
+    int load_end; /* column past this block's visible whole packs */
+};
+
+/* Forward. A cluster of cluster_blocks() blocks (one per SM) streams rows first_row,
+ * first_row + clusters, ...; block `rank` owns packs [rank * slice_packs, +slice_packs) of each
+ * (the last block fewer, and the cols % Vec last elements). Iteration k writes row k - 1 (pass
+ * 2: re-read from L2 with last-use loads, outputs) and reads row k (pass 1: statistics) in the
+ * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
+ * current one, including the first chunk of the next iteration, are issued before the current
+ * one is used, so they are in flight during the cluster's exchange of row k's (max, sum). */
+template <typename T, int Vec, bool Prefetch, int Unroll>
+__global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int TENSORS = Backward ? 2 : 1;
-    constexpr int WARPS = Threads / 32;
     using pack = tk_pack<T, Vec>;
-    using partial = std::conditional_t<Backward, float, max_sum>; /* the dot backward */
-    extern __shared__ uint4 slice_memory[]; /* [Stages][TENSORS][slice_packs] packs, for every T */
-    pack *const slices = reinterpret_cast<pack *>(slice_memory);
-    __shared__ uint64_t slice_full[Stages];
-    __shared__ partial partials[2][CLUSTER_MAX_BLOCKS * WARPS]; /* by row parity */
+    constexpr int WARPS = PIPE_THREADS / 32;
+    constexpr int STEP = PIPE_THREADS * Unroll; /* packs per chunk */
+    __shared__ max_sum partials[2][PIPE_MAX_BLOCKS * WARPS]; /* by iteration parity */
+    __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
     const T *in = static_cast<const T *>(a.in);
-    const T *dy = static_cast<const T *>(a.dy);
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
     const int whole = cols / Vec * Vec;
@@ -758,77 +739,76 @@ __global__ void __launch_bounds__(Threads, MinBlocks) softmax_cluster_kernel(tk_
     const int own_packs = max(0, slice_end / Vec - first_pack);
     const int64_t clusters = gridDim.x / blocks;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tail_lane = rank == blocks - 1 ? (int)threadIdx.x : Vec; /* Vec: no tail element */
     const float c2 = a.scale * LOG2E;
 
-    /* The visible whole packs of this block's slice of `row` into `stage` (thread 0). */
-    auto load_slice = [&](int64_t row, int stage) {
-        const int pack_len = min(visible_len(a, row), whole);
-        const int packs = min(own_packs, max(0, (pack_len + Vec - 1) / Vec - first_pack));
-        const uint32_t bar = shared_address(&slice_full[stage]);
-        const uint32_t bytes = (uint32_t)packs * sizeof(pack);
-        mbarrier_arrive_expect(bar, TENSORS * bytes);
-        if (packs > 0) {
-            const int64_t offset = row * a.in_stride + first_pack * Vec;
-            pack *dst = slices + stage * TENSORS * slice_packs;
-            bulk_load(shared_address(dst), in + offset, bytes, bar);
-            if constexpr (Backward)
-                bulk_load(shared_address(dst + slice_packs), dy + offset, bytes, bar);
+    auto row_at = [&](int64_t row) {
+        pipe_row r = {-1, 0, 0};
+        if (row >= 0 && row < a.rows) {
+            r.row = row;
+            r.len = visible_len(a, row);
+            r.load_end = min(min(r.len, whole), slice_end);
         }
+        return r;
+    };
+    struct chunk {
+        pack cur[Unroll], nxt[Unroll];
+    };
+    /* The packs at slice positions base + u * PIPE_THREADS + threadIdx.x of both rows. */
+    auto load_chunk = [&](const pipe_row &cur, const pipe_row &nxt, int base) {
+        chunk c;
+#pragma unroll
+        for (int u = 0; u < Unroll; u++) {
+            const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+            if (c0 < cur.load_end)
+                c.cur[u] = load_last_use<T, Vec>(in + cur.row * a.in_stride + c0);
+            if (c0 < nxt.load_end)
+                c.nxt[u] = tk_load_pack<T, Vec>(in + nxt.row * a.in_stride + c0);
+        }
+        return c;
     };
 
-    const int64_t first_row = blockIdx.x / blocks;
+    pipe_row cur = row_at(-1), nxt = row_at(blockIdx.x / blocks);
+    row_tail<T, Vec> cur_tail, nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
+    row_stats st;
+    st.lse = 0.0f;
+    chunk c;
+    if constexpr (Prefetch)
+        c = load_chunk(cur, nxt, 0);
     if (threadIdx.x == 0) {
-        for (int s = 0; s < Stages; s++)
-            mbarrier_init(shared_address(&slice_full[s]));
+        mbarrier_init(shared_address(&partials_in[0]));
+        mbarrier_init(shared_address(&partials_in[1]));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int s = 0; s < Stages && first_row + s * clusters < a.rows; s++)
-            load_slice(first_row + s * clusters, s);
     }
-    cluster_sync(); /* barriers initialised, and every block of the cluster runs (remote stores) */
-
-    int iteration = 0;
-    for (int64_t row = first_row; row < a.rows; row += clusters, iteration++) {
-        const int stage = iteration % Stages;
-        const int len = visible_len(a, row);
-        const int pack_len = min(len, whole);
-        const int visible_end = min(pack_len, slice_end);
-        const T *in_row = in + row * a.in_stride;
-        const T *dy_row = dy + row * a.in_stride;
-        T *out_row = out + row * a.out_stride;
-        const row_tail<T, Vec> tail =
-            load_tail<T, Vec, Backward>(in_row, dy_row, cols, len, rank == blocks - 1 ? (int)threadIdx.x : Vec);
-        pack *const xs_slice = slices + stage * TENSORS * slice_packs;
-        pack *const gs_slice = Backward ? xs_slice + slice_packs : xs_slice;
-        mbarrier_wait(shared_address(&slice_full[stage]), (uint32_t)(iteration / Stages) & 1);
-
-        /* This thread's part of the row statistic: forward (max, sum), rescaled chunk by chunk
-         * as in the stream; backward the dot. */
-        partial part;
-        if constexpr (Backward) {
-            part = 0.0f;
-#pragma unroll 2
-            for (int p = (int)threadIdx.x; p < own_packs; p += Threads) {
-                const int c0 = (first_pack + p) * Vec;
-                if (c0 < visible_end)
-                    accumulate_pack<T, Vec, true>(a, xs_slice[p], gs_slice[p], c0, visible_end, c2, 0.0f, &part);
-            }
-            if (tail.col < len)
-                accumulate<true>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &part);
-        } else {
-            part = {-INFINITY, 0.0f};
+    cluster_sync(); /* barriers initialised, every block of the cluster running */
+    for (int iteration = 0;; iteration++) {
+        const pipe_row after = row_at(nxt.row < 0 ? a.rows : nxt.row + clusters);
+        max_sum part = {-INFINITY, 0.0f}; /* this thread's, of row nxt */
 #pragma unroll 1
-            for (int base = 0; base < own_packs; base += Threads * CLUSTER_UNROLL) {
-                pack xs[CLUSTER_UNROLL];
+        for (int base = 0; base < own_packs; base += STEP) {
+            chunk following;
+            if constexpr (Prefetch)
+                following = base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP) : load_chunk(nxt, after, 0);
+            else
+                c = load_chunk(cur, nxt, base);
+            if (cur.row >= 0) {
+#pragma unroll
+                for (int u = 0; u < Unroll; u++) {
+                    const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+                    if (c0 < slice_end) /* masked packs too */
+                        store_streaming<T, Vec>(out + cur.row * a.out_stride + c0,
+                                                output_pack<T, Vec, false>(a, st, c.cur[u], c.cur[u], c0, cur.len, c2));
+                }
+            }
+            if (nxt.row >= 0) {
                 row_extremes<T, Vec> ext;
 #pragma unroll
-                for (int u = 0; u < CLUSTER_UNROLL; u++) {
-                    const int p = base + u * Threads + (int)threadIdx.x, c0 = (first_pack + p) * Vec;
-                    if (c0 < visible_end) {
-                        xs[u] = xs_slice[p];
-                        ext.add_visible(xs[u], c0, visible_end);
-                    }
+                for (int u = 0; u < Unroll; u++) {
+                    const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+                    if (c0 < nxt.load_end)
+                        ext.add_visible(c.nxt[u], c0, nxt.load_end);
                 }
-                keep_packed(xs);
+                keep_packed(c.nxt);
                 const float chunk_max = ext.max_times(c2);
                 if (chunk_max > part.m) {
                     part.s *= fast_exp2(part.m - chunk_max);
@@ -836,77 +816,48 @@ __global__ void __launch_bounds__(Threads, MinBlocks) softmax_cluster_kernel(tk_
                 }
                 if (part.m != -INFINITY) {
 #pragma unroll
-                    for (int u = 0; u < CLUSTER_UNROLL; u++)
-                        accumulate_pack<T, Vec, false>(a, xs[u], xs[u],
-                                                       (first_pack + base + u * Threads + (int)threadIdx.x) * Vec,
-                                                       visible_end, c2, part.m, &part.s);
+                    for (int u = 0; u < Unroll; u++)
+                        accumulate_pack<T, Vec, false>(
+                            a, c.nxt[u], c.nxt[u], (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec,
+                            nxt.load_end, c2, part.m, &part.s);
                 }
             }
-            if (tail.col < len)
-                part = combine(part, {tk_to_float(tail.x) * c2, 1.0f});
+            if constexpr (Prefetch)
+                c = following;
         }
+        if (cur.row >= 0 && cur_tail.col < cols)
+            out[cur.row * a.out_stride + cur_tail.col] = tk_from_float<T>(
+                output_value<false>(a, st, tk_to_float(cur_tail.x), 0.0f, c2, cur_tail.col < cur.len));
+        if (nxt.row < 0)
+            break;
+        if (nxt_tail.col < nxt.len)
+            part = combine(part, {tk_to_float(nxt_tail.x) * c2, 1.0f});
 
-        /* Every warp's part to every block of the cluster (double-buffered by row parity: a
-         * buffer is written again two rows later, after the next row's cluster barrier, which
-         * each block reaches only once it has read this row's parts); one barrier. */
+        /* Row nxt's (max, sum): every warp's part to every block of the cluster, by
+         * asynchronous stores counted on the receiver's barrier of this iteration's parity. A
+         * buffer is written again two iterations later, by blocks that have received this
+         * block's parts of the next iteration, which each warp sends after reading this one's. */
         part = warp_combine(part);
-        partial(&row_partials)[CLUSTER_MAX_BLOCKS * WARPS] = partials[iteration & 1];
-        if (lane < blocks)
-            store_to_block(&row_partials[rank * WARPS + warp], lane, part);
-        cluster_sync();
-        partial total;
-        if constexpr (Backward)
-            total = 0.0f;
-        else
-            total = {-INFINITY, 0.0f};
-        for (int i = lane; i < blocks * WARPS; i += 32)
-            total = combine(total, row_partials[i]);
-        total = warp_combine(total);
-        row_stats st;
-        if constexpr (Backward)
-            st.dot = total;
-        else
-            st.lse = total.m + log2f(total.s); /* -inf: nothing visible */
-
-        /* Outputs of every whole pack of the slice, masked ones included. */
-#pragma unroll 2
-        for (int p = (int)threadIdx.x; p < own_packs; p += Threads) {
-            const int c0 = (first_pack + p) * Vec;
-            pack x, g;
-            if (c0 < pack_len) {
-                x = xs_slice[p];
-                if constexpr (Backward)
-                    g = gs_slice[p];
-            }
-            const pack y = output_pack<T, Vec, Backward>(a, st, x, g, c0, len, c2);
-            if constexpr (BulkStore)
-                xs_slice[p] = y;
-            else
-                store_streaming<T, Vec>(out_row + c0, y);
-        }
-        if (tail.col < cols)
-            out_row[tail.col] = tk_from_float<T>(output_value<Backward>(
-                a, st, tk_to_float(tail.x), Backward ? tk_to_float(tail.g) : 0.0f, c2, tail.col < len));
-        if constexpr (BulkStore)
-            fence_shared_for_bulk();
-        __syncthreads(); /* the slices are read (and, BulkStore, written) by every thread */
-        if (threadIdx.x == 0) {
-            if constexpr (BulkStore) {
-                if (own_packs > 0)
-                    bulk_store(out_row + first_pack * Vec, shared_address(xs_slice), (uint32_t)own_packs * sizeof(pack));
-            }
-            const int64_t next = row + Stages * clusters;
-            if (next < a.rows) {
-                if constexpr (BulkStore)
-                    bulk_store_wait_read();
-                load_slice(next, stage);
-            }
-        }
-    }
-    if constexpr (BulkStore) {
+        const int parity = iteration & 1;
+        const uint32_t arrived = shared_address(&partials_in[parity]);
         if (threadIdx.x == 0)
-            bulk_store_wait_all();
+            mbarrier_arrive_expect(arrived, blocks * WARPS * sizeof(max_sum));
+        if (lane < blocks)
+            send_to_block(shared_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part);
+        mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
+        max_sum total = {-INFINITY, 0.0f};
+        for (int i = lane; i < blocks * WARPS; i += 32)
+            total = combine(total, partials[parity][i]);
+        total = warp_combine(total);
+        st.lse = total.m + log2f(total.s); /* -inf: nothing visible */
+
+        cur = nxt;
+        cur_tail = nxt_tail;
+        nxt = after;
+        if (nxt.row >= 0)
+            nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
     }
+    cluster_sync(); /* no block exits while its parts may still be on their way */
 #endif
 }
 
@@ -938,114 +889,78 @@ cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <typename T, int Vec, bool Backward, int Threads = STREAM_THREADS, int MinBlocks = 1,
-          int Unroll = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD>
-cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int64_t min_blocks = 0) {
-    constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward, Threads, MinBlocks, Unroll>;
+template <typename T, int Vec, bool Backward>
+cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
+    constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward>;
     /* Rows in flight: at least one per SM, more only while they fit in half of L2. */
     /* What pass 2 re-reads: x, or y and dy (dy alone for the log-softmax backward). */
     const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward && !a->log ? 2 : 1);
     int64_t blocks = (int64_t)dev->l2_bytes / 2 / row_bytes;
     if (blocks < dev->sm_count)
         blocks = dev->sm_count;
-    if (blocks < min_blocks)
-        blocks = min_blocks;
-    const int64_t wave = tk_wave_blocks<kernel>(dev, Threads, 0);
+    const int64_t wave = tk_wave_blocks<kernel>(dev, STREAM_THREADS, 0);
     if (blocks > wave)
         blocks = wave;
     if (blocks > a->rows)
         blocks = a->rows;
-    kernel<<<(unsigned)grid_limit(blocks), Threads, 0, stream>>>(*a);
+    kernel<<<(unsigned)grid_limit(blocks), STREAM_THREADS, 0, stream>>>(*a);
     return cudaGetLastError();
 }
 
-/* Per device, what a cluster kernel instantiation was set up for: the dynamic shared memory it
- * may use (only ever raised), and per cluster size (1, 2, ..., 16 blocks) the clusters that fit
- * at once with the shared memory of the last query. Kept so that a launch does not repeat the
- * attribute calls and the occupancy query (host work) for the same shape; a race on first fill
- * writes the same values twice. */
-struct cluster_setup {
-    size_t smem_limit;
-    size_t fit_smem[5];
-    int fit_clusters[5];
-};
-
-template <auto Kernel> cluster_setup &setup_of(int ordinal) {
-    static cluster_setup setups[TK_MAX_DEVICES];
-    return setups[ordinal];
+/* Blocks per cluster for a row: the fewest (a power of two) whose slices hold at most
+ * PIPE_SLICE_BYTES each (the host checked that PIPE_MAX_BLOCKS do). */
+int pipelined_blocks(int64_t cols, int elem_bytes) {
+    const int64_t whole_bytes = cols / (16 / elem_bytes) * 16;
+    int blocks = 1;
+    while (blocks < PIPE_MAX_BLOCKS && whole_bytes > blocks * PIPE_SLICE_BYTES)
+        blocks *= 2;
+    return blocks;
 }
 
-/* Cluster launch: `blocks` per cluster (a power of two <= CLUSTER_MAX_BLOCKS), a grid of one
- * cluster per row or (persistent) of as many clusters as fit at once. */
-template <typename T, int Vec, bool Backward, int Stages, bool BulkStore, int Threads, int MinBlocks>
-cudaError_t launch_cluster(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks,
-                           bool persistent) {
-    constexpr auto kernel = softmax_cluster_kernel<T, Vec, Backward, Stages, BulkStore, Threads, MinBlocks>;
+/* Clusters of `blocks` that fit on the device at once, per instantiation, device and cluster
+ * size (the occupancy query is host work that a launch need not repeat; a race on first fill
+ * writes the same value twice). */
+template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int blocks) {
+    static int cache[TK_MAX_DEVICES][5];
+    int size_index = 0;
+    while ((1 << size_index) < blocks)
+        size_index++;
+    int *slot = &cache[dev->ordinal][size_index];
+    if (*slot == 0) {
+        int fit = 0;
+        cfg.gridDim = dim3((unsigned)blocks);
+        if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+            cudaOccupancyMaxActiveClusters(&fit, Kernel, &cfg) != cudaSuccess || fit < 1)
+            fit = 1;
+        *slot = fit;
+    }
+    return *slot;
+}
+
+/* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS), as
+ * many clusters as fit at once (a cluster's rows follow one another). Each block has at most
+ * two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB =
+ * 33 MB on an H200 (60 MB of L2), so that pass 2 hits. */
+template <typename T, int Vec, bool Prefetch = PIPE_PREFETCH, int Unroll = PIPE_UNROLL>
+cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Prefetch, Unroll>;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
-    const size_t smem = (size_t)Stages * (Backward ? 2 : 1) * slice_packs * sizeof(tk_pack<T, Vec>);
-    cluster_setup &setup = setup_of<kernel>(dev->ordinal);
-    if (smem > setup.smem_limit) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e == cudaSuccess) /* sizes past the portable 8 are an opt-in per kernel */
-            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess)
-            return e;
-        setup.smem_limit = smem;
-    }
     cudaLaunchAttribute cluster;
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = (unsigned)blocks;
     cluster.val.clusterDim.y = 1;
     cluster.val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(Threads);
-    cfg.dynamicSmemBytes = smem;
+    cfg.blockDim = dim3(PIPE_THREADS);
     cfg.stream = stream;
     cfg.attrs = &cluster;
     cfg.numAttrs = 1;
-    int64_t clusters = a->rows;
-    if (persistent) {
-        int size_index = 0;
-        while ((1 << size_index) < blocks)
-            size_index++;
-        if (setup.fit_clusters[size_index] == 0 || setup.fit_smem[size_index] != smem) {
-            cfg.gridDim = dim3((unsigned)blocks);
-            int fit = 0;
-            const cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg);
-            if (e != cudaSuccess)
-                return e;
-            setup.fit_smem[size_index] = smem;
-            setup.fit_clusters[size_index] = fit < 1 ? 1 : fit;
-        }
-        if (clusters > setup.fit_clusters[size_index])
-            clusters = setup.fit_clusters[size_index];
-    }
-    if (clusters > 0x7fffffff / blocks)
-        clusters = 0x7fffffff / blocks;
+    int64_t clusters = clusters_that_fit<kernel>(dev, cfg, blocks);
+    if (clusters > a->rows)
+        clusters = a->rows;
     cfg.gridDim = dim3((unsigned)(clusters * blocks));
     return cudaLaunchKernelEx(&cfg, kernel, *a, slice_packs);
-}
-
-/* Blocks per cluster for a row: the fewest (a power of two) whose slices (of x; of y and dy
- * backward) hold at most CLUSTER_SLICE_BYTES each (the host checked that CLUSTER_MAX_BLOCKS do). */
-int cluster_blocks_for(int64_t cols, int elem_bytes, bool backward) {
-    const int64_t whole_bytes = cols / (16 / elem_bytes) * 16 * (backward ? 2 : 1);
-    int blocks = 1;
-    while (blocks < CLUSTER_MAX_BLOCKS && whole_bytes > (int64_t)blocks * CLUSTER_SLICE_BYTES)
-        blocks *= 2;
-    return blocks;
-}
-
-template <typename T>
-cudaError_t launch_vec16_cluster(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr int Vec = 16 / sizeof(T);
-    const int blocks = cluster_blocks_for(a->cols, (int)sizeof(T), a->backward);
-    if (a->backward)
-        return launch_cluster<T, Vec, true, CLUSTER_STAGES, CLUSTER_BULK_STORE, CLUSTER_THREADS, CLUSTER_MIN_BLOCKS>(
-            a, dev, stream, blocks, CLUSTER_PERSISTENT);
-    return launch_cluster<T, Vec, false, CLUSTER_STAGES, CLUSTER_BULK_STORE, CLUSTER_THREADS, CLUSTER_MIN_BLOCKS>(
-        a, dev, stream, blocks, CLUSTER_PERSISTENT);
 }
 
 template <bool Wide, bool Stream, typename T>
@@ -1076,16 +991,17 @@ extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool back
     return (int64_t)ROWS_MAX_THREADS * (backward ? ROWS_PACKS_BWD : ROWS_PACKS) * vec;
 }
 
-extern "C" int64_t tk_softmax_cluster_max_cols(int elem_bytes, bool backward) {
-    return (int64_t)CLUSTER_MAX_BLOCKS * CLUSTER_SLICE_BYTES / elem_bytes / (backward ? 2 : 1);
+extern "C" bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols) {
+    const int64_t bytes = cols * elem_bytes;
+    return bytes >= PIPE_MIN_ROW_BYTES && bytes <= PIPE_MAX_BLOCKS * PIPE_SLICE_BYTES;
 }
 
-extern "C" cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream) {
+extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
     switch (a->dtype) {
-    case TK_F32: return launch_vec16_cluster<float>(a, dev, stream);
-    case TK_F16: return launch_vec16_cluster<__half>(a, dev, stream);
-    case TK_BF16: return launch_vec16_cluster<__nv_bfloat16>(a, dev, stream);
+    case TK_F32: return launch_pipelined<float, 4>(a, dev, stream, pipelined_blocks(a->cols, 4));
+    case TK_F16: return launch_pipelined<__half, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
+    case TK_BF16: return launch_pipelined<__nv_bfloat16, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
     }
     return cudaErrorInvalidValue;
 }

@@ -9,7 +9,8 @@
 #include "ref/softmax_ref.h"
 
 static const tk_dtype DTYPES[] = {TK_F32, TK_F16, TK_BF16};
-static const char *const VARIANTS[] = {"vec16_regs", "vec16_cluster", "vec16_stream", "scalar_regs", "scalar_stream"};
+static const char *const VARIANTS[] = {"vec16_pipelined", "vec16_regs", "vec16_stream", "scalar_regs",
+                                       "scalar_stream"};
 #define VARIANT_COUNT (sizeof VARIANTS / sizeof VARIANTS[0])
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
@@ -127,8 +128,8 @@ static bool build_has_arch(const char *arch) {
     return false;
 }
 
-/* "vec16_cluster" needs a cc >= 9.0 device and sm_90 code (SASS for 9.0 or PTX). */
-static bool cluster_runs_here(void) {
+/* "vec16_pipelined" needs a cc >= 9.0 device and sm_90 code (SASS for 9.0 or PTX). */
+static bool pipelined_runs_here(void) {
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
     return (info.compute_capability == 900 && (build_has_arch("90a") || build_has_arch("90"))) ||
@@ -142,9 +143,10 @@ static bool variant_claims(const sm_case *c, const char *variant) {
     const int64_t regs_max = 1024 * (c->backward ? 2 : 4) * (vec ? pack : 1);
     if (regs && c->cols > regs_max)
         return false;
-    /* cluster: up to 16 blocks x 32 KB of a row (of y and dy backward) */
-    if (strcmp(variant, "vec16_cluster") == 0 &&
-        (c->cols > 16 * 32768 / (int64_t)es / (c->backward ? 2 : 1) || !cluster_runs_here()))
+    /* pipelined: forward rows of 64 KB to 16 blocks x 128 KB */
+    if (strcmp(variant, "vec16_pipelined") == 0 &&
+        (c->backward || c->cols * (int64_t)es < 65536 || c->cols * (int64_t)es > 16 * 131072 ||
+         !pipelined_runs_here()))
         return false;
     if (!vec)
         return true;
@@ -309,13 +311,13 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
     run_all(true);
 }
 
-/* vec16_cluster's slices (a bf16 / f16 row of up to 16384 x B elements on B = 1, 2, 4, 8 or 16
- * blocks, f32 8192 x B; half that backward): widths at and around slice boundaries, a partial
- * last slice with a cols % 8 tail, causal masks that end on either side of a slice boundary or
- * leave rows with nothing visible, in place, more rows than clusters fit on the device. */
-Test(softmax_gpu, cluster_slices, .timeout = 600) {
+/* vec16_pipelined's slices (a row of up to 128 KB per block, on B = 1, 2, 4, 8 or 16 blocks):
+ * widths at and around slice boundaries, a partial last slice with a cols % 8 tail, causal
+ * masks that end on either side of a slice boundary or leave rows with nothing visible, in
+ * place, more rows than clusters fit on the device (rows follow one another in a cluster). */
+Test(softmax_gpu, pipelined_slices, .timeout = 600) {
     TK_REQUIRE_GPU();
-    if (!cluster_runs_here())
+    if (!pipelined_runs_here())
         return;
     tk_rng rng = tk_rng_seeded(33);
     const struct {
@@ -324,27 +326,25 @@ Test(softmax_gpu, cluster_slices, .timeout = 600) {
         float scale;
         int log, causal;
         int64_t offset, period;
-        bool backward, in_place;
+        bool in_place;
     } shapes[] = {
-        {TK_BF16, 2, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, false},        /* one full slice, B = 1 */
-        {TK_BF16, 2, 16392, 0, 0, 1.0f, 1, 0, 0, 0, false, false},        /* B = 2, just past one slice */
-        {TK_BF16, 3, 49165, 3, 3, 0.5f, 1, 0, 0, 0, false, false},        /* B = 4, partial last slice + tail */
-        {TK_F16, 8, 65536, 0, 0, 1.0f, 0, 1, 16380, 8, false, false},     /* lens 16381..16388 around rank 1 */
-        {TK_BF16, 6, 65536, 0, 0, 1.0f, 1, 1, -3, 6, false, true},        /* rows 0..2 see nothing, in place */
-        {TK_BF16, 2, 131080, 0, 8, -0.7f, 0, 0, 0, 0, false, false},      /* B = 16, partial last slice */
-        {TK_F32, 3, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false, false},        /* f32, B = 16 full slices */
-        {TK_F32, 4, 40000, 4, 0, 2.0f, 0, 1, 24997, 4, false, false},     /* f32, B = 8, lens around rank 5 */
-        {TK_BF16, 600, 40960, 0, 0, 1.0f, 0, 1, 20000, 0, false, false},  /* more rows than clusters fit */
-        {TK_BF16, 2, 131072, 0, 0, 1.0f, 1, 0, 0, 0, true, false},      /* backward B = 16 */
-        {TK_F16, 3, 65541, 3, 3, 0.5f, 0, 1, 32766, 0, true, false},     /* B = 8, tail, lens around rank 4 */
-        {TK_BF16, 6, 32768, 0, 0, 1.0f, 1, 1, -3, 6, true, true},        /* rows see nothing, in place */
-        {TK_F32, 2, 65536, 0, 4, -1.0f, 0, 0, 0, 0, true, false},        /* f32 B = 16 */
+        {TK_BF16, 2, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false},          /* narrowest, B = 1 */
+        {TK_BF16, 3, 65544, 0, 0, 1.0f, 1, 0, 0, 0, false},          /* B = 2, just past one slice */
+        {TK_BF16, 3, 131077, 3, 3, 0.5f, 1, 0, 0, 0, false},         /* B = 2 full slices + tail */
+        {TK_F16, 8, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false},      /* lens 65531..65538 at rank 1 */
+        {TK_BF16, 6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true},         /* rows 0..2 see nothing, in place */
+        {TK_BF16, 2, 262152, 0, 8, -0.7f, 0, 0, 0, 0, false},        /* B = 8, partial last slice */
+        {TK_F32, 3, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false},          /* f32, B = 4 */
+        {TK_F32, 4, 40000, 4, 0, 2.0f, 0, 1, 19997, 4, false},       /* f32, B = 2, lens at rank 1 */
+        {TK_BF16, 600, 40960, 0, 0, 1.0f, 0, 1, 20000, 0, false},    /* more rows than clusters */
+        {TK_BF16, 300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false},  /* same, B = 2, empty rows */
+        {TK_BF16, 1, 1048576, 0, 0, 1.0f, 0, 0, 0, 0, false},        /* widest, B = 16 */
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         sm_case c = {shapes[s].dtype, shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
                      shapes[s].scale, shapes[s].log, shapes[s].causal, shapes[s].offset, shapes[s].period,
-                     shapes[s].backward, shapes[s].in_place, 0, "vec16_cluster"};
-        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a cluster shape", s);
+                     false, shapes[s].in_place, 0, "vec16_pipelined"};
+        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a pipelined shape", s);
         run_case(&c, &rng);
     }
 }
@@ -352,11 +352,13 @@ Test(softmax_gpu, cluster_slices, .timeout = 600) {
 /* The automatic choice, and a forced variant that cannot run the call. */
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
-    const char *long_rows = cluster_runs_here() ? "vec16_cluster" : "vec16_stream";
+    const char *long_rows = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
+    const char *row_64k = pipelined_runs_here() ? "vec16_pipelined" : "vec16_regs";
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
-        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 2, 131072, 0, long_rows},
-        {TK_F32, 4, 32768, 0, long_rows}, {TK_F32, 2, 140000, 0, "vec16_stream"},
-        {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
+        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 16384, 0, "vec16_regs"},
+        {TK_BF16, 4, 32768, 0, row_64k}, {TK_BF16, 2, 131072, 0, long_rows}, {TK_F32, 4, 32768, 0, long_rows},
+        {TK_BF16, 1, 1100000, 0, "vec16_stream"}, {TK_BF16, 4, 4096, 1, "scalar_regs"},
+        {TK_F16, 2, 70000, 1, "scalar_stream"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const size_t es = tk_test_dtype_size(cases[i].dtype);
@@ -374,11 +376,11 @@ Test(softmax_gpu, automatic_choice) {
     void *buf = tk_dev_alloc(1 << 20);
     tk_softmax_params p = params(TK_BF16, 1, 100000);
     TK_EXPECT_STATUS(tk_softmax_fwd(&p, buf, buf, NULL), TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_regs\"");
-    /* past 16 x 32 KB of y and dy */
-    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_cluster"), TK_SUCCESS, "");
-    p = params(TK_BF16, 1, 131080);
-    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, (unsigned char *)buf + 262176, (unsigned char *)buf + 524352, NULL),
-                     TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_cluster\"");
+    /* the pipelined kernel is forward only */
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_pipelined"), TK_SUCCESS, "");
+    p = params(TK_BF16, 1, 65536);
+    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, (unsigned char *)buf + 131072, (unsigned char *)buf + 262144, NULL),
+                     TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_pipelined\"");
     tk_experimental_force_variant("softmax", NULL);
     tk_dev_free(buf);
 }
