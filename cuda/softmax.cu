@@ -43,19 +43,23 @@
  * L2. What holds the stream at ~0.7 of the copy bandwidth is one block per SM alternating
  * between a load-only and a store-only phase, not DRAM.
  *
- * "pipelined" (forward on sm_90, rows of 64 KB to 2 MB): the stream's two passes interleaved.
- * A block writes row r (pass 2: re-read from L2, outputs) and reads row r + 1 of its sequence
- * (pass 1: (max, sum)) in the same loop, chunk by chunk, so DRAM sees reads and writes all
- * along; the loads of the next chunk (at the end of a row, the next row's first one) are issued
- * before the current chunk is used, so nothing drains at row ends. A block has two rows in L2
- * (the one it re-reads, the one it reads): past 128 KB a row is split over a thread-block cluster
- * of 2..16 blocks (one per SM) that exchange their (max, sum) partials through distributed shared
- * memory, one cluster barrier per row, keeping 132 x 2 x 128 KB = 33 MB in flight on an H200
- * (60 MB of L2). Tried and slower on the H200 (experiments/softmax_long_rows.cu and the git
- * history): a row held in the registers of a cluster (0.50 of copy), a row's slices brought into
- * the shared memory of a cluster's blocks by bulk copies (0.72 at best, like the stream), the
- * stream with 1024 threads or two blocks per SM, the pipelined loop without the cluster split
- * on 256 KB rows (0.50: two rows per SM overflow L2).
+ * "pipelined" (forward on sm_90; the library sends it f32 rows of 256 to 512 KB): the stream's
+ * two passes interleaved. A block writes row r (pass 2: re-read from L2, outputs) and reads row
+ * r + 1 of its sequence (pass 1: (max, sum)) in the same loop, chunk by chunk, so that DRAM sees
+ * reads and writes all along; the loads of the next chunk (at the end of a row, the next row's
+ * first one) are issued before the current chunk is used, so nothing drains at row ends. A
+ * block has two slices in L2 (the one it re-reads, the one it reads), so a row is split into
+ * slices of at most 128 KB over a thread-block cluster (one 512-thread block per SM): 132 x 2 x
+ * 128 KB = 33 MB in flight on an H200 (60 MB of L2). The blocks of a cluster send each other
+ * their (max, sum) parts with st.async into shared memory, counted on the receiver's mbarrier,
+ * which does not wait for the sender's global stores as the release of barrier.cluster does (the
+ * barrier form measured up to 0.12 ms slower per call). On the H200, 2048 x 131072 f32: 0.5617
+ * ms, the stream 0.7863 ms. For bf16 the same kernel was no faster than the stream (4096 x
+ * 131072: 0.7783 ms against 0.7155 ms) or the regs kernel (16384 x 32768), so 16-bit rows stay
+ * there. Also measured slower (experiments/softmax_long_rows.cu and the git history): a row held
+ * in the registers of a cluster (0.50 of copy), a row's slices brought into the shared memory of
+ * a cluster's blocks by bulk copies (0.72 at best), the stream with 1024 threads or two blocks
+ * per SM.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -615,11 +619,13 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
 /* -------------------------------------------------------------------------- pipelined ---- */
 
 constexpr int PIPE_THREADS = 512;
-constexpr int PIPE_MAX_BLOCKS = 16;            /* per cluster; past the portable 8 by opt-in */
-constexpr int64_t PIPE_SLICE_BYTES = 131072;   /* most of a row one block streams */
-constexpr int64_t PIPE_MIN_ROW_BYTES = 65536;  /* narrower rows: vec16_regs */
-constexpr bool PIPE_PREFETCH = true;
-constexpr int PIPE_UNROLL = 4; /* packs per thread and row in one chunk */
+constexpr int PIPE_MAX_BLOCKS = 8;            /* per cluster (the portable limit) */
+constexpr int64_t PIPE_SLICE_BYTES = 131072;  /* most of a row one block streams */
+/* The rows the library sends to this kernel: f32, 2 to 4 slices (2048 x 131072 f32 on the H200:
+ * 0.5617 ms, the stream 0.7863 ms). 16-bit rows measured no faster than the stream or the
+ * regs kernel (docs/kernels/softmax.md). */
+constexpr int PIPE_ELEM_BYTES = 4;
+constexpr int64_t PIPE_MIN_SLICES = 2, PIPE_MAX_SLICES = 4; /* whole bytes in (min, max] slices */
 
 /* A partial softmax denominator: s = sum 2^(t - m) over some elements, m their max (-inf and
  * s = 0 for none). Two partials combine like the online rescaling of the stream. */
@@ -628,6 +634,8 @@ struct max_sum {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+constexpr int PIPE_UNROLL = 4; /* packs per thread and row in one chunk */
 
 __device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
     const float m = fmaxf(a.m, b.m);
@@ -721,12 +729,12 @@ struct pipe_row {
  * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
  * current one, including the first chunk of the next iteration, are issued before the current
  * one is used, so they are in flight during the cluster's exchange of row k's (max, sum). */
-template <typename T, int Vec, bool Prefetch, int Unroll>
+template <typename T, int Vec>
 __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using pack = tk_pack<T, Vec>;
     constexpr int WARPS = PIPE_THREADS / 32;
-    constexpr int STEP = PIPE_THREADS * Unroll; /* packs per chunk */
+    constexpr int STEP = PIPE_THREADS * PIPE_UNROLL; /* packs per chunk */
     __shared__ max_sum partials[2][PIPE_MAX_BLOCKS * WARPS]; /* by iteration parity */
     __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
     const T *in = static_cast<const T *>(a.in);
@@ -752,13 +760,13 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
         return r;
     };
     struct chunk {
-        pack cur[Unroll], nxt[Unroll];
+        pack cur[PIPE_UNROLL], nxt[PIPE_UNROLL];
     };
     /* The packs at slice positions base + u * PIPE_THREADS + threadIdx.x of both rows. */
     auto load_chunk = [&](const pipe_row &cur, const pipe_row &nxt, int base) {
         chunk c;
 #pragma unroll
-        for (int u = 0; u < Unroll; u++) {
+        for (int u = 0; u < PIPE_UNROLL; u++) {
             const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
             if (c0 < cur.load_end)
                 c.cur[u] = load_last_use<T, Vec>(in + cur.row * a.in_stride + c0);
@@ -772,9 +780,7 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
     row_tail<T, Vec> cur_tail, nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
     row_stats st;
     st.lse = 0.0f;
-    chunk c;
-    if constexpr (Prefetch)
-        c = load_chunk(cur, nxt, 0);
+    chunk c = load_chunk(cur, nxt, 0);
     if (threadIdx.x == 0) {
         mbarrier_init(shared_address(&partials_in[0]));
         mbarrier_init(shared_address(&partials_in[1]));
@@ -786,14 +792,11 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
         max_sum part = {-INFINITY, 0.0f}; /* this thread's, of row nxt */
 #pragma unroll 1
         for (int base = 0; base < own_packs; base += STEP) {
-            chunk following;
-            if constexpr (Prefetch)
-                following = base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP) : load_chunk(nxt, after, 0);
-            else
-                c = load_chunk(cur, nxt, base);
+            const chunk following =
+                base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP) : load_chunk(nxt, after, 0);
             if (cur.row >= 0) {
 #pragma unroll
-                for (int u = 0; u < Unroll; u++) {
+                for (int u = 0; u < PIPE_UNROLL; u++) {
                     const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
                     if (c0 < slice_end) /* masked packs too */
                         store_streaming<T, Vec>(out + cur.row * a.out_stride + c0,
@@ -803,7 +806,7 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
             if (nxt.row >= 0) {
                 row_extremes<T, Vec> ext;
 #pragma unroll
-                for (int u = 0; u < Unroll; u++) {
+                for (int u = 0; u < PIPE_UNROLL; u++) {
                     const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
                     if (c0 < nxt.load_end)
                         ext.add_visible(c.nxt[u], c0, nxt.load_end);
@@ -816,14 +819,13 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
                 }
                 if (part.m != -INFINITY) {
 #pragma unroll
-                    for (int u = 0; u < Unroll; u++)
+                    for (int u = 0; u < PIPE_UNROLL; u++)
                         accumulate_pack<T, Vec, false>(
                             a, c.nxt[u], c.nxt[u], (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec,
                             nxt.load_end, c2, part.m, &part.s);
                 }
             }
-            if constexpr (Prefetch)
-                c = following;
+            c = following;
         }
         if (cur.row >= 0 && cur_tail.col < cols)
             out[cur.row * a.out_stride + cur_tail.col] = tk_from_float<T>(
@@ -921,7 +923,7 @@ int pipelined_blocks(int64_t cols, int elem_bytes) {
  * size (the occupancy query is host work that a launch need not repeat; a race on first fill
  * writes the same value twice). */
 template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int blocks) {
-    static int cache[TK_MAX_DEVICES][5];
+    static int cache[TK_MAX_DEVICES][4]; /* 1, 2, 4, 8 blocks */
     int size_index = 0;
     while ((1 << size_index) < blocks)
         size_index++;
@@ -929,8 +931,7 @@ template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchCon
     if (*slot == 0) {
         int fit = 0;
         cfg.gridDim = dim3((unsigned)blocks);
-        if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-            cudaOccupancyMaxActiveClusters(&fit, Kernel, &cfg) != cudaSuccess || fit < 1)
+        if (cudaOccupancyMaxActiveClusters(&fit, Kernel, &cfg) != cudaSuccess || fit < 1)
             fit = 1;
         *slot = fit;
     }
@@ -941,9 +942,9 @@ template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchCon
  * many clusters as fit at once (a cluster's rows follow one another). Each block has at most
  * two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB =
  * 33 MB on an H200 (60 MB of L2), so that pass 2 hits. */
-template <typename T, int Vec, bool Prefetch = PIPE_PREFETCH, int Unroll = PIPE_UNROLL>
+template <typename T, int Vec>
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
-    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Prefetch, Unroll>;
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec>;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
     cudaLaunchAttribute cluster;
@@ -992,18 +993,14 @@ extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool back
 }
 
 extern "C" bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols) {
-    const int64_t bytes = cols * elem_bytes;
-    return bytes >= PIPE_MIN_ROW_BYTES && bytes <= PIPE_MAX_BLOCKS * PIPE_SLICE_BYTES;
+    const int64_t whole_bytes = cols / (16 / elem_bytes) * 16;
+    return elem_bytes == PIPE_ELEM_BYTES && whole_bytes > PIPE_MIN_SLICES * PIPE_SLICE_BYTES &&
+           whole_bytes <= PIPE_MAX_SLICES * PIPE_SLICE_BYTES;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream) {
-    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
-    switch (a->dtype) {
-    case TK_F32: return launch_pipelined<float, 4>(a, dev, stream, pipelined_blocks(a->cols, 4));
-    case TK_F16: return launch_pipelined<__half, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
-    case TK_BF16: return launch_pipelined<__nv_bfloat16, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
-    }
-    return cudaErrorInvalidValue;
+    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call); /* f32 (see the fits test) */
+    return launch_pipelined<float, 4>(a, dev, stream, pipelined_blocks(a->cols, 4));
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {

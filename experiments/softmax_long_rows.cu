@@ -4,21 +4,19 @@
  *   regs        the row-in-registers kernel (rows up to 32768 bf16)
  *   stream      the two-pass kernel (512 threads x 4 packs, one block per SM)
  *   pipelined   the two passes interleaved, a row split over a cluster of B = 1, 2, 4 blocks
- *               (slices of at least 4096 packs), chunks of U packs per thread and row, the next
- *               chunk's loads issued before the current chunk is used (pf) or each chunk loaded
- *               and then used (nopf)
+ *               (slices of at least 4096 packs); the library uses it for f32 rows with B = 4
  * Time: median of REPS runs, L2 flushed (memset of 2 x L2) before each, cudaEvents; bytes = read
  * x + write y; ratio = time of a device-to-device copy of the same bytes (timed before the
- * variants, and again after them) / time. Every variant's output is compared with the stream
- * kernel's (max abs difference; non-finite values must match), and the pipelined kernel also on
- * small causal / padded / log shapes.
+ * variants, and again after them: the first timing of a fresh buffer can be ~10% slow, the
+ * second is the reference) / time. Every variant's output is compared with the stream kernel's
+ * (max abs difference; non-finite values must match), the pipelined kernel also on small
+ * causal / padded / log shapes. softmax_long_rows_h200.txt holds the H200 outputs.
  *
- * An earlier form of this file (commit b8eb870) compared, at 4096 x 131072 bf16 (copy 0.5075 ms):
- * the stream 0.718x copy, with 1024 threads 0.728x, two blocks of 512 per SM 0.649x; a row's
- * slices loaded into the shared memory of a cluster's blocks by cp.async.bulk, (max, sum) through
- * distributed shared memory: 0.72x at best (8 blocks of 128 threads), 16 blocks 0.47-0.62x; the
- * pipelined loop on whole rows 0.499x (two 256 KB rows per SM overflow L2), but 0.6165 ms against
- * the stream's 0.7823 ms at 8192 x 65536.
+ * Earlier forms of this file in the git history: commit b8eb870 (a row's slices loaded into the
+ * shared memory of a cluster's blocks by cp.async.bulk, (max, sum) through distributed shared
+ * memory; the stream with 1024 threads or two blocks per SM; the pipelined loop on whole rows),
+ * commit 76577e9 (the pipelined kernel with and without loads issued one chunk ahead, chunks of 2
+ * or 4 packs per thread).
  *
  *   nvcc -Iinclude -Icuda -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a \
  *        experiments/softmax_long_rows.cu -o build/softmax_long_rows
@@ -119,10 +117,8 @@ template <typename T> static std::vector<variant> variants(int64_t cols) {
     for (int blocks : {1, 2, 4}) {
         if ((int64_t)blocks * (int64_t)sizeof(T) * 4096 > cols) /* slices of at least 4096 packs */
             continue;
-        const std::string b = "pipelined B" + std::to_string(blocks);
-        v.push_back({b + " pf U4", [=](const tk_softmax_call *a) { return launch_pipelined<T, V, true, 4>(a, &dev, 0, blocks); }});
-        v.push_back({b + " pf U2", [=](const tk_softmax_call *a) { return launch_pipelined<T, V, true, 2>(a, &dev, 0, blocks); }});
-        v.push_back({b + " nopf U4", [=](const tk_softmax_call *a) { return launch_pipelined<T, V, false, 4>(a, &dev, 0, blocks); }});
+        v.push_back({"pipelined B" + std::to_string(blocks),
+                     [=](const tk_softmax_call *a) { return launch_pipelined<T, V>(a, &dev, 0, blocks); }});
     }
     return v;
 }

@@ -143,9 +143,10 @@ static bool variant_claims(const sm_case *c, const char *variant) {
     const int64_t regs_max = 1024 * (c->backward ? 2 : 4) * (vec ? pack : 1);
     if (regs && c->cols > regs_max)
         return false;
-    /* pipelined: forward rows of 64 KB to 16 blocks x 128 KB */
+    /* pipelined: forward f32 rows whose whole 16-byte packs hold 256 KB (excluded) to 512 KB */
+    const int64_t whole_bytes = c->cols / pack * 16;
     if (strcmp(variant, "vec16_pipelined") == 0 &&
-        (c->backward || c->cols * (int64_t)es < 65536 || c->cols * (int64_t)es > 16 * 131072 ||
+        (c->backward || c->dtype != TK_F32 || whole_bytes <= 262144 || whole_bytes > 524288 ||
          !pipelined_runs_here()))
         return false;
     if (!vec)
@@ -311,37 +312,32 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
     run_all(true);
 }
 
-/* vec16_pipelined's slices (a row of up to 128 KB per block, on B = 1, 2, 4, 8 or 16 blocks):
- * widths at and around slice boundaries, a partial last slice with a cols % 8 tail, causal
- * masks that end on either side of a slice boundary or leave rows with nothing visible, in
- * place, more rows than clusters fit on the device (rows follow one another in a cluster). */
+/* vec16_pipelined's slices (f32 rows of 256 to 512 KB on a cluster of 4 blocks, 128 KB or less
+ * each): just past 256 KB, a partial last slice with a cols % 4 tail, causal masks that end on
+ * either side of a slice boundary or leave rows with nothing visible, in place, more rows than
+ * clusters fit on the device (rows follow one another in a cluster). */
 Test(softmax_gpu, pipelined_slices, .timeout = 600) {
     TK_REQUIRE_GPU();
     if (!pipelined_runs_here())
         return;
     tk_rng rng = tk_rng_seeded(33);
     const struct {
-        tk_dtype dtype;
         int64_t rows, cols, x_pad, y_pad;
         float scale;
         int log, causal;
         int64_t offset, period;
         bool in_place;
     } shapes[] = {
-        {TK_BF16, 2, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false},          /* narrowest, B = 1 */
-        {TK_BF16, 3, 65544, 0, 0, 1.0f, 1, 0, 0, 0, false},          /* B = 2, just past one slice */
-        {TK_BF16, 3, 131077, 3, 3, 0.5f, 1, 0, 0, 0, false},         /* B = 2 full slices + tail */
-        {TK_F16, 8, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false},      /* lens 65531..65538 at rank 1 */
-        {TK_BF16, 6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true},         /* rows 0..2 see nothing, in place */
-        {TK_BF16, 2, 262152, 0, 8, -0.7f, 0, 0, 0, 0, false},        /* B = 8, partial last slice */
-        {TK_F32, 3, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false},          /* f32, B = 4 */
-        {TK_F32, 4, 40000, 4, 0, 2.0f, 0, 1, 19997, 4, false},       /* f32, B = 2, lens at rank 1 */
-        {TK_BF16, 600, 40960, 0, 0, 1.0f, 0, 1, 20000, 0, false},    /* more rows than clusters */
-        {TK_BF16, 300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false},  /* same, B = 2, empty rows */
-        {TK_BF16, 1, 1048576, 0, 0, 1.0f, 0, 0, 0, 0, false},        /* widest, B = 16 */
+        {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false},         /* just past 256 KB: 4097 packs a block */
+        {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false},        /* slices of 25000 + tail of 3 */
+        {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false},    /* lens 32761..32768: rank 1 sees none */
+        {8, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false},    /* lens 65531..65538 around rank 2 */
+        {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true},        /* rows 0..2 see nothing, in place */
+        {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false},       /* partial last slice, padded y */
+        {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false}, /* more rows than clusters, empty rows */
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        sm_case c = {shapes[s].dtype, shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
+        sm_case c = {TK_F32, shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
                      shapes[s].scale, shapes[s].log, shapes[s].causal, shapes[s].offset, shapes[s].period,
                      false, shapes[s].in_place, 0, "vec16_pipelined"};
         cr_assert(variant_claims(&c, c.variant), "shape %zu is not a pipelined shape", s);
@@ -352,13 +348,12 @@ Test(softmax_gpu, pipelined_slices, .timeout = 600) {
 /* The automatic choice, and a forced variant that cannot run the call. */
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
-    const char *long_rows = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
-    const char *row_64k = pipelined_runs_here() ? "vec16_pipelined" : "vec16_regs";
+    const char *f32_long = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
-        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 16384, 0, "vec16_regs"},
-        {TK_BF16, 4, 32768, 0, row_64k}, {TK_BF16, 2, 131072, 0, long_rows}, {TK_F32, 4, 32768, 0, long_rows},
-        {TK_BF16, 1, 1100000, 0, "vec16_stream"}, {TK_BF16, 4, 4096, 1, "scalar_regs"},
-        {TK_F16, 2, 70000, 1, "scalar_stream"},
+        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 32768, 0, "vec16_regs"},
+        {TK_BF16, 2, 131072, 0, "vec16_stream"}, {TK_F32, 4, 32768, 0, "vec16_stream"},
+        {TK_F32, 2, 131072, 0, f32_long}, {TK_F32, 1, 140000, 0, "vec16_stream"},
+        {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const size_t es = tk_test_dtype_size(cases[i].dtype);
@@ -378,8 +373,8 @@ Test(softmax_gpu, automatic_choice) {
     TK_EXPECT_STATUS(tk_softmax_fwd(&p, buf, buf, NULL), TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_regs\"");
     /* the pipelined kernel is forward only */
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_pipelined"), TK_SUCCESS, "");
-    p = params(TK_BF16, 1, 65536);
-    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, (unsigned char *)buf + 131072, (unsigned char *)buf + 262144, NULL),
+    p = params(TK_F32, 1, 65540);
+    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, (unsigned char *)buf + 262160, (unsigned char *)buf + 524320, NULL),
                      TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_pipelined\"");
     tk_experimental_force_variant("softmax", NULL);
     tk_dev_free(buf);
