@@ -40,12 +40,26 @@
  * limited to max(SM count, L2 bytes / 2 / re-read row bytes) blocks so that the rows being
  * worked on (132 x 256 KB = 33 MB for 131072 bf16 columns) stay in the H200's 50 MB L2: ncu
  * measured the forward's DRAM traffic at one read and one write of the tensor, pass 2 hitting
- * L2. What holds the stream at ~0.67 of the copy bandwidth is one block per SM alternating
- * between a load-only and a store-only phase, not DRAM. A row held in the registers of a
- * thread-block cluster (8 x 512 threads, max / sum exchanged through distributed shared
- * memory: one DRAM read, no second pass) measured 0.50 of copy on the H200 where the stream,
- * with the same earlier per-element code, measured 0.67; it was dropped (git history of this
- * file).
+ * L2. What holds the stream at ~0.7 of the copy bandwidth is one block per SM alternating
+ * between a load-only and a store-only phase, not DRAM.
+ *
+ * "pipelined" (forward on sm_90; the library sends it f32 rows of 256 to 512 KB): the stream's
+ * two passes interleaved. A block writes row r (pass 2: re-read from L2, outputs) and reads row
+ * r + 1 of its sequence (pass 1: (max, sum)) in the same loop, chunk by chunk, so that DRAM sees
+ * reads and writes all along; the loads of the next chunk (at the end of a row, the next row's
+ * first one) are issued before the current chunk is used, so nothing drains at row ends. A
+ * block has two slices in L2 (the one it re-reads, the one it reads), so a row is split into
+ * slices of at most 128 KB over a thread-block cluster (one 512-thread block per SM): 132 x 2 x
+ * 128 KB = 33 MB in flight on an H200 (60 MB of L2). The blocks of a cluster send each other
+ * their (max, sum) parts with st.async into shared memory, counted on the receiver's mbarrier,
+ * which does not wait for the sender's global stores as the release of barrier.cluster does (the
+ * barrier form measured up to 0.12 ms slower per call). On the H200, 2048 x 131072 f32: 0.5617
+ * ms, the stream 0.7863 ms. For bf16 the same kernel was no faster than the stream (4096 x
+ * 131072: 0.7783 ms against 0.7155 ms) or the regs kernel (16384 x 32768), so 16-bit rows stay
+ * there. Also measured slower (experiments/softmax_long_rows.cu and the git history): a row held
+ * in the registers of a cluster (0.50 of copy), a row's slices brought into the shared memory of
+ * a cluster's blocks by bulk copies (0.72 at best), the stream with 1024 threads or two blocks
+ * per SM.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -602,6 +616,253 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
     }
 }
 
+/* -------------------------------------------------------------------------- pipelined ---- */
+
+constexpr int PIPE_THREADS = 512;
+constexpr int PIPE_MAX_BLOCKS = 8;            /* per cluster (the portable limit) */
+constexpr int64_t PIPE_SLICE_BYTES = 131072;  /* most of a row one block streams */
+/* The rows the library sends to this kernel: f32, 2 to 4 slices (2048 x 131072 f32 on the H200:
+ * 0.5617 ms, the stream 0.7863 ms). 16-bit rows measured no faster than the stream or the
+ * regs kernel (docs/kernels/softmax.md). */
+constexpr int PIPE_ELEM_BYTES = 4;
+constexpr int64_t PIPE_MIN_SLICES = 2, PIPE_MAX_SLICES = 4; /* whole bytes in (min, max] slices */
+
+/* A partial softmax denominator: s = sum 2^(t - m) over some elements, m their max (-inf and
+ * s = 0 for none). Two partials combine like the online rescaling of the stream. */
+struct max_sum {
+    float m, s;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+constexpr int PIPE_UNROLL = 4; /* packs per thread and row in one chunk */
+
+__device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
+    const float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY)
+        return {m, 0.0f};
+    return {m, a.s * fast_exp2(a.m - m) + b.s * fast_exp2(b.m - m)}; /* commutative, bit for bit */
+}
+
+__device__ __forceinline__ max_sum warp_combine(max_sum v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = combine(v, {__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)});
+    return v;
+}
+
+/* Thread-block clusters (sm_90): rank, size, barrier, and stores into another block's shared
+ * memory (distributed shared memory). */
+__device__ __forceinline__ int cluster_rank() {
+    int r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ int cluster_blocks() {
+    int r;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+
+/* Every thread of the cluster arrives and waits for all the others. Its release / acquire
+ * semantics wait for this thread's outstanding global stores: used at start and exit only. */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* The same shared-memory address in the cluster's block `rank`. */
+__device__ __forceinline__ uint32_t address_in_block(uint32_t local, int rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    return remote;
+}
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+/* The barrier's one arrival per phase; the phase completes once `bytes` more have landed. */
+__device__ __forceinline__ void mbarrier_arrive_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* v into block `rank`'s shared memory at `slot`, counted on that block's barrier `bar` (both
+ * local addresses, mapped). An asynchronous store: unlike a release (barrier.cluster.arrive,
+ * st.release), it does not wait for this thread's global stores to complete. */
+__device__ __forceinline__ void send_to_block(uint32_t slot, uint32_t bar, int rank, max_sum v) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+                     address_in_block(slot, rank)),
+                 "f"(v.m), "f"(v.s), "r"(address_in_block(bar, rank))
+                 : "memory");
+}
+
+#endif
+
+/* A row as the pipelined kernel sees it: row < 0 for none. */
+struct pipe_row {
+    int64_t row;
+    int len;      /* visible columns */
+    int load_end; /* column past this block's visible whole packs */
+};
+
+/* Forward. A cluster of cluster_blocks() blocks (one per SM) streams rows first_row,
+ * first_row + clusters, ...; block `rank` owns packs [rank * slice_packs, +slice_packs) of each
+ * (the last block fewer, and the cols % Vec last elements). Iteration k writes row k - 1 (pass
+ * 2: re-read from L2 with last-use loads, outputs) and reads row k (pass 1: statistics) in the
+ * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
+ * current one, including the first chunk of the next iteration, are issued before the current
+ * one is used, so they are in flight during the cluster's exchange of row k's (max, sum). */
+template <typename T, int Vec>
+__global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using pack = tk_pack<T, Vec>;
+    constexpr int WARPS = PIPE_THREADS / 32;
+    constexpr int STEP = PIPE_THREADS * PIPE_UNROLL; /* packs per chunk */
+    __shared__ max_sum partials[2][PIPE_MAX_BLOCKS * WARPS]; /* by iteration parity */
+    __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
+    const T *in = static_cast<const T *>(a.in);
+    T *out = static_cast<T *>(a.out);
+    const int cols = (int)a.cols;
+    const int whole = cols / Vec * Vec;
+    const int rank = cluster_rank(), blocks = cluster_blocks();
+    const int first_pack = rank * slice_packs;
+    const int slice_end = min(whole, (first_pack + slice_packs) * Vec); /* column past the slice */
+    const int own_packs = max(0, slice_end / Vec - first_pack);
+    const int64_t clusters = gridDim.x / blocks;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tail_lane = rank == blocks - 1 ? (int)threadIdx.x : Vec; /* Vec: no tail element */
+    const float c2 = a.scale * LOG2E;
+
+    auto row_at = [&](int64_t row) {
+        pipe_row r = {-1, 0, 0};
+        if (row >= 0 && row < a.rows) {
+            r.row = row;
+            r.len = visible_len(a, row);
+            r.load_end = min(min(r.len, whole), slice_end);
+        }
+        return r;
+    };
+    struct chunk {
+        pack cur[PIPE_UNROLL], nxt[PIPE_UNROLL];
+    };
+    /* The packs at slice positions base + u * PIPE_THREADS + threadIdx.x of both rows. */
+    auto load_chunk = [&](const pipe_row &cur, const pipe_row &nxt, int base) {
+        chunk c;
+#pragma unroll
+        for (int u = 0; u < PIPE_UNROLL; u++) {
+            const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+            if (c0 < cur.load_end)
+                c.cur[u] = load_last_use<T, Vec>(in + cur.row * a.in_stride + c0);
+            if (c0 < nxt.load_end)
+                c.nxt[u] = tk_load_pack<T, Vec>(in + nxt.row * a.in_stride + c0);
+        }
+        return c;
+    };
+
+    pipe_row cur = row_at(-1), nxt = row_at(blockIdx.x / blocks);
+    row_tail<T, Vec> cur_tail, nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
+    row_stats st;
+    st.lse = 0.0f;
+    chunk c = load_chunk(cur, nxt, 0);
+    if (threadIdx.x == 0) {
+        mbarrier_init(shared_address(&partials_in[0]));
+        mbarrier_init(shared_address(&partials_in[1]));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cluster_sync(); /* barriers initialised, every block of the cluster running */
+    for (int iteration = 0;; iteration++) {
+        const pipe_row after = row_at(nxt.row < 0 ? a.rows : nxt.row + clusters);
+        max_sum part = {-INFINITY, 0.0f}; /* this thread's, of row nxt */
+#pragma unroll 1
+        for (int base = 0; base < own_packs; base += STEP) {
+            const chunk following =
+                base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP) : load_chunk(nxt, after, 0);
+            if (cur.row >= 0) {
+#pragma unroll
+                for (int u = 0; u < PIPE_UNROLL; u++) {
+                    const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+                    if (c0 < slice_end) /* masked packs too */
+                        store_streaming<T, Vec>(out + cur.row * a.out_stride + c0,
+                                                output_pack<T, Vec, false>(a, st, c.cur[u], c.cur[u], c0, cur.len, c2));
+                }
+            }
+            if (nxt.row >= 0) {
+                row_extremes<T, Vec> ext;
+#pragma unroll
+                for (int u = 0; u < PIPE_UNROLL; u++) {
+                    const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+                    if (c0 < nxt.load_end)
+                        ext.add_visible(c.nxt[u], c0, nxt.load_end);
+                }
+                keep_packed(c.nxt);
+                const float chunk_max = ext.max_times(c2);
+                if (chunk_max > part.m) {
+                    part.s *= fast_exp2(part.m - chunk_max);
+                    part.m = chunk_max;
+                }
+                if (part.m != -INFINITY) {
+#pragma unroll
+                    for (int u = 0; u < PIPE_UNROLL; u++)
+                        accumulate_pack<T, Vec, false>(
+                            a, c.nxt[u], c.nxt[u], (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec,
+                            nxt.load_end, c2, part.m, &part.s);
+                }
+            }
+            c = following;
+        }
+        if (cur.row >= 0 && cur_tail.col < cols)
+            out[cur.row * a.out_stride + cur_tail.col] = tk_from_float<T>(
+                output_value<false>(a, st, tk_to_float(cur_tail.x), 0.0f, c2, cur_tail.col < cur.len));
+        if (nxt.row < 0)
+            break;
+        if (nxt_tail.col < nxt.len)
+            part = combine(part, {tk_to_float(nxt_tail.x) * c2, 1.0f});
+
+        /* Row nxt's (max, sum): every warp's part to every block of the cluster, by
+         * asynchronous stores counted on the receiver's barrier of this iteration's parity. A
+         * buffer is written again two iterations later, by blocks that have received this
+         * block's parts of the next iteration, which each warp sends after reading this one's. */
+        part = warp_combine(part);
+        const int parity = iteration & 1;
+        const uint32_t arrived = shared_address(&partials_in[parity]);
+        if (threadIdx.x == 0)
+            mbarrier_arrive_expect(arrived, blocks * WARPS * sizeof(max_sum));
+        if (lane < blocks)
+            send_to_block(shared_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part);
+        mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
+        max_sum total = {-INFINITY, 0.0f};
+        for (int i = lane; i < blocks * WARPS; i += 32)
+            total = combine(total, partials[parity][i]);
+        total = warp_combine(total);
+        st.lse = total.m + log2f(total.s); /* -inf: nothing visible */
+
+        cur = nxt;
+        cur_tail = nxt_tail;
+        nxt = after;
+        if (nxt.row >= 0)
+            nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
+    }
+    cluster_sync(); /* no block exits while its parts may still be on their way */
+#endif
+}
+
 /* ---------------------------------------------------------------------------- launchers ---- */
 
 int64_t grid_limit(int64_t blocks) { return blocks > 0x7fffffff ? 0x7fffffff : (blocks < 1 ? 1 : blocks); }
@@ -648,6 +909,61 @@ cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaSt
     return cudaGetLastError();
 }
 
+/* Blocks per cluster for a row: the fewest (a power of two) whose slices hold at most
+ * PIPE_SLICE_BYTES each (the host checked that PIPE_MAX_BLOCKS do). */
+int pipelined_blocks(int64_t cols, int elem_bytes) {
+    const int64_t whole_bytes = cols / (16 / elem_bytes) * 16;
+    int blocks = 1;
+    while (blocks < PIPE_MAX_BLOCKS && whole_bytes > blocks * PIPE_SLICE_BYTES)
+        blocks *= 2;
+    return blocks;
+}
+
+/* Clusters of `blocks` that fit on the device at once, per instantiation, device and cluster
+ * size (the occupancy query is host work that a launch need not repeat; a race on first fill
+ * writes the same value twice). */
+template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int blocks) {
+    static int cache[TK_MAX_DEVICES][4]; /* 1, 2, 4, 8 blocks */
+    int size_index = 0;
+    while ((1 << size_index) < blocks)
+        size_index++;
+    int *slot = &cache[dev->ordinal][size_index];
+    if (*slot == 0) {
+        int fit = 0;
+        cfg.gridDim = dim3((unsigned)blocks);
+        if (cudaOccupancyMaxActiveClusters(&fit, Kernel, &cfg) != cudaSuccess || fit < 1)
+            fit = 1;
+        *slot = fit;
+    }
+    return *slot;
+}
+
+/* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS), as
+ * many clusters as fit at once (a cluster's rows follow one another). Each block has at most
+ * two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB =
+ * 33 MB on an H200 (60 MB of L2), so that pass 2 hits. */
+template <typename T, int Vec>
+cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec>;
+    const int64_t whole_packs = a->cols / Vec;
+    const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = (unsigned)blocks;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(PIPE_THREADS);
+    cfg.stream = stream;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    int64_t clusters = clusters_that_fit<kernel>(dev, cfg, blocks);
+    if (clusters > a->rows)
+        clusters = a->rows;
+    cfg.gridDim = dim3((unsigned)(clusters * blocks));
+    return cudaLaunchKernelEx(&cfg, kernel, *a, slice_packs);
+}
+
 template <bool Wide, bool Stream, typename T>
 cudaError_t launch_direction(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr int Vec = Wide ? (int)(16 / sizeof(T)) : 1;
@@ -674,6 +990,17 @@ cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t st
 extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward) {
     const int64_t vec = wide ? 16 / elem_bytes : 1;
     return (int64_t)ROWS_MAX_THREADS * (backward ? ROWS_PACKS_BWD : ROWS_PACKS) * vec;
+}
+
+extern "C" bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols) {
+    const int64_t whole_bytes = cols / (16 / elem_bytes) * 16;
+    return elem_bytes == PIPE_ELEM_BYTES && whole_bytes > PIPE_MIN_SLICES * PIPE_SLICE_BYTES &&
+           whole_bytes <= PIPE_MAX_SLICES * PIPE_SLICE_BYTES;
+}
+
+extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream) {
+    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call); /* f32 (see the fits test) */
+    return launch_pipelined<float, 4>(a, dev, stream, pipelined_blocks(a->cols, 4));
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {

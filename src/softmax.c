@@ -2,8 +2,10 @@
  * Softmax and log-softmax over rows: argument checks and dispatch. The kernels are in
  * cuda/softmax.cu; the math is documented in include/tkern.h and docs/kernels/softmax.md.
  *
- * Variants, best first: "vec16_regs" (row in registers, 16-byte packs), "vec16_stream" (any
- * width, two passes), "scalar_regs", "scalar_stream" (one element per access, any alignment).
+ * Variants, best first: "vec16_pipelined" (forward on cc >= 9.0, f32 rows of 256 to 512 KB: the
+ * two passes of the stream interleaved, a row split over a thread-block cluster), "vec16_regs"
+ * (row in registers, 16-byte packs), "vec16_stream" (any width, two passes), "scalar_regs",
+ * "scalar_stream" (one element per access, any alignment).
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,16 +31,22 @@ static bool regs_fit(const tk_softmax_call *a, bool wide) {
 }
 
 static bool vec16_regs_supports(tk_call_args call) { return vec16_fits(call) && regs_fit(call, true); }
+static bool vec16_pipelined_supports(tk_call_args call) {
+    const tk_softmax_call *a = call;
+    return !a->backward && vec16_fits(a) &&
+           tk_softmax_pipelined_fits((int)tk_dtype_size((tk_dtype)a->dtype), a->cols);
+}
 static bool vec16_stream_supports(tk_call_args call) { return vec16_fits(call); }
 static bool scalar_regs_supports(tk_call_args call) { return regs_fit(call, false); }
 
 static const tk_variant softmax_variants[] = {
+    {"vec16_pipelined", 900, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
     {"vec16_regs", 800, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
     {"vec16_stream", 800, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
     {"scalar_regs", 800, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
     {"scalar_stream", 800, false, NULL, tk_launch_softmax_scalar_stream},
 };
-const tk_op tk_op_softmax = {"softmax", softmax_variants, 4};
+const tk_op tk_op_softmax = {"softmax", softmax_variants, 5};
 
 static tk_status check_element_aligned(const char *fn, const char *name, const void *p, tk_dtype dtype) {
     if ((uintptr_t)p % tk_dtype_size(dtype) == 0)

@@ -9,7 +9,9 @@
 #include "ref/softmax_ref.h"
 
 static const tk_dtype DTYPES[] = {TK_F32, TK_F16, TK_BF16};
-static const char *const VARIANTS[] = {"vec16_regs", "vec16_stream", "scalar_regs", "scalar_stream"};
+static const char *const VARIANTS[] = {"vec16_pipelined", "vec16_regs", "vec16_stream", "scalar_regs",
+                                       "scalar_stream"};
+#define VARIANT_COUNT (sizeof VARIANTS / sizeof VARIANTS[0])
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -97,7 +99,7 @@ Test(softmax_args, empty_is_a_noop) {
 }
 
 Test(softmax_args, force_variant_names) {
-    for (size_t v = 0; v < 4; v++)
+    for (size_t v = 0; v < VARIANT_COUNT; v++)
         TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16"), TK_ERROR_INVALID_VALUE, "\"vec16_regs\"");
@@ -116,12 +118,36 @@ typedef struct sm_case {
     const char *variant;
 } sm_case;
 
+/* Whether the build's space-separated ARCHS list names the target `arch` exactly. */
+static bool build_has_arch(const char *arch) {
+    static const char archs[] = TK_COMPILED_ARCHS;
+    const size_t len = strlen(arch);
+    for (const char *s = archs; (s = strstr(s, arch)) != NULL; s += len)
+        if ((s == archs || s[-1] == ' ') && (s[len] == ' ' || s[len] == '\0'))
+            return true;
+    return false;
+}
+
+/* "vec16_pipelined" needs a cc >= 9.0 device and sm_90 code (SASS for 9.0 or PTX). */
+static bool pipelined_runs_here(void) {
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+    return (info.compute_capability == 900 && (build_has_arch("90a") || build_has_arch("90"))) ||
+           (info.compute_capability >= 900 && build_has_arch("compute_90"));
+}
+
 static bool variant_claims(const sm_case *c, const char *variant) {
     const size_t es = tk_test_dtype_size(c->dtype);
     const int64_t pack = 16 / (int64_t)es;
     const bool regs = strstr(variant, "_regs") != NULL, vec = strncmp(variant, "vec16", 5) == 0;
     const int64_t regs_max = 1024 * (c->backward ? 2 : 4) * (vec ? pack : 1);
     if (regs && c->cols > regs_max)
+        return false;
+    /* pipelined: forward f32 rows whose whole 16-byte packs hold 256 KB (excluded) to 512 KB */
+    const int64_t whole_bytes = c->cols / pack * 16;
+    if (strcmp(variant, "vec16_pipelined") == 0 &&
+        (c->backward || c->dtype != TK_F32 || whole_bytes <= 262144 || whole_bytes > 524288 ||
+         !pipelined_runs_here()))
         return false;
     if (!vec)
         return true;
@@ -264,7 +290,7 @@ static void run_all(bool backward) {
     };
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-            for (size_t v = 0; v < 4; v++) {
+            for (size_t v = 0; v < VARIANT_COUNT; v++) {
                 if (shapes[s].misalign && DTYPES[d] == TK_F32)
                     continue; /* f32 needs 4-byte alignment; a 2-byte shift is rejected */
                 sm_case c = {DTYPES[d], shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
@@ -286,13 +312,48 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
     run_all(true);
 }
 
+/* vec16_pipelined's slices (f32 rows of 256 to 512 KB on a cluster of 4 blocks, 128 KB or less
+ * each): just past 256 KB, a partial last slice with a cols % 4 tail, causal masks that end on
+ * either side of a slice boundary or leave rows with nothing visible, in place, more rows than
+ * clusters fit on the device (rows follow one another in a cluster). */
+Test(softmax_gpu, pipelined_slices, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    if (!pipelined_runs_here())
+        return;
+    tk_rng rng = tk_rng_seeded(33);
+    const struct {
+        int64_t rows, cols, x_pad, y_pad;
+        float scale;
+        int log, causal;
+        int64_t offset, period;
+        bool in_place;
+    } shapes[] = {
+        {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false},         /* just past 256 KB: 4097 packs a block */
+        {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false},        /* slices of 25000 + tail of 3 */
+        {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false},    /* lens 32761..32768: rank 1 sees none */
+        {8, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false},    /* lens 65531..65538 around rank 2 */
+        {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true},        /* rows 0..2 see nothing, in place */
+        {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false},       /* partial last slice, padded y */
+        {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false}, /* more rows than clusters, empty rows */
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        sm_case c = {TK_F32, shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
+                     shapes[s].scale, shapes[s].log, shapes[s].causal, shapes[s].offset, shapes[s].period,
+                     false, shapes[s].in_place, 0, "vec16_pipelined"};
+        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a pipelined shape", s);
+        run_case(&c, &rng);
+    }
+}
+
 /* The automatic choice, and a forced variant that cannot run the call. */
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
+    const char *f32_long = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
-        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 2, 131072, 0, "vec16_stream"},
-        {TK_F32, 4, 32768, 0, "vec16_stream"}, {TK_BF16, 4, 4096, 1, "scalar_regs"},
-        {TK_F16, 2, 70000, 1, "scalar_stream"},
+        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 32768, 0, "vec16_regs"},
+        {TK_BF16, 2, 131072, 0, "vec16_stream"}, {TK_F32, 4, 32768, 0, "vec16_stream"},
+        {TK_F32, 2, 131072, 0, f32_long}, {TK_F32, 1, 140000, 0, "vec16_stream"},
+        {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const size_t es = tk_test_dtype_size(cases[i].dtype);
@@ -310,6 +371,11 @@ Test(softmax_gpu, automatic_choice) {
     void *buf = tk_dev_alloc(1 << 20);
     tk_softmax_params p = params(TK_BF16, 1, 100000);
     TK_EXPECT_STATUS(tk_softmax_fwd(&p, buf, buf, NULL), TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_regs\"");
+    /* the pipelined kernel is forward only */
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_pipelined"), TK_SUCCESS, "");
+    p = params(TK_F32, 1, 65540);
+    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, (unsigned char *)buf + 262160, (unsigned char *)buf + 524320, NULL),
+                     TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_pipelined\"");
     tk_experimental_force_variant("softmax", NULL);
     tk_dev_free(buf);
 }

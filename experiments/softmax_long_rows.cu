@@ -1,0 +1,266 @@
+/*
+ * Long-row softmax forward on the H200, one binary (issue 3: 4096 x 131072 bf16 at 0.72 of
+ * copy). Includes cuda/softmax.cu to time its kernels with other launch parameters:
+ *   regs        the row-in-registers kernel (rows up to 32768 bf16)
+ *   stream      the two-pass kernel (512 threads x 4 packs, one block per SM)
+ *   pipelined   the two passes interleaved, a row split over a cluster of B = 1, 2, 4 blocks
+ *               (slices of at least 4096 packs); the library uses it for f32 rows with B = 4
+ * Time: median of REPS runs, L2 flushed (memset of 2 x L2) before each, cudaEvents; bytes = read
+ * x + write y; ratio = time of a device-to-device copy of the same bytes (timed before the
+ * variants, and again after them: the first timing of a fresh buffer can be ~10% slow, the
+ * second is the reference) / time. Every variant's output is compared with the stream kernel's
+ * (max abs difference; non-finite values must match), the pipelined kernel also on small
+ * causal / padded / log shapes. softmax_long_rows_h200.txt holds the H200 outputs.
+ *
+ * Earlier forms of this file in the git history: commit b8eb870 (a row's slices loaded into the
+ * shared memory of a cluster's blocks by cp.async.bulk, (max, sum) through distributed shared
+ * memory; the stream with 1024 threads or two blocks per SM; the pipelined loop on whole rows),
+ * commit 76577e9 (the pipelined kernel with and without loads issued one chunk ahead, chunks of 2
+ * or 4 packs per thread).
+ *
+ *   nvcc -Iinclude -Icuda -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a \
+ *        experiments/softmax_long_rows.cu -o build/softmax_long_rows
+ */
+#include "../cuda/softmax.cu"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#define CHECK(x)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static const int REPS = 15;
+
+template <typename T> __global__ void fill(T *x, int64_t n, uint32_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        x[i] = tk_from_float<T>((float)(h & 0xffffff) / 16777216.0f * 10.0f - 5.0f);
+    }
+}
+
+/* max |a - b| over finite pairs into worst[0] (float bits), non-finite mismatches into worst[1]. */
+template <typename T> __global__ void compare(const T *a, const T *b, int64_t n, unsigned *worst) {
+    float w = 0.0f;
+    unsigned bad = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = tk_to_float(a[i]), y = tk_to_float(b[i]);
+        if (isfinite(x) && isfinite(y))
+            w = fmaxf(w, fabsf(x - y));
+        else if (!(x == y) && !(isnan(x) && isnan(y))) /* padding: NaN in both */
+            bad++;
+    }
+    atomicMax(&worst[0], __float_as_uint(w));
+    atomicAdd(&worst[1], bad);
+}
+
+static tk_device dev;
+static void *flush_buf;
+static size_t flush_bytes;
+
+static float time_ms(const std::function<cudaError_t()> &f) {
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int r = 0; r <= REPS; r++) {
+        CHECK(cudaMemsetAsync(flush_buf, r & 0xff, flush_bytes));
+        CHECK(cudaEventRecord(e0));
+        CHECK(f());
+        CHECK(cudaEventRecord(e1));
+        CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r > 0)
+            t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    return t[t.size() / 2];
+}
+
+template <typename T> static void compare_out(const T *ref, const T *got, int64_t n, float *max_diff, unsigned *bad) {
+    unsigned *w;
+    CHECK(cudaMalloc(&w, 8));
+    CHECK(cudaMemset(w, 0, 8));
+    compare<T><<<1024, 256>>>(ref, got, n, w);
+    unsigned h[2];
+    CHECK(cudaMemcpy(h, w, 8, cudaMemcpyDeviceToHost));
+    CHECK(cudaFree(w));
+    memcpy(max_diff, &h[0], 4);
+    *bad = h[1];
+}
+
+struct variant {
+    std::string name;
+    std::function<cudaError_t(const tk_softmax_call *)> run;
+};
+
+template <typename T> static std::vector<variant> variants(int64_t cols) {
+    constexpr int V = 16 / sizeof(T);
+    std::vector<variant> v;
+    if (cols <= tk_softmax_regs_max_cols((int)sizeof(T), true, false))
+        v.push_back({"regs", [](const tk_softmax_call *a) { return launch_rows<T, V, FORWARD>(a, 0); }});
+    v.push_back({"stream", [](const tk_softmax_call *a) { return launch_stream<T, V, false>(a, &dev, 0); }});
+    for (int blocks : {1, 2, 4}) {
+        if ((int64_t)blocks * (int64_t)sizeof(T) * 4096 > cols) /* slices of at least 4096 packs */
+            continue;
+        v.push_back({"pipelined B" + std::to_string(blocks),
+                     [=](const tk_softmax_call *a) { return launch_pipelined<T, V>(a, &dev, 0, blocks); }});
+    }
+    return v;
+}
+
+static tk_softmax_call make_call(int dtype, int64_t rows, int64_t cols, int64_t stride, bool log, const void *x, void *y) {
+    tk_softmax_call a = {};
+    a.dtype = dtype;
+    a.log = log;
+    a.in = x;
+    a.out = y;
+    a.rows = rows;
+    a.cols = cols;
+    a.in_stride = a.out_stride = stride;
+    a.scale = 1.0f;
+    a.causal_period = 1;
+    return a;
+}
+
+template <typename T> static void bench_shape(const char *dtype_name, int dtype, int64_t rows, int64_t cols, bool log) {
+    const int64_t n = rows * cols;
+    T *x, *y, *ref;
+    CHECK(cudaMalloc(&x, n * sizeof(T)));
+    CHECK(cudaMalloc(&y, n * sizeof(T)));
+    CHECK(cudaMalloc(&ref, n * sizeof(T)));
+    fill<T><<<4096, 256>>>(x, n, 1234u);
+    CHECK(cudaGetLastError());
+    const double bytes = 2.0 * n * sizeof(T);
+    auto copy = [&] { return cudaMemcpyAsync(y, x, n * sizeof(T), cudaMemcpyDeviceToDevice); };
+    const float copy_ms = time_ms(copy);
+    printf("\n%s fwd %lldx%lld %s: copy %.4f ms (%.1f GB/s)\n", log ? "log_softmax" : "softmax", (long long)rows,
+           (long long)cols, dtype_name, copy_ms, bytes / copy_ms / 1e6);
+    const tk_softmax_call a = make_call(dtype, rows, cols, cols, log, x, ref);
+    CHECK((launch_stream<T, 16 / sizeof(T), false>(&a, &dev, 0)));
+    CHECK(cudaDeviceSynchronize());
+    for (const variant &v : variants<T>(cols)) {
+        CHECK(cudaMemset(y, 0xff, n * sizeof(T)));
+        tk_softmax_call b = a;
+        b.out = y;
+        cudaError_t e = v.run(&b);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            printf("  %-24s failed: %s\n", v.name.c_str(), cudaGetErrorString(e));
+            cudaGetLastError();
+            continue;
+        }
+        float diff;
+        unsigned bad;
+        compare_out(ref, y, n, &diff, &bad);
+        const float ms = time_ms([&] { return v.run(&b); });
+        printf("  %-24s %.4f ms %7.1f GB/s %.3fx copy   max|diff| %.3g nonfinite-mismatch %u\n", v.name.c_str(), ms,
+               bytes / ms / 1e6, copy_ms / ms, diff, bad);
+    }
+    const float copy_after = time_ms(copy);
+    printf("  copy again       %.4f ms\n", copy_after);
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(y));
+    CHECK(cudaFree(ref));
+}
+
+/* Small shapes with every edge: padded stride, partial last pack, causal rows that see nothing,
+ * masks ending near slice boundaries, log, negative scale. Cluster kernels vs the stream. */
+template <typename T> static void check_edges(const char *dtype_name, int dtype) {
+    struct edge {
+        int64_t rows, cols, stride;
+        bool log, causal;
+        int64_t period, offset;
+        float scale;
+    } edges[] = {
+        {37, 131067, 131072, false, false, 1, 0, 1.0f},
+        {37, 131067, 131072, true, false, 1, 0, -0.7f},
+        {37, 131072, 131072, false, true, 37, -10, 1.0f},
+        {37, 131072, 131072, true, true, 37, -10, 1.0f},
+        {37, 131072, 131072, false, true, 37, 65500, 1.0f},
+        {37, 131072, 131072, true, true, 37, 65530, 1.0f},
+        {37, 100003, 100008, true, true, 37, 99990, 0.5f},
+        {9, 40000, 40000, false, false, 1, 0, 2.0f},
+        {9, 32771, 32776, false, true, 9, 32760, 1.0f},
+    };
+    for (const edge &g : edges) {
+        const int64_t n = g.rows * g.stride;
+        T *x, *y, *ref;
+        CHECK(cudaMalloc(&x, n * sizeof(T)));
+        CHECK(cudaMalloc(&y, n * sizeof(T)));
+        CHECK(cudaMalloc(&ref, n * sizeof(T)));
+        fill<T><<<1024, 256>>>(x, n, 99u);
+        CHECK(cudaMemset(ref, 0xff, n * sizeof(T)));
+        tk_softmax_call a = make_call(dtype, g.rows, g.cols, g.stride, g.log, x, ref);
+        a.causal = g.causal;
+        a.causal_period = g.period;
+        a.causal_offset = g.offset;
+        a.scale = g.scale;
+        CHECK((launch_stream<T, 16 / sizeof(T), false>(&a, &dev, 0)));
+        for (const variant &v : variants<T>(g.cols)) {
+            if (v.name.rfind("pipelined", 0) != 0)
+                continue;
+            CHECK(cudaMemset(y, 0xff, n * sizeof(T)));
+            tk_softmax_call b = a;
+            b.out = y;
+            cudaError_t e = v.run(&b);
+            if (e == cudaSuccess)
+                e = cudaDeviceSynchronize();
+            float diff = -1.0f;
+            unsigned bad = 0;
+            if (e == cudaSuccess)
+                compare_out(ref, y, n, &diff, &bad); /* padding: both 0xff (NaN), must match */
+            else
+                cudaGetLastError();
+            if (e != cudaSuccess || diff > 1e-2f || bad)
+                printf("  EDGE FAIL %s %s rows %lld cols %lld stride %lld log %d causal %d offset %lld: %s diff %g bad %u\n",
+                       dtype_name, v.name.c_str(), (long long)g.rows, (long long)g.cols, (long long)g.stride, g.log,
+                       g.causal, (long long)g.offset, cudaGetErrorString(e), diff, bad);
+        }
+        CHECK(cudaFree(x));
+        CHECK(cudaFree(y));
+        CHECK(cudaFree(ref));
+    }
+    printf("edge checks %s done\n", dtype_name);
+}
+
+int main() {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    CHECK(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    dev.ordinal = 0;
+    dev.cc = prop.major * 100 + prop.minor * 10;
+    dev.sm_count = prop.multiProcessorCount;
+    dev.max_smem_optin = (int)prop.sharedMemPerBlockOptin;
+    dev.smem_per_sm = (int)prop.sharedMemPerMultiprocessor;
+    dev.l2_bytes = prop.l2CacheSize;
+    dev.max_threads_per_sm = prop.maxThreadsPerMultiProcessor;
+    dev.supported = 1;
+    printf("%s, %d SMs, L2 %d MB\n", prop.name, dev.sm_count, dev.l2_bytes >> 20);
+    flush_bytes = 2 * (size_t)dev.l2_bytes;
+    CHECK(cudaMalloc(&flush_buf, flush_bytes));
+    bench_shape<__nv_bfloat16>("bf16", TK_BF16, 4096, 131072, false);
+    bench_shape<__nv_bfloat16>("bf16", TK_BF16, 4096, 131072, true);
+    check_edges<__nv_bfloat16>("bf16", TK_BF16);
+    check_edges<float>("f32", TK_F32);
+    bench_shape<float>("f32", TK_F32, 2048, 131072, false);
+    bench_shape<__nv_bfloat16>("bf16", TK_BF16, 8192, 65536, false);
+    bench_shape<__nv_bfloat16>("bf16", TK_BF16, 16384, 32768, false);
+    return 0;
+}
