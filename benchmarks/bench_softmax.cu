@@ -3,7 +3,8 @@
  * must move: forward x read once and y written once; backward y and dy read once, dx written
  * once. The stream variant's second read of a row (from L2 when it hits) is not counted: the
  * ratio shows what that second read costs. Rows: issue 3's bf16 16384 x 4096 and 4096 x 131072
- * (a vocabulary), log-softmax, a causal attention-score matrix, backward, f32.
+ * (a vocabulary), log-softmax, f32 vocabulary rows (f32 logits), a causal attention-score
+ * matrix, backward, f32.
  */
 #include <stdio.h>
 
@@ -57,6 +58,7 @@ extern "C" void bench_softmax(bench_ctx *ctx) {
     bench_one(ctx, "softmax fwd", TK_BF16, 16384, 4096, 0, 0, false);
     bench_one(ctx, "softmax fwd", TK_BF16, 4096, 131072, 0, 0, false);
     bench_one(ctx, "log_softmax fwd", TK_BF16, 4096, 131072, 1, 0, false);
+    bench_one(ctx, "softmax fwd", TK_F32, 2048, 131072, 0, 0, false); /* f32 logits, vocabulary rows */
     bench_one(ctx, "softmax causal fwd", TK_BF16, 16384, 4096, 0, 1, false);
     bench_one(ctx, "softmax fwd", TK_F32, 16384, 4096, 0, 0, false);
     bench_one(ctx, "softmax fwd", TK_BF16, 65536, 1024, 0, 0, false);
