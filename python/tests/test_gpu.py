@@ -541,7 +541,7 @@ def test_attention_strided_views_supported_query_and_errors():
     check_attention(o, qt, k, v, "attention on a transposed q")
     ok, variant = tkern.attention_supported(q, k, v, causal=True)
     assert ok and variant, variant
-    bad = rand(1, 16, 2, 96, dtype=torch.float16)
+    bad = rand(1, 16, 2, 72, dtype=torch.float16)  # head_dim 72: not one of 64, 80, 96, 128, 256
     ok, reason = tkern.attention_supported(bad, bad, bad)
     assert not ok and reason.startswith("TK_ERROR_NOT_SUPPORTED") and "head_dim" in reason
     with pytest.raises(tkern.TkernError) as e:
