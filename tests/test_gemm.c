@@ -187,21 +187,11 @@ typedef struct device_facts {
     bool wgmma; /* a cc 9.0 device and a build with sm_90a code (TK_COMPILED_ARCHS has "90a") */
 } device_facts;
 
-/* Whether the space-separated ARCHS list of the build names the target `arch` exactly. */
-static bool build_has_arch(const char *arch) {
-    static const char archs[] = TK_COMPILED_ARCHS;
-    const size_t len = strlen(arch);
-    for (const char *s = archs; (s = strstr(s, arch)) != NULL; s += len)
-        if ((s == archs || s[-1] == ' ') && (s[len] == ' ' || s[len] == '\0'))
-            return true;
-    return false;
-}
-
 static device_facts device_facts_now(void) {
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
     return (device_facts){info.sm_count, info.max_smem_per_block >= BIG_TILE_SMEM,
-                          info.compute_capability == 900 && build_has_arch("90a") &&
+                          info.compute_capability == 900 && tk_build_has_arch("90a") &&
                               info.max_smem_per_block >= WGMMA_SMEM};
 }
 

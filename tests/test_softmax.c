@@ -118,22 +118,13 @@ typedef struct sm_case {
     const char *variant;
 } sm_case;
 
-/* Whether the build's space-separated ARCHS list names the target `arch` exactly. */
-static bool build_has_arch(const char *arch) {
-    static const char archs[] = TK_COMPILED_ARCHS;
-    const size_t len = strlen(arch);
-    for (const char *s = archs; (s = strstr(s, arch)) != NULL; s += len)
-        if ((s == archs || s[-1] == ' ') && (s[len] == ' ' || s[len] == '\0'))
-            return true;
-    return false;
-}
-
 /* "vec16_pipelined" needs a cc >= 9.0 device and sm_90 code (SASS for 9.0 or PTX). */
 static bool pipelined_runs_here(void) {
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
-    return (info.compute_capability == 900 && (build_has_arch("90a") || build_has_arch("90"))) ||
-           (info.compute_capability >= 900 && build_has_arch("compute_90"));
+    const bool sm90_code = tk_build_has_arch("90a") || tk_build_has_arch("90");
+    return (info.compute_capability == 900 && sm90_code) ||
+           (info.compute_capability >= 900 && tk_build_has_arch("compute_90"));
 }
 
 static bool variant_claims(const sm_case *c, const char *variant) {

@@ -210,3 +210,12 @@ tk_compare tk_compare_to_ref(tk_dtype dtype, const void *got, const double *ref,
 double tk_default_rtol(tk_dtype dtype) {
     return dtype == TK_F32 ? 1e-5 : dtype == TK_F16 ? 1e-3 : 1e-2;
 }
+
+bool tk_build_has_arch(const char *arch) {
+    static const char archs[] = TK_COMPILED_ARCHS;
+    const size_t len = strlen(arch);
+    for (const char *s = archs; (s = strstr(s, arch)) != NULL; s += len)
+        if ((s == archs || s[-1] == ' ') && (s[len] == ' ' || s[len] == '\0'))
+            return true;
+    return false;
+}

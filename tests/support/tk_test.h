@@ -29,6 +29,10 @@ const char *tk_test_gpu_missing_reason(void);
 /* Whether a CUDA device is present at all (for tests of the no-device behaviour). */
 bool tk_test_have_device(void);
 
+/* Whether the build's space-separated ARCHS list (TK_COMPILED_ARCHS, e.g. "80 90a compute_90")
+ * names the target `arch` exactly: "90a" does not match "90" or "compute_90a". */
+bool tk_build_has_arch(const char *arch);
+
 /* Asserts a call's status, and that tk_last_error() mentions `needle` (e.g. the argument's
  * name) when the status is a failure. */
 #define TK_EXPECT_STATUS(call, expected, needle)                                                 \
