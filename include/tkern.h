@@ -364,7 +364,10 @@ typedef struct tk_softmax_params {
 /* y = softmax (or log-softmax) of x as described above. y may alias x exactly (same pointer and
  * y_row_stride == x_row_stride: in place); any other overlap is rejected. Pointers must be
  * aligned to the element size; any other alignment is accepted (16-byte aligned rows are faster).
- * Variants (tk_last_variant, force with op "softmax"), in selection order: "vec16_regs" (a row
+ * Variants (tk_last_variant, force with op "softmax"), in selection order: "vec16_pipelined"
+ * (forward only, f32 rows of 65540 to 131075 elements, 16-byte aligned, compute capability 9.0
+ * and newer: a row split over a thread-block cluster, the next row's first pass overlapped with
+ * this row's second), "vec16_regs" (a row
  * held in registers, 16-byte accesses; forward rows up to 32768 f16 / bf16 or 16384 f32
  * elements, backward rows up to half that), "vec16_stream" (any width: a first pass computes
  * the row's max and sum online, a second re-reads the row, from L2 as a rule, and writes y),
@@ -567,7 +570,12 @@ TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t 
 /* Whether tk_attention_fwd(p) would run on the calling thread's current device, without
  * launching anything: returns the status that call would return (with the reason in
  * tk_last_error()) and, when variant_name is not NULL, sets *variant_name to the name of the
- * kernel variant it would use ("" for a call with nothing to do, NULL on failure). */
+ * kernel variant it would use ("" for a call with nothing to do, NULL on failure).
+ * Variants (tk_last_variant, tk_experimental_force_variant op "attention"), in selection order:
+ * "mma_sm80_packed" (a window bounded on both sides: window_left >= 0, and window_right >= 0 or
+ * causal, where a side that reaches every key counts as unbounded; and heads_q / heads_kv even:
+ * 2 or 4 query heads of one GQA group share a thread block, which cuts the work wasted on the
+ * window's edges) and "mma_sm80" (every supported call); both give the same bits. */
 TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char **variant_name);
 
 /* ---------------------------------------------------------------------------------------------
@@ -623,9 +631,11 @@ typedef struct tk_gemm_params {
  *   the same element of D is written. Any other overlap of D's memory span
  *   [d, d + ((m - 1) * ldd + n) elements) with the spans of A, B, C or bias is rejected.
  * - Variants (tk_last_variant, tk_experimental_force_variant op "gemm"), in selection order:
- *   "wgmma_128x256": Hopper warpgroup MMA with TMA loads, 128x256 tiles, only on compute
- *   capability 9.0 with a library built for sm_90a (ARCHS 90a), B as TK_GEMM_B_NK and the
- *   16-byte rule above; m, n <= 2^31 - 1;
+ *   "wgmma_128x256": Hopper warpgroup MMA with TMA loads, persistent (one block per SM walks
+ *   64x256 tiles of D, its two consumer warpgroups take them in turn so that one's epilogue runs
+ *   under the other's main loop; the name keeps the 128x256 a block holds in flight), only on
+ *   compute capability 9.0 with a library built for sm_90a (ARCHS 90a), B as TK_GEMM_B_NK and
+ *   the 16-byte rule above; m, n <= 2^31 - 1;
  *   "mma_128x256": 128x256 tiles, for calls that fill at least one wave of them (tiles >= SM
  *   count) on devices with 144 KiB of shared memory per block (A100, H100, H200);
  *   "mma_128x128": 128x128 tiles, any size; "mma_unaligned": 128x128 tiles loaded element by

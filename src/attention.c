@@ -3,8 +3,10 @@
  * kernel itself in cuda/attention.cuh); the conventions are in include/tkern.h and the design in
  * docs/kernels/attention.md.
  *
- * Variants, best first: "mma_sm80" (FlashAttention-2 style, ldmatrix + mma.sync, sm_80 and
- * newer). A Hopper variant (wgmma / TMA) will go first in the table.
+ * Variants, best first: "mma_sm80_packed" (calls with a window bounded on both sides and an
+ * even GQA group: 2 or 4 query heads of one group share a CTA), then "mma_sm80"
+ * (FlashAttention-2 style, ldmatrix + mma.sync, sm_80 and newer; every call). A Hopper variant
+ * (wgmma / TMA) will go first in the table.
  */
 #include <math.h>
 #include <stdint.h>

@@ -366,7 +366,10 @@ Test(gemm_gpu, small_and_odd_shapes_every_variant, .timeout = 600) {
 }
 
 /* 1000^3, and a shape wide enough that "mma_128x256" claims it on this device (at least one
- * wave of 128x256 tiles), with edges in M, N (one column past a tile: element stores) and K. */
+ * wave of 128x256 tiles), with edges in M, N (one column past a tile: element stores) and K.
+ * The third gives each block of the persistent "wgmma_128x256" several tiles per consumer
+ * warpgroup with 6 K steps over 5 stages, so a warpgroup's ring position wraps in the middle of
+ * a tile and its skip over the other warpgroup's tile flips the stage phase. */
 Test(gemm_gpu, large_shapes_every_variant, .timeout = 600) {
     TK_REQUIRE_GPU();
     const device_facts dev = device_facts_now();
@@ -374,6 +377,7 @@ Test(gemm_gpu, large_shapes_every_variant, .timeout = 600) {
     const gemm_shape shapes[] = {
         {1000, 1000, 1000, 0, 0, false},
         {1000, wide_n, 129, 7, 0, false},
+        {2048, wide_n, 321, 0, 0, false},
     };
     run_counts counts = {{0}};
     run_shapes(shapes, sizeof shapes / sizeof shapes[0], 22, &counts);

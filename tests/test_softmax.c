@@ -118,13 +118,12 @@ typedef struct sm_case {
     const char *variant;
 } sm_case;
 
-/* "vec16_pipelined" needs a cc >= 9.0 device and sm_90 code (SASS for 9.0 or PTX). */
+/* "vec16_pipelined" needs a cc >= 9.0 device and code of the build that runs on it (the
+ * runtime's rule: min_cc 900, not arch-specific). */
 static bool pipelined_runs_here(void) {
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
-    const bool sm90_code = tk_build_has_arch("90a") || tk_build_has_arch("90");
-    return (info.compute_capability == 900 && sm90_code) ||
-           (info.compute_capability >= 900 && tk_build_has_arch("compute_90"));
+    return tk_build_runs_variant(900, info.compute_capability);
 }
 
 static bool variant_claims(const sm_case *c, const char *variant) {

@@ -219,3 +219,27 @@ bool tk_build_has_arch(const char *arch) {
             return true;
     return false;
 }
+
+bool tk_build_runs_variant(int min_cc, int cc) {
+    const char *s = TK_COMPILED_ARCHS;
+    while (*s) {
+        while (*s == ' ')
+            s++;
+        const bool ptx = strncmp(s, "compute_", 8) == 0;
+        if (ptx)
+            s += 8;
+        int arch_cc = 0;
+        for (; *s >= '0' && *s <= '9'; s++)
+            arch_cc = arch_cc * 10 + (*s - '0');
+        arch_cc *= 10;
+        const bool arch_specific = *s == 'a';
+        while (*s && *s != ' ')
+            s++;
+        if (arch_cc == 0 || arch_cc < min_cc)
+            continue;
+        if (ptx ? arch_cc <= cc
+                : arch_specific ? arch_cc == cc : arch_cc / 100 == cc / 100 && arch_cc <= cc)
+            return true;
+    }
+    return false;
+}

@@ -33,6 +33,11 @@ bool tk_test_have_device(void);
  * names the target `arch` exactly: "90a" does not match "90" or "compute_90a". */
 bool tk_build_has_arch(const char *arch);
 
+/* Whether the build has code for a variant of minimum compute capability min_cc (e.g. 900) that
+ * a device of compute capability cc can run, by the runtime's rules: "compute_XY" (PTX) runs on
+ * cc >= XY0, "XYa" only on cc == XY0, "XY" (SASS) within its major version on cc >= XY0. */
+bool tk_build_runs_variant(int min_cc, int cc);
+
 /* Asserts a call's status, and that tk_last_error() mentions `needle` (e.g. the argument's
  * name) when the status is a failure. */
 #define TK_EXPECT_STATUS(call, expected, needle)                                                 \
