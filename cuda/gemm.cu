@@ -96,10 +96,6 @@ using config_unaligned = tile_config<128, 128, 32, 4, 2, false>;
 
 /* ---- PTX wrappers ---- */
 
-__device__ __forceinline__ uint32_t smem_address(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 /* 16-byte copy global -> shared; bytes past src_bytes (0..16) are zero-filled. */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -230,7 +226,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
 
     const uint16_t *a = static_cast<const uint16_t *>(p.a);
     const uint16_t *b = static_cast<const uint16_t *>(p.b);
-    const uint32_t smem_a = smem_address(smem);
+    const uint32_t smem_a = tk_smem_address(smem);
     const uint32_t smem_b = smem_a + STAGES * Cfg::A_STAGE_BYTES;
     const int64_t k_tiles = (p.k + BK - 1) / BK;
 

@@ -86,36 +86,6 @@ constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
 
 /* ---- PTX wrappers ---- */
 
-__device__ __forceinline__ uint32_t smem_address(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-/* Returns once the phase of `bar` with the given parity has completed. */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 /* TMA: the box of `map` at (inner coordinate c0, outer c1) into shared memory at dst. */
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
                                             uint32_t bar) {
@@ -220,7 +190,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                  const __grid_constant__ CUtensorMap map_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    const uint32_t pipe = (smem_address(smem_raw) + 1023) & ~1023u;
+    const uint32_t pipe = (tk_smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t full_bar = pipe + PIPE_BYTES, empty_bar = full_bar + STAGES * 8;
 
     const int64_t tiles = tile_count(p.m, p.n);
@@ -229,8 +199,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(full_bar + 8 * s, 1);   /* the producer's expect_tx */
-            mbar_init(empty_bar + 8 * s, 4);  /* one arrival per warp of the consuming warpgroup */
+            tk_mbarrier_init(full_bar + 8 * s, 1);  /* the producer's expect_tx */
+            tk_mbarrier_init(empty_bar + 8 * s, 4); /* one arrival per consuming warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -248,8 +218,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 for (int kt = 0; kt < k_tiles; kt++) {
                     /* The first round finds every stage free (a fresh barrier reports the phase
                      * before its first as complete: parity 1). */
-                    mbar_wait(empty_bar + 8 * s, phase ^ 1);
-                    mbar_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
+                    tk_mbarrier_wait(empty_bar + 8 * s, phase ^ 1);
+                    tk_mbarrier_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
                     const uint32_t a_dst = pipe + s * STAGE_BYTES;
                     tma_load_2d(a_dst, &map_a, kt * BK, (int)m0, full_bar + 8 * s);
                     tma_load_2d(a_dst + A_STAGE_BYTES, &map_b, kt * BK, (int)n0, full_bar + 8 * s);
@@ -283,7 +253,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         int accumulate = 0;
         uint32_t prev_s = 0;
         for (int kt = 0; kt < k_tiles; kt++) {
-            mbar_wait(full_bar + 8 * s, phase);
+            tk_mbarrier_wait(full_bar + 8 * s, phase);
             const uint32_t a_tile = pipe + s * STAGE_BYTES;
             const uint32_t b_tile = pipe + s * STAGE_BYTES + A_STAGE_BYTES;
             wgmma_fence();
@@ -298,7 +268,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_wait<1>();
             pin_accumulators(acc);
             if (kt > 0 && lane == 0)
-                mbar_arrive(empty_bar + 8 * prev_s);
+                tk_mbarrier_arrive(empty_bar + 8 * prev_s);
             prev_s = s;
             if (++s == STAGES) {
                 s = 0;
@@ -311,7 +281,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         pin_accumulators(acc);
         if (lane == 0)
-            mbar_arrive(empty_bar + 8 * prev_s);
+            tk_mbarrier_arrive(empty_bar + 8 * prev_s);
         store_fragment_strip<BN / 8>(p, acc, m0 + warp * 16 + lane / 4, n0 + 2 * (lane % 4));
         /* Skip the other warpgroup's tile in the ring. */
         s += skip_s;

@@ -671,36 +671,11 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-__device__ __forceinline__ uint32_t shared_address(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 /* The same shared-memory address in the cluster's block `rank`. */
 __device__ __forceinline__ uint32_t address_in_block(uint32_t local, int rank) {
     uint32_t remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
     return remote;
-}
-
-__device__ __forceinline__ void mbarrier_init(uint32_t bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-
-/* The barrier's one arrival per phase; the phase completes once `bytes` more have landed. */
-__device__ __forceinline__ void mbarrier_arrive_expect(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
 }
 
 /* v into block `rank`'s shared memory at `slot`, counted on that block's barrier `bar` (both
@@ -782,8 +757,8 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
     st.lse = 0.0f;
     chunk c = load_chunk(cur, nxt, 0);
     if (threadIdx.x == 0) {
-        mbarrier_init(shared_address(&partials_in[0]));
-        mbarrier_init(shared_address(&partials_in[1]));
+        tk_mbarrier_init(tk_smem_address(&partials_in[0]), 1);
+        tk_mbarrier_init(tk_smem_address(&partials_in[1]), 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     cluster_sync(); /* barriers initialised, every block of the cluster running */
@@ -841,12 +816,12 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
          * block's parts of the next iteration, which each warp sends after reading this one's. */
         part = warp_combine(part);
         const int parity = iteration & 1;
-        const uint32_t arrived = shared_address(&partials_in[parity]);
+        const uint32_t arrived = tk_smem_address(&partials_in[parity]);
         if (threadIdx.x == 0)
-            mbarrier_arrive_expect(arrived, blocks * WARPS * sizeof(max_sum));
+            tk_mbarrier_arrive_expect_tx(arrived, blocks * WARPS * sizeof(max_sum));
         if (lane < blocks)
-            send_to_block(shared_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part);
-        mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
+            send_to_block(tk_smem_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part);
+        tk_mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
         max_sum total = {-INFINITY, 0.0f};
         for (int i = lane; i < blocks * WARPS; i += 32)
             total = combine(total, partials[parity][i]);
