@@ -242,16 +242,24 @@ static void run_case(const sm_case *c, tk_rng *rng) {
     free(h_in); free(h_dy); free(h_out); free(row_x); free(row_y); free(row_dy); free(ref);
 }
 
+/* A test shape: everything of an sm_case but the dtype, direction and variant. */
+typedef struct {
+    int64_t rows, cols, x_pad, y_pad;
+    float scale;
+    int log, causal;
+    int64_t offset, period;
+    bool in_place;
+    int misalign;
+} sm_shape;
+
+static sm_case shape_case(const sm_shape *s, tk_dtype dtype, bool backward, const char *variant) {
+    return (sm_case){dtype, s->rows, s->cols, s->x_pad, s->y_pad, s->scale, s->log, s->causal,
+                     s->offset, s->period, backward, s->in_place, s->misalign, variant};
+}
+
 static void run_all(bool backward) {
     tk_rng rng = tk_rng_seeded(backward ? 32 : 31);
-    const struct {
-        int64_t rows, cols, x_pad, y_pad;
-        float scale;
-        int log, causal;
-        int64_t offset, period;
-        bool in_place;
-        int misalign;
-    } shapes[] = {
+    const sm_shape shapes[] = {
         {1, 1, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},
         {5, 7, 0, 0, 0.5f, 0, 0, 0, 0, false, 0},
         {1, 7, 0, 0, -1.5f, 1, 0, 0, 0, false, 0},
@@ -283,9 +291,7 @@ static void run_all(bool backward) {
             for (size_t v = 0; v < VARIANT_COUNT; v++) {
                 if (shapes[s].misalign && DTYPES[d] == TK_F32)
                     continue; /* f32 needs 4-byte alignment; a 2-byte shift is rejected */
-                sm_case c = {DTYPES[d], shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
-                             shapes[s].scale, shapes[s].log, shapes[s].causal, shapes[s].offset, shapes[s].period,
-                             backward, shapes[s].in_place, shapes[s].misalign, VARIANTS[v]};
+                sm_case c = shape_case(&shapes[s], DTYPES[d], backward, VARIANTS[v]);
                 if (!variant_claims(&c, VARIANTS[v]))
                     continue;
                 run_case(&c, &rng);
@@ -311,25 +317,17 @@ Test(softmax_gpu, pipelined_slices, .timeout = 600) {
     if (!pipelined_runs_here())
         return;
     tk_rng rng = tk_rng_seeded(33);
-    const struct {
-        int64_t rows, cols, x_pad, y_pad;
-        float scale;
-        int log, causal;
-        int64_t offset, period;
-        bool in_place;
-    } shapes[] = {
-        {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false},         /* just past 256 KB: 4097 packs a block */
-        {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false},        /* slices of 25000 + tail of 3 */
-        {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false},    /* lens 32761..32768: rank 1 sees none */
-        {8, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false},    /* lens 65531..65538 around rank 2 */
-        {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true},        /* rows 0..2 see nothing, in place */
-        {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false},       /* partial last slice, padded y */
-        {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false}, /* more rows than clusters, empty rows */
+    const sm_shape shapes[] = {
+        {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* just past 256 KB: 4097 packs a block */
+        {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false, 0}, /* slices of 25000 + tail of 3 */
+        {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0}, /* lens 32761..32768: rank 1 sees none */
+        {8, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false, 0}, /* lens 65531..65538 around rank 2 */
+        {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0}, /* rows 0..2 see nothing, in place */
+        {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0}, /* partial last slice, padded y */
+        {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        sm_case c = {TK_F32, shapes[s].rows, shapes[s].cols, shapes[s].x_pad, shapes[s].y_pad,
-                     shapes[s].scale, shapes[s].log, shapes[s].causal, shapes[s].offset, shapes[s].period,
-                     false, shapes[s].in_place, 0, "vec16_pipelined"};
+        sm_case c = shape_case(&shapes[s], TK_F32, false, "vec16_pipelined");
         cr_assert(variant_claims(&c, c.variant), "shape %zu is not a pipelined shape", s);
         run_case(&c, &rng);
     }
