@@ -119,7 +119,8 @@ __device__ __forceinline__ void store_fragments(const tk_gemm_call &p, const flo
                                                 int64_t row, int64_t col) {
     const Out *bias = static_cast<const Out *>(p.bias);
     constexpr uintptr_t pair_misalign = 2 * sizeof(Out) - 1;
-    const bool bias_pairs = (reinterpret_cast<uintptr_t>(bias + col) & pair_misalign) == 0;
+    /* Addresses as integers: bias and C may be null, and null + offset is undefined in C++. */
+    const bool bias_pairs = ((reinterpret_cast<uintptr_t>(bias) + col * sizeof(Out)) & pair_misalign) == 0;
     const bool has_c = p.beta != 0.0f;
     /* columns of D from col on, capped at the strip's width: 32-bit compares per slice */
     const int cols = p.n - col < 8 * Slices ? (int)(p.n - col) : 8 * Slices;
@@ -129,7 +130,7 @@ __device__ __forceinline__ void store_fragments(const tk_gemm_call &p, const flo
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         row_in[h] = row + 8 * h < p.m;
-        c_row[h] = static_cast<const Out *>(p.c) + (row + 8 * h) * p.ldc + col;
+        c_row[h] = has_c ? static_cast<const Out *>(p.c) + (row + 8 * h) * p.ldc + col : nullptr;
         d_row[h] = static_cast<Out *>(p.d) + (row + 8 * h) * p.ldd + col;
         c_pairs[h] = (reinterpret_cast<uintptr_t>(c_row[h]) & pair_misalign) == 0;
         d_pairs[h] = (reinterpret_cast<uintptr_t>(d_row[h]) & pair_misalign) == 0;
