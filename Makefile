@@ -53,7 +53,6 @@ LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lpthread -lm
 LIB_SRC  := $(wildcard src/*.c)
 CU_SRC   := $(wildcard cuda/*.cu)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
-HEADERS  := include/tkern.h $(wildcard src/*.h cuda/*.h cuda/*.cuh)
 
 SONAME   := libtkern.so.$(MAJOR)
 SHARED   := $(BUILD)/lib/libtkern.so.$(VERSION)
@@ -63,13 +62,17 @@ STATIC   := $(BUILD)/lib/libtkern.a
 all: lib
 lib: $(SHARED) $(BUILD)/lib/$(SONAME) $(BUILD)/lib/libtkern.so $(STATIC)
 
-$(BUILD)/obj/src/%.o: src/%.c $(HEADERS) Makefile
+# Each object records the headers it includes (-MMD -MP writes $(BUILD)/obj/.../x.d, read back
+# below), so editing one family's header rebuilds that family's files, not the whole library.
+$(BUILD)/obj/src/%.o: src/%.c Makefile
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/cuda/%.o: cuda/%.cu $(HEADERS) Makefile
+$(BUILD)/obj/cuda/%.o: cuda/%.cu Makefile
 	@mkdir -p $(@D)
-	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+-include $(LIB_OBJ:.o=.d)
 
 $(SHARED): $(LIB_OBJ) src/tkern.map
 	@mkdir -p $(@D)
