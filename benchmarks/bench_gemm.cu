@@ -11,11 +11,12 @@
  * B is [N, K] (a Linear weight, D = A B^T) unless the row says B KN. Shapes: 4096^3, 8192^3 and
  * the Llama / Mistral layer shapes of issue 5, written M x N x K.
  * Every timing (ours, cuBLAS, cuBLASLt, the unfused pair) starts from an idle GPU
- * (bench_settle): these GEMMs hold the H200 at its 700 W power limit and its clocks recover
- * over tens to hundreds of ms (inferred, as for attention), so without the pause each row was
- * timed in whatever power state the row before left: the same wgmma kernel's rows moved by
- * 5-10% between two runs minutes apart. The same pause precedes the baselines and our kernels:
- * it makes rows comparable, it favours neither. It adds ~13 s to the run (42 timings).
+ * (bench_settle): these GEMMs hold the H200 at its 700 W power limit, and a timing right after
+ * another one measured up to 18% fewer TFLOP/s than after 100 ms of idle (SETTLE_MS), so without
+ * the pause each row was timed in whatever power state the row before left: the same wgmma
+ * kernel's rows moved by 5-10% between two runs minutes apart. The same pause precedes the
+ * baselines and our kernels: it makes rows comparable, it favours neither. It adds ~4 s to the
+ * run (42 timings).
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -137,9 +138,15 @@ void report(bench_ctx *ctx, const char *op, const char *shape, const char *varia
     bench_report(ctx, &row);
 }
 
+/* Idle time before each timing. Measured on the H200 (experiments/gemm_mma_schedules.cu
+ * --settle-test: ~100 ms of cuBLAS, a pause, then this harness's timing of the portable kernel
+ * at 16384 x 4096 x 4096): 390-397 TFLOP/s after no pause, 425 after 30 ms, 474-478 after
+ * 100 ms, 476-478 after 300 ms, 479 after 1 s. */
+const int SETTLE_MS = 100;
+
 /* bench_time_ms from an idle GPU (see the header). */
 double settled_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
-    bench_settle();
+    bench_settle(SETTLE_MS);
     return bench_time_ms(ctx, fn, arg);
 }
 

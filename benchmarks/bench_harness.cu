@@ -69,9 +69,9 @@ extern "C" double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
     return ctx->reps % 2 ? ms[ctx->reps / 2] : 0.5 * (ms[ctx->reps / 2 - 1] + ms[ctx->reps / 2]);
 }
 
-extern "C" void bench_settle(void) {
+extern "C" void bench_settle(int idle_ms) {
     bench_check_cuda(cudaDeviceSynchronize(), "settle");
-    usleep(BENCH_SETTLE_MS * 1000);
+    usleep((useconds_t)idle_ms * 1000);
 }
 
 struct copy_arg {

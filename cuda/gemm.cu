@@ -45,7 +45,7 @@
  *   tk_activation_fwd (16-bit outputs), so fused and separate activations agree exactly.
  *
  * Configurations (a handful of instantiations: config x input dtype x B layout; registers as
- * reported by ptxas for sm_90a and sm_80, 242-255, no spills):
+ * reported by ptxas for sm_90a and sm_80, 234-255, no spills):
  * - 128x256x64, 8 warps (2 x 4), 3 stages, copies over the first 3 of 4 slices: 3 * (128 +
  *   256) * 64 * 2 B = 144 KiB of shared memory (1 block of 256 threads per SM;
  *   __launch_bounds__(256, 1) caps registers at 255). Per K step a block moves 48 KiB and
