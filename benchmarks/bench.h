@@ -7,6 +7,8 @@
  * repetitions, random inputs. Each row carries the ratio to a baseline measured in the same
  * run: a device-to-device copy of the same bytes for memory-bound ops, cuBLAS / cuBLASLt for
  * GEMM, a cuBLAS-composed attention for attention. ratio = baseline_ms / ms (> 1: faster).
+ * The compute-bound families (GEMM, attention) idle before each timing, theirs and the
+ * baseline's (bench_settle).
  */
 #ifndef TK_BENCH_H
 #define TK_BENCH_H
@@ -31,6 +33,13 @@ typedef void (*bench_fn)(void *arg, cudaStream_t stream);
 
 /* Median time in ms of `fn` over the context's repetitions, L2 flushed before each. */
 double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg);
+
+/* Waits for the device, then leaves it idle for idle_ms, so that the timing that follows starts
+ * from an idle power state whatever ran before it. Families whose work holds the GPU at its
+ * power limit (GEMM, attention and their cuBLAS baselines) call it before every timing, ours
+ * and the baseline's alike: without it a row is timed while the clocks recover from the row
+ * before (docs/performance.md, "Method"). Each family passes the pause it measured to suffice. */
+void bench_settle(int idle_ms);
 
 /* Median time in ms of a device-to-device copy of `bytes_moved / 2` bytes (so that the copy
  * reads and writes bytes_moved in total, the same traffic as the op it is compared with). */

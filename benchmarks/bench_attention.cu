@@ -6,7 +6,7 @@
  *     O = P V           cublasGemmBatchedEx
  * TFLOP/s count only visible (query, key) pairs: 4 * batch * heads_q * head_dim * pairs, for
  * both. After timing, our o is compared with the composed one (a wrong fast path shows).
- * Each timing, ours and the composed one, starts from an idle GPU (SETTLE_MS): the composed
+ * Each timing, ours and the composed one, starts from an idle GPU (bench_settle): the composed
  * path runs the H200 at its 700 W power limit, and a row timed right after the previous row's
  * baseline was timed while the clocks recovered from it (window 1024: 245 TFLOP/s against 302
  * after a pause, the same kernel; docs/kernels/attention.md). */
@@ -16,7 +16,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 #include <vector>
 
 #include "bench.h"
@@ -26,13 +25,9 @@ extern "C" void bench_attention(bench_ctx *ctx);
 namespace {
 
 const int SOFTMAX_THREADS = 256;
-/* Idle time before each timing, so that no row inherits the power state of the one before. */
+/* Idle time before each timing (bench_settle): the pause measured to restore the window-1024
+ * row (docs/kernels/attention.md). */
 const int SETTLE_MS = 300;
-
-void settle(void) {
-    bench_check_cuda(cudaDeviceSynchronize(), "settle");
-    usleep(SETTLE_MS * 1000);
-}
 
 /* Merges two (max, sum of exp(x - max)) pairs. */
 __device__ void merge_max_sum(float &m, float &l, float m2, float l2) {
@@ -236,10 +231,10 @@ void bench_shape(bench_ctx *ctx, cublasHandle_t handle, const attn_shape &s) {
     composed.window_right = window_right;
     composed.scale = 1.0f / sqrtf((float)d);
 
-    settle();
+    bench_settle(SETTLE_MS);
     const double ms = bench_time_ms(ctx, run_ours, &ours);
     const char *variant = tk_last_variant();
-    settle();
+    bench_settle(SETTLE_MS);
     const double base_ms = bench_time_ms(ctx, run_composed, &composed);
 
     unsigned *stats = static_cast<unsigned *>(bench_alloc(ctx, 2 * sizeof(unsigned)));

@@ -10,6 +10,13 @@
  *                                                            picks another kernel, e.g. wgmma)
  * B is [N, K] (a Linear weight, D = A B^T) unless the row says B KN. Shapes: 4096^3, 8192^3 and
  * the Llama / Mistral layer shapes of issue 5, written M x N x K.
+ * Every timing (ours, cuBLAS, cuBLASLt, the unfused pair) starts from an idle GPU
+ * (bench_settle): these GEMMs hold the H200 at its 700 W power limit, and a timing right after
+ * another one measured up to 18% fewer TFLOP/s than after 100 ms of idle (SETTLE_MS), so without
+ * the pause each row was timed in whatever power state the row before left: the same wgmma
+ * kernel's rows moved by 5-10% between two runs minutes apart. The same pause precedes the
+ * baselines and our kernels: it makes rows comparable, it favours neither. It adds ~4 s to the
+ * run (42 timings).
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -131,6 +138,18 @@ void report(bench_ctx *ctx, const char *op, const char *shape, const char *varia
     bench_report(ctx, &row);
 }
 
+/* Idle time before each timing. Measured on the H200 (experiments/gemm_mma_schedules.cu
+ * --settle-test: ~100 ms of cuBLAS, a pause, then this harness's timing of the portable kernel
+ * at 16384 x 4096 x 4096): 390-397 TFLOP/s after no pause, 425 after 30 ms, 474-478 after
+ * 100 ms, 476-478 after 300 ms, 479 after 1 s. */
+const int SETTLE_MS = 100;
+
+/* bench_time_ms from an idle GPU (see the header). */
+double settled_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
+    bench_settle(SETTLE_MS);
+    return bench_time_ms(ctx, fn, arg);
+}
+
 /* The tk_gemm variant that a call runs (the name is static). */
 const char *variant_of(const tk_gemm_params *p) {
     const char *name = "";
@@ -168,8 +187,8 @@ void bench_shape(bench_ctx *ctx, cublasHandle_t blas, cublasLtHandle_t lt, int64
              b_kn ? " B KN" : "");
     const double flops = 2.0 * (double)m * (double)n * (double)k;
 
-    const double cublas_ms = bench_time_ms(ctx, run_cublas, &g);
-    const double plain_ms = bench_time_ms(ctx, run_tk_plain, &g);
+    const double cublas_ms = settled_ms(ctx, run_cublas, &g);
+    const double plain_ms = settled_ms(ctx, run_tk_plain, &g);
     const char *automatic = variant_of(&g.plain);
     report(ctx, "gemm", shape, automatic, plain_ms, flops, "cuBLAS", cublas_ms);
     /* The portable mma.sync kernel at the same shape, where the library picks another one
@@ -178,7 +197,7 @@ void bench_shape(bench_ctx *ctx, cublasHandle_t blas, cublasLtHandle_t lt, int64
         bench_check(tk_experimental_force_variant("gemm", PORTABLE_VARIANT), "tk_experimental_force_variant");
         const char *forced = NULL;
         if (tk_gemm_supported(&g.plain, &forced) == TK_SUCCESS) {
-            const double portable_ms = bench_time_ms(ctx, run_tk_plain, &g);
+            const double portable_ms = settled_ms(ctx, run_tk_plain, &g);
             report(ctx, "gemm", shape, forced, portable_ms, flops, "cuBLAS", cublas_ms);
         }
         bench_check(tk_experimental_force_variant("gemm", NULL), "tk_experimental_force_variant");
@@ -186,14 +205,14 @@ void bench_shape(bench_ctx *ctx, cublasHandle_t blas, cublasLtHandle_t lt, int64
     if (!with_epilogues)
         return;
     setup_lt(&g);
-    const double lt_bias_ms = bench_time_ms(ctx, run_lt_bias, &g);
-    const double bias_ms = bench_time_ms(ctx, run_tk_bias, &g);
+    const double lt_bias_ms = settled_ms(ctx, run_lt_bias, &g);
+    const double bias_ms = settled_ms(ctx, run_tk_bias, &g);
     report(ctx, "gemm+bias", shape, variant_of(&g.with_bias), bias_ms, flops, "cuBLASLt bias", lt_bias_ms);
-    const double lt_gelu_ms = bench_time_ms(ctx, run_lt_gelu, &g);
-    const double gelu_ms = bench_time_ms(ctx, run_tk_gelu, &g);
+    const double lt_gelu_ms = settled_ms(ctx, run_lt_gelu, &g);
+    const double gelu_ms = settled_ms(ctx, run_tk_gelu, &g);
     report(ctx, "gemm+bias+gelu", shape, variant_of(&g.with_gelu), gelu_ms, flops, "cuBLASLt bias+gelu",
            lt_gelu_ms);
-    const double unfused_ms = bench_time_ms(ctx, run_tk_unfused, &g);
+    const double unfused_ms = settled_ms(ctx, run_tk_unfused, &g);
     report(ctx, "gemm+bias+gelu", shape, variant_of(&g.with_gelu), gelu_ms, flops,
            "tk gemm, tk_activation", unfused_ms);
     teardown_lt(&g);

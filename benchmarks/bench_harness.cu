@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <vector>
 
 /* GPU time each measurement first spends warming up (see bench_time_ms). */
@@ -66,6 +67,11 @@ extern "C" double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
         bench_check_cuda(cudaEventElapsedTime(&ms[i], ctx->start[i], ctx->stop[i]), "cudaEventElapsedTime");
     std::sort(ms.begin(), ms.end());
     return ctx->reps % 2 ? ms[ctx->reps / 2] : 0.5 * (ms[ctx->reps / 2 - 1] + ms[ctx->reps / 2]);
+}
+
+extern "C" void bench_settle(int idle_ms) {
+    bench_check_cuda(cudaDeviceSynchronize(), "settle");
+    usleep((useconds_t)idle_ms * 1000);
 }
 
 struct copy_arg {

@@ -13,6 +13,10 @@
  *   edge of M, N and K is handled by the copy itself: bytes past a matrix edge arrive as 0 and
  *   add nothing). One __syncthreads per K step; once every warp has passed it, the stage of
  *   step kt - 1 is free and is refilled with K step kt + STAGES - 1 while step kt computes.
+ * - The aligned kernels' interior K steps (a block tile inside M and N, copies inside A and B:
+ *   all but the last STAGES - 1 K steps) copy without byte counts, from source pointers moved
+ *   on by a constant per K step: a byte count costs ~6 integer instructions per chunk (ptxas
+ *   folds it into each copy's address). Edge tiles and the last K steps keep the general copies.
  * - Warp tile 64 x 64: 4 x 8 mma tiles of 16 x 8, i.e. 128 f32 accumulators per thread (the
  *   largest that fits: 128 + 48 fragment registers + addresses reach the 255 cap). Per k16 slice
  *   a warp loads 4 A fragments and 8 B fragments with 8 ldmatrix.x4 (.trans for KN, whose tile
@@ -41,7 +45,7 @@
  *   tk_activation_fwd (16-bit outputs), so fused and separate activations agree exactly.
  *
  * Configurations (a handful of instantiations: config x input dtype x B layout; registers as
- * reported by ptxas for sm_90a and sm_80, 242-255, no spills):
+ * reported by ptxas for sm_90a and sm_80, 234-255, no spills):
  * - 128x256x64, 8 warps (2 x 4), 3 stages, copies over the first 3 of 4 slices: 3 * (128 +
  *   256) * 64 * 2 B = 144 KiB of shared memory (1 block of 256 threads per SM;
  *   __launch_bounds__(256, 1) caps registers at 255). Per K step a block moves 48 KiB and
@@ -101,6 +105,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int s
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes)
                  : "memory");
+}
+
+/* 16-byte copy global -> shared of a chunk known to lie inside its matrix: no byte count, so
+ * the address needs no zero-fill encoding (ptxas folds a byte count into each copy's address). */
+__device__ __forceinline__ void cp_async_16_full(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -210,6 +220,46 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
     }
 }
 
+/* One thread's copies of a Rows x (Cpr * 8) tile that lies wholly inside its row-major 16-bit
+ * matrix, for the interior K steps of a block tile: every chunk is 16 full bytes, so no byte
+ * counts and no clamping. The thread's chunks lie in one 16-byte column, ROW_STEP rows apart:
+ * chunk j's source is j * row_step_bytes past the first chunk's (one 32-bit multiply-add onto
+ * a 64-bit pointer), its destination a compile-time offset past the first chunk's; the caller
+ * moves src on by one K step's bytes per K step. Same chunk-to-thread map as load_tile. */
+template <int Rows, int Cpr, int Threads> struct interior_copies {
+    static constexpr int CPR = Cpr, CHUNKS = Rows * Cpr / Threads, ROW_STEP = Threads / Cpr;
+    const char *src;         /* the first chunk of the next K step to copy */
+    uint32_t dst;            /* the first chunk, relative to the tile in a stage */
+    uint32_t row_step_bytes; /* ROW_STEP rows of the matrix */
+};
+
+/* g: element (0, 0) of the tile of K step 0. Callers check that (CHUNKS - 1) * ROW_STEP * ld * 2
+ * fits in 32 bits. */
+template <class Copies>
+__device__ __forceinline__ Copies interior_copies_at(const uint16_t *g, int64_t ld) {
+    constexpr int Cpr = Copies::CPR;
+    const int row0 = threadIdx.x / Cpr, chunk = threadIdx.x % Cpr;
+    Copies c;
+    c.src = reinterpret_cast<const char *>(g + row0 * ld + chunk * 8);
+    c.dst = row0 * Cpr * 16 + ((chunk ^ chunk_swizzle<Cpr>(row0)) << 4);
+    c.row_step_bytes = static_cast<uint32_t>(Copies::ROW_STEP * ld * 2);
+    return c;
+}
+
+/* The thread's chunks j_begin .. j_end - 1 of the K step at c.src into the tile at smem_tile. */
+template <int Rows, int Cpr, int Threads>
+__device__ __forceinline__ void copy_interior(const interior_copies<Rows, Cpr, Threads> &c,
+                                              uint32_t smem_tile, int j_begin, int j_end) {
+    using ic = interior_copies<Rows, Cpr, Threads>;
+#pragma unroll
+    for (int j = 0; j < ic::CHUNKS; j++) {
+        if (j < j_begin || j >= j_end)
+            continue;
+        cp_async_16_full(smem_tile + c.dst + j * ic::ROW_STEP * Cpr * 16,
+                         c.src + static_cast<uint64_t>(c.row_step_bytes) * static_cast<uint32_t>(j));
+    }
+}
+
 /* ---- the kernel ---- */
 
 template <class Cfg, typename In, bool BKn, bool Aligned>
@@ -256,6 +306,32 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
                                                         b + n0 * p.ldb + k0, p.ldb,
                                                         valid ? p.n - n0 : 0, p.k - k0,
                                                         begin - A_CHUNKS, end - A_CHUNKS);
+    };
+
+    /* The interior K steps: those whose copies (of K step kt + STAGES - 1) lie wholly inside A
+     * and B, in a block tile inside M and N; they take copy_interior (no byte counts, source
+     * pointers advanced by a constant per K step). The last STAGES - 1 K steps, a partial last K
+     * step and every K step of an edge tile take load_stage. */
+    using a_interior = interior_copies<BM, K_CPR, Cfg::THREADS>;
+    using b_interior = interior_copies<BKn ? BK : BN, BKn ? N_CPR : K_CPR, Cfg::THREADS>;
+    const bool block_inside =
+        Aligned && m0 + BM <= p.m && n0 + BN <= p.n &&
+        (a_interior::CHUNKS - 1) * a_interior::ROW_STEP * 2 * p.lda <= UINT32_MAX &&
+        (b_interior::CHUNKS - 1) * b_interior::ROW_STEP * 2 * p.ldb <= UINT32_MAX;
+    const int64_t interior_k_steps =
+        block_inside && p.k / BK > STAGES - 1 ? p.k / BK - (STAGES - 1) : 0;
+    a_interior a_copies = interior_copies_at<a_interior>(a + m0 * p.lda + (STAGES - 1) * BK, p.lda);
+    b_interior b_copies = interior_copies_at<b_interior>(
+        b + (BKn ? (STAGES - 1) * BK * p.ldb + n0 : n0 * p.ldb + (STAGES - 1) * BK), p.ldb);
+    const int64_t b_k_step_bytes = (BKn ? BK * p.ldb : BK) * 2;
+    auto copy_stage_interior = [&](int stage, int part, int parts) {
+        const int begin = part * (A_CHUNKS + B_CHUNKS) / parts;
+        const int end = (part + 1) * (A_CHUNKS + B_CHUNKS) / parts;
+        if (begin < A_CHUNKS)
+            copy_interior(a_copies, smem_a + stage * Cfg::A_STAGE_BYTES, begin, end);
+        if (end > A_CHUNKS)
+            copy_interior(b_copies, smem_b + stage * Cfg::B_STAGE_BYTES, begin - A_CHUNKS,
+                          end - A_CHUNKS);
     };
 
     /* Per-lane ldmatrix addresses, relative to a stage. A (and NK B): lanes 0-15 give rows 0-15
@@ -333,7 +409,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
         uint32_t af[MT][4], bf[2][NT / 2][4];
         load_a_fragments(af, a_stage, 0);
         load_b_fragments(bf[0], b_stage, 0);
-        for (int64_t kt = 0; kt < k_tiles; kt++) {
+        auto k_step = [&](int64_t kt, auto interior) {
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 if (ks == KS - 1) {
@@ -345,8 +421,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
                 }
                 load_b_fragments(bf[(ks + 1) % 2], b_stage, (ks + 1) % KS);
                 if (ks < Cfg::COPY_SLICES) {
-                    load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles, ks,
-                               Cfg::COPY_SLICES);
+                    if constexpr (decltype(interior)::value)
+                        copy_stage_interior(write_stage, ks, Cfg::COPY_SLICES);
+                    else
+                        load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles, ks,
+                                   Cfg::COPY_SLICES);
                     if (ks == Cfg::COPY_SLICES - 1)
                         cp_async_commit();
                 }
@@ -360,7 +439,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
                 }
             }
             write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+        };
+        int64_t kt = 0;
+        for (; kt < interior_k_steps; kt++) {
+            k_step(kt, std::true_type());
+            a_copies.src += BK * 2;
+            b_copies.src += b_k_step_bytes;
         }
+        for (; kt < k_tiles; kt++)
+            k_step(kt, std::false_type());
     } else {
         /* Per K step: wait for its stage; load the first slice's fragments, then issue the
          * copies of K step kt + STAGES - 1 into the stage that step kt - 1 used (every warp is
