@@ -100,12 +100,6 @@ template <int D> struct attn_shape {
     static constexpr int K_BYTES = BN * ROW_BYTES;
     static constexpr int V_BYTES = BN * V_ROW_BYTES;
     static constexpr int SMEM_BYTES = Q_BYTES + 2 * (K_BYTES + V_BYTES);
-    /* The packed kernel's CTAs loop over work items with a second Q buffer where two such CTAs
-     * fit an SM of the largest shared memory (sm_90: 228 KB, 1 KB of it reserved per CTA):
-     * head dims 64, 96 and 128; not 80 (118 KB) and 256 (129 KB), which never loop, so their
-     * kernels do not carry the loop. */
-    static constexpr int LOOP_SMEM_BYTES = SMEM_BYTES + Q_BYTES;
-    static constexpr bool LOOPS = 2 * (LOOP_SMEM_BYTES + 1024) <= 228 * 1024;
 };
 
 /* What the kernel reads, resolved on the host from tk_attention_call. */
@@ -126,8 +120,7 @@ struct attn_params {
     int heads_per_tile; /* query heads of one GQA group sharing a CTA: 1, 2 or 4 */
     int tile_rows;      /* query positions per CTA: BM / heads_per_tile */
     int head_tiles;     /* heads_q / heads_per_tile */
-    int batch;          /* work items run head tiles, then batches, then query tiles */
-    int items;          /* work items: m_blocks * head_tiles * batch */
+    int batch;          /* the grid runs head tiles, then batches, then query tiles */
 };
 
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of rows ROW_BYTES apart:
@@ -158,10 +151,6 @@ __device__ __forceinline__ void attn_cp_async_commit() {
 }
 __device__ __forceinline__ void attn_cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-/* Every group but the last committed one has landed. */
-__device__ __forceinline__ void attn_cp_async_wait_all_but_last() {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void attn_ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
@@ -257,99 +246,13 @@ __device__ __forceinline__ void attn_load_q(uint32_t s_tile, const T *g, int64_t
     }
 }
 
-/* One work item: heads_per_tile query heads of one GQA group (one head unless packed) at the
- * positions [m0, m0 + q_rows) of one batch, and the key tiles [tile_begin, tile_end) that any
- * of its rows can see. */
-struct attn_item {
-    int64_t batch;
-    int head0, m0, q_rows, tile_begin, tile_end;
-};
-
-/* Work item `index`: head tiles fastest, then batches, query tiles last to first slowest. No
- * item starts before every item of a later query tile, which under a causal mask is every
- * longer one (longest first over the whole grid, so the grid ends on short CTAs), and the items
- * running at one time are every head of a few neighbouring query tiles, whose K/V rows are
- * neighbours in memory. PACKED: heads_per_tile comes from p (2 or 4); otherwise it is 1 at
- * compile time, so the one-head kernel keeps the plain index arithmetic. */
-template <int D, bool PACKED>
-__device__ __forceinline__ attn_item attn_locate(const attn_params &p, unsigned index) {
-    constexpr int BN = attn_shape<D>::BN, BM = attn_shape<D>::BM;
-    const int heads_per_tile = PACKED ? p.heads_per_tile : 1;
-    const int tile_rows = PACKED ? p.tile_rows : BM;
-    const int head_tiles = PACKED ? p.head_tiles : p.heads_q;
-    attn_item it;
-    it.head0 = (int)(index % (unsigned)head_tiles) * heads_per_tile;
-    index /= (unsigned)head_tiles;
-    it.batch = index % (unsigned)p.batch;
-    it.m0 = (p.m_blocks - 1 - (int)(index / (unsigned)p.batch)) * tile_rows;
-    it.q_rows = min(tile_rows, p.seqlen_q - it.m0);
-    const int shift = p.seqlen_k - p.seqlen_q;
-    int key_lo = 0, key_hi = p.seqlen_k - 1;
-    if (p.window_left >= 0)
-        key_lo = max(0, it.m0 + shift - p.window_left);
-    if (p.window_right >= 0)
-        key_hi = min(key_hi, it.m0 + it.q_rows - 1 + shift + p.window_right);
-    it.tile_begin = key_lo / BN;
-    it.tile_end = key_hi >= key_lo ? key_hi / BN + 1 : it.tile_begin;
-    return it;
-}
-
-/* The work item of CTA `cta` of `ctas` in its round `round` (its item number round + 1): the
- * rounds take the items in order, CTAs in snake order (rounds 0, 2, ... forwards, 1, 3, ...
- * backwards), so that a CTA given one of the longer items of a round gets one of the shorter
- * of the next. Items are longest first: under a causal window the first query tiles have the
- * shortest bands; with rounds in plain order the CTAs with the most items also got the longest
- * last ones (3 % more key tiles than the average CTA at window 1024, S 16384, 32 heads). */
-__device__ __forceinline__ unsigned attn_item_index(unsigned round, unsigned cta, unsigned ctas) {
-    return round * ctas + (round & 1 ? ctas - 1 - cta : cta);
-}
-
-/* The item's Q tile into the shared tile s_tile (cp.async, not committed). */
-template <typename T, int D, bool PACKED>
-__device__ __forceinline__ void attn_issue_q(const attn_params &p, const attn_item &it,
-                                             uint32_t s_tile, int tid) {
-    using shape = attn_shape<D>;
-    const T *q = static_cast<const T *>(p.q) + it.batch * p.q_sb + it.head0 * p.q_sh + it.m0 * p.q_ss;
-    if constexpr (PACKED)
-        attn_load_q<T, D, shape::BM, shape::ROW_BYTES>(s_tile, q, p.q_ss, p.q_sh, p.tile_rows,
-                                                      it.q_rows, tid);
-    else
-        attn_load_tile<T, D, shape::BM, shape::ROW_BYTES, true>(s_tile, q, p.q_ss, it.q_rows, tid);
-}
-
-/* Key tile t of K and V (bases of the item's batch and K/V head) into one ring stage. */
-template <typename T, int D>
-__device__ __forceinline__ void attn_issue_kv(const attn_params &p, const T *k, const T *v, int t,
-                                              uint32_t s_kt, uint32_t s_vt, int tid) {
-    using shape = attn_shape<D>;
-    const int n0 = t * shape::BN;
-    attn_load_tile<T, D, shape::BN, shape::ROW_BYTES, true>(s_kt, k + n0 * p.k_ss, p.k_ss,
-                                                            p.seqlen_k - n0, tid);
-    attn_load_tile<T, D, shape::BN, shape::V_ROW_BYTES, false>(s_vt, v + n0 * p.v_ss, p.v_ss,
-                                                               p.seqlen_k - n0, tid);
-}
-
-template <typename T>
-__device__ __forceinline__ const T *attn_k_base(const attn_params &p, const attn_item &it) {
-    return static_cast<const T *>(p.k) + it.batch * p.k_sb + (it.head0 / p.group) * p.k_sh;
-}
-template <typename T>
-__device__ __forceinline__ const T *attn_v_base(const attn_params &p, const attn_item &it) {
-    return static_cast<const T *>(p.v) + it.batch * p.v_sb + (it.head0 / p.group) * p.v_sh;
-}
-
-/* One CTA runs the work items attn_item_index(0, 1, 2, ...) below p.items (item blockIdx.x
- * alone when the grid has an item per CTA; the one-head kernel is always launched so). When a CTA has a next item
- * it is prefetched: its Q tile into the second Q buffer (at SMEM_BYTES, only in the
- * shared memory of such launches) during the current item's first key tile, its first K/V tile
- * into the free ring stage during the current item's last key tile. Its first MMAs then wait
- * on no load, and the CTA launch, the loads of an item's first tiles and its epilogue, which
- * cost a few key tiles' time per item, overlap other work. */
+/* PACKED: heads_per_tile comes from p (2 or 4); otherwise it is 1 at compile time, so the
+ * one-head kernel keeps the plain tile load and index arithmetic. */
 template <typename T, int D, bool PACKED>
 __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     attention_fwd_kernel(const attn_params p) {
     using shape = attn_shape<D>;
-    constexpr int MT = shape::MT, BN = shape::BN, ROW_BYTES = shape::ROW_BYTES;
+    constexpr int MT = shape::MT, BN = shape::BN, BM = shape::BM, ROW_BYTES = shape::ROW_BYTES;
     constexpr int V_ROW_BYTES = shape::V_ROW_BYTES;
     constexpr int WARP_ROWS = 16 * MT;
     constexpr int CHUNKS = D / 8;  /* 16-byte chunks per row */
@@ -361,24 +264,57 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    unsigned round = 0; /* of this CTA's items */
-    attn_item it = attn_locate<D, PACKED>(p, blockIdx.x);
-    /* The item's BM rows are the positions [m0, m0 + tile_rows) of heads head0, head0 + 1, ...;
-     * warp w's rows belong to one head, warp_head, at positions from warp_m0 on. */
-    const int tile_rows = PACKED ? p.tile_rows : shape::BM;
+    /* Block -> (query tile, batch, heads_per_tile query heads of one GQA group), heads
+     * fastest and query tiles last to first slowest: no CTA starts before every CTA of a later
+     * query tile, which under a causal mask is every longer one (longest first over the whole
+     * grid, so the grid ends on short CTAs), and the CTAs running at one time are every head of
+     * a few neighbouring query tiles, whose K/V rows are neighbours in memory. The CTA's BM
+     * rows are the positions [m0, m0 + tile_rows) of heads head0, head0 + 1, ...; warp w's rows
+     * belong to one head, warp_head, at positions from warp_m0 on. */
+    const int heads_per_tile = PACKED ? p.heads_per_tile : 1;
+    const int tile_rows = PACKED ? p.tile_rows : BM;
+    const int head_tiles = PACKED ? p.head_tiles : p.heads_q;
+    unsigned block = blockIdx.x;
+    const int head0 = (int)(block % (unsigned)head_tiles) * heads_per_tile;
+    block /= (unsigned)head_tiles;
+    const int64_t batch = block % (unsigned)p.batch;
+    const int m_block = p.m_blocks - 1 - (int)(block / (unsigned)p.batch);
+    const int head_kv = head0 / p.group;
+    const int m0 = m_block * tile_rows;
+    const int q_rows = min(tile_rows, p.seqlen_q - m0);
     const int shift = p.seqlen_k - p.seqlen_q;
     const int warp_row = warp * WARP_ROWS; /* in the CTA's tile */
+    const int warp_head = PACKED ? head0 + warp_row / tile_rows : head0;
+    const int warp_m0 = m0 + (PACKED ? warp_row % tile_rows : warp_row);
+
+    /* Keys any row of this tile can see, and the key tiles that hold them. */
+    int key_lo = 0, key_hi = p.seqlen_k - 1;
+    if (p.window_left >= 0)
+        key_lo = max(0, m0 + shift - p.window_left);
+    if (p.window_right >= 0)
+        key_hi = min(key_hi, m0 + q_rows - 1 + shift + p.window_right);
+    const int tile_begin = key_lo / BN;
+    const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
+
+    const T *q = static_cast<const T *>(p.q) + batch * p.q_sb + head0 * p.q_sh + m0 * p.q_ss;
+    const T *k = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh;
+    const T *v = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh;
 
     const uint32_t s_q = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t s_k = s_q + shape::Q_BYTES;     /* two stages */
     const uint32_t s_v = s_k + 2 * shape::K_BYTES; /* two stages */
-    uint32_t q_buf = 0; /* byte offset of the item's Q tile: 0 or SMEM_BYTES */
-    int stage0 = 0;     /* ring stage of the item's first key tile */
-    const T *k = attn_k_base<T>(p, it); /* the item's K/V head */
-    const T *v = attn_v_base<T>(p, it);
-    attn_issue_q<T, D, PACKED>(p, it, s_q, tid);
-    if (it.tile_begin < it.tile_end)
-        attn_issue_kv<T, D>(p, k, v, it.tile_begin, s_k, s_v, tid);
+
+    if constexpr (PACKED)
+        attn_load_q<T, D, BM, ROW_BYTES>(s_q, q, p.q_ss, p.q_sh, tile_rows, q_rows, tid);
+    else
+        attn_load_tile<T, D, BM, ROW_BYTES, true>(s_q, q, p.q_ss, q_rows, tid);
+    if (tile_begin < tile_end) {
+        const int n0 = tile_begin * BN;
+        attn_load_tile<T, D, BN, ROW_BYTES, true>(s_k, k + n0 * p.k_ss, p.k_ss, p.seqlen_k - n0,
+                                                  tid);
+        attn_load_tile<T, D, BN, V_ROW_BYTES, false>(s_v, v + n0 * p.v_ss, p.v_ss, p.seqlen_k - n0,
+                                                     tid);
+    }
     attn_cp_async_commit();
 
     /* ldmatrix.x4: lane l gives the address of row (l & 7) of matrix (l >> 3); all three
@@ -397,293 +333,249 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int lrow = lane & 7, lmat = lane >> 3;
     const uint32_t qk_lane =
         (uint32_t)(((lmat & 1) * 8 + lrow) * ROW_BYTES + (((lmat >> 1) ^ lrow) << 4));
+    const uint32_t s_qw = s_q + warp * WARP_ROWS * ROW_BYTES; /* this warp's Q rows */
     const uint32_t v_lane =
         (uint32_t)(((lmat & 1) * 8 + lrow) * V_ROW_BYTES + ((lmat >> 1) << 4));
 
     /* Accumulator fragment (m16n8, f32): c[0], c[1] at row g, columns 2t, 2t + 1; c[2], c[3]
      * at row g + 8. This thread's rows: positions warp_m0 + 16 mt + g + 8 half of warp_head. */
     const int g = lane >> 2, tq = lane & 3;
+    const int row_base = warp_m0 + g;
+    const float slope = p.alibi_slopes ? p.alibi_slopes[warp_head] : 0.0f;
 
-    for (;;) {
-        const int m0 = it.m0, q_rows = it.q_rows, head0 = it.head0;
-        const int tile_begin = it.tile_begin, tile_end = it.tile_end;
-        const int64_t batch = it.batch;
-        const int warp_head = PACKED ? head0 + warp_row / tile_rows : head0;
-        const int warp_m0 = m0 + (PACKED ? warp_row % tile_rows : warp_row);
-        const uint32_t s_qw = s_q + q_buf + warp * WARP_ROWS * ROW_BYTES; /* this warp's Q rows */
-        const int row_base = warp_m0 + g;
-        const float slope = p.alibi_slopes ? p.alibi_slopes[warp_head] : 0.0f;
-        /* The CTA's next item, if any (never in the one-head kernel). */
-        const unsigned next = attn_item_index(round + 1, blockIdx.x, gridDim.x);
-        const bool has_next = PACKED && shape::LOOPS && next < (unsigned)p.items;
+    float o[MT][DT][4];
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][dt][e] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            row_max[mt][h] = -INFINITY;
+            row_sum[mt][h] = 0.0f;
+        }
+    }
 
-        float o[MT][DT][4];
-        float row_max[MT][2], row_sum[MT][2];
+    for (int t = tile_begin; t < tile_end; t++) {
+        const int stage = (t - tile_begin) & 1;
+        attn_cp_async_wait_all();
+        __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
+        if (t + 1 < tile_end) {
+            const int n1 = (t + 1) * BN;
+            attn_load_tile<T, D, BN, ROW_BYTES, true>(s_k + (stage ^ 1) * shape::K_BYTES,
+                                                      k + n1 * p.k_ss, p.k_ss, p.seqlen_k - n1,
+                                                      tid);
+            attn_load_tile<T, D, BN, V_ROW_BYTES, false>(s_v + (stage ^ 1) * shape::V_BYTES,
+                                                         v + n1 * p.v_ss, p.v_ss, p.seqlen_k - n1,
+                                                         tid);
+        }
+        attn_cp_async_commit();
+        const uint32_t s_kt = s_k + stage * shape::K_BYTES;
+        const uint32_t s_vt = s_v + stage * shape::V_BYTES;
+
+        /* S = Q K^T */
+        float s[MT][NT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    o[mt][dt][e] = 0.0f;
+                    s[mt][nt][e] = 0.0f;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                row_max[mt][h] = -INFINITY;
-                row_sum[mt][h] = 0.0f;
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            const uint32_t lane_ks = qk_lane ^ (ks << 5);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                attn_ldsm_x4(s_qw + mt * 16 * ROW_BYTES + lane_ks, a[mt]);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                attn_ldsm_x4(s_kt + np * 16 * ROW_BYTES + lane_ks, b);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    attn_mma<T>(s[mt][2 * np], a[mt], b[0], b[2]);
+                    attn_mma<T>(s[mt][2 * np + 1], a[mt], b[1], b[3]);
+                }
             }
         }
 
-        for (int t = tile_begin; t < tile_end; t++) {
-            const int stage = (t - tile_begin + stage0) & 1;
-            /* The next item's Q (its own group, committed after tile t's) may still be in
-             * flight at tile t + 1: it has until tile t + 2. */
-            if (has_next && t == tile_begin + 1)
-                attn_cp_async_wait_all_but_last();
-            else
-                attn_cp_async_wait_all();
-            __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
-            if (t + 1 < tile_end) {
-                attn_issue_kv<T, D>(p, k, v, t + 1, s_k + (stage ^ 1) * shape::K_BYTES,
-                                    s_v + (stage ^ 1) * shape::V_BYTES, tid);
-            } else if (has_next) {
-                const attn_item nx = attn_locate<D, PACKED>(p, next);
-                if (nx.tile_begin < nx.tile_end)
-                    attn_issue_kv<T, D>(p, attn_k_base<T>(p, nx), attn_v_base<T>(p, nx),
-                                        nx.tile_begin, s_k + (stage ^ 1) * shape::K_BYTES,
-                                        s_v + (stage ^ 1) * shape::V_BYTES, tid);
-            }
-            attn_cp_async_commit();
-            if (has_next && t == tile_begin) {
-                /* The other Q buffer held the previous item, whose epilogue every warp has
-                 * left (the barrier above). */
-                attn_issue_q<T, D, PACKED>(p, attn_locate<D, PACKED>(p, next),
-                                           s_q + (q_buf ^ shape::SMEM_BYTES), tid);
-                attn_cp_async_commit();
-            }
-            const uint32_t s_kt = s_k + stage * shape::K_BYTES;
-            const uint32_t s_vt = s_v + stage * shape::V_BYTES;
-
-            /* S = Q K^T */
-            float s[MT][NT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        s[mt][nt][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) {
-                const uint32_t lane_ks = qk_lane ^ (ks << 5);
-                uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-                    attn_ldsm_x4(s_qw + mt * 16 * ROW_BYTES + lane_ks, a[mt]);
-#pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t b[4];
-                    attn_ldsm_x4(s_kt + np * 16 * ROW_BYTES + lane_ks, b);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        attn_mma<T>(s[mt][2 * np], a[mt], b[0], b[2]);
-                        attn_mma<T>(s[mt][2 * np + 1], a[mt], b[1], b[3]);
-                    }
-                }
-            }
-
-            const int n0 = t * BN;
-            const int col_base = n0 + 2 * tq;
-            if (p.transform) { /* scores to natural-log units: softcap, then ALiBi */
-                if (p.softcap > 0.0f) {
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++)
-                                s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * p.softcap_in);
-                } else {
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++)
-                                s[mt][nt][e] *= p.scale;
-                }
-                if (p.alibi_slopes) {
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                const int i = row_base + 16 * mt + 8 * (e >> 1);
-                                const int j = col_base + 8 * nt + (e & 1);
-                                s[mt][nt][e] -= slope * (float)abs(i + shift - j);
-                            }
-                }
-            }
-            /* Uniform: can any pair of this tile be invisible? */
-            const bool partial =
-                n0 + BN > p.seqlen_k ||
-                (p.window_left >= 0 && n0 < m0 + q_rows - 1 + shift - p.window_left) ||
-                (p.window_right >= 0 && n0 + BN - 1 > m0 + shift + p.window_right);
-            if (partial) {
+        const int n0 = t * BN;
+        const int col_base = n0 + 2 * tq;
+        if (p.transform) { /* scores to natural-log units: softcap, then ALiBi */
+            if (p.softcap > 0.0f) {
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int i = row_base + 16 * mt + 8 * h;
-                        const int lo = p.window_left >= 0 ? i + shift - p.window_left : 0;
-                        const int hi = p.window_right >= 0
-                                           ? min(p.seqlen_k - 1, i + shift + p.window_right)
-                                           : p.seqlen_k - 1;
+                    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
+                        for (int e = 0; e < 4; e++)
+                            s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * p.softcap_in);
+            } else {
 #pragma unroll
-                            for (int e = 0; e < 2; e++) {
-                                const int j = col_base + 8 * nt + e;
-                                if (j < lo || j > hi)
-                                    s[mt][nt][2 * h + e] = -INFINITY;
-                            }
-                    }
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            s[mt][nt][e] *= p.scale;
             }
-
-            /* Online softmax; the 4 threads of a quad share a row. */
+            if (p.alibi_slopes) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int i = row_base + 16 * mt + 8 * (e >> 1);
+                            const int j = col_base + 8 * nt + (e & 1);
+                            s[mt][nt][e] -= slope * (float)abs(i + shift - j);
+                        }
+            }
+        }
+        /* Uniform: can any pair of this tile be invisible? */
+        const bool partial =
+            n0 + BN > p.seqlen_k ||
+            (p.window_left >= 0 && n0 < m0 + q_rows - 1 + shift - p.window_left) ||
+            (p.window_right >= 0 && n0 + BN - 1 > m0 + shift + p.window_right);
+        if (partial) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    float mx = row_max[mt][h];
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-                        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    /* A row that has seen only masked keys keeps max -inf; exponentiate against
-                     * 0 so that its p are exp2(-inf) = 0 rather than NaN. */
-                    const float m_use = mx == -INFINITY ? 0.0f : mx;
-                    const float alpha = attn_exp2((row_max[mt][h] - m_use) * p.exp_scale);
-                    const float base = m_use * p.exp_scale;
-                    row_max[mt][h] = mx;
-                    float sum = 0.0f;
+                    const int i = row_base + 16 * mt + 8 * h;
+                    const int lo = p.window_left >= 0 ? i + shift - p.window_left : 0;
+                    const int hi = p.window_right >= 0 ? min(p.seqlen_k - 1, i + shift + p.window_right)
+                                                       : p.seqlen_k - 1;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
-                            const float pe =
-                                attn_exp2(fmaf(s[mt][nt][2 * h + e], p.exp_scale, -base));
-                            s[mt][nt][2 * h + e] = pe;
-                            sum += pe;
+                            const int j = col_base + 8 * nt + e;
+                            if (j < lo || j > hi)
+                                s[mt][nt][2 * h + e] = -INFINITY;
                         }
-                    row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
-#pragma unroll
-                    for (int dt = 0; dt < DT; dt++) {
-                        o[mt][dt][2 * h] *= alpha;
-                        o[mt][dt][2 * h + 1] *= alpha;
-                    }
                 }
-
-            /* O += P V */
-#pragma unroll
-            for (int ps = 0; ps < PSTEPS; ps++) {
-                uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    a[mt][0] = attn_pack<T>(s[mt][2 * ps][0], s[mt][2 * ps][1]);
-                    a[mt][1] = attn_pack<T>(s[mt][2 * ps][2], s[mt][2 * ps][3]);
-                    a[mt][2] = attn_pack<T>(s[mt][2 * ps + 1][0], s[mt][2 * ps + 1][1]);
-                    a[mt][3] = attn_pack<T>(s[mt][2 * ps + 1][2], s[mt][2 * ps + 1][3]);
-                }
-#pragma unroll
-                for (int dp = 0; dp < DT / 2; dp++) {
-                    uint32_t b[4];
-                    attn_ldsm_x4_trans(s_vt + v_lane + ps * 16 * V_ROW_BYTES + dp * 32, b);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        attn_mma<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
-                        attn_mma<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
-                    }
-                }
-            }
         }
 
-        /* Epilogue: normalise, stage O through this warp's rows of the item's Q tile (16-byte
-         * global stores), write lse. A warp reads only its own Q rows, so after the key loop
-         * it may overwrite them at once; but when no key tile was visited the item's Q may
-         * still be in flight (the one-head kernel waits always, as it did before items). */
-        if (!PACKED || tile_begin == tile_end) {
-            attn_cp_async_wait_all();
-            __syncthreads();
-        }
-        /* Output rows: tile row out_r0 + i is position out_m0 + i of head out_head, for i
-         * below out_rows; this warp's own head block when packed, the whole tile otherwise. */
-        unsigned char *s_out = smem + q_buf;
-        const int out_head = PACKED ? warp_head : head0;
-        const int out_m0 = PACKED ? warp_m0 : m0;
-        const int out_r0 = PACKED ? warp_row : 0;
-        const int out_rows = PACKED ? min(WARP_ROWS, p.seqlen_q - warp_m0) : q_rows;
-        const int64_t lse_row0 = ((int64_t)batch * p.heads_q + out_head) * p.seqlen_q + out_m0;
+        /* Online softmax; the 4 threads of a quad share a row. */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float sum = row_sum[mt][h];
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                const int r = warp_row + 16 * mt + 8 * h + g; /* row in the tile */
+                float mx = row_max[mt][h];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                /* A row that has seen only masked keys keeps max -inf; exponentiate against 0
+                 * so that its p are exp2(-inf) = 0 rather than NaN. */
+                const float m_use = mx == -INFINITY ? 0.0f : mx;
+                const float alpha = attn_exp2((row_max[mt][h] - m_use) * p.exp_scale);
+                const float base = m_use * p.exp_scale;
+                row_max[mt][h] = mx;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float pe = attn_exp2(fmaf(s[mt][nt][2 * h + e], p.exp_scale, -base));
+                        s[mt][nt][2 * h + e] = pe;
+                        sum += pe;
+                    }
+                row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++) {
-                    const uint32_t val =
-                        attn_pack<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-                    *reinterpret_cast<uint32_t *>(
-                        s_out + attn_chunk_offset<ROW_BYTES, true>(r, dt) + 4 * tq) = val;
+                    o[mt][dt][2 * h] *= alpha;
+                    o[mt][dt][2 * h + 1] *= alpha;
                 }
-                if (p.lse && tq == 0 && r - out_r0 < out_rows)
-                    p.lse[lse_row0 + r - out_r0] =
-                        sum > 0.0f ? (row_max[mt][h] * p.exp_scale + __log2f(sum)) * ATTN_LN2
-                                   : -INFINITY;
             }
-        __syncwarp();
-        T *out = static_cast<T *>(p.o) + batch * p.o_sb + out_head * p.o_sh + out_m0 * p.o_ss;
-#pragma unroll
-        for (int idx = lane; idx < WARP_ROWS * CHUNKS; idx += 32) {
-            const int r = warp_row + idx / CHUNKS, c = idx % CHUNKS;
-            if (r - out_r0 < out_rows)
-                *reinterpret_cast<uint4 *>(out + (r - out_r0) * p.o_ss + c * 8) =
-                    *reinterpret_cast<const uint4 *>(s_out +
-                                                     attn_chunk_offset<ROW_BYTES, true>(r, c));
-        }
 
-        if (!has_next)
-            break;
-        const int next_stage0 = (stage0 + tile_end - tile_begin) & 1;
-        it = attn_locate<D, PACKED>(p, next);
-        if (tile_begin == tile_end) {
-            /* Nothing was prefetched. The barrier above put every warp past the previous
-             * item's epilogue (the other Q buffer) and its key tiles. */
-            attn_issue_q<T, D, PACKED>(p, it, s_q + (q_buf ^ shape::SMEM_BYTES), tid);
-            if (it.tile_begin < it.tile_end)
-                attn_issue_kv<T, D>(p, attn_k_base<T>(p, it), attn_v_base<T>(p, it),
-                                    it.tile_begin, s_k + next_stage0 * shape::K_BYTES,
-                                    s_v + next_stage0 * shape::V_BYTES, tid);
-            attn_cp_async_commit();
+        /* O += P V */
+#pragma unroll
+        for (int ps = 0; ps < PSTEPS; ps++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = attn_pack<T>(s[mt][2 * ps][0], s[mt][2 * ps][1]);
+                a[mt][1] = attn_pack<T>(s[mt][2 * ps][2], s[mt][2 * ps][3]);
+                a[mt][2] = attn_pack<T>(s[mt][2 * ps + 1][0], s[mt][2 * ps + 1][1]);
+                a[mt][3] = attn_pack<T>(s[mt][2 * ps + 1][2], s[mt][2 * ps + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t b[4];
+                attn_ldsm_x4_trans(s_vt + v_lane + ps * 16 * V_ROW_BYTES + dp * 32, b);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    attn_mma<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    attn_mma<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
         }
-        k = attn_k_base<T>(p, it);
-        v = attn_v_base<T>(p, it);
-        round++;
-        q_buf ^= shape::SMEM_BYTES;
-        stage0 = next_stage0;
+    }
+
+    /* Epilogue: normalise, stage O through this warp's rows of the Q tile (16-byte global
+     * stores), write lse. Q may still be in flight when no key tile was visited. */
+    attn_cp_async_wait_all();
+    __syncthreads();
+    /* Output rows: tile row out_r0 + i is position out_m0 + i of head out_head, for i below
+     * out_rows; this warp's own head block when packed, the whole tile otherwise. */
+    const int out_head = PACKED ? warp_head : head0;
+    const int out_m0 = PACKED ? warp_m0 : m0;
+    const int out_r0 = PACKED ? warp_row : 0;
+    const int out_rows = PACKED ? min(WARP_ROWS, p.seqlen_q - warp_m0) : q_rows;
+    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + out_head) * p.seqlen_q + out_m0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sum = row_sum[mt][h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            const int r = warp_row + 16 * mt + 8 * h + g; /* row in the tile */
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                const uint32_t val = attn_pack<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+                *reinterpret_cast<uint32_t *>(smem + attn_chunk_offset<ROW_BYTES, true>(r, dt) +
+                                              4 * tq) = val;
+            }
+            if (p.lse && tq == 0 && r - out_r0 < out_rows)
+                p.lse[lse_row0 + r - out_r0] =
+                    sum > 0.0f ? (row_max[mt][h] * p.exp_scale + __log2f(sum)) * ATTN_LN2 : -INFINITY;
+        }
+    __syncwarp();
+    T *out = static_cast<T *>(p.o) + batch * p.o_sb + out_head * p.o_sh + out_m0 * p.o_ss;
+#pragma unroll
+    for (int idx = lane; idx < WARP_ROWS * CHUNKS; idx += 32) {
+        const int r = warp_row + idx / CHUNKS, c = idx % CHUNKS;
+        if (r - out_r0 < out_rows)
+            *reinterpret_cast<uint4 *>(out + (r - out_r0) * p.o_ss + c * 8) =
+                *reinterpret_cast<const uint4 *>(smem + attn_chunk_offset<ROW_BYTES, true>(r, c));
     }
 }
 
-/* attn_params for one call, heads_per_tile query heads per item (1, or 2 or 4 dividing
- * heads_q / heads_kv). */
-template <int D>
-attn_params attn_make_params(const tk_attention_call *c, int heads_per_tile) {
+/* Launches attention_fwd_kernel<T, D, PACKED> for one call, heads_per_tile query heads per CTA
+ * (1 unless PACKED; else 2 or 4, dividing heads_q / heads_kv). */
+template <typename T, int D, bool PACKED>
+cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk_device *dev,
+                        cudaStream_t stream) {
     using shape = attn_shape<D>;
+    constexpr auto kernel = attention_fwd_kernel<T, D, PACKED>;
+    static int smem_opted_in[TK_MAX_DEVICES]; /* per device; a benign race writes the same 1 */
+    if (shape::SMEM_BYTES > 48 * 1024 && !smem_opted_in[dev->ordinal]) {
+        const cudaError_t err = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shape::SMEM_BYTES);
+        if (err != cudaSuccess)
+            return err;
+        smem_opted_in[dev->ordinal] = 1;
+    }
     attn_params p;
     p.q = c->q;
     p.k = c->k;
@@ -704,7 +596,6 @@ attn_params attn_make_params(const tk_attention_call *c, int heads_per_tile) {
     p.head_tiles = c->heads_q / heads_per_tile;
     p.m_blocks = (c->seqlen_q + p.tile_rows - 1) / p.tile_rows;
     p.batch = c->batch;
-    p.items = p.m_blocks * p.head_tiles * c->batch; /* the host keeps this below 2^31 */
     p.window_left = c->window_left;
     p.window_right = c->window_right;
     p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
@@ -712,73 +603,8 @@ attn_params attn_make_params(const tk_attention_call *c, int heads_per_tile) {
     p.softcap = c->softcap;
     p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
     p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
-    return p;
-}
-
-/* CTAs of attention_fwd_kernel<T, D, true> that the device holds at once with the second Q
- * buffer, or 0 when that buffer would cost occupancy against the plain launch: sm_80 holds two
- * CTAs of 65 KB (head dim 128) but one of 97. The kernel must have opted in to
- * LOOP_SMEM_BYTES. */
-template <typename T, int D>
-int attn_looping_ctas(const tk_device *dev) {
-    using shape = attn_shape<D>;
-    constexpr auto kernel = attention_fwd_kernel<T, D, true>;
-    int plain = 0, looping = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plain, kernel, ATTN_THREADS,
-                                                      shape::SMEM_BYTES) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&looping, kernel, ATTN_THREADS,
-                                                      shape::LOOP_SMEM_BYTES) != cudaSuccess)
-        return 0;
-    return looping >= plain ? looping * dev->sm_count : 0;
-}
-
-/* Launches attention_fwd_kernel<T, D, PACKED> for one call, heads_per_tile query heads per CTA
- * (1 unless PACKED; else 2 or 4, dividing heads_q / heads_kv). The one-head kernel runs one
- * item per CTA. The packed kernel, when the call has more items than the device holds CTAs
- * (and shared memory allows the second Q buffer at no cost in occupancy), runs exactly as many
- * CTAs as the device holds, each looping over its items with the next one prefetched: under a
- * window of 1024 keys an item is 33 key tiles, and the per-item fixed cost (CTA launch, the
- * first loads, the epilogue) is a large share of that. */
-template <typename T, int D, bool PACKED>
-cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk_device *dev,
-                        cudaStream_t stream) {
-    using shape = attn_shape<D>;
-    constexpr auto kernel = attention_fwd_kernel<T, D, PACKED>;
-    constexpr bool LOOPS = PACKED && shape::LOOPS;
-    /* Per device: whether the shared-memory opt-in is done; the packed kernel's CTAs held at
-     * once with the second Q buffer (0: one item per CTA). Benign races write the same values. */
-    static int smem_opted_in[TK_MAX_DEVICES];
-    static int looping_ctas[TK_MAX_DEVICES];
-    if (!smem_opted_in[dev->ordinal]) {
-        /* The looping form's opt-in stays only where it is used, so that the plain launch's
-         * shared-memory configuration is the one it had before. */
-        int looping = 0;
-        if constexpr (LOOPS) {
-            if (shape::LOOP_SMEM_BYTES <= dev->max_smem_optin) {
-                const cudaError_t err = cudaFuncSetAttribute(
-                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shape::LOOP_SMEM_BYTES);
-                if (err != cudaSuccess)
-                    return err;
-                looping = attn_looping_ctas<T, D>(dev);
-            }
-        }
-        if (looping == 0 && (LOOPS || shape::SMEM_BYTES > 48 * 1024)) {
-            const cudaError_t err = cudaFuncSetAttribute(
-                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shape::SMEM_BYTES);
-            if (err != cudaSuccess)
-                return err;
-        }
-        looping_ctas[dev->ordinal] = looping;
-        smem_opted_in[dev->ordinal] = 1;
-    }
-    const attn_params p = attn_make_params<D>(c, heads_per_tile);
-    unsigned blocks = (unsigned)p.items;
-    int smem_bytes = shape::SMEM_BYTES;
-    if (LOOPS && looping_ctas[dev->ordinal] > 0 && p.items > looping_ctas[dev->ordinal]) {
-        blocks = (unsigned)looping_ctas[dev->ordinal];
-        smem_bytes = shape::LOOP_SMEM_BYTES;
-    }
-    kernel<<<blocks, ATTN_THREADS, smem_bytes, stream>>>(p);
+    const unsigned blocks = (unsigned)((int64_t)p.m_blocks * p.head_tiles * c->batch);
+    kernel<<<blocks, ATTN_THREADS, shape::SMEM_BYTES, stream>>>(p);
     return cudaGetLastError();
 }
 

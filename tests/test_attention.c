@@ -484,28 +484,6 @@ Test(attention_gpu, narrow_windows_packed_heads, .timeout = 600) {
         }
 }
 
-/* More work items (query tiles x head groups x batches) than an H200 holds CTAs of the packed
- * kernel at head dims 64 to 128 (2 per SM, 264): its CTAs loop over several items each, the
- * next one prefetched, and must still give the one-head kernel's bits. The second case has
- * rows that see no key (seqlen_q > seqlen_k under a causal window), so CTAs also go through
- * items without key tiles. */
-Test(attention_gpu, packed_heads_loop_over_items, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    const attn_case cases[] = {
-        /* 4 heads x 32 positions: 64 query tiles x 4 head groups x 2 batches = 512 items */
-        {TK_BF16, 2, 2048, 2048, 16, 4, 128, false, 0, 40, -1, true, 0.0f, false, true, 2.0},
-        /* 128 x 4 x 2 = 1024 items, 768 of them (query tiles 0-95) without a visible key */
-        {TK_F16, 2, 4096, 1000, 16, 4, 64, false, 1, 30, -1, false, 0.0f, false, true, 2.0},
-        /* 2 heads x 64 positions, a window on both sides, BHSD: 32 x 6 x 4 = 768 items */
-        {TK_BF16, 4, 2048, 2048, 12, 6, 96, true, 0, 30, 10, false, 0.0f, false, true, 2.0},
-    };
-    uint64_t seed = 700;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        cr_assert(packed_claims(&cases[i]));
-        run_case_all_variants(&cases[i], seed++);
-    }
-}
-
 /* A window that covers every key is the plain causal mask: same code, same bits. */
 Test(attention_gpu, window_past_the_sequence_is_causal, .timeout = 300) {
     TK_REQUIRE_GPU();
