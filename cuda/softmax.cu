@@ -59,7 +59,10 @@
  * there. Also measured slower (experiments/softmax_long_rows.cu and the git history): a row held
  * in the registers of a cluster (0.50 of copy), a row's slices brought into the shared memory of
  * a cluster's blocks by bulk copies (0.72 at best), the stream with 1024 threads or two blocks
- * per SM.
+ * per SM. Nor are the bf16 rows bound by the exponentials: with each one replaced by an FFMA
+ * (wrong results), the pipelined kernel measured 0.7644 ms against 0.7852 ms, and moving some of
+ * them to the FMA pipe (a polynomial) or a packed bf16x2 MUFU was slower or not precise enough
+ * (experiments/softmax_vocab.cu).
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -92,42 +95,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-}
-
-/* 2^a for a <= ~0 (every exponent of this file) on the FMA pipe, to take exponentials off the
- * MUFU pipe (16 lanes per clock and SM against 128 for FFMA): a = n + r with n = round(a) (the
- * 1.5 * 2^23 shifter leaves n in the low mantissa bits of j), r in [-0.5, 0.5]; 2^r by a minimax
- * polynomial with p(0) = 1, whose relative error in f32 is 1.0e-4 for degree 3 (bf16 outputs: a
- * fortieth of their rounding, 2^-8) and 2.9e-6 for degree 4 (f16: 2^-11); 2^n is built in the
- * exponent field: (n + 127) << 23. a is clamped at -127 with max.NaN (NaN stays NaN, -inf gives
- * 2^-127 * 0 = 0, results below 2^-126.5 are 0 like ex2.approx.ftz's). 9 or 10 FMA/ALU
- * instructions for one MUFU.EX2. */
-template <typename T> __device__ __forceinline__ float poly_exp2(float a) {
-    constexpr float SHIFTER = 12582912.0f; /* 1.5 * 2^23: c + SHIFTER rounds c to an integer */
-    float c;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(c) : "f"(a), "f"(-127.0f));
-    const float j = c + SHIFTER;
-    const float r = c - (j - SHIFTER);
-    float p;
-    if constexpr (std::is_same_v<T, __half>)
-        p = fmaf(fmaf(fmaf(fmaf(9.582844925e-03f, r, 5.590644374e-02f), r, 2.402409890e-01f), r, 6.931241903e-01f),
-                 r, 1.0f);
-    else
-        p = fmaf(fmaf(fmaf(5.500882775e-02f, r, 2.422110239e-01f), r, 6.932829513e-01f), r, 1.0f);
-    return p * __int_as_float((int)((uint32_t)__float_as_int(j) << 23) + 0x3f800000);
-}
-
-/* 2^a for element e of a pack: the first Poly elements on the FMA pipe, the others with
- * MUFU.EX2. EXPERIMENT ONLY: Poly < 0 replaces the exponential by one FFMA (wrong results; bounds
- * what the memory system allows). */
-template <typename T, int Poly> __device__ __forceinline__ float element_exp2(float a, int e) {
-    if constexpr (Poly == -2)
-        return fast_exp2(a);
-    if constexpr (Poly < 0)
-        return fmaf(a, 1e-3f, 1.0f);
-    if (e < Poly)
-        return poly_exp2<T>(a);
-    return fast_exp2(a);
 }
 
 /* row % period (row >= 0, period > 0): a 32-bit remainder when both fit (tensors of fewer
@@ -189,63 +156,44 @@ struct row_stats {
 
 /* Accumulates one visible element into the pass-1 statistics: the sum of 2^(t - m) forward,
  * the dot backward. */
-template <bool Backward, typename T = float, int Poly = 0>
+template <bool Backward>
 __device__ __forceinline__ void accumulate(const tk_softmax_call &a, float x_or_y, float dy, float c2, float m,
-                                           float *acc, int e = Poly) {
+                                           float *acc) {
     if constexpr (Backward)
         *acc += a.log ? dy : dy * x_or_y;
     else
-        *acc += element_exp2<T, Poly>(x_or_y * c2 - m, e);
+        *acc += fast_exp2(x_or_y * c2 - m);
 }
 
 /* Accumulates the visible elements of a pack starting at column c0. */
-template <typename T, int Vec, bool Backward, int Poly = 0>
+template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ void accumulate_pack(const tk_softmax_call &a, const tk_pack<T, Vec> &xs,
                                                 const tk_pack<T, Vec> &gs, int c0, int len, float c2, float m,
                                                 float *acc) {
-    if constexpr (Poly == -2 && !Backward && Vec % 2 == 0) { /* EXPERIMENT: ex2.approx.ftz.bf16x2 */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (c0 + Vec <= len) {
-#pragma unroll
-            for (int e = 0; e < Vec; e += 2) {
-                uint32_t args, pair;
-                asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
-                    : "=r"(args)
-                    : "f"(tk_to_float(xs.v[e + 1]) * c2 - m), "f"(tk_to_float(xs.v[e]) * c2 - m));
-                asm("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(pair) : "r"(args));
-                *acc += __uint_as_float(pair << 16) + __uint_as_float(pair & 0xffff0000u);
-            }
-            return;
-        }
-#endif
-    }
     if (c0 + Vec <= len) {
 #pragma unroll
         for (int e = 0; e < Vec; e++)
-            accumulate<Backward, T, Poly>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m,
-                                          acc, e);
+            accumulate<Backward>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
     } else if (c0 < len) {
 #pragma unroll
         for (int e = 0; e < Vec; e++)
             if (c0 + e < len)
-                accumulate<Backward, T, Poly>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2,
-                                              m, acc, e);
+                accumulate<Backward>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
     }
 }
 
 /* One output element at column c: from x (forward) or y and dy (backward) when visible, else 0
  * (-inf for the log-softmax forward). */
-template <bool Backward, typename T = float, int Poly = 0>
+template <bool Backward>
 __device__ __forceinline__ float output_value(const tk_softmax_call &a, const row_stats &st, float x_or_y, float dy,
-                                              float c2, bool visible, int e = Poly) {
+                                              float c2, bool visible) {
     if (!visible)
         return (!Backward && a.log) ? -INFINITY : 0.0f;
     if constexpr (Backward) {
-        return a.log ? a.scale * (dy - element_exp2<T, Poly>(x_or_y * LOG2E, e) * st.dot)
-                     : a.scale * x_or_y * (dy - st.dot);
+        return a.log ? a.scale * (dy - fast_exp2(x_or_y * LOG2E) * st.dot) : a.scale * x_or_y * (dy - st.dot);
     } else {
         const float t = x_or_y * c2;
-        return a.log ? (t - st.lse) * LN2 : element_exp2<T, Poly>(t - st.lse, e); /* 2^(t - m) / s */
+        return a.log ? (t - st.lse) * LN2 : fast_exp2(t - st.lse); /* 2^(t - m) / s */
     }
 }
 
@@ -268,15 +216,15 @@ template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> pack_o
     return r;
 }
 
-template <typename T, int Vec, bool Backward, int Poly = 0>
+template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ tk_pack<T, Vec> output_pack(const tk_softmax_call &a, const row_stats &st,
                                                        const tk_pack<T, Vec> &xs, const tk_pack<T, Vec> &gs, int c0,
                                                        int len, float c2) {
     float r[Vec];
 #pragma unroll
     for (int e = 0; e < Vec; e++)
-        r[e] = output_value<Backward, T, Poly>(a, st, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f,
-                                               c2, c0 + e < len, e);
+        r[e] = output_value<Backward>(a, st, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2,
+                                      c0 + e < len);
     return pack_of<T, Vec>(r);
 }
 
@@ -565,153 +513,109 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
 
 /* ----------------------------------------------------------------------------- stream ---- */
 
-/* A row of the stream kernel: its steps are the chunks of pass 1 (statistics; only chunks with
- * visible whole packs) and then those of pass 2 (outputs; every chunk). row >= rows: none. */
-struct stream_row {
-    int64_t row;
-    int len, pack_len; /* visible columns; of them, those in whole packs */
-    int steps1;        /* chunks of pass 1 */
-};
-
-template <typename T, int Vec, int Unroll> struct stream_chunk {
-    tk_pack<T, Vec> xs[Unroll], gs[Unroll];
-};
-
-/* One block per row at a time. Step s of a row loads one chunk of Unroll packs per thread and
- * uses it; the loads of step s + 1 (at a row's last step, the next row's first) are issued before
- * step s is used, so that DRAM is read while the exponentials of step s run, and across the
- * block reduction between the passes. (EXPERIMENT knobs: Prefetch = false issues them after;
- * PolySum / PolyOut = elements per pack whose exponential is the FMA polynomial, < 0: none.) */
-template <typename T, int Vec, bool Backward, int Unroll, int PolySum, int PolyOut, bool Prefetch>
+template <typename T, int Vec, bool Backward>
 __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_softmax_call a) {
-    using chunk_t = stream_chunk<T, Vec, Unroll>;
+    constexpr int UNROLL = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD;
     __shared__ float scratch[32];
     const T *in = static_cast<const T *>(a.in);
     const T *dy = static_cast<const T *>(a.dy);
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
     const int whole = cols / Vec * Vec; /* columns covered by whole packs */
-    const int chunk = (int)blockDim.x * Unroll * Vec;
-    const int steps2 = (whole + chunk - 1) / chunk;
+    const int chunk = (int)blockDim.x * UNROLL * Vec;
     const float c2 = a.scale * LOG2E;
 
-    auto row_at = [&](int64_t row) {
-        stream_row r;
-        r.row = row;
-        r.len = row < a.rows ? visible_len(a, row) : 0;
-        r.pack_len = r.len < whole ? r.len : whole;
-        r.steps1 = (r.pack_len + chunk - 1) / chunk;
-        return r;
-    };
-    /* Pass 1 reads what its statistics need with plain loads (the row stays in L2 for pass 2;
-     * the log-softmax backward sums dy alone), pass 2 re-reads with last-use loads. */
-    auto load_step = [&](const stream_row &r, int s) {
-        chunk_t c;
-        const bool pass1 = s < r.steps1;
-        const int base = (pass1 ? s : s - r.steps1) * chunk;
-        const T *in_row = in + r.row * a.in_stride, *dy_row = dy + r.row * a.in_stride;
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        const int len = visible_len(a, row);
+        const int pack_len = len < whole ? len : whole;
+        const T *in_row = in + row * a.in_stride;
+        const T *dy_row = dy + row * a.in_stride;
+        T *out_row = out + row * a.out_stride;
+        const row_tail<T, Vec> tail = load_tail<T, Vec, Backward>(in_row, dy_row, cols, len, threadIdx.x);
+
+        /* Pass 1: statistics. Plain loads: the row stays in L2 for pass 2. */
+        float m = -INFINITY, acc = 0.0f; /* forward: running max and sum; backward: the dot */
+#pragma unroll 1
+        for (int base = 0; base < pack_len; base += chunk) {
+            tk_pack<T, Vec> xs[UNROLL], gs[UNROLL];
 #pragma unroll
-        for (int u = 0; u < Unroll; u++) {
-            const int c0 = base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec;
-            if (c0 < r.pack_len) {
-                if (pass1) {
-                    if (!(Backward && a.log))
-                        c.xs[u] = load<T, Vec, false>(in_row + c0);
+            for (int u = 0; u < UNROLL; u++) {
+                const int c0 = base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec;
+                if (c0 < pack_len) {
+                    if (!(Backward && a.log)) /* the log-softmax backward sums dy alone */
+                        xs[u] = load<T, Vec, false>(in_row + c0);
                     if constexpr (Backward)
-                        c.gs[u] = load<T, Vec, false>(dy_row + c0);
-                } else {
-                    c.xs[u] = load<T, Vec, true>(in_row + c0);
-                    if constexpr (Backward)
-                        c.gs[u] = load<T, Vec, true>(dy_row + c0);
+                        gs[u] = load<T, Vec, false>(dy_row + c0);
+                }
+            }
+            if constexpr (Backward) {
+#pragma unroll
+                for (int u = 0; u < UNROLL; u++)
+                    accumulate_pack<T, Vec, true>(a, xs[u], gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
+                                                  pack_len, c2, 0.0f, &acc);
+            } else {
+                row_extremes<T, Vec> ext;
+#pragma unroll
+                for (int u = 0; u < UNROLL; u++)
+                    ext.add_visible(xs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec, pack_len);
+                keep_packed(xs);
+                const float chunk_max = ext.max_times(c2);
+                if (chunk_max > m) { /* rescale the sum to the new maximum (0 * 0 when m = -inf) */
+                    acc *= fast_exp2(m - chunk_max);
+                    m = chunk_max;
+                }
+                if (m != -INFINITY) { /* all -inf so far: nothing to add */
+#pragma unroll
+                    for (int u = 0; u < UNROLL; u++)
+                        accumulate_pack<T, Vec, false>(a, xs[u], gs[u],
+                                                       base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
+                                                       pack_len, c2, m, &acc);
                 }
             }
         }
-        return c;
-    };
-
-    stream_row r = row_at(blockIdx.x);
-    chunk_t c = load_step(r, 0);
-    while (r.row < a.rows) {
-        const T *in_row = in + r.row * a.in_stride;
-        const T *dy_row = dy + r.row * a.in_stride;
-        T *out_row = out + r.row * a.out_stride;
-        const row_tail<T, Vec> tail = load_tail<T, Vec, Backward>(in_row, dy_row, cols, r.len, threadIdx.x);
-        const stream_row next = row_at(r.row + gridDim.x);
-        const int steps = r.steps1 + steps2;
-        float m = -INFINITY, acc = 0.0f; /* forward: running max and sum; backward: the dot */
         row_stats st;
+        if constexpr (Backward) {
+            if (tail.col < len)
+                accumulate<true>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &acc);
+            st.dot = tk_block_sum(acc, scratch);
+        } else {
+            if (tail.col < len) {
+                const float t = tk_to_float(tail.x) * c2;
+                if (t > m) {
+                    acc *= fast_exp2(m - t);
+                    m = t;
+                }
+                if (m != -INFINITY)
+                    acc += fast_exp2(t - m);
+            }
+            const float row_m = tk_block_max(m, scratch);
+            const float scaled = m == -INFINITY ? 0.0f : acc * fast_exp2(m - row_m);
+            st.lse = row_m + log2f(tk_block_sum(scaled, scratch)); /* -inf: nothing visible */
+        }
+
+        /* Pass 2: re-read (last use) and write every whole pack, masked columns included. */
 #pragma unroll 1
-        for (int s = 0;; s++) {
-            if (s == r.steps1) { /* pass 1 done: the row's statistics */
-                if constexpr (Backward) {
-                    if (tail.col < r.len)
-                        accumulate<true>(a, tk_to_float(tail.x), tk_to_float(tail.g), c2, 0.0f, &acc);
-                    st.dot = tk_block_sum(acc, scratch);
-                } else {
-                    if (tail.col < r.len) {
-                        const float t = tk_to_float(tail.x) * c2;
-                        if (t > m) {
-                            acc *= fast_exp2(m - t);
-                            m = t;
-                        }
-                        if (m != -INFINITY)
-                            acc += fast_exp2(t - m);
-                    }
-                    const float row_m = tk_block_max(m, scratch);
-                    const float scaled = m == -INFINITY ? 0.0f : acc * fast_exp2(m - row_m);
-                    st.lse = row_m + log2f(tk_block_sum(scaled, scratch)); /* -inf: nothing visible */
+        for (int base = 0; base < whole; base += chunk) {
+            tk_pack<T, Vec> xs[UNROLL], gs[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                const int c0 = base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec;
+                if (c0 < pack_len) {
+                    xs[u] = load<T, Vec, true>(in_row + c0);
+                    if constexpr (Backward)
+                        gs[u] = load<T, Vec, true>(dy_row + c0);
                 }
             }
-            if (s == steps)
-                break;
-            chunk_t following;
-            if constexpr (Prefetch)
-                following = s + 1 < steps ? load_step(r, s + 1) : load_step(next, 0);
-            if (s < r.steps1) {
-                const int base = s * chunk;
-                if constexpr (Backward) {
 #pragma unroll
-                    for (int u = 0; u < Unroll; u++)
-                        accumulate_pack<T, Vec, true>(a, c.xs[u], c.gs[u],
-                                                      base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                                      r.pack_len, c2, 0.0f, &acc);
-                } else {
-                    row_extremes<T, Vec> ext;
-#pragma unroll
-                    for (int u = 0; u < Unroll; u++)
-                        ext.add_visible(c.xs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec, r.pack_len);
-                    keep_packed(c.xs);
-                    const float chunk_max = ext.max_times(c2);
-                    if (chunk_max > m) { /* rescale the sum to the new maximum (0 * 0 when m = -inf) */
-                        acc *= fast_exp2(m - chunk_max);
-                        m = chunk_max;
-                    }
-                    if (m != -INFINITY) { /* all -inf so far: nothing to add */
-#pragma unroll
-                        for (int u = 0; u < Unroll; u++)
-                            accumulate_pack<T, Vec, false, PolySum>(
-                                a, c.xs[u], c.gs[u], base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec,
-                                r.pack_len, c2, m, &acc);
-                    }
-                }
-            } else { /* every whole pack is written, masked columns included */
-                const int base = (s - r.steps1) * chunk;
-#pragma unroll
-                for (int u = 0; u < Unroll; u++) {
-                    const int c0 = base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec;
-                    if (c0 < whole)
-                        store_streaming<T, Vec>(out_row + c0, output_pack<T, Vec, Backward, PolyOut>(
-                                                                  a, st, c.xs[u], c.gs[u], c0, r.len, c2));
-                }
+            for (int u = 0; u < UNROLL; u++) {
+                const int c0 = base + (u * (int)blockDim.x + (int)threadIdx.x) * Vec;
+                if (c0 < whole)
+                    store_streaming<T, Vec>(out_row + c0, output_pack<T, Vec, Backward>(a, st, xs[u], gs[u], c0, len, c2));
             }
-            if constexpr (!Prefetch)
-                following = s + 1 < steps ? load_step(r, s + 1) : load_step(next, 0);
-            c = following;
         }
         if (tail.col < cols)
             out_row[tail.col] = tk_from_float<T>(output_value<Backward>(
-                a, st, tk_to_float(tail.x), Backward ? tk_to_float(tail.g) : 0.0f, c2, tail.col < r.len));
-        r = next;
+                a, st, tk_to_float(tail.x), Backward ? tk_to_float(tail.g) : 0.0f, c2, tail.col < len));
     }
 }
 
@@ -803,7 +707,7 @@ struct pipe_row {
  * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
  * current one, including the first chunk of the next iteration, are issued before the current
  * one is used, so they are in flight during the cluster's exchange of row k's (max, sum). */
-template <typename T, int Vec, int PolySum = 0, int PolyOut = 0>
+template <typename T, int Vec>
 __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using pack = tk_pack<T, Vec>;
@@ -874,7 +778,7 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
                     const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
                     if (c0 < slice_end) /* masked packs too */
                         store_streaming<T, Vec>(out + cur.row * a.out_stride + c0,
-                                                output_pack<T, Vec, false, PolyOut>(a, st, c.cur[u], c.cur[u], c0, cur.len, c2));
+                                                output_pack<T, Vec, false>(a, st, c.cur[u], c.cur[u], c0, cur.len, c2));
                 }
             }
             if (nxt.row >= 0) {
@@ -894,7 +798,7 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
                 if (part.m != -INFINITY) {
 #pragma unroll
                     for (int u = 0; u < PIPE_UNROLL; u++)
-                        accumulate_pack<T, Vec, false, PolySum>(
+                        accumulate_pack<T, Vec, false>(
                             a, c.nxt[u], c.nxt[u], (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec,
                             nxt.load_end, c2, part.m, &part.s);
                 }
@@ -965,10 +869,9 @@ cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <typename T, int Vec, bool Backward, int Unroll = Backward ? STREAM_UNROLL_BWD : STREAM_UNROLL_FWD,
-          int PolySum = 0, int PolyOut = 0, bool Prefetch = true>
+template <typename T, int Vec, bool Backward>
 cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward, Unroll, PolySum, PolyOut, Prefetch>;
+    constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward>;
     /* Rows in flight: at least one per SM, more only while they fit in half of L2. */
     /* What pass 2 re-reads: x, or y and dy (dy alone for the log-softmax backward). */
     const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward && !a->log ? 2 : 1);
@@ -1017,9 +920,9 @@ template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchCon
  * many clusters as fit at once (a cluster's rows follow one another). Each block has at most
  * two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB =
  * 33 MB on an H200 (60 MB of L2), so that pass 2 hits. */
-template <typename T, int Vec, int PolySum = 0, int PolyOut = 0>
+template <typename T, int Vec>
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
-    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, PolySum, PolyOut>;
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec>;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
     cudaLaunchAttribute cluster;

@@ -30,6 +30,8 @@
  * diagnostic gained 1% (stream) and 3% (pipelined B2: 0.7644 against 0.7852 ms), and the FMA
  * polynomial (1 to 3 of 8 exponentials per pack) or the packed bf16x2 sum were slower or equal.
  *
+ * The knobs are not in the library (that stream kernel was slower than main's): build this file
+ * in a checkout of commit bb77f83, whose cuda/softmax.cu has them:
  *   nvcc -Iinclude -Icuda -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a \
  *        experiments/softmax_vocab.cu -o build/softmax_vocab
  */
