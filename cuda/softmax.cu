@@ -59,7 +59,10 @@
  * there. Also measured slower (experiments/softmax_long_rows.cu and the git history): a row held
  * in the registers of a cluster (0.50 of copy), a row's slices brought into the shared memory of
  * a cluster's blocks by bulk copies (0.72 at best), the stream with 1024 threads or two blocks
- * per SM.
+ * per SM. Nor are the bf16 rows bound by the exponentials: with each one replaced by an FFMA
+ * (wrong results), the pipelined kernel measured 0.7644 ms against 0.7852 ms, and moving some of
+ * them to the FMA pipe (a polynomial) or a packed bf16x2 MUFU was slower or not precise enough
+ * (experiments/softmax_vocab.cu).
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec

@@ -285,6 +285,10 @@ static void run_all(bool backward) {
         {3, 16389, 3, 11, 0.5f, 1, 0, 0, 0, false, 0},
         {6, 50000, 0, 0, 1.0f, 0, 1, 20000, 3, false, 0},
         {4, 65536, 0, 0, 1.0f, 1, 1, -2, 2, true, 0},
+        /* more rows than the stream kernel has blocks (a block streams several rows): rows that
+         * see nothing or little, nearly whole rows */
+        {300, 2003, 5, 5, 1.0f, 0, 1, -100, 150, false, 0},
+        {300, 2003, 0, 0, 0.7f, 1, 1, 1850, 300, false, 0},
     };
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
