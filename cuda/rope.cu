@@ -25,6 +25,15 @@
  *   cos and sin of every (token, pair) of its T tokens, each computed once and used by every
  *   head. After one barrier each unit reads its Vec cos / sin from the table, rotates and is
  *   stored with 16-byte st.global.v4 (tk_store_pack).
+ * - With a cache, a table entry is two dependent loads: the token's position, then the cache
+ *   row at it. Issued after the data loads, both round trips followed the data and a block
+ *   waited for them with its data already in registers: 0.83 of copy on an H200, against 0.93
+ *   for theta. So a thread first loads its first entry's position, waits for it, issues that
+ *   entry's cos / sin loads and only then its data loads: the cache row and the data are in
+ *   flight together (0.93, experiments/rope_cache_order.cu). Loading only the position first
+ *   (0.83), or prefetching into L2 the cache rows of the blocks one to four waves on (0.82-0.86),
+ *   did not help. With theta only the position goes first (computing the angles before the data
+ *   loads would delay them).
  * - Registers (80 at most, 3 blocks of 256 per SM): between the loads and the rotation only the
  *   raw packs (keep_packed) and one cursor are alive; step 3 walks the work list again instead
  *   of keeping each unit's addresses (forget), and rotates 4 pairs at a time. Angles are not
@@ -79,15 +88,20 @@ __device__ __forceinline__ int64_t token_position(const tk_rope_call &a, int64_t
     return a.position_start + t;
 }
 
+/* The cache's cos and sin of pair i at position pos, as they are stored (forward). */
+__device__ __forceinline__ void cached_cos_sin(const tk_rope_call &a, int64_t pos, int64_t i, float *c, float *s) {
+    if (pos < 0 || pos >= a.max_position) {
+        *c = *s = __int_as_float(0x7fffffff); /* NaN: the documented out-of-range result */
+        return;
+    }
+    *c = a.cos_cache[pos * a.cache_row_stride + i];
+    *s = a.sin_cache[pos * a.cache_row_stride + i];
+}
+
 /* cos and sin of pair i's angle at position pos (sin negated for the backward pass). */
 __device__ __forceinline__ void pair_cos_sin(const tk_rope_call &a, int64_t pos, int64_t i, float *c, float *s) {
     if (a.cos_cache) {
-        if (pos < 0 || pos >= a.max_position) {
-            *c = *s = __int_as_float(0x7fffffff); /* NaN: the documented out-of-range result */
-            return;
-        }
-        *c = a.cos_cache[pos * a.cache_row_stride + i];
-        *s = a.sin_cache[pos * a.cache_row_stride + i];
+        cached_cos_sin(a, pos, i, c, s);
     } else {
         const double inv_freq = exp2((double)i * a.log2_inv_freq_step);
         const double angle = (double)pos * inv_freq;
@@ -212,6 +226,18 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) rope_kernel(tk_rope_call 
     const int end = (int)min(g.block_units, group_tokens * heads * g.units - first_unit);
     const cursor start = cursor_at(first_unit, threadIdx.x, g.units, heads);
 
+    /* 0. The thread's first table entry, before the data (header comment): with a cache the
+     * thread waits for the position and issues the cache loads, so that the cache row and the
+     * data loads of step 1 are in flight together; with theta only the position is loaded. */
+    const int entries = Table ? (int)(group_tokens * half) : 0;
+    int64_t first_position = 0;
+    float first_cos = 0.0f, first_sin = 0.0f;
+    if (Table && (int)threadIdx.x < entries) {
+        first_position = token_position(a, first_token + threadIdx.x / half);
+        if (a.cos_cache)
+            cached_cos_sin(a, first_position, threadIdx.x % half, &first_cos, &first_sin);
+    }
+
     /* 1. Every load of the thread's units, before any is used. */
     tk_pack<T, Vec> first[PerThread], second[PerThread];
     cursor c = start;
@@ -233,11 +259,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) rope_kernel(tk_rope_call 
 
     /* 2. While they are in flight: the angles of the group's tokens, once per (token, pair). */
     if constexpr (Table) {
-        const int entries = (int)(group_tokens * half);
         for (int e = threadIdx.x; e < entries; e += THREADS) {
             const int token = e / (int)half;
-            pair_cos_sin(a, token_position(a, first_token + token), e - token * (int)half, &cos_table[e],
-                         &sin_table[e]);
+            if (e == (int)threadIdx.x && a.cos_cache) { /* loaded in step 0 */
+                cos_table[e] = first_cos;
+                sin_table[e] = a.backward ? -first_sin : first_sin;
+                continue;
+            }
+            const int64_t pos = e == (int)threadIdx.x ? first_position : token_position(a, first_token + token);
+            pair_cos_sin(a, pos, e - token * (int)half, &cos_table[e], &sin_table[e]);
         }
         __syncthreads();
     }

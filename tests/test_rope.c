@@ -217,8 +217,9 @@ static void run_case(const rope_case *c, tk_rng *rng) {
     nq += c->misalign;
     nk += c->misalign + (c->heads_k == 0 ? 8 : 0); /* a Q-only call still gets a (unused) k buffer */
 
-    /* Positions and the cache (max_position = the largest position + 1, plus one token past the
-     * end when the cache case checks the out-of-range rule). */
+    /* Positions and the cache (max_position = the largest position + 1; with a position array,
+     * the last token is one past the end and, from 3 tokens on, the middle one is -1: the
+     * out-of-range rule). */
     int64_t *pos = malloc((size_t)(c->tokens > 0 ? c->tokens : 1) * sizeof(int64_t));
     int32_t *pos32 = malloc((size_t)(c->tokens > 0 ? c->tokens : 1) * sizeof(int32_t));
     cr_assert(pos && pos32);
@@ -232,6 +233,8 @@ static void run_case(const rope_case *c, tk_rng *rng) {
     if (out_of_range_token) {
         pos[c->tokens - 1] = max_position; /* not read: that token's rotated part becomes NaN */
         pos32[c->tokens - 1] = (int32_t)max_position;
+        if (c->tokens > 2)
+            pos[c->tokens / 2] = pos32[c->tokens / 2] = -1;
     }
     const int64_t cache_stride = half + 3;
     float *h_cos = NULL, *h_sin = NULL;
@@ -465,6 +468,19 @@ Test(rope_gpu, many_tokens_one_wide_head) {
     for (int style = TK_ROPE_NEOX; style <= TK_ROPE_GPTJ; style++) {
         const rope_case c = {TK_BF16, (tk_rope_style)style, 17000, 1, 0, 512, 0, LAYOUT_DENSE, false, false,
                              false, POS_I64, 0, 0, "vec16"};
+        run_case(&c, &rng);
+    }
+}
+
+/* The benchmark's cache case (heads, in place, int64 positions) over several waves of blocks:
+ * vec16 has 4 tokens a block, every thread's first table entry loaded before the data;
+ * scalar splits a token over 2 blocks. Out-of-range positions (-1 and max_position) among them. */
+Test(rope_gpu, many_tokens_cache) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(45);
+    for (size_t v = 0; v < 2; v++) {
+        const rope_case c = {TK_BF16, TK_ROPE_NEOX, 5000, 32, 8, 128, 0, LAYOUT_DENSE, true, false,
+                             true, POS_I64, 0, 0, VARIANTS[v]};
         run_case(&c, &rng);
     }
 }
