@@ -81,14 +81,7 @@ const variant variants[] = {
 };
 constexpr int VARIANT_COUNT = sizeof variants / sizeof variants[0];
 
-#define CHECK(x)                                                                                \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "experiment.h"
 
 const int REPS = 7;
 const int SETTLE_MS = 300;
