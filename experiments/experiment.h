@@ -1,11 +1,16 @@
 /* What the experiment drivers share: CHECK(call) stops the program with the file, line, call and
- * CUDA error when a runtime call fails (an experiment has nothing to recover). */
+ * CUDA error when a runtime call fails (an experiment has nothing to recover), and the timing
+ * loop. */
 #ifndef TK_EXPERIMENT_H
 #define TK_EXPERIMENT_H
 
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
 
 #define CHECK(x)                                                                                  \
     do {                                                                                          \
@@ -15,5 +20,30 @@
             exit(1);                                                                              \
         }                                                                                         \
     } while (0)
+
+/* Median time of f over `reps` calls, after `warmups` untimed ones; `flush` (at least the L2's
+ * size) is overwritten before every call, so that each one starts with a cold L2, as in tkbench. */
+static inline float experiment_time_ms(const std::function<cudaError_t()> &f, int warmups, int reps, void *flush,
+                                       size_t flush_bytes) {
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int r = 0; r < warmups + reps; r++) {
+        CHECK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
+        CHECK(cudaEventRecord(e0));
+        CHECK(f());
+        CHECK(cudaEventRecord(e1));
+        CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= warmups)
+            t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    return t[t.size() / 2];
+}
 
 #endif

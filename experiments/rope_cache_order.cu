@@ -295,25 +295,7 @@ void *flush_buf;
 size_t flush_bytes;
 
 float time_ms(const std::function<cudaError_t()> &f) {
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    for (int r = 0; r < REPS + 3; r++) {
-        CHECK(cudaMemsetAsync(flush_buf, r & 0xff, flush_bytes));
-        CHECK(cudaEventRecord(e0));
-        CHECK(f());
-        CHECK(cudaEventRecord(e1));
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 3)
-            t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-    return t[t.size() / 2];
+    return experiment_time_ms(f, 3, REPS, flush_buf, flush_bytes);
 }
 
 float bf16_to_float(uint16_t h) {

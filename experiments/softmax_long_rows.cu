@@ -63,25 +63,7 @@ static void *flush_buf;
 static size_t flush_bytes;
 
 static float time_ms(const std::function<cudaError_t()> &f) {
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    for (int r = 0; r <= REPS; r++) {
-        CHECK(cudaMemsetAsync(flush_buf, r & 0xff, flush_bytes));
-        CHECK(cudaEventRecord(e0));
-        CHECK(f());
-        CHECK(cudaEventRecord(e1));
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r > 0)
-            t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-    return t[t.size() / 2];
+    return experiment_time_ms(f, 1, REPS, flush_buf, flush_bytes);
 }
 
 template <typename T> static void compare_out(const T *ref, const T *got, int64_t n, float *max_diff, unsigned *bad) {

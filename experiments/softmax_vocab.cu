@@ -31,11 +31,12 @@
  * polynomial (1 to 3 of 8 exponentials per pack) or the packed bf16x2 sum were slower or equal.
  *
  * The knobs are not in the library (that stream kernel was slower than main's): build this file
- * in a checkout of commit bb77f83, whose cuda/softmax.cu has them:
- *   nvcc -Iinclude -Icuda -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a \
+ * against commit bb77f83's cuda/softmax.cu, which has them, put first on the include path:
+ *   mkdir -p /tmp/sv && git show bb77f83:cuda/softmax.cu > /tmp/sv/softmax.cu
+ *   nvcc -I/tmp/sv -Iinclude -Icuda -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a \
  *        experiments/softmax_vocab.cu -o build/softmax_vocab
  */
-#include "../cuda/softmax.cu"
+#include "softmax.cu" /* cuda/ or the directory named first with -I */
 
 #include <algorithm>
 #include <cmath>
@@ -79,25 +80,7 @@ static void *flush_buf;
 static size_t flush_bytes;
 
 static float time_ms(const std::function<cudaError_t()> &f) {
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    for (int r = 0; r <= REPS; r++) {
-        CHECK(cudaMemsetAsync(flush_buf, r & 0xff, flush_bytes));
-        CHECK(cudaEventRecord(e0));
-        CHECK(f());
-        CHECK(cudaEventRecord(e1));
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r > 0)
-            t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-    return t[t.size() / 2];
+    return experiment_time_ms(f, 1, REPS, flush_buf, flush_bytes);
 }
 
 template <typename T> static void compare_out(const T *ref, const T *got, int64_t n, float *max_diff, unsigned *bad) {
