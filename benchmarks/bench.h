@@ -34,6 +34,12 @@ typedef void (*bench_fn)(void *arg, cudaStream_t stream);
 /* Median time in ms of `fn` over the context's repetitions, L2 flushed before each. */
 double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg);
 
+/* As bench_time_ms, with the GPU left idle for idle_ms (bench_settle) before every repetition:
+ * each launch starts from the same idle power state, however long the kernel or its neighbours
+ * run. For kernels that hold the GPU at its power limit, where a run of back-to-back launches
+ * slows down as the clocks drop, and drops more the longer the kernel (GEMM). */
+double bench_time_idle_ms(bench_ctx *ctx, bench_fn fn, void *arg, int idle_ms);
+
 /* Waits for the device, then leaves it idle for idle_ms, so that the timing that follows starts
  * from an idle power state whatever ran before it. Families whose work holds the GPU at its
  * power limit (GEMM, attention and their cuBLAS baselines) call it before every timing, ours

@@ -6,17 +6,23 @@
  *   gemm+bias+gelu       tk_gemm, bias, GELU (tanh form)  vs cublasLtMatmul, EPILOGUE_GELU_BIAS
  *                                                            (cuBLASLt's GELU is the tanh form)
  *   gemm+bias+gelu       the same fused call              vs tk_gemm then tk_activation_fwd
+ *   gemm+bias+gelu       the same fused call              vs tk_gemm without epilogue (what
+ *                                                            the fused epilogue costs)
  *   gemm (mma_128x256)   the portable kernel, forced      vs cublasGemmEx (where the library
  *                                                            picks another kernel, e.g. wgmma)
  * B is [N, K] (a Linear weight, D = A B^T) unless the row says B KN. Shapes: 4096^3, 8192^3 and
  * the Llama / Mistral layer shapes of issue 5, written M x N x K.
- * Every timing (ours, cuBLAS, cuBLASLt, the unfused pair) starts from an idle GPU
- * (bench_settle): these GEMMs hold the H200 at its 700 W power limit, and a timing right after
- * another one measured up to 18% fewer TFLOP/s than after 100 ms of idle (SETTLE_MS), so without
- * the pause each row was timed in whatever power state the row before left: the same wgmma
- * kernel's rows moved by 5-10% between two runs minutes apart. The same pause precedes the
- * baselines and our kernels: it makes rows comparable, it favours neither. It adds ~4 s to the
- * run (42 timings).
+ *
+ * Every repetition of every timing (ours, cuBLAS, cuBLASLt, the unfused pair) starts from an
+ * idle GPU (bench_time_idle_ms, IDLE_MS). These GEMMs hold the H200 at its 700 W power limit: a
+ * timing right after another one measured up to 18% fewer TFLOP/s than after 100 ms of idle.
+ * With one pause per timing instead of per repetition, the rows of the longest shapes still
+ * moved between runs (the fused/plain time ratio of the same kernel at 16384 x 14336 x 4096:
+ * 0.98 in one run, 1.13 in another; docs/performance.md): 25 ms of warm-up and 30 launches of
+ * 3-4 ms back to back are long enough for the clocks to come down during the timing, more for
+ * a longer kernel. An idle pause before every launch times each kernel from the same state,
+ * ours and the baselines alike; it favours none. It adds ~2 min to the run (43 timings x 30
+ * repetitions x 100 ms).
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -138,17 +144,14 @@ void report(bench_ctx *ctx, const char *op, const char *shape, const char *varia
     bench_report(ctx, &row);
 }
 
-/* Idle time before each timing. Measured on the H200 (experiments/gemm_mma_schedules.cu
- * --settle-test: ~100 ms of cuBLAS, a pause, then this harness's timing of the portable kernel
- * at 16384 x 4096 x 4096): 390-397 TFLOP/s after no pause, 425 after 30 ms, 474-478 after
- * 100 ms, 476-478 after 300 ms, 479 after 1 s. */
-const int SETTLE_MS = 100;
+/* Idle time before each repetition. Measured on the H200 (experiments/gemm_mma_schedules.cu
+ * --settle-test: ~100 ms of cuBLAS, a pause, then a timing of the portable kernel at
+ * 16384 x 4096 x 4096): 390-397 TFLOP/s after no pause, 425 after 30 ms, 474-478 after 100 ms,
+ * 476-478 after 300 ms, 479 after 1 s. */
+const int IDLE_MS = 100;
 
-/* bench_time_ms from an idle GPU (see the header). */
-double settled_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
-    bench_settle(SETTLE_MS);
-    return bench_time_ms(ctx, fn, arg);
-}
+/* Median time with every repetition from an idle GPU (see the header). */
+double settled_ms(bench_ctx *ctx, bench_fn fn, void *arg) { return bench_time_idle_ms(ctx, fn, arg, IDLE_MS); }
 
 /* The tk_gemm variant that a call runs (the name is static). */
 const char *variant_of(const tk_gemm_params *p) {
@@ -215,6 +218,7 @@ void bench_shape(bench_ctx *ctx, cublasHandle_t blas, cublasLtHandle_t lt, int64
     const double unfused_ms = settled_ms(ctx, run_tk_unfused, &g);
     report(ctx, "gemm+bias+gelu", shape, variant_of(&g.with_gelu), gelu_ms, flops,
            "tk gemm, tk_activation", unfused_ms);
+    report(ctx, "gemm+bias+gelu", shape, variant_of(&g.with_gelu), gelu_ms, flops, "tk gemm (plain)", plain_ms);
     teardown_lt(&g);
 }
 

@@ -23,6 +23,8 @@ struct bench_ctx {
     std::vector<void *> buffers;
     void *copy_src, *copy_dst; /* grown on demand for copy baselines */
     size_t copy_bytes;
+    volatile int *release;       /* pinned, mapped: the host's "go" for hold_stream */
+    const int *release_on_device;
 };
 
 extern "C" void bench_check_cuda(cudaError_t err, const char *what) {
@@ -43,7 +45,19 @@ extern "C" const char *bench_dtype_name(tk_dtype dtype) {
     return dtype == TK_F32 ? "f32" : dtype == TK_F16 ? "f16" : "bf16";
 }
 
-extern "C" double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
+/* Spins (one thread) until the host sets *release, or for at most a second, so that a
+ * repetition queued after it runs back to back on the GPU even when the host is slow to queue it
+ * (see bench_time_idle_ms). The time limit keeps a call that synchronises from hanging the run. */
+__global__ void hold_stream(const volatile int *release) {
+    uint64_t start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (!*release && now - start < 1000000000ull);
+}
+
+extern "C" double bench_time_idle_ms(bench_ctx *ctx, bench_fn fn, void *arg, int idle_ms) {
     /* Warm-up: module load, first touch, the launch path's caches and the clocks. It runs for a
      * fixed GPU time rather than a fixed number of calls, so that a 70 us elementwise op and a
      * 5 ms GEMM both reach a steady state before the timed repetitions. */
@@ -55,11 +69,23 @@ extern "C" double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
         bench_check_cuda(cudaEventSynchronize(ctx->stop[0]), "warm-up");
         bench_check_cuda(cudaEventElapsedTime(&warm_ms, ctx->start[0], ctx->stop[0]), "cudaEventElapsedTime");
     }
+    /* After an idle pause the GPU is ahead of the host: it would reach the start event while the
+     * host, back from sleep, is still queuing the call (a library's host work, e.g. cuBLAS's, took
+     * longer than the flush), and time that gap. So each such repetition is queued behind
+     * hold_stream and released at once, as nvbench's blocking kernel does. Without a pause the
+     * host queues the repetitions ahead of the GPU. */
     for (int i = 0; i < ctx->reps; i++) {
+        if (idle_ms > 0) {
+            bench_settle(idle_ms);
+            *ctx->release = 0;
+            hold_stream<<<1, 1, 0, ctx->stream>>>(ctx->release_on_device);
+        }
         bench_check_cuda(cudaMemsetAsync(ctx->flush, i & 0xff, ctx->flush_bytes, ctx->stream), "L2 flush");
         bench_check_cuda(cudaEventRecord(ctx->start[i], ctx->stream), "cudaEventRecord");
         fn(arg, ctx->stream);
         bench_check_cuda(cudaEventRecord(ctx->stop[i], ctx->stream), "cudaEventRecord");
+        if (idle_ms > 0)
+            *ctx->release = 1;
     }
     bench_check_cuda(cudaStreamSynchronize(ctx->stream), "benchmark run");
     std::vector<float> ms(ctx->reps);
@@ -68,6 +94,8 @@ extern "C" double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg) {
     std::sort(ms.begin(), ms.end());
     return ctx->reps % 2 ? ms[ctx->reps / 2] : 0.5 * (ms[ctx->reps / 2 - 1] + ms[ctx->reps / 2]);
 }
+
+extern "C" double bench_time_ms(bench_ctx *ctx, bench_fn fn, void *arg) { return bench_time_idle_ms(ctx, fn, arg, 0); }
 
 extern "C" void bench_settle(int idle_ms) {
     bench_check_cuda(cudaDeviceSynchronize(), "settle");
@@ -221,6 +249,10 @@ extern "C" int bench_main(int argc, char **argv, const char *const *names, const
     ctx.flush_bytes = (size_t)2 * info.l2_bytes;
     bench_check_cuda(cudaMalloc(&ctx.flush, ctx.flush_bytes), "cudaMalloc L2 flush buffer");
     bench_check_cuda(cudaStreamCreate(&ctx.stream), "cudaStreamCreate");
+    int *release = NULL;
+    bench_check_cuda(cudaHostAlloc((void **)&release, sizeof *release, cudaHostAllocMapped), "cudaHostAlloc");
+    bench_check_cuda(cudaHostGetDevicePointer((void **)&ctx.release_on_device, release, 0), "cudaHostGetDevicePointer");
+    ctx.release = release;
     for (int i = 0; i < ctx.reps; i++) {
         bench_check_cuda(cudaEventCreate(&ctx.start[i]), "cudaEventCreate");
         bench_check_cuda(cudaEventCreate(&ctx.stop[i]), "cudaEventCreate");
@@ -242,5 +274,6 @@ extern "C" int bench_main(int argc, char **argv, const char *const *names, const
         }
     if (ctx.json)
         fclose(ctx.json);
+    cudaFreeHost((void *)ctx.release);
     return 0;
 }
