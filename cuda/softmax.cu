@@ -43,26 +43,25 @@
  * L2. What holds the stream at ~0.7 of the copy bandwidth is one block per SM alternating
  * between a load-only and a store-only phase, not DRAM.
  *
- * "pipelined" (forward on sm_90; the library sends it f32 rows of 256 to 512 KB): the stream's
- * two passes interleaved. A block writes row r (pass 2: re-read from L2, outputs) and reads row
- * r + 1 of its sequence (pass 1: (max, sum)) in the same loop, chunk by chunk, so that DRAM sees
- * reads and writes all along; the loads of the next chunk (at the end of a row, the next row's
- * first one) are issued before the current chunk is used, so nothing drains at row ends. A
- * block has two slices in L2 (the one it re-reads, the one it reads), so a row is split into
- * slices of at most 128 KB over a thread-block cluster (one 512-thread block per SM): 132 x 2 x
- * 128 KB = 33 MB in flight on an H200 (60 MB of L2). The blocks of a cluster send each other
- * their (max, sum) parts with st.async into shared memory, counted on the receiver's mbarrier,
- * which does not wait for the sender's global stores as the release of barrier.cluster does (the
- * barrier form measured up to 0.12 ms slower per call). On the H200, 2048 x 131072 f32: 0.5617
- * ms, the stream 0.7863 ms. For bf16 the same kernel was no faster than the stream (4096 x
- * 131072: 0.7783 ms against 0.7155 ms) or the regs kernel (16384 x 32768), so 16-bit rows stay
- * there. Also measured slower (experiments/softmax_long_rows.cu and the git history): a row held
- * in the registers of a cluster (0.50 of copy), a row's slices brought into the shared memory of
- * a cluster's blocks by bulk copies (0.72 at best), the stream with 1024 threads or two blocks
- * per SM. Nor are the bf16 rows bound by the exponentials: with each one replaced by an FFMA
- * (wrong results), the pipelined kernel measured 0.7644 ms against 0.7852 ms, and moving some of
- * them to the FMA pipe (a polynomial) or a packed bf16x2 MUFU was slower or not precise enough
- * (experiments/softmax_vocab.cu).
+ * "pipelined" (forward on sm_90; the library sends it rows of 64 to 512 KB): the stream's two
+ * passes interleaved. A block writes row r (pass 2: re-read from L2, outputs) and reads row r + 1
+ * of its sequence (pass 1: (max, sum)) in the same loop, chunk by chunk, so that DRAM sees reads
+ * and writes all along; the loads of the next chunk (at the end of a row, the next row's first
+ * one) are issued before the current chunk is used, so nothing drains at row ends. A block has
+ * two slices in L2 (the one it re-reads, the one it reads), so a row is split into slices of at
+ * most 128 KB over a thread-block cluster (one 512-thread block per SM): 132 x 2 x 128 KB = 33 MB
+ * in flight on an H200 (60 MB of L2). The blocks of a cluster send each other their (max, sum)
+ * parts with st.async into shared memory, counted on the receiver's mbarrier, which does not wait
+ * for the sender's global stores as the release of barrier.cluster does (the barrier form
+ * measured up to 0.12 ms slower per call). A chunk is held as raw 32-bit words, not as packs of
+ * 16-bit elements: so held, each conditionally loaded bf16 pack was merged into its registers by
+ * PRMTs right after the load, where the thread waited for the data; the next chunk's loads were
+ * then not in flight while the current one was used, and bf16 rows ran at 0.65 of copy (0.9 for
+ * f32, whose packs are words). On the H200 (experiments/softmax_long_rows.cu, ncu): 4096 x 131072
+ * bf16 0.5590 ms, 0.90 of copy, DRAM traffic one read and one write of the tensor; the stream
+ * 0.6910 ms. Also measured slower (the git history): a row held in the registers of a cluster
+ * (0.50 of copy), a row's slices brought into the shared memory of a cluster's blocks by bulk
+ * copies (0.72 at best), the stream with 1024 threads or two blocks per SM.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -171,9 +170,12 @@ __device__ __forceinline__ void accumulate_pack(const tk_softmax_call &a, const 
                                                 const tk_pack<T, Vec> &gs, int c0, int len, float c2, float m,
                                                 float *acc) {
     if (c0 + Vec <= len) {
+        float x[Vec], g[Vec];
+        tk_unpack(xs, x);
+        tk_unpack(gs, g);
 #pragma unroll
         for (int e = 0; e < Vec; e++)
-            accumulate<Backward>(a, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2, m, acc);
+            accumulate<Backward>(a, x[e], Backward ? g[e] : 0.0f, c2, m, acc);
     } else if (c0 < len) {
 #pragma unroll
         for (int e = 0; e < Vec; e++)
@@ -220,11 +222,18 @@ template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ tk_pack<T, Vec> output_pack(const tk_softmax_call &a, const row_stats &st,
                                                        const tk_pack<T, Vec> &xs, const tk_pack<T, Vec> &gs, int c0,
                                                        int len, float c2) {
-    float r[Vec];
+    float x[Vec], g[Vec], r[Vec];
+    tk_unpack(xs, x);
+    tk_unpack(gs, g);
+    if (c0 + Vec <= len) { /* a whole visible pack: no test per element */
 #pragma unroll
-    for (int e = 0; e < Vec; e++)
-        r[e] = output_value<Backward>(a, st, tk_to_float(xs.v[e]), Backward ? tk_to_float(gs.v[e]) : 0.0f, c2,
-                                      c0 + e < len);
+        for (int e = 0; e < Vec; e++)
+            r[e] = output_value<Backward>(a, st, x[e], Backward ? g[e] : 0.0f, c2, true);
+    } else {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            r[e] = output_value<Backward>(a, st, x[e], Backward ? g[e] : 0.0f, c2, c0 + e < len);
+    }
     return pack_of<T, Vec>(r);
 }
 
@@ -624,11 +633,11 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
 constexpr int PIPE_THREADS = 512;
 constexpr int PIPE_MAX_BLOCKS = 8;            /* per cluster (the portable limit) */
 constexpr int64_t PIPE_SLICE_BYTES = 131072;  /* most of a row one block streams */
-/* The rows the library sends to this kernel: f32, 2 to 4 slices (2048 x 131072 f32 on the H200:
- * 0.5617 ms, the stream 0.7863 ms). 16-bit rows measured no faster than the stream or the
- * regs kernel (docs/kernels/softmax.md). */
-constexpr int PIPE_ELEM_BYTES = 4;
-constexpr int64_t PIPE_MIN_SLICES = 2, PIPE_MAX_SLICES = 4; /* whole bytes in (min, max] slices */
+/* The rows the library sends to this kernel (forward, any dtype): whole packs of 64 to 512 KB,
+ * on 1 to 4 blocks. Measured on the H200 (experiments/softmax_long_rows.cu): 0.86-0.92 of the
+ * copy bandwidth from 64 KB rows (16384 x 32768 bf16, where the regs kernel reached 0.72) to
+ * 512 KB rows (2048 x 262144 bf16, 2048 x 131072 f32; the stream 0.68-0.71). */
+constexpr int64_t PIPE_MIN_BYTES = 65536, PIPE_MAX_BYTES = 4 * PIPE_SLICE_BYTES;
 
 /* A partial softmax denominator: s = sum 2^(t - m) over some elements, m their max (-inf and
  * s = 0 for none). Two partials combine like the online rescaling of the stream. */
@@ -636,9 +645,9 @@ struct max_sum {
     float m, s;
 };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-
 constexpr int PIPE_UNROLL = 4; /* packs per thread and row in one chunk */
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
     const float m = fmaxf(a.m, b.m);
@@ -693,6 +702,28 @@ __device__ __forceinline__ void send_to_block(uint32_t slot, uint32_t bar, int r
 
 #endif
 
+/* A 16-byte pack as four 32-bit words, as the pipelined kernel holds its chunks. Held as
+ * packs of bf16 (tk_pack), a pack loaded under a condition was kept as 16-bit values, and the
+ * SASS merged each loaded register into them with PRMTs placed right after the load: the
+ * thread waited there for the data, so the next chunk's loads were not in flight while the
+ * current chunk was used. Words are merged by the load itself (a predicated LDG.128 into the
+ * live registers, as for f32), and split into elements only where they are used. */
+struct pack_words {
+    uint32_t w[4];
+};
+
+template <bool LastUse> __device__ __forceinline__ pack_words load_words(const void *p) {
+    const uint4 v = LastUse ? __ldcs(static_cast<const uint4 *>(p)) : *static_cast<const uint4 *>(p);
+    return {{v.x, v.y, v.z, v.w}};
+}
+
+template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> as_pack(const pack_words &words) {
+    static_assert(sizeof(T) * Vec == 16, "16-byte packs");
+    tk_pack<T, Vec> p;
+    memcpy(&p, &words, 16);
+    return p;
+}
+
 /* A row as the pipelined kernel sees it: row < 0 for none. */
 struct pipe_row {
     int64_t row;
@@ -706,13 +737,17 @@ struct pipe_row {
  * 2: re-read from L2 with last-use loads, outputs) and reads row k (pass 1: statistics) in the
  * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
  * current one, including the first chunk of the next iteration, are issued before the current
- * one is used, so they are in flight during the cluster's exchange of row k's (max, sum). */
-template <typename T, int Vec>
-__global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
+ * one is used, so they are in flight during the cluster's exchange of row k's (max, sum).
+ * Threads per block and Unroll packs per thread and row in a chunk: the library's are
+ * PIPE_THREADS and PIPE_UNROLL; experiments/softmax_long_rows.cu times others (256 threads run
+ * two blocks per SM). */
+template <typename T, int Vec, int Threads, int Unroll>
+__global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
+    softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using pack = tk_pack<T, Vec>;
-    constexpr int WARPS = PIPE_THREADS / 32;
-    constexpr int STEP = PIPE_THREADS * PIPE_UNROLL; /* packs per chunk */
+    constexpr int WARPS = Threads / 32;
+    constexpr int STEP = Threads * Unroll; /* packs per chunk */
     __shared__ max_sum partials[2][PIPE_MAX_BLOCKS * WARPS]; /* by iteration parity */
     __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
     const T *in = static_cast<const T *>(a.in);
@@ -737,25 +772,27 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
         }
         return r;
     };
+    /* Raw words, not packs of 16-bit elements: see pack_words. */
     struct chunk {
-        pack cur[PIPE_UNROLL], nxt[PIPE_UNROLL];
+        pack_words cur[Unroll], nxt[Unroll];
     };
-    /* The packs at slice positions base + u * PIPE_THREADS + threadIdx.x of both rows. */
+    /* The packs at slice positions base + u * Threads + threadIdx.x of both rows. */
     auto load_chunk = [&](const pipe_row &cur, const pipe_row &nxt, int base) {
         chunk c;
 #pragma unroll
-        for (int u = 0; u < PIPE_UNROLL; u++) {
-            const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+        for (int u = 0; u < Unroll; u++) {
+            const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
             if (c0 < cur.load_end)
-                c.cur[u] = load_last_use<T, Vec>(in + cur.row * a.in_stride + c0);
+                c.cur[u] = load_words<true>(in + cur.row * a.in_stride + c0);
             if (c0 < nxt.load_end)
-                c.nxt[u] = tk_load_pack<T, Vec>(in + nxt.row * a.in_stride + c0);
+                c.nxt[u] = load_words<false>(in + nxt.row * a.in_stride + c0);
         }
         return c;
     };
 
     pipe_row cur = row_at(-1), nxt = row_at(blockIdx.x / blocks);
-    row_tail<T, Vec> cur_tail, nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
+    row_tail<T, Vec> cur_tail,
+        nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
     row_stats st;
     st.lse = 0.0f;
     chunk c = load_chunk(cur, nxt, 0);
@@ -774,22 +811,22 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
                 base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP) : load_chunk(nxt, after, 0);
             if (cur.row >= 0) {
 #pragma unroll
-                for (int u = 0; u < PIPE_UNROLL; u++) {
-                    const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+                for (int u = 0; u < Unroll; u++) {
+                    const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
+                    const pack xs = as_pack<T, Vec>(c.cur[u]);
                     if (c0 < slice_end) /* masked packs too */
                         store_streaming<T, Vec>(out + cur.row * a.out_stride + c0,
-                                                output_pack<T, Vec, false>(a, st, c.cur[u], c.cur[u], c0, cur.len, c2));
+                                                output_pack<T, Vec, false>(a, st, xs, xs, c0, cur.len, c2));
                 }
             }
             if (nxt.row >= 0) {
                 row_extremes<T, Vec> ext;
 #pragma unroll
-                for (int u = 0; u < PIPE_UNROLL; u++) {
-                    const int c0 = (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec;
+                for (int u = 0; u < Unroll; u++) {
+                    const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
                     if (c0 < nxt.load_end)
-                        ext.add_visible(c.nxt[u], c0, nxt.load_end);
+                        ext.add_visible(as_pack<T, Vec>(c.nxt[u]), c0, nxt.load_end);
                 }
-                keep_packed(c.nxt);
                 const float chunk_max = ext.max_times(c2);
                 if (chunk_max > part.m) {
                     part.s *= fast_exp2(part.m - chunk_max);
@@ -797,10 +834,12 @@ __global__ void __launch_bounds__(PIPE_THREADS, 1) softmax_pipelined_kernel(tk_s
                 }
                 if (part.m != -INFINITY) {
 #pragma unroll
-                    for (int u = 0; u < PIPE_UNROLL; u++)
-                        accumulate_pack<T, Vec, false>(
-                            a, c.nxt[u], c.nxt[u], (first_pack + base + u * PIPE_THREADS + (int)threadIdx.x) * Vec,
-                            nxt.load_end, c2, part.m, &part.s);
+                    for (int u = 0; u < Unroll; u++) {
+                        const pack xs = as_pack<T, Vec>(c.nxt[u]);
+                        accumulate_pack<T, Vec, false>(a, xs, xs,
+                                                       (first_pack + base + u * Threads + (int)threadIdx.x) * Vec,
+                                                       nxt.load_end, c2, part.m, &part.s);
+                    }
                 }
             }
             c = following;
@@ -919,10 +958,11 @@ template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchCon
 /* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS), as
  * many clusters as fit at once (a cluster's rows follow one another). Each block has at most
  * two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB =
- * 33 MB on an H200 (60 MB of L2), so that pass 2 hits. */
-template <typename T, int Vec>
+ * 33 MB on an H200 (60 MB of L2), so that pass 2 hits (ncu, 4096 x 131072 bf16: DRAM read
+ * 1.07 GB and wrote 1.05 GB, the tensor once each). */
+template <typename T, int Vec, int Threads = PIPE_THREADS, int Unroll = PIPE_UNROLL>
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
-    constexpr auto kernel = softmax_pipelined_kernel<T, Vec>;
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll>;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
     cudaLaunchAttribute cluster;
@@ -931,7 +971,7 @@ cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cud
     cluster.val.clusterDim.y = 1;
     cluster.val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(PIPE_THREADS);
+    cfg.blockDim = dim3(Threads);
     cfg.stream = stream;
     cfg.attrs = &cluster;
     cfg.numAttrs = 1;
@@ -972,13 +1012,17 @@ extern "C" int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool back
 
 extern "C" bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols) {
     const int64_t whole_bytes = cols / (16 / elem_bytes) * 16;
-    return elem_bytes == PIPE_ELEM_BYTES && whole_bytes > PIPE_MIN_SLICES * PIPE_SLICE_BYTES &&
-           whole_bytes <= PIPE_MAX_SLICES * PIPE_SLICE_BYTES;
+    return whole_bytes >= PIPE_MIN_BYTES && whole_bytes <= PIPE_MAX_BYTES;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream) {
-    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call); /* f32 (see the fits test) */
-    return launch_pipelined<float, 4>(a, dev, stream, pipelined_blocks(a->cols, 4));
+    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
+    switch (a->dtype) {
+    case TK_F32: return launch_pipelined<float, 4>(a, dev, stream, pipelined_blocks(a->cols, 4));
+    case TK_F16: return launch_pipelined<__half, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
+    case TK_BF16: return launch_pipelined<__nv_bfloat16, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
+    }
+    return cudaErrorInvalidValue;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {

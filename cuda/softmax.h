@@ -31,8 +31,9 @@ typedef struct tk_softmax_call {
  * size in bytes) and direction; src/softmax.c uses it in the variants' supports(). */
 int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward);
 
-/* Whether "vec16_pipelined" takes a row of `cols` elements of elem_bytes each (f32 rows of 256 to
- * 512 KB, where it measured faster than "vec16_stream"). */
+/* Whether "vec16_pipelined" takes a row of `cols` elements of elem_bytes each (rows whose whole
+ * 16-byte packs hold 64 to 512 KB, where it measured faster than "vec16_regs" and
+ * "vec16_stream"). */
 bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols);
 
 /* "vec16_pipelined" (forward, cc >= 9.0): long rows streamed with the two passes interleaved, a

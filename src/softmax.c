@@ -2,7 +2,7 @@
  * Softmax and log-softmax over rows: argument checks and dispatch. The kernels are in
  * cuda/softmax.cu; the math is documented in include/tkern.h and docs/kernels/softmax.md.
  *
- * Variants, best first: "vec16_pipelined" (forward on cc >= 9.0, f32 rows of 256 to 512 KB: the
+ * Variants, best first: "vec16_pipelined" (forward on cc >= 9.0, rows of 64 to 512 KB: the
  * two passes of the stream interleaved, a row split over a thread-block cluster), "vec16_regs"
  * (row in registers, 16-byte packs), "vec16_stream" (any width, two passes), "scalar_regs",
  * "scalar_stream" (one element per access, any alignment).

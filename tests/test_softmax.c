@@ -133,11 +133,10 @@ static bool variant_claims(const sm_case *c, const char *variant) {
     const int64_t regs_max = 1024 * (c->backward ? 2 : 4) * (vec ? pack : 1);
     if (regs && c->cols > regs_max)
         return false;
-    /* pipelined: forward f32 rows whose whole 16-byte packs hold 256 KB (excluded) to 512 KB */
+    /* pipelined: forward rows whose whole 16-byte packs hold 64 to 512 KB */
     const int64_t whole_bytes = c->cols / pack * 16;
     if (strcmp(variant, "vec16_pipelined") == 0 &&
-        (c->backward || c->dtype != TK_F32 || whole_bytes <= 262144 || whole_bytes > 524288 ||
-         !pipelined_runs_here()))
+        (c->backward || whole_bytes < 65536 || whole_bytes > 524288 || !pipelined_runs_here()))
         return false;
     if (!vec)
         return true;
@@ -312,16 +311,26 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
     run_all(true);
 }
 
-/* vec16_pipelined's slices (f32 rows of 256 to 512 KB on a cluster of 4 blocks, 128 KB or less
- * each): just past 256 KB, a partial last slice with a cols % 4 tail, causal masks that end on
- * either side of a slice boundary or leave rows with nothing visible, in place, more rows than
- * clusters fit on the device (rows follow one another in a cluster). */
-Test(softmax_gpu, pipelined_slices, .timeout = 600) {
+/* vec16_pipelined's slices (rows of 64 to 512 KB on a cluster of 1, 2 or 4 blocks, 128 KB or
+ * less each): 64 KB, just past 128 and 256 KB, a partial last slice with a cols % Vec tail,
+ * causal masks that end on either side of a slice boundary or leave rows with nothing visible,
+ * in place, more rows than clusters fit on the device (rows follow one another in a cluster). */
+static void run_pipelined(tk_dtype dtype, const sm_shape *shapes, size_t count, uint64_t seed) {
+    tk_rng rng = tk_rng_seeded(seed);
+    for (size_t s = 0; s < count; s++) {
+        sm_case c = shape_case(&shapes[s], dtype, false, "vec16_pipelined");
+        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a pipelined shape", s);
+        run_case(&c, &rng);
+    }
+}
+
+Test(softmax_gpu, pipelined_slices_f32, .timeout = 600) {
     TK_REQUIRE_GPU();
     if (!pipelined_runs_here())
         return;
-    tk_rng rng = tk_rng_seeded(33);
     const sm_shape shapes[] = {
+        {5, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* 64 KB: one block, two chunks */
+        {3, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0}, /* one block, tail of 1, causal */
         {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* just past 256 KB: 4097 packs a block */
         {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false, 0}, /* slices of 25000 + tail of 3 */
         {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0}, /* lens 32761..32768: rank 1 sees none */
@@ -330,21 +339,49 @@ Test(softmax_gpu, pipelined_slices, .timeout = 600) {
         {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0}, /* partial last slice, padded y */
         {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
     };
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        sm_case c = shape_case(&shapes[s], TK_F32, false, "vec16_pipelined");
-        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a pipelined shape", s);
-        run_case(&c, &rng);
-    }
+    run_pipelined(TK_F32, shapes, sizeof shapes / sizeof shapes[0], 33);
+}
+
+/* The same for bf16 and f16 (8 elements a pack). */
+static const sm_shape pipelined_shapes_16[] = {
+    {5, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* 64 KB: one block, two chunks */
+    {4, 40003, 5, 5, 0.5f, 1, 1, 9000, 0, false, 0},    /* one block, tail of 3, causal */
+    {3, 65544, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* just past 128 KB: 2 blocks */
+    {2, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},      /* 256 KB: 2 slices of 8192 packs */
+    {3, 131080, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},      /* just past 256 KB: 4 blocks */
+    {3, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},      /* 4 slices of 6250 packs + tail of 3 */
+    {8, 131072, 0, 0, 1.0f, 0, 1, 65528, 8, false, 0},  /* lens 65529..65536: rank 1 sees none */
+    {8, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0}, /* lens 131067..131074 around rank 2 */
+    {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},      /* rows 0..2 see nothing, in place */
+    {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},     /* partial last slice, padded y */
+    {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
+};
+
+Test(softmax_gpu, pipelined_slices_bf16, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    if (!pipelined_runs_here())
+        return;
+    run_pipelined(TK_BF16, pipelined_shapes_16, sizeof pipelined_shapes_16 / sizeof pipelined_shapes_16[0], 34);
+}
+
+Test(softmax_gpu, pipelined_slices_f16, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    if (!pipelined_runs_here())
+        return;
+    run_pipelined(TK_F16, pipelined_shapes_16, sizeof pipelined_shapes_16 / sizeof pipelined_shapes_16[0], 35);
 }
 
 /* The automatic choice, and a forced variant that cannot run the call. */
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
-    const char *f32_long = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
+    const char *long_rows = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
+    const char *bf16_64k = pipelined_runs_here() ? "vec16_pipelined" : "vec16_regs"; /* 32768 cols */
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
-        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 32768, 0, "vec16_regs"},
-        {TK_BF16, 2, 131072, 0, "vec16_stream"}, {TK_F32, 4, 32768, 0, "vec16_stream"},
-        {TK_F32, 2, 131072, 0, f32_long}, {TK_F32, 1, 140000, 0, "vec16_stream"},
+        {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 32760, 0, "vec16_regs"},
+        {TK_BF16, 4, 32768, 0, bf16_64k}, {TK_BF16, 2, 131072, 0, long_rows},
+        {TK_F32, 4, 8192, 0, "vec16_regs"}, {TK_F32, 4, 32768, 0, long_rows},
+        {TK_F32, 2, 131072, 0, long_rows}, {TK_F32, 1, 140000, 0, "vec16_stream"},
+        {TK_BF16, 1, 262160, 0, "vec16_stream"},
         {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
