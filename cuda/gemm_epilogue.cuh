@@ -37,22 +37,32 @@ __device__ __forceinline__ void tile_origin(const tk_gemm_call &p, int bm, int b
     *n0 = (in_group / group_rows) * bn;
 }
 
-/* Whether N elements of Out at p can move as one access (p is N-element aligned). Integer
- * arithmetic on the address: p may be a null bias or C plus an offset. */
-template <typename Out, int N> __device__ __forceinline__ bool run_aligned(uintptr_t p) {
-    return (p & (N * sizeof(Out) - 1)) == 0;
+/* The elements of Out that one access moves when a run of N moves whole: all N, up to 16 bytes
+ * (the widest global access). */
+template <typename Out, int N> __host__ __device__ constexpr int access_elems() {
+    return N * sizeof(Out) > 16 ? 16 / (int)sizeof(Out) : N;
 }
 
-/* N consecutive elements of a row, of which the first `count` (1..N) exist: one N-wide access when
+/* Whether a run of N elements of Out at p can move in whole accesses (p is aligned to one).
+ * Integer arithmetic on the address: p may be a null bias or C plus an offset. */
+template <typename Out, int N> __device__ __forceinline__ bool run_aligned(uintptr_t p) {
+    return (p & (access_elems<Out, N>() * sizeof(Out) - 1)) == 0;
+}
+
+/* N consecutive elements of a row, of which the first `count` (1..N) exist: whole accesses when
  * `whole` (count == N and the address is aligned: the caller knows it once for many runs), else
  * element by element. */
 template <typename Out, int N>
 __device__ __forceinline__ void load_run(const Out *src, bool whole, int count, float (&v)[N]) {
     if (whole) {
-        const tk_pack<Out, N> w = tk_load_pack<Out, N>(src);
+        constexpr int A = access_elems<Out, N>();
 #pragma unroll
-        for (int e = 0; e < N; e++)
-            v[e] = tk_to_float(w.v[e]);
+        for (int a = 0; a < N; a += A) {
+            const tk_pack<Out, A> w = tk_load_pack<Out, A>(src + a);
+#pragma unroll
+            for (int e = 0; e < A; e++)
+                v[a + e] = tk_to_float(w.v[e]);
+        }
     } else {
 #pragma unroll
         for (int e = 0; e < N; e++)
@@ -63,7 +73,15 @@ __device__ __forceinline__ void load_run(const Out *src, bool whole, int count, 
 template <typename Out, int N>
 __device__ __forceinline__ void store_run(Out *dst, bool whole, int count, const tk_pack<Out, N> &v) {
     if (whole) {
-        tk_store_pack<Out, N>(dst, v);
+        constexpr int A = access_elems<Out, N>();
+#pragma unroll
+        for (int a = 0; a < N; a += A) {
+            tk_pack<Out, A> w;
+#pragma unroll
+            for (int e = 0; e < A; e++)
+                w.v[e] = v.v[a + e];
+            tk_store_pack<Out, A>(dst + a, w);
+        }
     } else {
 #pragma unroll
         for (int e = 0; e < N; e++)
@@ -150,79 +168,152 @@ __device__ __forceinline__ void store_tile_act(const tk_gemm_call &p, const floa
     }
 }
 
-/* Writes D straight from accumulators in the mma / wgmma fragment layout, no staging: for n8
- * slice j the thread holds f[4j], f[4j+1] at row `row`, columns col + 8j and col + 8j + 1, and
- * f[4j+2], f[4j+3] at row + 8, same columns (col = the strip's first column + 2 (lane % 4)).
- * Same arithmetic as store_tile (finish_run), in runs of 2. A warp's store covers 8 rows x 16
- * bytes per slice (16-bit D): the 4 slices of a 32-byte sector come from consecutive
- * instructions and merge in L2, and the output is a small fraction of the bytes a tile loads.
- * Inlined: the caller's accumulators stay in registers (a call would have to save them). */
-template <typename Out, int Act, int Slices>
-__device__ __forceinline__ void store_fragments(const tk_gemm_call &p, const float (&f)[4 * Slices],
-                                                int64_t row, int64_t col) {
-    const Out *bias = static_cast<const Out *>(p.bias);
-    const bool bias_pairs = run_aligned<Out, 2>(reinterpret_cast<uintptr_t>(bias) + col * sizeof(Out));
-    const bool has_c = p.beta != 0.0f;
-    /* columns of D from col on, capped at the strip's width: 32-bit compares per slice */
-    const int cols = p.n - col < 8 * Slices ? (int)(p.n - col) : 8 * Slices;
-    /* rows row and row + 8; slice j is 8 j elements further, which keeps the pair alignment.
-     * C's addresses as integers: p.c may be null (beta = 0), and it is then never read. */
-    uintptr_t c_addr[2];
-    Out *d_row[2];
-    bool row_in[2], c_pairs[2], d_pairs[2];
+/* The fragment epilogue: D straight from accumulators in the mma / wgmma fragment layout, no
+ * staging. For n8 slice j, thread q of a quad of lanes (q = lane % 4) holds f[4j], f[4j+1] at its
+ * row, columns 8j + 2q and 8j + 2q + 1 of the strip, and f[4j+2], f[4j+3] at row + 8, same
+ * columns. As they are, a warp's store of one slice covers 8 rows x 16 bytes (16-bit D): half
+ * sectors, 64 store instructions per thread for a 256-column strip. The quad can first regroup
+ * them (__shfl_xor_sync) into runs of Run consecutive columns of one row, so that each store
+ * moves Run elements:
+ *   Run 2: the layout as it is: slice j, row half h is one run;
+ *   Run 4: over slices 2i and 2i + 1 the lanes of a pair (q, q ^ 1) swap a slice's 2 columns,
+ *          so the even lane holds columns 16i + 4 (q / 2) .. + 3 (slice 2i) and the odd one the
+ *          same 4 columns of slice 2i + 1, for both row halves (a warp's store: 8 rows x 32
+ *          bytes, whole sectors; half the stores of Run 2);
+ *   Run 8: then lanes q and q ^ 2 swap a row half's 4 columns: q < 2 holds 8 columns of the
+ *          row, q >= 2 the same 8 of row + 8 (a store: 16 rows x 32 bytes; a quarter).
+ * fragment_runs<Run> says where a thread's runs lie and gathers one column step of them. */
+template <int Run> struct fragment_runs {
+    static_assert(Run == 2 || Run == 4 || Run == 8, "runs of 2, 4 or 8 columns");
+    static constexpr int ROWS = Run == 8 ? 1 : 2;  /* row halves per thread: row, row + 8 */
+    static constexpr int STEP = Run == 2 ? 8 : 16; /* columns from one of a thread's runs to the next */
+
+    /* The first column (from the strip's) and row (from the fragment row) of thread q's runs. */
+    static __device__ __forceinline__ int column(int q) {
+        return Run == 2 ? 2 * q : Run == 4 ? 8 * (q & 1) + 4 * (q >> 1) : 8 * (q & 1);
+    }
+    static __device__ __forceinline__ int row(int q) { return Run == 8 ? 8 * (q >> 1) : 0; }
+
+    /* The runs of column step s into v (row half h: v[h]). Every lane of the warp takes part.
+     * The accumulators are only read: they stay where the next tile's wgmma reads them (writing
+     * them would serialise the wgmma), and the exchange of one step at a time needs a few
+     * registers, not a second copy. Selects, not branches, pick what a lane sends. */
+    template <int Slices>
+    static __device__ __forceinline__ void gather(const float (&f)[4 * Slices], int s, int q, float (&v)[ROWS][Run]) {
+        if constexpr (Run == 2) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < 2; h++) {
+                v[h][0] = f[4 * s + 2 * h];
+                v[h][1] = f[4 * s + 2 * h + 1];
+            }
+        } else {
+            /* slices 2s and 2s + 1: f[8s + 2h + e] and f[8s + 4 + 2h + e] (row half h, e = 0, 1) */
+            const bool odd = q & 1;
+            float run4[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float lo = f[8 * s + 2 * h + e], hi = f[8 * s + 4 + 2 * h + e];
+                    const float got = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 1);
+                    run4[h][e] = odd ? got : lo;
+                    run4[h][2 + e] = odd ? hi : got;
+                }
+            if constexpr (Run == 4) {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        v[h][e] = run4[h][e];
+            } else {
+                const bool upper = q & 2;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float got = __shfl_xor_sync(0xffffffffu, upper ? run4[0][e] : run4[1][e], 2);
+                    v[0][e] = upper ? got : run4[0][e];
+                    v[0][4 + e] = upper ? run4[1][e] : got;
+                }
+            }
+        }
+    }
+};
+
+/* Writes the strip of D whose fragment row is `row` and first column col0 (thread q of its quad)
+ * from accumulators in the fragment layout, in runs of Run columns (fragment_runs). Same
+ * arithmetic as store_tile (finish_run). Inlined: the caller's accumulators stay in registers (a
+ * call would have to save them). */
+template <typename Out, int Act, int Slices, int Run>
+__device__ __forceinline__ void store_fragments(const tk_gemm_call &p, const float (&f)[4 * Slices], int64_t row,
+                                                int64_t col0, int q) {
+    using runs = fragment_runs<Run>;
+    constexpr int STEPS = 4 * Slices / (Run * runs::ROWS);
+    row += runs::row(q);
+    const int64_t col = col0 + runs::column(q);
+    const Out *bias = static_cast<const Out *>(p.bias);
+    const bool bias_whole = run_aligned<Out, Run>(reinterpret_cast<uintptr_t>(bias) + col * sizeof(Out));
+    const bool has_c = p.beta != 0.0f;
+    /* columns of D from col on, capped at the strip's width: 32-bit compares per run */
+    const int cols = p.n - col < STEPS * runs::STEP ? (int)(p.n - col) : STEPS * runs::STEP;
+    /* the rows' C and D; a step of runs::STEP elements keeps a run's alignment. C's addresses
+     * as integers: p.c may be null (beta = 0), and it is then never read. */
+    uintptr_t c_addr[runs::ROWS];
+    Out *d_row[runs::ROWS];
+    bool row_in[runs::ROWS], c_whole[runs::ROWS], d_whole[runs::ROWS];
+#pragma unroll
+    for (int h = 0; h < runs::ROWS; h++) {
         row_in[h] = row + 8 * h < p.m;
         c_addr[h] = reinterpret_cast<uintptr_t>(p.c) + ((row + 8 * h) * p.ldc + col) * sizeof(Out);
         d_row[h] = static_cast<Out *>(p.d) + (row + 8 * h) * p.ldd + col;
-        c_pairs[h] = run_aligned<Out, 2>(c_addr[h]);
-        d_pairs[h] = run_aligned<Out, 2>(reinterpret_cast<uintptr_t>(d_row[h]));
+        c_whole[h] = run_aligned<Out, Run>(c_addr[h]);
+        d_whole[h] = run_aligned<Out, Run>(reinterpret_cast<uintptr_t>(d_row[h]));
     }
 #pragma unroll
-    for (int j = 0; j < Slices; j++) {
-        if (8 * j >= cols)
-            break;
-        const int count = 8 * j + 1 < cols ? 2 : 1;
-        float bias_v[2] = {0.0f, 0.0f};
+    for (int s = 0; s < STEPS; s++) {
+        float v[runs::ROWS][Run];
+        runs::template gather<Slices>(f, s, q, v); /* the whole warp, before the edge test */
+        const int first = s * runs::STEP;
+        if (first >= cols)
+            continue;
+        const int count = cols - first < Run ? cols - first : Run;
+        float bias_v[Run] = {};
         if (bias)
-            load_run<Out, 2>(bias + col + 8 * j, count == 2 && bias_pairs, count, bias_v);
+            load_run<Out, Run>(bias + col + first, count == Run && bias_whole, count, bias_v);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < runs::ROWS; h++) {
             if (!row_in[h])
                 continue;
-            const float acc[2] = {f[4 * j + 2 * h], f[4 * j + 2 * h + 1]};
-            const epilogue_run<Out> run = {reinterpret_cast<const Out *>(c_addr[h] + 8 * j * sizeof(Out)),
-                                           d_row[h] + 8 * j, has_c, count == 2 && c_pairs[h],
-                                           count == 2 && d_pairs[h], count};
-            finish_run<Out, Act, 2>(p, acc, bias_v, run);
+            const epilogue_run<Out> run = {reinterpret_cast<const Out *>(c_addr[h] + first * sizeof(Out)),
+                                           d_row[h] + first, has_c, count == Run && c_whole[h],
+                                           count == Run && d_whole[h], count};
+            finish_run<Out, Act, Run>(p, v[h], bias_v, run);
         }
     }
 }
 
-template <typename Out, int Slices>
-__device__ __forceinline__ void store_fragments_act(const tk_gemm_call &p, const float (&f)[4 * Slices],
-                                                    int64_t row, int64_t col) {
+template <typename Out, int Slices, int Run>
+__device__ __forceinline__ void store_fragments_act(const tk_gemm_call &p, const float (&f)[4 * Slices], int64_t row,
+                                                    int64_t col0, int q) {
     switch (p.activation) {
-    case TK_ACT_GELU_ERF: return store_fragments<Out, TK_ACT_GELU_ERF, Slices>(p, f, row, col);
-    case TK_ACT_GELU_TANH: return store_fragments<Out, TK_ACT_GELU_TANH, Slices>(p, f, row, col);
-    case TK_ACT_QUICK_GELU: return store_fragments<Out, TK_ACT_QUICK_GELU, Slices>(p, f, row, col);
-    case TK_ACT_SILU: return store_fragments<Out, TK_ACT_SILU, Slices>(p, f, row, col);
-    case TK_ACT_RELU: return store_fragments<Out, TK_ACT_RELU, Slices>(p, f, row, col);
-    case TK_ACT_RELU_SQUARED: return store_fragments<Out, TK_ACT_RELU_SQUARED, Slices>(p, f, row, col);
-    default: return store_fragments<Out, TK_ACT_NONE, Slices>(p, f, row, col);
+    case TK_ACT_GELU_ERF: return store_fragments<Out, TK_ACT_GELU_ERF, Slices, Run>(p, f, row, col0, q);
+    case TK_ACT_GELU_TANH: return store_fragments<Out, TK_ACT_GELU_TANH, Slices, Run>(p, f, row, col0, q);
+    case TK_ACT_QUICK_GELU: return store_fragments<Out, TK_ACT_QUICK_GELU, Slices, Run>(p, f, row, col0, q);
+    case TK_ACT_SILU: return store_fragments<Out, TK_ACT_SILU, Slices, Run>(p, f, row, col0, q);
+    case TK_ACT_RELU: return store_fragments<Out, TK_ACT_RELU, Slices, Run>(p, f, row, col0, q);
+    case TK_ACT_RELU_SQUARED: return store_fragments<Out, TK_ACT_RELU_SQUARED, Slices, Run>(p, f, row, col0, q);
+    default: return store_fragments<Out, TK_ACT_NONE, Slices, Run>(p, f, row, col0, q);
     }
 }
 
 /* The epilogue of a fragment strip, dispatched on the output dtype and activation. */
-template <int Slices>
-__device__ __forceinline__ void store_fragment_strip(const tk_gemm_call &p, const float (&f)[4 * Slices],
-                                                     int64_t row, int64_t col) {
+template <int Slices, int Run>
+__device__ __forceinline__ void store_fragment_strip(const tk_gemm_call &p, const float (&f)[4 * Slices], int64_t row,
+                                                     int64_t col0, int q) {
     if (p.output_dtype == TK_F32)
-        store_fragments_act<float, Slices>(p, f, row, col);
+        store_fragments_act<float, Slices, Run>(p, f, row, col0, q);
     else if (p.output_dtype == TK_F16)
-        store_fragments_act<__half, Slices>(p, f, row, col);
+        store_fragments_act<__half, Slices, Run>(p, f, row, col0, q);
     else
-        store_fragments_act<__nv_bfloat16, Slices>(p, f, row, col);
+        store_fragments_act<__nv_bfloat16, Slices, Run>(p, f, row, col0, q);
 }
 
 /* The epilogue of one staged warp tile, dispatched on the output dtype (once per warp tile). */
