@@ -78,31 +78,21 @@ namespace {
  * second set of fragments: ptxas spills), the stage's copies are issued at once after the
  * first slice's fragment loads and each slice loads its fragments just before its mma. */
 template <int BM_, int BN_, int BK_, int STAGES_, int MIN_BLOCKS_, bool PREFETCH_FRAGMENTS_,
-          int COPY_SLICES_ = 1, bool PERSISTENT_ = false, int WARP_M_ = WARP_TILE,
-          int WARP_N_ = WARP_TILE>
+          int COPY_SLICES_ = 1>
 struct tile_config {
     static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
     static constexpr bool PREFETCH_FRAGMENTS = PREFETCH_FRAGMENTS_;
     static constexpr int COPY_SLICES = COPY_SLICES_;
-    static constexpr bool PERSISTENT = PERSISTENT_;
-    static constexpr int WARP_M = WARP_M_, WARP_N = WARP_N_; /* warp tile */
-    static constexpr int WARPS_M = BM / WARP_M, WARPS_N = BN / WARP_N;
+    static constexpr int WARPS_M = BM / WARP_TILE, WARPS_N = BN / WARP_TILE;
     static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     static constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
     static constexpr int PIPE_BYTES = STAGES * (A_STAGE_BYTES + B_STAGE_BYTES);
-    static constexpr int EPI_BYTES = PERSISTENT ? 0 : WARPS_M * WARPS_N * WARP_TILE * EPI_STRIDE * 4;
+    static constexpr int EPI_BYTES = WARPS_M * WARPS_N * WARP_TILE * EPI_STRIDE * 4;
     static constexpr int SMEM_BYTES = PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES;
-    /* Copy groups still in flight at the barrier: with copies in every slice, the last slice's
-     * are committed after it, so one group fewer may be pending (and 3 stages at least). */
-    static constexpr int PENDING_AT_BARRIER = COPY_SLICES == BK / 16 ? STAGES - 3 : STAGES - 2;
-    static_assert(BM % WARP_M == 0 && BN % WARP_N == 0 && WARP_M % 16 == 0 && WARP_N % 16 == 0 &&
-                      BK % 16 == 0, "tile shape");
-    /* the staged epilogue works on 64 x 64 warp tiles; the persistent one on any */
-    static_assert(PERSISTENT || (WARP_M == WARP_TILE && WARP_N == WARP_TILE), "warp tile");
-    /* An even slice count keeps the fragment buffers' parity across K steps. */
-    static_assert(BK / 16 % 2 == 0 && COPY_SLICES >= 1 && COPY_SLICES <= BK / 16 &&
-                      PENDING_AT_BARRIER >= 0, "copy schedule");
-    static_assert(!PERSISTENT || PREFETCH_FRAGMENTS, "the persistent loop is the prefetching one");
+    static_assert(BM % WARP_TILE == 0 && BN % WARP_TILE == 0 && BK % 16 == 0, "tile shape");
+    /* An even slice count keeps the fragment buffers' parity across K steps; the copies are
+     * committed before the barrier in the last slice. */
+    static_assert(BK / 16 % 2 == 0 && COPY_SLICES >= 1 && COPY_SLICES < BK / 16, "copy schedule");
 };
 using config_128x256 = tile_config<128, 256, 64, 3, 1, true, 3>;
 using config_128x128 = tile_config<128, 128, 32, 4, 2, true, 1>;
@@ -275,31 +265,14 @@ __device__ __forceinline__ void copy_interior(const interior_copies<Rows, Cpr, T
 template <class Cfg, typename In, bool BKn, bool Aligned>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(const __grid_constant__ tk_gemm_call p) {
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
-    constexpr int MT = Cfg::WARP_M / 16, NT = Cfg::WARP_N / 8; /* mma tiles per warp tile */
+    constexpr int MT = WARP_TILE / 16, NT = WARP_TILE / 8; /* mma tiles per warp tile */
     constexpr int K_CPR = BK / 8;                          /* chunks per row of K-contiguous tiles */
     constexpr int N_CPR = BN / 8;                          /* chunks per row of the KN B tile */
     constexpr int KS = BK / 16;                            /* k16 slices per K step */
     extern __shared__ __align__(128) unsigned char smem[];
 
-    /* The block's tiles: blockIdx.x, then (persistent) every gridDim.x-th after it. A
-     * persistent block's copies run on from one tile into the next: the last STAGES - 1 K steps
-     * of a tile copy the first STAGES - 1 of the next (the host launches a persistent grid only
-     * when K has that many steps), and the epilogue writes D straight from the accumulators while
-     * those copies are in flight, so no tile starts with an empty pipeline. */
-    const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
-    int64_t tile = blockIdx.x, m0, n0, next_m0, next_n0;
-    tile_origin(p, BM, BN, tile, &m0, &n0);
-    bool has_next = false;
-    auto find_next_tile = [&] {
-        next_m0 = m0;
-        next_n0 = n0;
-        if constexpr (Cfg::PERSISTENT) {
-            has_next = tile + gridDim.x < tiles;
-            if (has_next)
-                tile_origin(p, BM, BN, tile + gridDim.x, &next_m0, &next_n0);
-        }
-    };
-    find_next_tile();
+    int64_t m0, n0;
+    tile_origin(p, BM, BN, blockIdx.x, &m0, &n0);
 
     const uint16_t *a = static_cast<const uint16_t *>(p.a);
     const uint16_t *b = static_cast<const uint16_t *>(p.b);
@@ -307,55 +280,49 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
     const uint32_t smem_b = smem_a + STAGES * Cfg::A_STAGE_BYTES;
     const int64_t k_tiles = (p.k + BK - 1) / BK;
 
-    /* The copies that fill `stage` with K step kt of the tile at (tm0, tn0), or with parts > 1
-     * the share `part` of them (a contiguous range of the thread's A chunks, then B chunks); with
-     * valid == false the stage is filled with zeros instead (K step kt may then lie past the
-     * matrix: nothing is read). */
+    /* The copies that fill `stage` with K step kt, or with parts > 1 the share `part` of them
+     * (a contiguous range of the thread's A chunks, then B chunks); with valid == false the
+     * stage is filled with zeros instead (K step kt may then lie past the matrix: nothing is
+     * read). */
     constexpr int A_CHUNKS = BM * K_CPR / Cfg::THREADS;  /* per thread and stage */
     constexpr int B_CHUNKS = BN * BK / 8 / Cfg::THREADS;
-    auto load_stage = [&](int stage, int64_t tm0, int64_t tn0, int64_t kt, bool valid, int part = 0,
-                          int parts = 1) {
+    auto load_stage = [&](int stage, int64_t kt, bool valid, int part = 0, int parts = 1) {
         const int64_t k0 = (valid ? kt : 0) * BK;
         const int begin = part * (A_CHUNKS + B_CHUNKS) / parts;
         const int end = (part + 1) * (A_CHUNKS + B_CHUNKS) / parts;
         if (begin < A_CHUNKS)
             load_tile<BM, K_CPR, Cfg::THREADS, Aligned>(smem_a + stage * Cfg::A_STAGE_BYTES,
-                                                        a + tm0 * p.lda + k0, p.lda,
-                                                        valid ? p.m - tm0 : 0, p.k - k0, begin, end);
+                                                        a + m0 * p.lda + k0, p.lda,
+                                                        valid ? p.m - m0 : 0, p.k - k0, begin, end);
         if (end <= A_CHUNKS)
             return;
         if constexpr (BKn)
             load_tile<BK, N_CPR, Cfg::THREADS, Aligned>(smem_b + stage * Cfg::B_STAGE_BYTES,
-                                                        b + k0 * p.ldb + tn0, p.ldb,
-                                                        valid ? p.k - k0 : 0, p.n - tn0,
+                                                        b + k0 * p.ldb + n0, p.ldb,
+                                                        valid ? p.k - k0 : 0, p.n - n0,
                                                         begin - A_CHUNKS, end - A_CHUNKS);
         else
             load_tile<BN, K_CPR, Cfg::THREADS, Aligned>(smem_b + stage * Cfg::B_STAGE_BYTES,
-                                                        b + tn0 * p.ldb + k0, p.ldb,
-                                                        valid ? p.n - tn0 : 0, p.k - k0,
+                                                        b + n0 * p.ldb + k0, p.ldb,
+                                                        valid ? p.n - n0 : 0, p.k - k0,
                                                         begin - A_CHUNKS, end - A_CHUNKS);
     };
 
     /* The interior K steps: those whose copies (of K step kt + STAGES - 1) lie wholly inside A
      * and B, in a block tile inside M and N; they take copy_interior (no byte counts, source
      * pointers advanced by a constant per K step). The last STAGES - 1 K steps, a partial last K
-     * step and every K step of an edge tile take load_stage. Set per tile (start_tile). */
+     * step and every K step of an edge tile take load_stage. */
     using a_interior = interior_copies<BM, K_CPR, Cfg::THREADS>;
     using b_interior = interior_copies<BKn ? BK : BN, BKn ? N_CPR : K_CPR, Cfg::THREADS>;
-    int64_t interior_k_steps;
-    a_interior a_copies;
-    b_interior b_copies;
-    auto start_tile = [&] {
-        const bool block_inside =
-            Aligned && m0 + BM <= p.m && n0 + BN <= p.n &&
-            (a_interior::CHUNKS - 1) * a_interior::ROW_STEP * 2 * p.lda <= UINT32_MAX &&
-            (b_interior::CHUNKS - 1) * b_interior::ROW_STEP * 2 * p.ldb <= UINT32_MAX;
-        interior_k_steps = block_inside && p.k / BK > STAGES - 1 ? p.k / BK - (STAGES - 1) : 0;
-        a_copies = interior_copies_at<a_interior>(a + m0 * p.lda + (STAGES - 1) * BK, p.lda);
-        b_copies = interior_copies_at<b_interior>(
-            b + (BKn ? (STAGES - 1) * BK * p.ldb + n0 : n0 * p.ldb + (STAGES - 1) * BK), p.ldb);
-    };
-    start_tile();
+    const bool block_inside =
+        Aligned && m0 + BM <= p.m && n0 + BN <= p.n &&
+        (a_interior::CHUNKS - 1) * a_interior::ROW_STEP * 2 * p.lda <= UINT32_MAX &&
+        (b_interior::CHUNKS - 1) * b_interior::ROW_STEP * 2 * p.ldb <= UINT32_MAX;
+    const int64_t interior_k_steps =
+        block_inside && p.k / BK > STAGES - 1 ? p.k / BK - (STAGES - 1) : 0;
+    a_interior a_copies = interior_copies_at<a_interior>(a + m0 * p.lda + (STAGES - 1) * BK, p.lda);
+    b_interior b_copies = interior_copies_at<b_interior>(
+        b + (BKn ? (STAGES - 1) * BK * p.ldb + n0 : n0 * p.ldb + (STAGES - 1) * BK), p.ldb);
     const int64_t b_k_step_bytes = (BKn ? BK * p.ldb : BK) * 2;
     auto copy_stage_interior = [&](int stage, int part, int parts) {
         const int begin = part * (A_CHUNKS + B_CHUNKS) / parts;
@@ -372,7 +339,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
      * lanes give k rows 0-15 (low 8 / high 8 by lane bit 3) of two 8-column chunks (lane bit 4). */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int warp_m = warp % Cfg::WARPS_M, warp_n = warp / Cfg::WARPS_M;
-    const int a_row = warp_m * Cfg::WARP_M + lane % 16;
+    const int a_row = warp_m * WARP_TILE + lane % 16;
     const uint32_t a_lane = a_row * BK * 2;
     const int a_chunk_hi = lane / 16, a_swz = chunk_swizzle<K_CPR>(a_row);
     int b_row, b_chunk_hi, b_swz;
@@ -381,22 +348,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
         b_chunk_hi = lane / 16;
         b_swz = chunk_swizzle<N_CPR>(b_row);
     } else {
-        b_row = warp_n * Cfg::WARP_N + lane % 8 + (lane / 16) * 8;  /* n within the block tile */
+        b_row = warp_n * WARP_TILE + lane % 8 + (lane / 16) * 8;  /* n within the block tile */
         b_chunk_hi = (lane / 8) % 2;
         b_swz = chunk_swizzle<K_CPR>(b_row);
     }
 
     float acc[MT][NT][4];
-    auto zero_accumulators = [&] {
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[i][j][e] = 0.0f;
-    };
-    zero_accumulators();
+            for (int e = 0; e < 4; e++)
+                acc[i][j][e] = 0.0f;
 
     /* The fragments of k16 slice ks of a stage: 4 A tiles of 16x16, 8 B tiles of 16x8. */
     auto load_a_fragment = [&](uint32_t(&af)[4], uint32_t a_stage, int ks, int i) {
@@ -412,7 +376,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
         for (int q = 0; q < NT / 2; q++) {
             if constexpr (BKn)
                 ldmatrix_x4<true>(bf[q], b_stage + (ks * 16 + b_row) * BN * 2 +
-                                             (((warp_n * (Cfg::WARP_N / 8) + 2 * q + b_chunk_hi) ^ b_swz) << 4));
+                                             (((warp_n * (WARP_TILE / 8) + 2 * q + b_chunk_hi) ^ b_swz) << 4));
             else
                 ldmatrix_x4<false>(bf[q], b_stage + (b_row + q * 16) * BK * 2 +
                                               (((2 * ks + b_chunk_hi) ^ b_swz) << 4));
@@ -421,15 +385,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        load_stage(s, m0, n0, s, s < k_tiles);
+        load_stage(s, s, s < k_tiles);
         cp_async_commit();
     }
 
     /* Both schedules issue every copy without a branch: past the last K step the copies only
-     * zero-fill a stage nobody reads (or, persistent, fill the next tile's first stages), so
-     * copies, fragment loads and mma form one basic block that ptxas interleaves. The order of
-     * the copies and the ldmatrix in the source is kept (both touch shared memory), so where the
-     * copies sit decides what they delay. */
+     * zero-fill a stage nobody reads, so copies, fragment loads and mma form one basic block
+     * that ptxas interleaves. The order of the copies and the ldmatrix in the source is kept
+     * (both touch shared memory), so where the copies sit decides what they delay. */
     int read_stage = 0, write_stage = STAGES - 1;
     if constexpr (Cfg::PREFETCH_FRAGMENTS) {
         /* The fragments of slice ks + 1 load while the mma of slice ks run: B's 8 tiles into
@@ -439,8 +402,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
          * slice 0 from the next stage. Step kt's copies (K step kt + STAGES - 1, into the stage
          * of step kt - 1, which every warp finished reading before the previous barrier) are
          * spread over the first COPY_SLICES slices, between that slice's B loads and its mma,
-         * and committed before the barrier (with COPY_SLICES == KS, after it): the wait there
-         * leaves the groups of the K steps after kt + 1 in flight. */
+         * and committed before the barrier: the wait there leaves STAGES - 2 groups in flight. */
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         uint32_t a_stage = smem_a + a_lane, b_stage = smem_b;
@@ -451,7 +413,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 if (ks == KS - 1) {
-                    cp_async_wait<Cfg::PENDING_AT_BARRIER>();
+                    cp_async_wait<STAGES - 2>();
                     __syncthreads();
                     read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
                     a_stage = smem_a + read_stage * Cfg::A_STAGE_BYTES + a_lane;
@@ -459,16 +421,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
                 }
                 load_b_fragments(bf[(ks + 1) % 2], b_stage, (ks + 1) % KS);
                 if (ks < Cfg::COPY_SLICES) {
-                    if constexpr (decltype(interior)::value) {
+                    if constexpr (decltype(interior)::value)
                         copy_stage_interior(write_stage, ks, Cfg::COPY_SLICES);
-                    } else {
-                        /* past the tile's last K step: the next tile's first (or zeros) */
-                        const int64_t ahead = kt + STAGES - 1;
-                        const bool wrap = ahead >= k_tiles;
-                        load_stage(write_stage, wrap ? next_m0 : m0, wrap ? next_n0 : n0,
-                                   wrap ? ahead - k_tiles : ahead, !wrap || has_next, ks,
+                    else
+                        load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles, ks,
                                    Cfg::COPY_SLICES);
-                    }
                     if (ks == Cfg::COPY_SLICES - 1)
                         cp_async_commit();
                 }
@@ -483,35 +440,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
             }
             write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
         };
-        for (;;) {
-            int64_t kt = 0;
-            for (; kt < interior_k_steps; kt++) {
-                k_step(kt, std::true_type());
-                a_copies.src += BK * 2;
-                b_copies.src += b_k_step_bytes;
-            }
-            for (; kt < k_tiles; kt++)
-                k_step(kt, std::false_type());
-            if constexpr (!Cfg::PERSISTENT) {
-                break;
-            } else {
-                /* Accumulator (g = lane / 4, t = lane % 4) of mma tile (i, j): rows g and g + 8,
-                 * columns 2t and 2t + 1; row i of mma tiles is one fragment strip. */
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-                    store_fragment_strip<NT>(p, reinterpret_cast<const float(&)[4 * NT]>(acc[i]),
-                                             m0 + warp_m * Cfg::WARP_M + i * 16 + lane / 4,
-                                             n0 + warp_n * Cfg::WARP_N + 2 * (lane % 4));
-                if (!has_next)
-                    break;
-                tile += gridDim.x;
-                m0 = next_m0;
-                n0 = next_n0;
-                find_next_tile();
-                start_tile();
-                zero_accumulators();
-            }
+        int64_t kt = 0;
+        for (; kt < interior_k_steps; kt++) {
+            k_step(kt, std::true_type());
+            a_copies.src += BK * 2;
+            b_copies.src += b_k_step_bytes;
         }
+        for (; kt < k_tiles; kt++)
+            k_step(kt, std::false_type());
     } else {
         /* Per K step: wait for its stage; load the first slice's fragments, then issue the
          * copies of K step kt + STAGES - 1 into the stage that step kt - 1 used (every warp is
@@ -525,7 +461,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
             uint32_t af[MT][4], bf[NT / 2][4];
             load_a_fragments(af, a_stage, 0);
             load_b_fragments(bf, b_stage, 0);
-            load_stage(write_stage, m0, n0, kt + STAGES - 1, kt + STAGES - 1 < k_tiles);
+            load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles);
             cp_async_commit();
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
@@ -544,23 +480,22 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
         }
     }
     cp_async_wait<0>();
-    if constexpr (!Cfg::PERSISTENT) {
-        __syncthreads();
-        /* Epilogue: accumulator (g = lane / 4, t = lane % 4) of mma tile (i, j) holds rows g
-         * and g + 8, columns 2t and 2t + 1 of that tile. */
-        float *staged = reinterpret_cast<float *>(smem) + warp * WARP_TILE * EPI_STRIDE;
-        const int g = lane / 4, t = lane % 4;
+    __syncthreads();
+
+    /* Epilogue: accumulator (g = lane / 4, t = lane % 4) of mma tile (i, j) holds rows g and
+     * g + 8, columns 2t and 2t + 1 of that tile. */
+    float *staged = reinterpret_cast<float *>(smem) + warp * WARP_TILE * EPI_STRIDE;
+    const int g = lane / 4, t = lane % 4;
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                float *s = staged + (i * 16 + g) * EPI_STRIDE + j * 8 + 2 * t;
-                *reinterpret_cast<float2 *>(s) = make_float2(acc[i][j][0], acc[i][j][1]);
-                *reinterpret_cast<float2 *>(s + 8 * EPI_STRIDE) = make_float2(acc[i][j][2], acc[i][j][3]);
-            }
-        __syncwarp();
-        store_warp_tile(p, staged, m0 + warp_m * WARP_TILE, n0 + warp_n * WARP_TILE, lane);
-    }
+        for (int j = 0; j < NT; j++) {
+            float *s = staged + (i * 16 + g) * EPI_STRIDE + j * 8 + 2 * t;
+            *reinterpret_cast<float2 *>(s) = make_float2(acc[i][j][0], acc[i][j][1]);
+            *reinterpret_cast<float2 *>(s + 8 * EPI_STRIDE) = make_float2(acc[i][j][2], acc[i][j][3]);
+        }
+    __syncwarp();
+    store_warp_tile(p, staged, m0 + warp_m * WARP_TILE, n0 + warp_n * WARP_TILE, lane);
 }
 
 /* ---- host side ---- */
@@ -568,15 +503,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
 template <class Cfg> int64_t tile_count(const tk_gemm_call *c) {
     const int64_t tiles_m = (c->m + Cfg::BM - 1) / Cfg::BM, tiles_n = (c->n + Cfg::BN - 1) / Cfg::BN;
     return tiles_m > INT32_MAX / tiles_n ? INT64_MAX : tiles_m * tiles_n;
-}
-
-/* Blocks to launch: one per tile, or (persistent) at most one per resident block slot, each
- * walking every gridDim.x-th tile. A persistent block copies the next tile's first STAGES - 1 K
- * steps during the current tile's last: that needs K to have as many steps. */
-template <class Cfg> int64_t grid_blocks(const tk_gemm_call *c) {
-    const int64_t tiles = tile_count<Cfg>(c), slots = (int64_t)c->sm_count * Cfg::MIN_BLOCKS;
-    const bool persistent = Cfg::PERSISTENT && (c->k + Cfg::BK - 1) / Cfg::BK >= Cfg::STAGES - 1;
-    return persistent && tiles > slots ? slots : tiles;
 }
 
 /* Whether Cfg can run the call on its device: shared memory, and a grid of at most 2^31 - 1. */
@@ -600,7 +526,7 @@ cudaError_t launch_kernel(const tk_gemm_call *c, const tk_device *dev, cudaStrea
             return err;
         smem_opted_in[dev->ordinal] = 1;
     }
-    kernel<<<(unsigned)grid_blocks<Cfg>(c), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(*c);
+    kernel<<<(unsigned)tile_count<Cfg>(c), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(*c);
     return cudaGetLastError();
 }
 

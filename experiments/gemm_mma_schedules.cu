@@ -6,7 +6,8 @@
  * over max |cuBLAS|), also at shapes with M, N and K edges. Every timing, cuBLAS's too, starts
  * after SETTLE_MS of idle GPU (as tkbench does: the GPU runs these GEMMs at its power limit,
  * and back-to-back timings inherit the clocks of the one before). gemm_mma_schedules_h200.txt
- * has the H200 runs behind docs/kernels/gemm.md (some with variants since removed).
+ * has the H200 runs behind docs/kernels/gemm.md (some with variants since removed: runs 6 and 7
+ * name the commit whose driver and gemm.cu build them).
  *
  *   --only A,B,...  time only the variants whose name starts with one of the strings (the
  *                   checked-only shapes still check all), no mma.sync ceiling; with `-I DIR`
@@ -18,7 +19,7 @@
  *   --one V S       run variant V once at shape S, nothing else (for a profiler)
  *
  *   nvcc -O3 -std=c++17 -Iinclude -Icuda -gencode=arch=compute_90a,code=sm_90a \
- *        [-DSCHEDULE_SET=n] -o /tmp/gemm_mma_schedules experiments/gemm_mma_schedules.cu -lcublas
+ *        -o /tmp/gemm_mma_schedules experiments/gemm_mma_schedules.cu -lcublas
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +56,7 @@ template <class Cfg, bool BKn> cudaError_t launch(const tk_gemm_call *c, cudaStr
             return err;
         opted_in = true;
     }
-    kernel<<<(unsigned)grid_blocks<Cfg>(c), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(*c);
+    kernel<<<(unsigned)tile_count<Cfg>(c), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(*c);
     return cudaGetLastError();
 }
 
@@ -63,57 +64,27 @@ template <class Cfg, bool BKn> cudaError_t launch(const tk_gemm_call *c, cudaStr
  * prefetched fragments, a K step's copies are spread over its first `copy slices` k16 slices;
  * without, the unaligned kernel's schedule (fragments loaded just before each slice's mma, all
  * copies at the top of the K step). */
-/* SCHEDULE_SET n builds one group of the variants below, so that groups compile in parallel
- * (each persistent kernel inlines the fragment epilogue for every output dtype and activation:
- * minutes of ptxas); without it, all of them. sN: N stages; copies@C: a K step's copies over its
- * first C k16 slices (C = 4: the last part after the barrier); persistent: min(tiles, SMs)
- * blocks, each walking every gridDim.x-th tile, the next tile's first K steps copied during the
- * current tile's last, D written from the accumulators; 16 warps WMxWN: warp tiles of WM x WN. */
-#ifndef SCHEDULE_SET
-#define SCHEDULE_SET 0
-#endif
-#define IN_SET(n) (SCHEDULE_SET == 0 || SCHEDULE_SET == (n))
 const variant variants[] = {
-#if IN_SET(1)
-    {"library s3 copies@3", false, launch<config_128x256, false>},
-    {"KN library s3 copies@3", true, launch<config_128x256, true>},
-#endif
-#if IN_SET(2)
-    {"s4 copies@4", false, launch<tile_config<128, 256, 64, 4, 1, true, 4>, false>},
-#endif
-#if IN_SET(3)
-    {"persistent s3 copies@3", false, launch<tile_config<128, 256, 64, 3, 1, true, 3, true>, false>},
-#endif
-#if IN_SET(4)
-    {"persistent s4 copies@4", false, launch<tile_config<128, 256, 64, 4, 1, true, 4, true>, false>},
-#endif
-#if IN_SET(5)
-    {"persistent s4 copies@3", false, launch<tile_config<128, 256, 64, 4, 1, true, 3, true>, false>},
-#endif
-#if IN_SET(6)
-    {"KN persistent s4 copies@4", true, launch<tile_config<128, 256, 64, 4, 1, true, 4, true>, true>},
-#endif
-#if IN_SET(7)
-    {"16 warps 64x32 persistent s3 copies@3", false,
-     launch<tile_config<128, 256, 64, 3, 1, true, 3, true, 64, 32>, false>},
-#endif
-#if IN_SET(8)
-    {"16 warps 32x64 persistent s3 copies@3", false,
-     launch<tile_config<128, 256, 64, 3, 1, true, 3, true, 32, 64>, false>},
-#endif
-#if IN_SET(9)
-    {"16 warps 64x32 persistent s4 copies@4", false,
-     launch<tile_config<128, 256, 64, 4, 1, true, 4, true, 64, 32>, false>},
-#endif
-#if IN_SET(10)
-    {"KN 16 warps 64x32 persistent s3 copies@3", true,
-     launch<tile_config<128, 256, 64, 3, 1, true, 3, true, 64, 32>, true>},
-#endif
+    {"single-buffered 128x256x64 s3", false, launch<tile_config<128, 256, 64, 3, 1, false>, false>},
+    {"prefetch s3 copies@3 (library)", false, launch<config_128x256, false>},
+    {"prefetch s3 copies@2", false, launch<tile_config<128, 256, 64, 3, 1, true, 2>, false>},
+    {"prefetch s4 copies@3", false, launch<tile_config<128, 256, 64, 4, 1, true, 3>, false>},
+    {"256x128x64 prefetch s3 copies@3", false, launch<tile_config<256, 128, 64, 3, 1, true, 3>, false>},
+    {"256x128x64 prefetch s3 copies@2", false, launch<tile_config<256, 128, 64, 3, 1, true, 2>, false>},
+    {"128x256x128 prefetch s2 copies@4", false, launch<tile_config<128, 256, 128, 2, 1, true, 4>, false>},
+    {"128x256x128 prefetch s2 copies@6", false, launch<tile_config<128, 256, 128, 2, 1, true, 6>, false>},
+    {"single-buffered 128x128x32 s4 x2", false, launch<tile_config<128, 128, 32, 4, 2, false>, false>},
+    {"128x128x32 s4 x2 copies@1 (library)", false, launch<config_128x128, false>},
+    {"128x128x64 s3 x2 copies@2", false, launch<tile_config<128, 128, 64, 3, 2, true, 2>, false>},
+    {"KN single-buffered 128x256x64 s3", true, launch<tile_config<128, 256, 64, 3, 1, false>, true>},
+    {"KN prefetch s3 copies@3 (library)", true, launch<config_128x256, true>},
+    {"KN prefetch s3 copies@2", true, launch<tile_config<128, 256, 64, 3, 1, true, 2>, true>},
+    {"KN 256x128x64 prefetch s3 copies@3", true, launch<tile_config<256, 128, 64, 3, 1, true, 3>, true>},
 };
 constexpr int VARIANT_COUNT = sizeof variants / sizeof variants[0];
 
 const int REPS = 7;
-const int SETTLE_MS = 150;
+const int SETTLE_MS = 300;
 
 /* Waits for the GPU, then leaves it idle for `ms`. */
 void idle(int ms) {
@@ -330,14 +301,12 @@ int main(int argc, char **argv) {
         cudaFree(out);
     }
 
-    /* M, N, K, timed: edges in M, N and K (leading dimensions rounded up to 8), checked only
-     * (2000 x 3000 x 200 and 3000 x 5000 x 1000: persistent blocks with several edge tiles; 1024
-     * x 4096 x 4096: below a wave of 128x256 tiles); the benchmark shapes. */
+    /* M, N, K, timed: edges in M, N and K (leading dimensions rounded up to 8), checked only;
+     * the benchmark shapes; one below a wave of 128x256 tiles (the library runs 128x128). */
     const int64_t shapes[][4] = {
         {1000, 4353, 129, 0},   {777, 1000, 1000, 0},    {1100, 600, 4100, 0},
-        {2000, 3000, 200, 0},   {3000, 5000, 1000, 0},   {1024, 4096, 4096, 0},
         {4096, 4096, 4096, 1},  {8192, 8192, 8192, 1},   {16384, 4096, 4096, 1},
-        {16384, 14336, 4096, 1}, {16384, 4096, 14336, 1},
+        {16384, 14336, 4096, 1}, {16384, 4096, 14336, 1}, {1024, 4096, 4096, 1},
     };
     printf("%-22s %-40s %9s %8s %7s %9s %s\n", "shape", "variant", "ms", "TFLOP/s", "xcuBLAS",
            "max err", "ended at (s since 1970)");
