@@ -6,7 +6,8 @@
  * over max |cuBLAS|), also at shapes with M, N and K edges. Every timing, cuBLAS's too, starts
  * after SETTLE_MS of idle GPU (as tkbench does: the GPU runs these GEMMs at its power limit,
  * and back-to-back timings inherit the clocks of the one before). gemm_mma_schedules_h200.txt
- * has the H200 runs behind docs/kernels/gemm.md (some with variants since removed).
+ * has the H200 runs behind docs/kernels/gemm.md (some with variants since removed: runs 6 and 7
+ * name the commit whose driver and gemm.cu build them).
  *
  *   --only A,B,...  time only the variants whose name starts with one of the strings (the
  *                   checked-only shapes still check all), no mma.sync ceiling; with `-I DIR`
@@ -34,6 +35,7 @@
 #include <chrono>
 #include <vector>
 
+#include "experiment.h"
 #include "tkern.h"
 
 namespace {
@@ -80,8 +82,6 @@ const variant variants[] = {
     {"KN 256x128x64 prefetch s3 copies@3", true, launch<tile_config<256, 128, 64, 3, 1, true, 3>, true>},
 };
 constexpr int VARIANT_COUNT = sizeof variants / sizeof variants[0];
-
-#include "experiment.h"
 
 const int REPS = 7;
 const int SETTLE_MS = 300;
