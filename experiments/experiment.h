@@ -1,9 +1,10 @@
 /* What the experiment drivers share: CHECK(call) stops the program with the file, line, call and
- * CUDA error when a runtime call fails (an experiment has nothing to recover), and the timing
- * loop. */
+ * CUDA error when a runtime call fails (an experiment has nothing to recover), the timing loop
+ * and the bf16 error check of the GEMM drivers. */
 #ifndef TK_EXPERIMENT_H
 #define TK_EXPERIMENT_H
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,20 @@ static inline float experiment_time_ms(const std::function<cudaError_t()> &f, in
     CHECK(cudaEventDestroy(e0));
     CHECK(cudaEventDestroy(e1));
     return t[t.size() / 2];
+}
+
+/* err[0] = max |d - ref|, err[1] = max |ref| over n bf16 values (err zeroed by the caller;
+ * non-negative floats compare as integers). */
+static __global__ void experiment_max_error_bf16(const __nv_bfloat16 *d, const __nv_bfloat16 *ref, size_t n,
+                                                 unsigned *err) {
+    float diff = 0.0f, mag = 0.0f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float r = __bfloat162float(ref[i]);
+        diff = fmaxf(diff, fabsf(__bfloat162float(d[i]) - r));
+        mag = fmaxf(mag, fabsf(r));
+    }
+    atomicMax(&err[0], __float_as_uint(diff));
+    atomicMax(&err[1], __float_as_uint(mag));
 }
 
 #endif

@@ -120,18 +120,6 @@ __global__ void fill_uniform(__nv_bfloat16 *x, size_t n, uint32_t seed) {
     }
 }
 
-/* err[0] = max |d - ref|, err[1] = max |ref| (non-negative floats compare as integers). */
-__global__ void compare(const __nv_bfloat16 *d, const __nv_bfloat16 *ref, size_t n, unsigned *err) {
-    float diff = 0.0f, mag = 0.0f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float r = __bfloat162float(ref[i]);
-        diff = fmaxf(diff, fabsf(__bfloat162float(d[i]) - r));
-        mag = fmaxf(mag, fabsf(r));
-    }
-    atomicMax(&err[0], __float_as_uint(diff));
-    atomicMax(&err[1], __float_as_uint(mag));
-}
-
 struct problem {
     int64_t m, n, k, lda, ldb; /* ldb: of B as the variant reads it, [N, K] or [K, N] */
     __nv_bfloat16 *a, *b, *d, *ref;
@@ -359,7 +347,7 @@ int main(int argc, char **argv) {
                 CHECK(cudaMemset(p.d, 0, p.m * p.n * 2));
                 CHECK(vs[v].launch(&c, 0));
                 CHECK(cudaMemset(err, 0, 2 * sizeof(unsigned)));
-                compare<<<1024, 256>>>(p.d, p.ref, p.m * p.n, err);
+                experiment_max_error_bf16<<<1024, 256>>>(p.d, p.ref, p.m * p.n, err);
                 unsigned h[2];
                 CHECK(cudaMemcpy(h, err, sizeof h, cudaMemcpyDeviceToHost));
                 const double ms = timed ? median_ms([&] { CHECK(vs[v].launch(&c, 0)); }) : 0.0;

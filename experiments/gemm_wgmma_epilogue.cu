@@ -118,18 +118,6 @@ unsigned long long differences(const void *a, const void *b, size_t bytes) {
     return h;
 }
 
-/* err[0] = max |d - ref|, err[1] = max |ref| (non-negative floats compare as integers). */
-__global__ void compare(const __nv_bfloat16 *d, const __nv_bfloat16 *ref, size_t n, unsigned *err) {
-    float diff = 0.0f, mag = 0.0f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float r = __bfloat162float(ref[i]);
-        diff = fmaxf(diff, fabsf(__bfloat162float(d[i]) - r));
-        mag = fmaxf(mag, fabsf(r));
-    }
-    atomicMax(&err[0], __float_as_uint(diff));
-    atomicMax(&err[1], __float_as_uint(mag));
-}
-
 /* ---- bit-exact checks at small shapes with edges ---- */
 
 struct epilogue_case {
@@ -257,7 +245,7 @@ void time_shape(int64_t m, int64_t n, int64_t k, int rounds, cublasHandle_t blas
         if (e == 0) {
             CHECK(cublas());
             CHECK(cudaMemset(err, 0, 2 * sizeof(unsigned)));
-            compare<<<1024, 256>>>(ref, d, m * n, err);
+            experiment_max_error_bf16<<<1024, 256>>>(ref, d, m * n, err);
             unsigned h[2];
             CHECK(cudaMemcpy(h, err, sizeof h, cudaMemcpyDeviceToHost));
             float diff, mag;
