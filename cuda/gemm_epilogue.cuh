@@ -127,8 +127,12 @@ __device__ __forceinline__ void finish_run(const tk_gemm_call &p, const float (&
  * cover one row. Not inlined: one copy per output dtype and activation serves every kernel, and
  * nothing of the caller is live across the call. */
 template <typename Out, int Act>
-__device__ __noinline__ void store_tile(const tk_gemm_call &p, const float *staged, int64_t row0,
+__device__ __noinline__ void store_tile(const tk_gemm_call &call, const float *staged, int64_t row0,
                                         int64_t col0, int lane) {
+    /* A local copy of the call: through the reference (a generic pointer into the kernel's
+     * parameters) every field would be reloaded after each store to D, which might alias it, and
+     * each row would wait for those loads. The copy's fields load once, into registers. */
+    const tk_gemm_call p = call;
     const int64_t col = col0 + (lane % 16) * 4;
     if (col >= p.n)
         return;
