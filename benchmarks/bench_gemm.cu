@@ -10,6 +10,8 @@
  *                                                            the fused epilogue costs)
  *   gemm (mma_128x256)   the portable kernel, forced      vs cublasGemmEx (where the library
  *                                                            picks another kernel, e.g. wgmma)
+ *   gemm+bias+gelu (mma_128x256)  forced, fused           vs the forced plain GEMM (what the
+ *                                                            portable kernel's epilogue costs)
  * B is [N, K] (a Linear weight, D = A B^T) unless the row says B KN. Shapes: 4096^3, 8192^3 and
  * the Llama / Mistral layer shapes of issue 5, written M x N x K.
  *
@@ -21,7 +23,7 @@
  * 0.98 in one run, 1.13 in another; docs/performance.md): 25 ms of warm-up and 30 launches of
  * 3-4 ms back to back are long enough for the clocks to come down during the timing, more for
  * a longer kernel. An idle pause before every launch times each kernel from the same state,
- * ours and the baselines alike; it favours none. It adds ~2 min to the run (43 timings x 30
+ * ours and the baselines alike; it favours none. It adds ~2 min to the run (48 timings x 30
  * repetitions x 100 ms).
  */
 #include <cublasLt.h>
@@ -202,6 +204,11 @@ void bench_shape(bench_ctx *ctx, cublasHandle_t blas, cublasLtHandle_t lt, int64
         if (tk_gemm_supported(&g.plain, &forced) == TK_SUCCESS) {
             const double portable_ms = settled_ms(ctx, run_tk_plain, &g);
             report(ctx, "gemm", shape, forced, portable_ms, flops, "cuBLAS", cublas_ms);
+            if (with_epilogues) {
+                const double portable_gelu_ms = settled_ms(ctx, run_tk_gelu, &g);
+                report(ctx, "gemm+bias+gelu", shape, forced, portable_gelu_ms, flops, "tk gemm (plain)",
+                       portable_ms);
+            }
         }
         bench_check(tk_experimental_force_variant("gemm", NULL), "tk_experimental_force_variant");
     }
