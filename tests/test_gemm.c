@@ -369,7 +369,9 @@ Test(gemm_gpu, small_and_odd_shapes_every_variant, .timeout = 600) {
  * wave of 128x256 tiles), with edges in M, N (one column past a tile: element stores) and K.
  * The third gives each block of the persistent "wgmma_128x256" several tiles per consumer
  * warpgroup with 6 K steps over 5 stages, so a warpgroup's ring position wraps in the middle of
- * a tile and its skip over the other warpgroup's tile flips the stage phase. */
+ * a tile and its skip over the other warpgroup's tile flips the stage phase. The last two give
+ * "mma_128x256" (3 stages, 2 K steps copied ahead) exactly as many K steps as it copies ahead,
+ * and fewer (one, partial): its prologue then zero-fills stages that no K step reads. */
 Test(gemm_gpu, large_shapes_every_variant, .timeout = 600) {
     TK_REQUIRE_GPU();
     const device_facts dev = device_facts_now();
@@ -378,6 +380,8 @@ Test(gemm_gpu, large_shapes_every_variant, .timeout = 600) {
         {1000, 1000, 1000, 0, 0, false},
         {1000, wide_n, 129, 7, 0, false},
         {2048, wide_n, 321, 0, 0, false},
+        {1000, wide_n, 128, 0, 0, false},
+        {1000, wide_n, 40, 0, 0, false},
     };
     run_counts counts = {{0}};
     run_shapes(shapes, sizeof shapes / sizeof shapes[0], 22, &counts);
