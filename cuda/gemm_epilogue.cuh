@@ -99,11 +99,12 @@ template <typename Out> struct epilogue_run {
     int count;
 };
 
-/* The epilogue of one run of N accumulators: D = act(alpha acc + beta C + bias), rounded once;
- * bias_v holds the run's bias (0 without one). */
+/* The epilogue of one run of N accumulators: act(alpha acc + beta C + bias), rounded once, to
+ * be stored at r.d; bias_v holds the run's bias (0 without one). Reads C (with_c) but writes
+ * nothing, so that a caller can finish several runs before it stores any (store_tile). */
 template <typename Out, int Act, int N>
-__device__ __forceinline__ void finish_run(const tk_gemm_call &p, const float (&acc)[N], const float (&bias_v)[N],
-                                           const epilogue_run<Out> &r) {
+__device__ __forceinline__ tk_pack<Out, N> run_values(const tk_gemm_call &p, const float (&acc)[N],
+                                                      const float (&bias_v)[N], const epilogue_run<Out> &r) {
     float x[N];
 #pragma unroll
     for (int e = 0; e < N; e++)
@@ -125,7 +126,55 @@ __device__ __forceinline__ void finish_run(const tk_gemm_call &p, const float (&
     for (int e = 0; e < N; e++)
         out.v[e] = tk_from_float<Out>(e % 2 ? tk_act_apply<Act, sizeof(Out) == 2, true>(x[e])
                                             : tk_act_apply<Act, sizeof(Out) == 2, false>(x[e]));
-    store_run<Out, N>(r.d, r.d_whole, r.count, out);
+    return out;
+}
+
+/* run_values, stored. */
+template <typename Out, int Act, int N>
+__device__ __forceinline__ void finish_run(const tk_gemm_call &p, const float (&acc)[N], const float (&bias_v)[N],
+                                           const epilogue_run<Out> &r) {
+    store_run<Out, N>(r.d, r.d_whole, r.count, run_values<Out, Act, N>(p, acc, bias_v, r));
+}
+
+/* Rows that one lane of store_tile finishes before it stores any of them. A load that follows a
+ * store to D has to wait for it (D might alias the staging buffer or C, as far as the compiler
+ * knows), so a lane that stored each row before reading the next ran one row's chain of
+ * dependent latencies at a time (shared load, exponential, reciprocal, store: hundreds of
+ * cycles for 4 elements, with 2 warps per scheduler). Reading 4 rows first gives the
+ * schedulers 16 independent elements per lane. */
+constexpr int EPI_BATCH = 4;
+static_assert(WARP_TILE % (2 * EPI_BATCH) == 0, "a lane's rows of the warp tile split into whole batches");
+
+/* store_tile's rows, from row0 + lane / 16 in steps of 2, at columns col .. col + cols - 1; WithC
+ * when beta != 0, a compile-time choice so that the rows of a batch are one basic block that
+ * the compiler can interleave (a test per row would split it). */
+template <typename Out, int Act, bool WithC>
+__device__ __forceinline__ void finish_rows(const tk_gemm_call &p, const float *staged, int64_t row0, int64_t col,
+                                            int cols, const float (&bias_v)[4], int lane) {
+    for (int r0 = lane / 16; r0 < WARP_TILE; r0 += 2 * EPI_BATCH) {
+        if (row0 + r0 >= p.m)
+            break;
+        epilogue_run<Out> run[EPI_BATCH];
+        tk_pack<Out, 4> out[EPI_BATCH];
+#pragma unroll
+        for (int b = 0; b < EPI_BATCH; b++) {
+            const int r = r0 + 2 * b;
+            const int64_t row = row0 + r;
+            const float4 staged_acc = *reinterpret_cast<const float4 *>(staged + r * EPI_STRIDE + (lane % 16) * 4);
+            const float acc[4] = {staged_acc.x, staged_acc.y, staged_acc.z, staged_acc.w};
+            const Out *c = WithC ? static_cast<const Out *>(p.c) + row * p.ldc + col : nullptr;
+            Out *d = static_cast<Out *>(p.d) + row * p.ldd + col;
+            /* rows past M are computed from the staged tile (which has them) but neither read
+             * from C nor stored */
+            run[b] = {c, d, WithC && row < p.m, cols == 4 && run_aligned<Out, 4>(reinterpret_cast<uintptr_t>(c)),
+                      cols == 4 && run_aligned<Out, 4>(reinterpret_cast<uintptr_t>(d)), cols};
+            out[b] = run_values<Out, Act, 4>(p, acc, bias_v, run[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < EPI_BATCH; b++)
+            if (row0 + r0 + 2 * b < p.m)
+                store_run<Out, 4>(run[b].d, run[b].d_whole, run[b].count, out[b]);
+    }
 }
 
 /* Writes the warp's 64 x 64 tile of D, rows from row0 and columns from col0, out of its staged
@@ -148,20 +197,10 @@ __device__ __noinline__ void store_tile(const tk_gemm_call &call, const float *s
         const Out *bias = static_cast<const Out *>(p.bias) + col;
         load_run<Out, 4>(bias, cols == 4 && run_aligned<Out, 4>(reinterpret_cast<uintptr_t>(bias)), cols, bias_v);
     }
-    const bool has_c = p.beta != 0.0f;
-#pragma unroll 2
-    for (int r = lane / 16; r < WARP_TILE; r += 2) {
-        const int64_t row = row0 + r;
-        if (row >= p.m)
-            break;
-        const float4 staged_acc = *reinterpret_cast<const float4 *>(staged + r * EPI_STRIDE + (lane % 16) * 4);
-        const float acc[4] = {staged_acc.x, staged_acc.y, staged_acc.z, staged_acc.w};
-        const Out *c = has_c ? static_cast<const Out *>(p.c) + row * p.ldc + col : nullptr;
-        Out *d = static_cast<Out *>(p.d) + row * p.ldd + col;
-        const epilogue_run<Out> run = {c, d, has_c, cols == 4 && run_aligned<Out, 4>(reinterpret_cast<uintptr_t>(c)),
-                                       cols == 4 && run_aligned<Out, 4>(reinterpret_cast<uintptr_t>(d)), cols};
-        finish_run<Out, Act, 4>(p, acc, bias_v, run);
-    }
+    if (p.beta != 0.0f)
+        finish_rows<Out, Act, true>(p, staged, row0, col, cols, bias_v, lane);
+    else
+        finish_rows<Out, Act, false>(p, staged, row0, col, cols, bias_v, lane);
 }
 
 template <typename Out>
