@@ -142,6 +142,27 @@ template <typename T, int N> __device__ __forceinline__ void tk_unpack(const tk_
     }
 }
 
+/* f32 values to a pack, the inverse of tk_unpack: two elements per conversion instruction for
+ * 16-bit types (F2FP packs a pair), where converting element by element takes one each and then
+ * a PRMT per pair to combine the halves. */
+template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> tk_pack_of(const float (&f)[Vec]) {
+    tk_pack<T, Vec> r;
+    if constexpr (Vec % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__nv_bfloat162 *>(r.v)[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    } else if constexpr (Vec % 2 == 0 && std::is_same_v<T, __half>) {
+#pragma unroll
+        for (int i = 0; i < Vec / 2; i++)
+            reinterpret_cast<__half2 *>(r.v)[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < Vec; e++)
+            r.v[e] = tk_from_float<T>(f[e]);
+    }
+    return r;
+}
+
 /* p points to global memory. A 16-byte pack is stored with one explicit st.global.v4: written
  * as a uint4 assignment, nvcc 13 split the stores of kernels that fill a pack element by
  * element into four 4-byte STG (seen in the SASS of the bf16 GELU kernel), and those partial

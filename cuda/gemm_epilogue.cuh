@@ -116,17 +116,18 @@ __device__ __forceinline__ tk_pack<Out, N> run_values(const tk_gemm_call &p, con
         for (int e = 0; e < N; e++)
             x[e] = fmaf(p.beta, cv[e], x[e]);
     }
-    /* Every other element takes its sigmoid's reciprocal on the FMA pipe (runs start at even
-     * columns, so: the odd columns). The mma.sync epilogue runs while the tensor cores idle, and
-     * with a sigmoid-based activation it is bound by the special-function unit (2 MUFU per
-     * element at 16 per clock and SM, ~7 other instructions on a pipe with 8x the throughput);
-     * moving half of the reciprocals balances the two pipes. */
-    tk_pack<Out, N> out;
+    /* One element in 4 of a run takes its sigmoid's reciprocal on the FMA pipe. The mma.sync
+     * epilogue runs while the tensor cores idle, 2 warps per scheduler, and with a sigmoid-based
+     * activation it is bound both by the special-function unit (2 MUFU per element; a warp's MUFU
+     * instruction takes 8 of its cycles) and by issue (~13 instructions per element, one per
+     * cycle): tk_rcp_fma trades one MUFU for 8 issued instructions, and one element in 4 is
+     * about where the two balance (SASS counts in docs/kernels/gemm.md). */
+    float y[N];
 #pragma unroll
     for (int e = 0; e < N; e++)
-        out.v[e] = tk_from_float<Out>(e % 2 ? tk_act_apply<Act, sizeof(Out) == 2, true>(x[e])
-                                            : tk_act_apply<Act, sizeof(Out) == 2, false>(x[e]));
-    return out;
+        y[e] = e % 4 == 3 ? tk_act_apply<Act, sizeof(Out) == 2, true>(x[e])
+                          : tk_act_apply<Act, sizeof(Out) == 2, false>(x[e]);
+    return tk_pack_of<Out, N>(y);
 }
 
 /* run_values, stored. */

@@ -199,25 +199,6 @@ __device__ __forceinline__ float output_value(const tk_softmax_call &a, const ro
     }
 }
 
-/* f32 values to a pack: two elements per conversion instruction for 16-bit types. */
-template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> pack_of(const float (&f)[Vec]) {
-    tk_pack<T, Vec> r;
-    if constexpr (Vec % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
-#pragma unroll
-        for (int i = 0; i < Vec / 2; i++)
-            reinterpret_cast<__nv_bfloat162 *>(r.v)[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    } else if constexpr (Vec % 2 == 0 && std::is_same_v<T, __half>) {
-#pragma unroll
-        for (int i = 0; i < Vec / 2; i++)
-            reinterpret_cast<__half2 *>(r.v)[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-    } else {
-#pragma unroll
-        for (int e = 0; e < Vec; e++)
-            r.v[e] = tk_from_float<T>(f[e]);
-    }
-    return r;
-}
-
 template <typename T, int Vec, bool Backward>
 __device__ __forceinline__ tk_pack<T, Vec> output_pack(const tk_softmax_call &a, const row_stats &st,
                                                        const tk_pack<T, Vec> &xs, const tk_pack<T, Vec> &gs, int c0,
@@ -234,7 +215,7 @@ __device__ __forceinline__ tk_pack<T, Vec> output_pack(const tk_softmax_call &a,
         for (int e = 0; e < Vec; e++)
             r[e] = output_value<Backward>(a, st, x[e], Backward ? g[e] : 0.0f, c2, c0 + e < len);
     }
-    return pack_of<T, Vec>(r);
+    return tk_pack_of<T, Vec>(r);
 }
 
 /* The last cols % Vec elements of a row (vec16 rows whose width is not a whole number of
@@ -472,7 +453,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                                          [&](int e) { y[e] = fast_exp2(tk_to_float(xs[p].v[e]) * c2 - lse); });
                     }
                     if (c0 < whole)
-                        tk_store_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(y));
+                        tk_store_pack<T, Vec>(out_row + c0, tk_pack_of<T, Vec>(y));
                 }
                 if (tail.col < cols) {
                     const float t = tk_to_float(tail.x) * c2;
@@ -507,7 +488,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                         dx[e] = Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot) : a.scale * y * (g - dot);
                     });
                     if (c0 < whole)
-                        tk_store_pack<T, Vec>(out_row + c0, pack_of<T, Vec>(dx));
+                        tk_store_pack<T, Vec>(out_row + c0, tk_pack_of<T, Vec>(dx));
                 }
                 if (tail.col < cols) {
                     const float y = tk_to_float(tail.x), g = tk_to_float(tail.g);
