@@ -43,8 +43,9 @@
  *   kernel), picked by a switch once per warp tile: no per-element branch on the activation.
  *   act is tk_act_apply of activation_math.cuh with the same `Fast` choice as
  *   tk_activation_fwd (16-bit outputs), so fused and separate activations compute the same
- *   function; in odd columns a sigmoid's reciprocal comes from Newton steps on the FMA pipe
- *   instead of MUFU.RCP (both within 1 ulp of 1 / y: the epilogue is bound by the MUFU).
+ *   function; in one column of 4 a sigmoid's reciprocal comes from Newton steps on the FMA
+ *   pipe instead of MUFU.RCP (both within 1 ulp of 1 / y), which balances the epilogue's two
+ *   bounds, MUFU time and instruction issue.
  *
  * Configurations (a handful of instantiations: config x input dtype x B layout; registers as
  * reported by ptxas for sm_90a and sm_80, 234-255, no spills):
