@@ -71,6 +71,7 @@
 
 #include "attention.h"
 #include "common.cuh"
+#include "core/math.cuh"
 #include "tkern.h"
 
 namespace {
@@ -191,12 +192,6 @@ template <typename T> __device__ __forceinline__ uint32_t attn_pack(float lo, fl
         memcpy(&r, &v, 4);
     }
     return r;
-}
-
-__device__ __forceinline__ float attn_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 /* ROWS rows of D elements, `row_stride` apart from g, into a shared tile of rows ROW_BYTES
@@ -476,7 +471,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
                 /* A row that has seen only masked keys keeps max -inf; exponentiate against 0
                  * so that its p are exp2(-inf) = 0 rather than NaN. */
                 const float m_use = mx == -INFINITY ? 0.0f : mx;
-                const float alpha = attn_exp2((row_max[mt][h] - m_use) * p.exp_scale);
+                const float alpha = tk_exp2_approx((row_max[mt][h] - m_use) * p.exp_scale);
                 const float base = m_use * p.exp_scale;
                 row_max[mt][h] = mx;
                 float sum = 0.0f;
@@ -484,7 +479,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const float pe = attn_exp2(fmaf(s[mt][nt][2 * h + e], p.exp_scale, -base));
+                        const float pe = tk_exp2_approx(fmaf(s[mt][nt][2 * h + e], p.exp_scale, -base));
                         s[mt][nt][2 * h + e] = pe;
                         sum += pe;
                     }

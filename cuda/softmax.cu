@@ -72,6 +72,7 @@
 #include "tkern.h"
 
 #include "common.cuh"
+#include "core/math.cuh"
 #include "softmax.h"
 
 namespace {
@@ -85,16 +86,6 @@ constexpr int STREAM_UNROLL_FWD = 4;
 constexpr int STREAM_UNROLL_BWD = 2;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.69314718055994531f;
-
-/* 2^x with MUFU.EX2 alone (ex2.approx.ftz: relative error <= 2^-22, results below 2^-126
- * flush to 0, as every probability that small is 0 at the output's f32 spacing near 1). The
- * library's exp2f adds a denormal-range fix-up around each MUFU.EX2, which costs registers
- * here, where 64 exponentials of a thread are scheduled together. */
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* row % period (row >= 0, period > 0): a 32-bit remainder when both fit (tensors of fewer
  * than 2^32 rows), else shift-and-subtract. Not the 64-bit `%`: that calls a routine, and the
@@ -161,7 +152,7 @@ __device__ __forceinline__ void accumulate(const tk_softmax_call &a, float x_or_
     if constexpr (Backward)
         *acc += a.log ? dy : dy * x_or_y;
     else
-        *acc += fast_exp2(x_or_y * c2 - m);
+        *acc += tk_exp2_approx(x_or_y * c2 - m);
 }
 
 /* Accumulates the visible elements of a pack starting at column c0. */
@@ -192,10 +183,10 @@ __device__ __forceinline__ float output_value(const tk_softmax_call &a, const ro
     if (!visible)
         return (!Backward && a.log) ? -INFINITY : 0.0f;
     if constexpr (Backward) {
-        return a.log ? a.scale * (dy - fast_exp2(x_or_y * LOG2E) * st.dot) : a.scale * x_or_y * (dy - st.dot);
+        return a.log ? a.scale * (dy - tk_exp2_approx(x_or_y * LOG2E) * st.dot) : a.scale * x_or_y * (dy - st.dot);
     } else {
         const float t = x_or_y * c2;
-        return a.log ? (t - st.lse) * LN2 : fast_exp2(t - st.lse); /* 2^(t - m) / s */
+        return a.log ? (t - st.lse) * LN2 : tk_exp2_approx(t - st.lse); /* 2^(t - m) / s */
     }
 }
 
@@ -426,9 +417,9 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
 #pragma unroll
             for (int p = 0; p < PACKS; p++)
                 for_visible<Vec>((p * threads_per_row + lane) * Vec, pack_len,
-                                 [&](int e) { s += fast_exp2(tk_to_float(xs[p].v[e]) * c2 - shift); });
+                                 [&](int e) { s += tk_exp2_approx(tk_to_float(xs[p].v[e]) * c2 - shift); });
             if (tail.col < len)
-                s += fast_exp2(tk_to_float(tail.x) * c2 - shift);
+                s += tk_exp2_approx(tk_to_float(tail.x) * c2 - shift);
             keep_packed(xs);
             s = row_reduce<op_sum>(s, threads_per_row, scratch, parity);
             /* y = 2^(t - lse): the division by the sum folded into the exponent. lse = -inf
@@ -450,7 +441,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                         for (int e = 0; e < Vec; e++)
                             y[e] = 0.0f;
                         for_visible<Vec>(c0, pack_len,
-                                         [&](int e) { y[e] = fast_exp2(tk_to_float(xs[p].v[e]) * c2 - lse); });
+                                         [&](int e) { y[e] = tk_exp2_approx(tk_to_float(xs[p].v[e]) * c2 - lse); });
                     }
                     if (c0 < whole)
                         tk_store_pack<T, Vec>(out_row + c0, tk_pack_of<T, Vec>(y));
@@ -459,7 +450,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                     const float t = tk_to_float(tail.x) * c2;
                     out_row[tail.col] = tk_from_float<T>(tail.col >= len ? (a.log ? -INFINITY : 0.0f)
                                                          : a.log       ? (t - lse) * LN2
-                                                                       : fast_exp2(t - lse));
+                                                                       : tk_exp2_approx(t - lse));
                 }
             }
         } else {
@@ -485,7 +476,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                         dx[e] = 0.0f;
                     for_visible<Vec>(c0, pack_len, [&](int e) {
                         const float y = tk_to_float(xs[p].v[e]), g = tk_to_float(gs[p].v[e]);
-                        dx[e] = Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot) : a.scale * y * (g - dot);
+                        dx[e] = Log ? a.scale * (g - tk_exp2_approx(y * LOG2E) * dot) : a.scale * y * (g - dot);
                     });
                     if (c0 < whole)
                         tk_store_pack<T, Vec>(out_row + c0, tk_pack_of<T, Vec>(dx));
@@ -493,7 +484,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS) softmax_rows_kernel(tk_softm
                 if (tail.col < cols) {
                     const float y = tk_to_float(tail.x), g = tk_to_float(tail.g);
                     out_row[tail.col] = tk_from_float<T>(tail.col >= len ? 0.0f
-                                                         : Log ? a.scale * (g - fast_exp2(y * LOG2E) * dot)
+                                                         : Log ? a.scale * (g - tk_exp2_approx(y * LOG2E) * dot)
                                                                : a.scale * y * (g - dot));
                 }
             }
@@ -551,7 +542,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
                 keep_packed(xs);
                 const float chunk_max = ext.max_times(c2);
                 if (chunk_max > m) { /* rescale the sum to the new maximum (0 * 0 when m = -inf) */
-                    acc *= fast_exp2(m - chunk_max);
+                    acc *= tk_exp2_approx(m - chunk_max);
                     m = chunk_max;
                 }
                 if (m != -INFINITY) { /* all -inf so far: nothing to add */
@@ -572,14 +563,14 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
             if (tail.col < len) {
                 const float t = tk_to_float(tail.x) * c2;
                 if (t > m) {
-                    acc *= fast_exp2(m - t);
+                    acc *= tk_exp2_approx(m - t);
                     m = t;
                 }
                 if (m != -INFINITY)
-                    acc += fast_exp2(t - m);
+                    acc += tk_exp2_approx(t - m);
             }
             const float row_m = tk_block_max(m, scratch);
-            const float scaled = m == -INFINITY ? 0.0f : acc * fast_exp2(m - row_m);
+            const float scaled = m == -INFINITY ? 0.0f : acc * tk_exp2_approx(m - row_m);
             st.lse = row_m + log2f(tk_block_sum(scaled, scratch)); /* -inf: nothing visible */
         }
 
@@ -634,7 +625,7 @@ __device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
     const float m = fmaxf(a.m, b.m);
     if (m == -INFINITY)
         return {m, 0.0f};
-    return {m, a.s * fast_exp2(a.m - m) + b.s * fast_exp2(b.m - m)}; /* commutative, bit for bit */
+    return {m, a.s * tk_exp2_approx(a.m - m) + b.s * tk_exp2_approx(b.m - m)}; /* commutative, bit for bit */
 }
 
 __device__ __forceinline__ max_sum warp_combine(max_sum v) {
@@ -810,7 +801,7 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
                 }
                 const float chunk_max = ext.max_times(c2);
                 if (chunk_max > part.m) {
-                    part.s *= fast_exp2(part.m - chunk_max);
+                    part.s *= tk_exp2_approx(part.m - chunk_max);
                     part.m = chunk_max;
                 }
                 if (part.m != -INFINITY) {
