@@ -79,8 +79,11 @@ def main():
     parser.add_argument("--only", help="comma-separated families: " + ", ".join(f for f, _ in FAMILIES))
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
-    with open(args.jsonl) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(args.jsonl) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except OSError as e:
+        sys.exit("%s: %s (run `make bench` on a GPU machine first)" % (args.jsonl, e.strerror))
     if not rows:
         sys.exit(args.jsonl + ": no rows")
     print(tables(rows, only))
