@@ -364,15 +364,13 @@ typedef struct tk_softmax_params {
 /* y = softmax (or log-softmax) of x as described above. y may alias x exactly (same pointer and
  * y_row_stride == x_row_stride: in place); any other overlap is rejected. Pointers must be
  * aligned to the element size; any other alignment is accepted (16-byte aligned rows are faster).
- * Variants (tk_last_variant, force with op "softmax"), in selection order: "vec16_pipelined"
- * (forward only, f32 rows of 65540 to 131075 elements, 16-byte aligned, compute capability 9.0
- * and newer: a row split over a thread-block cluster, the next row's first pass overlapped with
- * this row's second), "vec16_regs" (a row
- * held in registers, 16-byte accesses; forward rows up to 32768 f16 / bf16 or 16384 f32
- * elements, backward rows up to half that), "vec16_stream" (any width: a first pass computes
- * the row's max and sum online, a second re-reads the row, from L2 as a rule, and writes y),
- * "scalar_regs" and "scalar_stream"
- * (the same with one element per access, for rows that are not 16-byte aligned).
+ * Variants (tk_last_variant, force with op "softmax"), in selection order, each for 16-byte
+ * aligned rows unless said otherwise: "vec16_pipelined" (forward only, compute capability 9.0
+ * and newer, rows whose whole 16-byte packs hold 64 to 512 KB: 32768 to 262151 f16 / bf16 or
+ * 16384 to 131075 f32 elements), "vec16_regs" (forward rows up to 32768 f16 / bf16 or 16384 f32
+ * elements, backward rows up to half that), "vec16_stream" (any width; reads each row twice),
+ * "scalar_regs" (any element alignment, forward rows up to 4096 elements, backward 2048) and
+ * "scalar_stream" (anything).
  * Errors: p NULL, x / y NULL with rows > 0 (TK_ERROR_NULL_POINTER); p->size too small, unknown
  * dtype, rows < 0, cols < 1, a row stride smaller than cols, scale NaN or infinite, log or
  * causal not 0 / 1, causal_period < 0, sizes whose byte counts overflow
@@ -409,10 +407,11 @@ TK_API tk_status tk_softmax_bwd(const tk_softmax_params *p, const void *y, const
  * rotary_dim] is cos_cache = cache, sin_cache = cache + rotary_dim / 2, cache_row_stride =
  * rotary_dim), or computed in the kernel from theta: inv_freq_i = theta^(-2i / rotary_dim).
  * Computed angles are exact to f32 rounding of the angle reduced to [-pi, pi] (error about
- * 2e-7 rad) for any |position| < 2^40: the product p * inv_freq and its reduction are done in
- * f64, then sincosf. Tables built in f32 (p * inv_freq rounded to f32, as PyTorch code does) err
- * by up to |p * inv_freq| * 2^-24 rad, e.g. 0.06 rad at position 10^6; pass such a table as the
- * cache to reproduce it. Scaled variants (YaRN, Llama 3.1, NTK) are a cache built by the caller.
+ * 2e-7 rad) for |position| < 2^30: the angle is formed and reduced in f64 (beyond 2^30 its
+ * error grows as |p * inv_freq| * 2^-53 rad). Tables built in f32 (p * inv_freq rounded to
+ * f32, as PyTorch code does) err by up to |p * inv_freq| * 2^-24 rad, e.g. 0.06 rad at position
+ * 10^6; pass such a table as the cache to reproduce it. Scaled variants (YaRN, Llama 3.1,
+ * NTK) are a cache built by the caller.
  *
  * Strides are in elements, {token, head}; the last dimension is contiguous. All zero means dense
  * ([tokens, heads, head_dim]), so [batch, seq, heads, dim] is tokens = batch * seq, and Q and K
@@ -573,9 +572,9 @@ TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t 
  * kernel variant it would use ("" for a call with nothing to do, NULL on failure).
  * Variants (tk_last_variant, tk_experimental_force_variant op "attention"), in selection order:
  * "mma_sm80_packed" (a window bounded on both sides: window_left >= 0, and window_right >= 0 or
- * causal, where a side that reaches every key counts as unbounded; and heads_q / heads_kv even:
- * 2 or 4 query heads of one GQA group share a thread block, which cuts the work wasted on the
- * window's edges) and "mma_sm80" (every supported call); both give the same bits. */
+ * causal, where a side that reaches every key counts as unbounded; and heads_q / heads_kv even)
+ * and "mma_sm80" (every supported call); both run on compute capability 8.0 and newer and give
+ * the same bits for the same call. */
 TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char **variant_name);
 
 /* ---------------------------------------------------------------------------------------------
@@ -631,11 +630,9 @@ typedef struct tk_gemm_params {
  *   the same element of D is written. Any other overlap of D's memory span
  *   [d, d + ((m - 1) * ldd + n) elements) with the spans of A, B, C or bias is rejected.
  * - Variants (tk_last_variant, tk_experimental_force_variant op "gemm"), in selection order:
- *   "wgmma_128x256": Hopper warpgroup MMA with TMA loads, persistent (one block per SM walks
- *   64x256 tiles of D, its two consumer warpgroups take them in turn so that one's epilogue runs
- *   under the other's main loop; the name keeps the 128x256 a block holds in flight), only on
- *   compute capability 9.0 with a library built for sm_90a (ARCHS 90a), B as TK_GEMM_B_NK and
- *   the 16-byte rule above; m, n <= 2^31 - 1;
+ *   "wgmma_128x256": the Hopper kernel (warpgroup MMA, TMA loads), only on compute capability
+ *   9.0 with a library built for sm_90a (ARCHS 90a), B as TK_GEMM_B_NK and the 16-byte rule
+ *   above; m, n <= 2^31 - 1;
  *   "mma_128x256": 128x256 tiles, for calls that fill at least one wave of them (tiles >= SM
  *   count) on devices with 144 KiB of shared memory per block (A100, H100, H200);
  *   "mma_128x128": 128x128 tiles, any size; "mma_unaligned": 128x128 tiles loaded element by
