@@ -13,7 +13,7 @@
  *   gemm+bias+gelu (mma_128x256)  forced, fused           vs the forced plain GEMM (what the
  *                                                            portable kernel's epilogue costs)
  * B is [N, K] (a Linear weight, D = A B^T) unless the row says B KN. Shapes: 4096^3, 8192^3 and
- * the Llama / Mistral layer shapes of issue 5, written M x N x K.
+ * the Llama / Mistral layer shapes, written M x N x K.
  *
  * Every repetition of every timing (ours, cuBLAS, cuBLASLt, the unfused pair) starts from an
  * idle GPU (bench_time_idle_ms, IDLE_MS). These GEMMs hold the H200 at its 700 W power limit: a
@@ -146,8 +146,8 @@ void report(bench_ctx *ctx, const char *op, const char *shape, const char *varia
     bench_report(ctx, &row);
 }
 
-/* Idle time before each repetition. Measured on the H200 (experiments/gemm_mma_schedules.cu
- * --settle-test: ~100 ms of cuBLAS, a pause, then a timing of the portable kernel at
+/* Idle time before each repetition. Measured on the H200 (the settle test of
+ * experiments/gemm_mma_schedules.cu, removed in 104058d: ~100 ms of cuBLAS, a pause, then a timing of the portable kernel at
  * 16384 x 4096 x 4096): 390-397 TFLOP/s after no pause, 425 after 30 ms, 474-478 after 100 ms,
  * 476-478 after 300 ms, 479 after 1 s. */
 const int IDLE_MS = 100;

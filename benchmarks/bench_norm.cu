@@ -2,7 +2,7 @@
  * RMSNorm / LayerNorm benchmarks: achieved bandwidth against a device copy of the same bytes.
  * Bytes that must move: each row tensor read or written once (x, y; residual read and written
  * for add+RMSNorm; dy, x, dx backward) plus the weight / bias vectors and, backward, the stats.
- * The dw / db partial sums stay in L2 and are not counted. Rows: issue 3's bf16 16384 x 4096
+ * The dw / db partial sums stay in L2 and are not counted. Rows: bf16 16384 x 4096
  * shapes, then f16 / f32 rows and a wide-row (wide_vec16) case.
  */
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * RoPE benchmarks: achieved bandwidth against a device copy of the same bytes. Bytes that must
  * move: every Q and K element read once and written once (in place: the same address), plus
  * the positions. The angles are computed in the kernel (theta) or read from a cos / sin cache
- * (L2-resident across heads; counted once per token). Shape: issue 3's 16384 tokens x
+ * (L2-resident across heads; counted once per token). Shape: 16384 tokens x
  * (32 Q + 8 K heads) x 128, bf16, NeoX and GPT-J, in place (the engines' case) and out of
  * place, plus a packed QKV buffer and a decode-sized call.
  */

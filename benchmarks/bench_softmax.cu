@@ -2,7 +2,7 @@
  * Softmax benchmarks: achieved bandwidth against a device copy of the same bytes. Bytes that
  * must move: forward x read once and y written once; backward y and dy read once, dx written
  * once. The stream variant's second read of a row (from L2 when it hits) is not counted: the
- * ratio shows what that second read costs. Rows: issue 3's bf16 16384 x 4096 and 4096 x 131072
+ * ratio shows what that second read costs. Rows: bf16 16384 x 4096 and 4096 x 131072
  * (a vocabulary), log-softmax, f32 vocabulary rows (f32 logits), a causal attention-score
  * matrix, backward, f32.
  */
