@@ -273,13 +273,13 @@ def stream_handle(stream, ref):
         if isinstance(stream, bool):
             raise TypeError("argument 'stream' must be a stream handle (int) or a stream object")
         if isinstance(stream, int):
-            return stream
+            return _lib.checked_int(stream, ctypes.c_void_p, "argument 'stream'")
         if isinstance(stream, ctypes.c_void_p):
             return stream.value or 0
         for attr in ("cuda_stream", "ptr", "handle"):
             value = getattr(stream, attr, None)
             if isinstance(value, int):
-                return value
+                return _lib.checked_int(value, ctypes.c_void_p, "argument 'stream'")
         raise TypeError(f"argument 'stream' ({type(stream).__qualname__}) is neither an int "
                         "handle nor an object with .cuda_stream or .ptr")
     lib = producer(ref)
@@ -338,9 +338,9 @@ def empty(like, shape, dtype, name):
 
 def enum(table, value, name):
     """An enum argument: a name from `table` (case-insensitive) or a raw int, which libtkern
-    itself validates."""
+    itself validates once it is known to fit the C int."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return _lib.checked_int(value, ctypes.c_int, f"argument '{name}'")
     if isinstance(value, str) and value.lower() in table:
         return table[value.lower()]
     raise ValueError(f"argument '{name}' = {value!r}; accepted: {', '.join(map(repr, table))}")
