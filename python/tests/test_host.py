@@ -14,7 +14,7 @@ import pytest
 from conftest import HEADER, PYTHON_DIR, REPO, FakeCudaArray
 
 import tkern
-from tkern import _arrays, _lib
+from tkern import _arrays, _lib, _lifetime
 
 
 # ------------------------------------------------------------------ header parsing ------
@@ -622,3 +622,87 @@ def test_params_reject_unknown_field_names():
     with pytest.raises(TypeError, match="unexpected arguments: windw"):
         tkern.attention_supported(q, q, q, windw=(1, 0))
 
+
+# ------------------------------------------------------------- lifetimes on streams -----
+def test_cuda_runtime_is_found_through_libtkern():
+    """The events that keep non-torch arrays alive come from the CUDA runtime libtkern links."""
+    rt = _lifetime.runtime()
+    assert set(_lifetime._RUNTIME_SIGNATURES) <= set(rt)
+
+
+class FakeRuntime:
+    """The CUDA calls of tkern._lifetime, with events that complete when told."""
+
+    def __init__(self):
+        self.done, self.destroyed, self.recorded, self.capturing = set(), [], [], False
+        self.next_event = 1
+
+        def create(pevent, flags):
+            pevent._obj.value, self.next_event = self.next_event, self.next_event + 1
+            return 0
+
+        def is_capturing(stream, pstatus):
+            pstatus._obj.value = int(self.capturing)
+            return 0
+
+        self.fns = {
+            "cudaEventCreateWithFlags": create,
+            "cudaEventRecord": lambda e, s: self.recorded.append((e.value, s)) or 0,
+            "cuEventQuery": lambda e: 0 if e.value in self.done else 600,
+            "cudaEventDestroy": lambda e: self.destroyed.append(e.value) or 0,
+            "cudaStreamIsCapturing": is_capturing,
+            "cudaStreamSynchronize": lambda s: 0,
+            "cudaThreadExchangeStreamCaptureMode": lambda pmode: 0,
+        }
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    """A fake CUDA runtime for tkern._lifetime, and libtkern calls that succeed without a
+    device (the launch is what is faked: everything before it is the binding's own code)."""
+    rt = FakeRuntime()
+    monkeypatch.setattr(_lifetime, "_runtime_fns", rt.fns)
+    monkeypatch.setattr(_lifetime, "_pending", [])
+    monkeypatch.setattr(_lib, "call", lambda name, *args: None)
+    return rt
+
+
+def test_arrays_used_on_an_explicit_stream_are_held_until_its_event_completes(fake_launch):
+    import weakref
+    rt = fake_launch
+    x, y = FakeCudaArray((8, 64)), FakeCudaArray((8, 64))
+    alive = [weakref.ref(x), weakref.ref(y)]
+    tkern.gelu(x, out=y, stream=0x1234)
+    assert rt.recorded == [(1, 0x1234)] and len(_lifetime._pending) == 1
+    del x, y
+    assert all(r() is not None for r in alive), "released while the kernel may still run"
+    tkern.gelu(FakeCudaArray((8, 64)), out=FakeCudaArray((8, 64)))  # event 1 not complete
+    assert all(r() is not None for r in alive) and rt.destroyed == []
+    rt.done.add(1)
+    tkern.gelu(FakeCudaArray((8, 64)), out=FakeCudaArray((8, 64)))  # implicit: none held
+    assert all(r() is None for r in alive), "still held after the event completed"
+    assert rt.destroyed == [1] and _lifetime._pending == [] and len(rt.recorded) == 1
+
+
+def test_nothing_is_held_without_a_launch_or_under_capture(fake_launch, monkeypatch):
+    rt = fake_launch
+    x, y = FakeCudaArray((8, 64)), FakeCudaArray((8, 64))
+    rt.capturing = True
+    tkern.gelu(x, out=y, stream=7)
+    assert rt.recorded == [] and _lifetime._pending == []
+    rt.capturing = False
+
+    def fail(status):
+        def call(name, *args):
+            raise _lib.TkernError(_lib.STATUS[status], status, name, "failed")
+        return call
+
+    monkeypatch.setattr(_lib, "call", fail("TK_ERROR_INVALID_VALUE"))
+    with pytest.raises(tkern.TkernError):
+        tkern.gelu(x, out=y, stream=7)
+    assert _lifetime._pending == []
+    # After a CUDA error a launch may have been queued before it: held all the same.
+    monkeypatch.setattr(_lib, "call", fail("TK_ERROR_CUDA"))
+    with pytest.raises(tkern.TkernError):
+        tkern.gelu(x, out=y, stream=7)
+    assert len(_lifetime._pending) == 1
