@@ -728,6 +728,139 @@ def test_current_and_explicit_streams_order_the_work():
         check(out, F.gelu(src.double(), approximate="tanh"), "gelu with an explicit stream")
 
 
+def _no_cached_blocks():
+    """Waits for the device and empties the allocators' caches, so that the next allocation of
+    a size is served by the block of that size freed last (which the tests below probe)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def _scribble_torch(nbytes, count=4):
+    """Allocates and fills (0xFF bytes: NaN in every float dtype) blocks of nbytes on torch's
+    current stream: what a freed block still in use elsewhere would get overwritten by."""
+    return [torch.full((nbytes,), 255, device=DEV, dtype=torch.uint8) for _ in range(count)]
+
+
+def _scribble_cupy(nbytes, count=4):
+    """_scribble_torch on CuPy's current stream, from CuPy's memory pool."""
+    return [cupy.full((nbytes,), 255, dtype=cupy.uint8) for _ in range(count)]
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def test_explicit_stream_keeps_torch_temporaries_outputs_and_workspace_alive():
+    """Temporaries, outputs and workspaces come from torch's current stream while the kernel
+    runs on stream=: when dropped, the caching allocator must not hand their blocks to new work
+    on the current stream before the kernel is done (record_stream)."""
+    for attempt in range(4):
+        s = torch.cuda.Stream()
+        src = rand(1 << 22, dtype=torch.bfloat16)
+        h = rand(512, 4096, dtype=torch.float32)
+        dy = rand(512, 4096, dtype=torch.float32)
+        w = rand(4096, dtype=torch.float32)
+        _, rstd = tkern.rms_norm(h, w, 1e-6, return_rstd=True)
+        hh, ww = h.double().requires_grad_(True), w.double().requires_grad_(True)
+        rms_ref(hh, ww, 1e-6).backward(dy.double())
+        _no_cached_blocks()
+        _busy(s)  # the kernels below wait on s while the current stream runs ahead
+        y = tkern.gelu(src * 1.0, stream=s)  # the temporary is dropped when gelu returns
+        junk = _scribble_torch(_nbytes(src))
+        dx, dw = tkern.rms_norm_backward(dy, h, rstd, w, stream=s)  # workspace dropped
+        junk += _scribble_torch(tkern.norm_backward_workspace_size(h, "rms", "float32"))
+        junk += _scribble_torch(_nbytes(src))
+        s.synchronize()
+        torch.cuda.synchronize()
+        check(y, F.gelu(src.double()), f"gelu of a temporary on a side stream, try {attempt}")
+        check(dx, hh.grad, f"rms_norm_backward dx on a side stream, try {attempt}")
+        check(dw, ww.grad, f"rms_norm_backward dw on a side stream, try {attempt}")
+        del junk
+
+
+def test_explicit_stream_output_dropped_by_the_caller_stays_alive():
+    """An output allocated by tkern on the current stream and dropped at once by the caller
+    (its kernel still queued on stream=) must not be reused before that kernel ends: else the
+    kernel writes into memory that new work owns."""
+    for attempt in range(4):
+        s = torch.cuda.Stream()
+        src = rand(1 << 22, dtype=torch.float32)
+        _no_cached_blocks()
+        _busy(s)
+        tkern.gelu(src, stream=s)  # output dropped while its kernel waits on s
+        mine = torch.zeros_like(src)  # the current stream's next block of that size
+        s.synchronize()
+        torch.cuda.synchronize()
+        assert int(torch.count_nonzero(mine)) == 0, (
+            f"a kernel on a side stream wrote into a block reused on the current stream "
+            f"(try {attempt})")
+
+
+@needs_cupy
+def test_explicit_stream_keeps_cupy_arrays_alive():
+    """CuPy's pool reuses a freed block for the next allocation on the stream it came from;
+    CuPy arrays used on stream= are held until an event recorded after the kernel completes."""
+    from tkern import _lifetime
+
+    for attempt in range(4):
+        s = torch.cuda.Stream()
+        src = rand(1 << 22, dtype=torch.float32)
+        src_c = cp(src)
+        _no_cached_blocks()
+        _busy(s)
+        y = tkern.gelu(src_c.copy(), stream=s)  # temporary and output from CuPy's null stream
+        assert isinstance(y, cupy.ndarray)
+        junk = _scribble_cupy(_nbytes(src))
+        s.synchronize()
+        cupy.cuda.get_current_stream().synchronize()
+        check(y, F.gelu(src.double()), f"gelu of a CuPy temporary on a side stream, try {attempt}")
+        del junk
+    torch.cuda.synchronize()
+    _lifetime.release_finished()
+    assert _lifetime._pending == [], "references held after their work completed"
+
+
+@needs_cupy
+def test_mixed_producers_without_stream_are_ordered_and_kept_alive():
+    """torch and CuPy inputs with different current streams and no stream=: the work runs on
+    the first array's library's current stream; the other library's pending work on its own
+    current stream is ordered before it, and its arrays stay alive until the work is done."""
+    for attempt in range(3):
+        torch_s, cupy_s = torch.cuda.Stream(), cupy.cuda.Stream(non_blocking=True)
+        x = rand(256, 4096)
+        b = rand(4096)
+        ref = F.silu(x.double() + b.double())
+        _no_cached_blocks()
+        with torch.cuda.stream(torch_s), cupy_s:
+            # Ordering: CuPy writes the bias on its stream after a long kernel; the activation
+            # (on torch's stream, x being first) must wait for it.
+            bias_c = cupy.full((4096,), cupy.nan, dtype=cupy.float32)
+            _busy(torch.cuda.ExternalStream(cupy_s.ptr))
+            bias_c[...] = cp(b)
+            y1 = tkern.activation(x, "silu", bias=bias_c)
+            # Lifetime: the activation waits on torch's stream while CuPy's stream is idle; the
+            # CuPy temporary dropped after the call must not be reused on CuPy's stream first.
+            cupy_s.synchronize()
+            _busy(torch_s)
+            y2 = tkern.activation(x, "silu", bias=cp(b).copy())
+            junk = _scribble_cupy(_nbytes(b))
+            # The same with the roles swapped: CuPy first, a torch temporary.
+            cupy_s.synchronize()
+            torch_s.synchronize()
+            _busy(torch.cuda.ExternalStream(cupy_s.ptr))
+            y3 = tkern.activation(cp(x), "silu", bias=b * 1.0)
+            junk_t = _scribble_torch(_nbytes(b))
+        torch_s.synchronize()
+        cupy_s.synchronize()
+        check(y1, ref, f"mixed producers: CuPy's pending write ordered first, try {attempt}")
+        check(y2, ref, f"mixed producers: a CuPy temporary kept alive, try {attempt}")
+        assert isinstance(y3, cupy.ndarray)
+        check(y3, ref, f"mixed producers: a torch temporary kept alive, try {attempt}")
+        del junk, junk_t
+
+
 # ------------------------------------------------------------------ runtime queries -------
 def test_device_query_variants_and_forcing():
     info = tkern.device_query()

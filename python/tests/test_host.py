@@ -14,7 +14,7 @@ import pytest
 from conftest import HEADER, PYTHON_DIR, REPO, FakeCudaArray
 
 import tkern
-from tkern import _arrays, _lib
+from tkern import _arrays, _lib, _lifetime
 
 
 # ------------------------------------------------------------------ header parsing ------
@@ -543,3 +543,166 @@ def test_every_family_builds_parameters_the_library_accepts():
 def test_every_public_function_is_documented():
     undocumented = [n for n in tkern.__all__ if not (getattr(tkern, n).__doc__ or "").strip()]
     assert not undocumented, f"public names without a docstring: {undocumented}"
+
+
+# ------------------------------------------------------------- integers and params ------
+def test_integers_are_range_checked_before_ctypes():
+    """ctypes stores an int modulo 2**bits: approximate=2**32 + 1 would run as 1 (tanh)."""
+    x, y = FakeCudaArray((8, 64)), FakeCudaArray((8, 64))
+    negative = FakeCudaArray((8, 64))
+    negative.__cuda_array_interface__ = dict(x.__cuda_array_interface__, data=(-16, False))
+    cases = {
+        "approximate' = 4294967297 does not fit the C type int":
+            lambda: tkern.gelu(x, approximate=2**32 + 1, out=y),
+        "kind' = -2147483649 does not fit": lambda: tkern.activation(x, -2**31 - 1, out=y),
+        "style' = 4294967296": lambda: tkern.rope_(FakeCudaArray((4, 2, 64)), None,
+                                                   style=2**32),
+        "causal_offset' = 9223372036854775808 does not fit the C type int64_t":
+            lambda: tkern.softmax(x, causal=True, causal_offset=2**63, out=y),
+        "window_left' = -9223372036854775809": lambda: tkern.attention(
+            *(FakeCudaArray((1, 8, 2, 64)) for _ in range(3)), window=(-2**63 - 1, 0),
+            out=FakeCudaArray((1, 8, 2, 64))),
+        "stream' = -1 does not fit the C type void *": lambda: tkern.gelu(x, out=y, stream=-1),
+        "stream' = 18446744073709551616": lambda: tkern.gelu(x, out=y, stream=2**64),
+        "status' = 4294967296": lambda: tkern.status_name(2**32),
+        # What no check before the call looks at (here a pointer) is caught at the call.
+        "tk_gelu_fwd's argument 3 = -16 does not fit the C type void *":
+            lambda: tkern.gelu(negative, out=y),
+    }
+    for message, fn in cases.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            fn()
+    assert x.untouched() and y.untouched()
+    with pytest.raises(TypeError, match=r"argument 'causal_period' = 2.5 is not an integer"):
+        tkern.softmax(x, causal=True, causal_period=2.5, out=y)
+    with pytest.raises(TypeError, match=r"argument 'window_left' = 3.5 is not an integer"):
+        tkern.attention(*(FakeCudaArray((1, 8, 2, 64)) for _ in range(3)), window=(3.5, 0),
+                        out=FakeCudaArray((1, 8, 2, 64)))
+    with pytest.raises(ValueError, match=r"argument 'kind' = 'rmss'; accepted: 'rms', 'layer'"):
+        tkern.norm_backward_workspace_size(x, "rmss")
+    with pytest.raises(ValueError, match=r"argument 'weight_dtype' = 'f32'"):
+        tkern.norm_backward_workspace_size(x, "rms", weight_dtype="f32")
+
+
+def test_params_fields_are_range_checked():
+    for cls in _lib.STRUCTS.values():
+        for field, t in cls._fields_:
+            base = getattr(t, "_type_", t)
+            if base not in (ctypes.c_int, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p):
+                continue
+            bits = 32 if base is ctypes.c_int else 64
+            signed = base in (ctypes.c_int, ctypes.c_int64)
+            too_big = 1 << (bits - 1 if signed else bits)
+            too_small = -too_big - 1 if signed else -1
+            for bad in (too_big, too_small):
+                value = [0] * t._length_ if hasattr(t, "_length_") else bad
+                if hasattr(t, "_length_"):
+                    value[-1] = bad
+                with pytest.raises(ValueError, match=rf"argument '{field}(\[\d\])?' = {bad} "
+                                                     "does not fit the C type"):
+                    cls(**{field: value})
+    p = _lib.AttentionParams(q_strides=(1, 2, 3, 4), window_left=2**63 - 1)
+    assert list(p.q_strides) == [1, 2, 3, 4] and p.window_left == 2**63 - 1
+    with pytest.raises(ValueError, match=r"argument 'k_strides' needs 4 values, got 3"):
+        p.k_strides = (1, 2, 3)
+
+
+def test_params_reject_unknown_field_names():
+    for name, cls in _lib.STRUCTS.items():
+        with pytest.raises(AttributeError, match=rf"\({name}\) has no field 'no_such_field'"):
+            cls(no_such_field=1)
+        p = cls()
+        with pytest.raises(AttributeError, match="has no field 'Size'; its fields: size, "):
+            p.Size = 0
+        assert p.size == ctypes.sizeof(cls)
+    p = _lib.SoftmaxParams()
+    with pytest.raises(AttributeError, match="no field 'casual'"):
+        p.casual = 1
+    q = FakeCudaArray((1, 8, 2, 64))
+    with pytest.raises(TypeError, match="unexpected arguments: windw"):
+        tkern.attention_supported(q, q, q, windw=(1, 0))
+
+
+# ------------------------------------------------------------- lifetimes on streams -----
+def test_cuda_runtime_is_found_through_libtkern():
+    """The events that keep non-torch arrays alive come from the CUDA runtime libtkern links."""
+    rt = _lifetime.runtime()
+    assert set(_lifetime._RUNTIME_SIGNATURES) <= set(rt)
+
+
+class FakeRuntime:
+    """The CUDA calls of tkern._lifetime, with events that complete when told."""
+
+    def __init__(self):
+        self.done, self.destroyed, self.recorded, self.capturing = set(), [], [], False
+        self.next_event = 1
+
+        def create(pevent, flags):
+            pevent._obj.value, self.next_event = self.next_event, self.next_event + 1
+            return 0
+
+        def is_capturing(stream, pstatus):
+            pstatus._obj.value = int(self.capturing)
+            return 0
+
+        self.fns = {
+            "cudaEventCreateWithFlags": create,
+            "cudaEventRecord": lambda e, s: self.recorded.append((e.value, s)) or 0,
+            "cuEventQuery": lambda e: 0 if e.value in self.done else 600,
+            "cudaEventDestroy": lambda e: self.destroyed.append(e.value) or 0,
+            "cudaStreamIsCapturing": is_capturing,
+            "cudaStreamSynchronize": lambda s: 0,
+            "cudaThreadExchangeStreamCaptureMode": lambda pmode: 0,
+        }
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    """A fake CUDA runtime for tkern._lifetime, and libtkern calls that succeed without a
+    device (the launch is what is faked: everything before it is the binding's own code)."""
+    rt = FakeRuntime()
+    monkeypatch.setattr(_lifetime, "_runtime_fns", rt.fns)
+    monkeypatch.setattr(_lifetime, "_pending", [])
+    monkeypatch.setattr(_lib, "call", lambda name, *args: None)
+    return rt
+
+
+def test_arrays_used_on_an_explicit_stream_are_held_until_its_event_completes(fake_launch):
+    import weakref
+    rt = fake_launch
+    x, y = FakeCudaArray((8, 64)), FakeCudaArray((8, 64))
+    alive = [weakref.ref(x), weakref.ref(y)]
+    tkern.gelu(x, out=y, stream=0x1234)
+    assert rt.recorded == [(1, 0x1234)] and len(_lifetime._pending) == 1
+    del x, y
+    assert all(r() is not None for r in alive), "released while the kernel may still run"
+    tkern.gelu(FakeCudaArray((8, 64)), out=FakeCudaArray((8, 64)))  # event 1 not complete
+    assert all(r() is not None for r in alive) and rt.destroyed == []
+    rt.done.add(1)
+    tkern.gelu(FakeCudaArray((8, 64)), out=FakeCudaArray((8, 64)))  # implicit: none held
+    assert all(r() is None for r in alive), "still held after the event completed"
+    assert rt.destroyed == [1] and _lifetime._pending == [] and len(rt.recorded) == 1
+
+
+def test_nothing_is_held_without_a_launch_or_under_capture(fake_launch, monkeypatch):
+    rt = fake_launch
+    x, y = FakeCudaArray((8, 64)), FakeCudaArray((8, 64))
+    rt.capturing = True
+    tkern.gelu(x, out=y, stream=7)
+    assert rt.recorded == [] and _lifetime._pending == []
+    rt.capturing = False
+
+    def fail(status):
+        def call(name, *args):
+            raise _lib.TkernError(_lib.STATUS[status], status, name, "failed")
+        return call
+
+    monkeypatch.setattr(_lib, "call", fail("TK_ERROR_INVALID_VALUE"))
+    with pytest.raises(tkern.TkernError):
+        tkern.gelu(x, out=y, stream=7)
+    assert _lifetime._pending == []
+    # After a CUDA error a launch may have been queued before it: held all the same.
+    monkeypatch.setattr(_lib, "call", fail("TK_ERROR_CUDA"))
+    with pytest.raises(tkern.TkernError):
+        tkern.gelu(x, out=y, stream=7)
+    assert len(_lifetime._pending) == 1

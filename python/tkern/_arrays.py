@@ -11,7 +11,7 @@ import ctypes
 import importlib
 import sys
 
-from . import _lib
+from . import _lib, _lifetime
 
 FLOATS = ("float32", "float16", "bfloat16")
 HALVES = ("float16", "bfloat16")
@@ -265,6 +265,17 @@ def as_array(obj, name, stream_arg=None):
     return a
 
 
+def current_stream(obj):
+    """The current stream (cudaStream_t as int) of obj's library for torch tensors and CuPy
+    arrays; None for any other producer, which has no such notion."""
+    lib = producer(obj)
+    if lib == "torch" and getattr(getattr(obj, "device", None), "type", None) == "cuda":
+        return sys.modules["torch"].cuda.current_stream(obj.device).cuda_stream
+    if lib == "cupy":
+        return sys.modules["cupy"].cuda.get_current_stream().ptr
+    return None
+
+
 def stream_handle(stream, ref):
     """The cudaStream_t (as int) to run on: `stream` when given (an int handle, or an object
     with .cuda_stream (torch) or .ptr (CuPy)), else the current stream of ref's library, else
@@ -273,22 +284,18 @@ def stream_handle(stream, ref):
         if isinstance(stream, bool):
             raise TypeError("argument 'stream' must be a stream handle (int) or a stream object")
         if isinstance(stream, int):
-            return stream
+            return _lib.checked_int(stream, ctypes.c_void_p, "argument 'stream'")
         if isinstance(stream, ctypes.c_void_p):
             return stream.value or 0
         for attr in ("cuda_stream", "ptr", "handle"):
             value = getattr(stream, attr, None)
             if isinstance(value, int):
-                return value
+                return _lib.checked_int(value, ctypes.c_void_p, "argument 'stream'")
         raise TypeError(f"argument 'stream' ({type(stream).__qualname__}) is neither an int "
                         "handle nor an object with .cuda_stream or .ptr")
-    lib = producer(ref)
-    if lib == "torch" and getattr(getattr(ref, "device", None), "type", None) == "cuda":
-        torch = importlib.import_module("torch")
-        return torch.cuda.current_stream(ref.device).cuda_stream
-    if lib == "cupy":
-        cupy = importlib.import_module("cupy")
-        return cupy.cuda.get_current_stream().ptr
+    current = current_stream(ref)
+    if current is not None:
+        return current
     if not hasattr(ref, "__dlpack__"):
         cai = getattr(ref, "__cuda_array_interface__", None)
         if isinstance(cai, dict) and cai.get("stream"):
@@ -338,9 +345,9 @@ def empty(like, shape, dtype, name):
 
 def enum(table, value, name):
     """An enum argument: a name from `table` (case-insensitive) or a raw int, which libtkern
-    itself validates."""
+    itself validates once it is known to fit the C int."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return _lib.checked_int(value, ctypes.c_int, f"argument '{name}'")
     if isinstance(value, str) and value.lower() in table:
         return table[value.lower()]
     raise ValueError(f"argument '{name}' = {value!r}; accepted: {', '.join(map(repr, table))}")
@@ -349,9 +356,13 @@ def enum(table, value, name):
 class Call:
     """The arguments of one libtkern call.
 
-    Call(stream, x=x, out=out, ...) resolves the stream from the first array given (or
-    `stream`), describes every array that is not None (DLPack with that stream, so the
-    producer orders its pending work before ours), and checks they share a device.
+    Call(stream, x=x, out=out, ...) resolves the stream (`stream`, else the current stream of
+    the first array's library), describes every array that is not None and checks they share
+    a device. An array whose library's current stream is not that stream (any array with an
+    explicit stream, except those whose library's current stream it is; with an implicit one,
+    a torch tensor next to CuPy arrays or the reverse) is a foreign one: its producer is asked
+    through DLPack to order its pending work before ours, and it is kept alive until our work
+    is done (see _lifetime).
     """
 
     def __init__(self, stream, **objs):
@@ -361,18 +372,28 @@ class Call:
         ref_name, ref = present[0]
         self.explicit_stream = stream is not None
         self.stream = stream_handle(stream, ref)
-        # Implicit stream = the producer's current one: nothing to order (see as_array).
-        # Explicit: DLPack's stream convention (1 is the legacy default stream, 0 is not valid).
-        stream_arg = (self.stream or 1) if self.explicit_stream else None
-        self._stream_arg = stream_arg
         self.arrays = {}
+        self._foreign = []
         # torch exports a tensor through DLPack only while its device is the current one.
         with _object_device_context(ref):
             for k, v in present:
-                self.arrays[k] = as_array(v, k, stream_arg)
+                self._describe(k, v)
         self.ref = self.arrays[ref_name]
         for a in self.arrays.values():
             self._check_device(a)
+
+    def _describe(self, name, obj):
+        current = current_stream(obj)
+        if current is None and not self.explicit_stream:
+            current = self.stream  # no library stream to go by: ours is the one it names
+        foreign = current != self.stream
+        # Not foreign: nothing to order (see as_array). Foreign: DLPack's stream convention
+        # (1 is the legacy default stream, 0 is not valid).
+        a = as_array(obj, name, (self.stream or 1) if foreign else None)
+        if foreign:
+            self._foreign.append(a)
+        self.arrays[name] = a
+        return a
 
     def _check_device(self, a):
         if (a.device_id is not None and self.ref.device_id is not None
@@ -392,19 +413,27 @@ class Call:
         with device_context(self.ref):
             if obj is None:
                 obj = empty(self.ref, shape, dtype, name)
-                a = as_array(obj, name, self._stream_arg)
+                a = self._describe(name, obj)
             else:
-                a = self.arrays.get(name) or as_array(obj, name, self._stream_arg)
+                a = self.arrays.get(name) or self._describe(name, obj)
                 a.check_shape(shape).check_dtype((dtype,)).check_contiguous()
         self._check_device(a)
-        self.arrays[name] = a
         return obj, a
 
     def run(self, fn, *args):
         """Calls the C entry point `fn` on the reference input's device; args are passed as
         they are (the stream must be among them). Raises TkernError on failure."""
         with device_context(self.ref):
-            _lib.call(fn, *args)
+            _lifetime.release_finished()
+            try:
+                _lib.call(fn, *args)
+            except _lib.TkernError as e:
+                # A launch may have been queued before a CUDA failure; nothing was otherwise.
+                if e.status_name == "TK_ERROR_CUDA" and self._foreign:
+                    _lifetime.keep_alive(self.stream, self._foreign)
+                raise
+            if self._foreign:
+                _lifetime.keep_alive(self.stream, self._foreign)
 
 
 def ptr(a):

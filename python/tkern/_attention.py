@@ -44,7 +44,7 @@ def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse,
     if len(window) != 2:
         raise ValueError(f"argument 'window' = {window!r}; expected (left, right), -1 or None "
                          "for unbounded")
-    left, right = (-1 if w is None else int(w) for w in window)
+    left, right = (-1 if w is None else w for w in window)
     if out is None:
         out, oa = c.output("out", None, qa.shape, qa.dtype)
     else:
@@ -57,11 +57,8 @@ def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse,
         batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=dim,
         softmax_scale=0.0 if scale is None else scale, causal=int(bool(causal)),
         window_left=left, window_right=right, softcap=softcap or 0.0, alibi_slopes=ptr(aa),
-        return_lse=int(bool(return_lse)), lse=ptr(la))
-    p.q_strides[:] = q_strides
-    p.k_strides[:] = k_strides
-    p.v_strides[:] = v_strides
-    p.o_strides[:] = _dims(oa, layout)[1]
+        return_lse=int(bool(return_lse)), lse=ptr(la), q_strides=q_strides,
+        k_strides=k_strides, v_strides=v_strides, o_strides=_dims(oa, layout)[1])
     return c, p, out, lse_obj
 
 
@@ -98,7 +95,7 @@ def sliding_window_attention(q, k, v, window_left, *, softcap=0.0, scale=None,
     c, p, out, lse = _setup(q, k, v, causal=True, window=(window_left, 0), softcap=softcap,
                             scale=scale, alibi_slopes=alibi_slopes, return_lse=return_lse,
                             layout=layout, out=out, lse=lse, stream=stream)
-    c.run("tk_attention_sliding_fwd", _lib.byref(p), int(window_left), c.stream)
+    c.run("tk_attention_sliding_fwd", _lib.byref(p), p.window_left, c.stream)
     return (out, lse) if return_lse else out
 
 

@@ -9,6 +9,7 @@ params struct), then a small Python function in an ops module that calls call("t
 """
 
 import ctypes
+import operator
 import os
 import threading
 
@@ -110,17 +111,65 @@ ENUM_MIRRORS = {
 }
 
 
+# ----------------------------------------------------------------------- integer ranges ----
+# ctypes stores an int into a C integer modulo 2**bits, silently (2**32 + 1 becomes 1): every
+# integer is checked against its C type's range before it reaches ctypes.
+_INT_RANGES = {
+    _i32: ("int", -(1 << 31), (1 << 31) - 1),
+    _i64: ("int64_t", -(1 << 63), (1 << 63) - 1),
+    _size: ("size_t", 0, (1 << 64) - 1),
+    _ptr: ("void *", 0, (1 << 64) - 1),
+}
+
+
+def checked_int(value, ctype, what):
+    """value as a Python int that fits the C integer type ctype; raises ValueError (TypeError
+    for a non-integer) starting with `what`, e.g. "argument 'approximate'"."""
+    name, lo, hi = _INT_RANGES[ctype]
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} = {value!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} = {value} does not fit the C type {name} ([{lo}, {hi}])")
+    return value
+
+
 # ---------------------------------------------------------------------------- structs -------
 class _Params(ctypes.Structure):
-    """A tk_*_params struct: created with the header's *_INIT values (see DEFAULTS)."""
+    """A tk_*_params struct: created with the header's *_INIT values (see DEFAULTS).
+
+    Only the struct's fields can be set (a misspelt name raises AttributeError instead of
+    adding a Python attribute the C side never sees), integers are range-checked, and an array
+    field is assigned whole from a sequence (p.q_strides = (s0, s1, s2, s3))."""
 
     DEFAULTS = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._types = dict(cls.__dict__.get("_fields_", ()))
 
     def __init__(self, **fields):
         super().__init__()
         self.size = ctypes.sizeof(self)
         for name, value in {**self.DEFAULTS, **fields}.items():
             setattr(self, name, value)
+
+    def __setattr__(self, name, value):
+        ctype = self._types.get(name)
+        if ctype is None:
+            raise AttributeError(f"{type(self).__name__} ({_struct_name(type(self))}) has no "
+                                 f"field {name!r}; its fields: "
+                                 f"{', '.join(f for f, _ in self._fields_)}")
+        if ctype in _INT_RANGES:
+            value = checked_int(value, ctype, f"argument '{name}'")
+        elif issubclass(ctype, ctypes.Array):
+            if len(value) != ctype._length_:
+                raise ValueError(f"argument '{name}' needs {ctype._length_} values, got "
+                                 f"{len(value)}")
+            value = ctype(*(checked_int(v, ctype._type_, f"argument '{name}[{i}]'")
+                            for i, v in enumerate(value)))
+        super().__setattr__(name, value)
 
 
 class DeviceInfo(_Params):
@@ -191,6 +240,10 @@ STRUCTS = {
     "tk_attention_params": AttentionParams,
     "tk_gemm_params": GemmParams,
 }
+
+
+def _struct_name(cls):
+    return next((name for name, c in STRUCTS.items() if c is cls), cls.__name__)
 
 
 # ------------------------------------------------------------------------------ errors ------
@@ -302,7 +355,7 @@ def version():
 
 def status_name(status):
     """tk_status_string(status) as a str, e.g. "TK_ERROR_INVALID_VALUE"."""
-    return load().tk_status_string(int(status)).decode()
+    return load().tk_status_string(checked_int(status, _status, "argument 'status'")).decode()
 
 
 def last_error():
@@ -321,8 +374,13 @@ def function(name):
 
 
 def call(name, *args):
-    """Calls the entry point `name`; raises TkernError unless it returns TK_SUCCESS."""
-    status = function(name)(*args)
+    """Calls the entry point `name`; raises TkernError unless it returns TK_SUCCESS, and
+    ValueError before the call for an int argument outside its C type's range."""
+    fn = function(name)
+    for i, (arg, ctype) in enumerate(zip(args, SIGNATURES[name][1])):
+        if isinstance(arg, int) and ctype in _INT_RANGES:
+            checked_int(arg, ctype, f"{name}'s argument {i + 1}")
+    status = fn(*args)
     if status != 0:
         raise TkernError(status, status_name(status), name, last_error())
 

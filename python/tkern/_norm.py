@@ -3,7 +3,7 @@
 import ctypes
 
 from . import _lib
-from ._arrays import FLOATS, Call, ptr
+from ._arrays import FLOATS, Call, enum, ptr
 
 
 def _params(c, eps, gemma, weight_names):
@@ -95,14 +95,14 @@ def norm_backward_workspace_size(x, kind, weight_dtype=None):
     xa = c["x"].check_dtype(FLOATS)
     rows, cols, stride = xa.rows()
     p = _lib.NormParams(dtype=_lib.DTYPES[xa.dtype],
-                        weight_dtype=_lib.DTYPES[weight_dtype or xa.dtype], rows=rows, cols=cols,
-                        x_row_stride=stride)
+                        weight_dtype=enum(_lib.DTYPES, weight_dtype or xa.dtype, "weight_dtype"),
+                        rows=rows, cols=cols, x_row_stride=stride)
     return _workspace_bytes(p, kind)
 
 
 def _workspace_bytes(p, kind):
     n = ctypes.c_size_t(0)
-    _lib.call("tk_norm_bwd_workspace_size", _lib.byref(p), _lib.NORM_KINDS[kind],
+    _lib.call("tk_norm_bwd_workspace_size", _lib.byref(p), enum(_lib.NORM_KINDS, kind, "kind"),
               _lib.byref(n))
     return n.value
 

@@ -69,7 +69,7 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
         tokens, heads, dim, strides = _heads(a)
         shapes[name] = (tokens, dim)
         setattr(p, "heads_" + field, heads)
-        getattr(p, field + "_strides")[:] = strides
+        setattr(p, field + "_strides", strides)
         p.tokens, p.head_dim = tokens, dim
     if len(set(shapes.values())) > 1:
         raise ValueError(f"arguments '{qn}' and '{kn}' must have the same tokens and head_dim, "
@@ -98,7 +98,7 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
         else:
             o, oa = (c.output(name + "_out", None, a.shape, a.dtype) if obj is None else
                      (obj, c[name + "_out"].check_shape(a.shape).check_dtype((a.dtype,))))
-            getattr(p, field + "_out_strides")[:] = _heads(oa)[3]
+            setattr(p, field + "_out_strides", _heads(oa)[3])
             results.append(o)
             ptrs.append(oa.ptr)
     c.run(fn, _lib.byref(p), ptr(c.get(qn)), ptr(c.get(kn)), ptrs[0], ptrs[1], c.stream)
