@@ -23,8 +23,8 @@ static bool activation_vec16_supports(tk_call_args call) {
 }
 
 static const tk_variant activation_variants[] = {
-    {"vec16", 800, false, activation_vec16_supports, tk_launch_activation_vec16},
-    {"scalar", 800, false, NULL, tk_launch_activation_scalar},
+    {"vec16", TK_CC_AMPERE, false, activation_vec16_supports, tk_launch_activation_vec16},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_activation_scalar},
 };
 const tk_op tk_op_activation = {"activation", activation_variants, 2};
 
@@ -142,8 +142,8 @@ static bool glu_vec16_supports(tk_call_args call) {
 }
 
 static const tk_variant glu_variants[] = {
-    {"vec16", 800, false, glu_vec16_supports, tk_launch_glu_vec16},
-    {"scalar", 800, false, NULL, tk_launch_glu_scalar},
+    {"vec16", TK_CC_AMPERE, false, glu_vec16_supports, tk_launch_glu_vec16},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_glu_scalar},
 };
 const tk_op tk_op_glu = {"glu", glu_variants, 2};
 

@@ -16,8 +16,8 @@
 #include "../cuda/attention.h"
 
 static const tk_variant attention_variants[] = {
-    {"mma_sm80_packed", 800, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
-    {"mma_sm80", 800, false, NULL, tk_attention_launch_mma},
+    {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
+    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
 };
 const tk_op tk_op_attention = {"attention", attention_variants,
                                (int)(sizeof attention_variants / sizeof attention_variants[0])};

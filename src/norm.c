@@ -43,10 +43,10 @@ static bool norm_scalar_supports(tk_call_args call) {
 }
 
 static const tk_variant norm_variants[] = {
-    {"vec16", 800, false, norm_vec16_supports, tk_launch_norm_vec16},
-    {"wide_vec16", 800, false, norm_wide_vec16_supports, tk_launch_norm_wide_vec16},
-    {"scalar", 800, false, norm_scalar_supports, tk_launch_norm_scalar},
-    {"wide_scalar", 800, false, NULL, tk_launch_norm_wide_scalar},
+    {"vec16", TK_CC_AMPERE, false, norm_vec16_supports, tk_launch_norm_vec16},
+    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_wide_vec16},
+    {"scalar", TK_CC_AMPERE, false, norm_scalar_supports, tk_launch_norm_scalar},
+    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_wide_scalar},
 };
 const tk_op tk_op_norm = {"norm", norm_variants, 4};
 

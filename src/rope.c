@@ -27,8 +27,8 @@ static bool vec16_supports(tk_call_args call) {
 }
 
 static const tk_variant rope_variants[] = {
-    {"vec16", 800, false, vec16_supports, tk_launch_rope_vec16},
-    {"scalar", 800, false, NULL, tk_launch_rope_scalar},
+    {"vec16", TK_CC_AMPERE, false, vec16_supports, tk_launch_rope_vec16},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_rope_scalar},
 };
 const tk_op tk_op_rope = {"rope", rope_variants, 2};
 

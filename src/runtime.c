@@ -293,7 +293,7 @@ bool tk_variant_compiled_for(const tk_variant *v, const tk_device *dev) {
 
 static bool build_runs_on(int cc) {
     for (int i = 0; i < compiled_arch_count; i++)
-        if (arch_runs(&compiled_archs[i], cc, 800, false))
+        if (arch_runs(&compiled_archs[i], cc, TK_CC_AMPERE, false))
             return true;
     return false;
 }
@@ -477,7 +477,7 @@ static tk_status describe_device(const char *fn, int ordinal, tk_device *d) {
                              cudaDeviceGetAttribute(reads[i].out, reads[i].attr, ordinal)));
     d->ordinal = ordinal;
     d->cc = 100 * major + 10 * minor;
-    d->supported = d->cc >= 800 && build_runs_on(d->cc);
+    d->supported = d->cc >= TK_CC_AMPERE && build_runs_on(d->cc);
     return TK_SUCCESS;
 }
 

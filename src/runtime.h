@@ -134,12 +134,17 @@ tk_status tk_current_device(const char *fn, const tk_device **dev);
 
 /* ---- variants ---- */
 
+/* Compute capabilities (100 * major + 10 * minor) at which the variants' instructions appear:
+ * sm_80 mma.sync / ldmatrix / cp.async, the oldest libtkern runs on; sm_90 clusters, TMA, wgmma. */
+#define TK_CC_AMPERE 800
+#define TK_CC_HOPPER 900
+
 /* A call's arguments, as the family packed them for its launchers (cuda/<family>.h). */
 typedef const void *tk_call_args;
 
 typedef struct tk_variant {
     const char *name;
-    int min_cc;             /* lowest compute capability the code needs, e.g. 800 */
+    int min_cc;             /* lowest compute capability the code needs, e.g. TK_CC_AMPERE */
     bool arch_specific;     /* needs an sm_XYa build for exactly this device (wgmma, setmaxnreg) */
     /* Whether this variant can run the call (shape, alignment); NULL = any call. */
     bool (*supports)(tk_call_args call);

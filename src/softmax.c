@@ -38,11 +38,11 @@ static bool vec16_stream_supports(tk_call_args call) { return vec16_fits(call); 
 static bool scalar_regs_supports(tk_call_args call) { return regs_fit(call, false); }
 
 static const tk_variant softmax_variants[] = {
-    {"vec16_pipelined", 900, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
-    {"vec16_regs", 800, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
-    {"vec16_stream", 800, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
-    {"scalar_regs", 800, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
-    {"scalar_stream", 800, false, NULL, tk_launch_softmax_scalar_stream},
+    {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
+    {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
+    {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
+    {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
+    {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream},
 };
 const tk_op tk_op_softmax = {"softmax", softmax_variants, 5};
 
