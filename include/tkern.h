@@ -17,6 +17,12 @@
  * - Floating-point arithmetic is carried out in f32 whatever the storage dtype.
  * - The library never allocates device memory and never prints or exits.
  * - All functions are thread-safe. The current CUDA device of the calling thread is used.
+ * - Params structs (tk_*_params, tk_device_info) start with `size`, set by their *_INIT macro,
+ *   and only ever grow at the end. A call accepts any size from the struct's size in 0.1 upward:
+ *   fields past the caller's size read as zero (an older caller), and bytes past this library's
+ *   struct must be zero (a newer caller may leave fields it does not know unset). A smaller size,
+ *   a non-zero unknown byte, or a size above 4096 fail with TK_ERROR_INVALID_VALUE naming `size`.
+ * - No output may have two elements at the same address (strides that make rows overlap fail).
  */
 #ifndef TKERN_H
 #define TKERN_H
@@ -124,7 +130,10 @@ TK_API const char *tk_last_variant(void);
  * to automatic selection when `variant` is NULL. A forced variant that cannot run a call makes
  * that call fail with TK_ERROR_NOT_SUPPORTED instead of falling back. The environment variable
  * TKERN_FORCE_VARIANT="op=variant[,op=variant...]", read once at first use, does the same for
- * every thread. Fails with TK_ERROR_INVALID_VALUE for an unknown op or variant name. */
+ * every thread; `variant` NULL also undoes it for the calling thread. An unknown op or variant
+ * name there makes every call that reaches the device fail with TK_ERROR_INVALID_VALUE, naming
+ * the variable and the name. Fails with TK_ERROR_INVALID_VALUE for an unknown op or variant
+ * name. */
 TK_API tk_status tk_experimental_force_variant(const char *op, const char *variant);
 
 /* ---------------------------------------------------------------------------------------------
@@ -207,7 +216,8 @@ typedef struct tk_glu_params {
 
 /* y[r, j] = act(gate[r, j]) * up[r, j] for r < rows, j < d, with gate and up read from the
  * input row as p->layout says. y may alias x exactly (same pointer, y_row_stride ==
- * x_row_stride, gate-first or interleaved layout); other overlaps are rejected.
+ * x_row_stride, gate-first layout); other overlaps, in place with the up-first or interleaved
+ * layout included, are rejected (TK_ERROR_OVERLAP naming 'y').
  * Errors: NULL pointers with rows > 0, rows < 0, d <= 0, strides smaller than the row, unknown
  * kind / dtype / layout, NaN or non-positive limit, NaN alpha, overlap. */
 TK_API tk_status tk_glu_fwd(const tk_glu_params *p, const void *x, void *y, tk_stream_t stream);
@@ -511,7 +521,8 @@ TK_API tk_status tk_rope_bwd(const tk_rope_params *p, const void *dq, const void
  * packed QKV) all work; all four 0 means dense [B, S, H, D]. Otherwise strides[3] must be 1.
  * Pointers must be 16-byte aligned and the batch, sequence and head strides multiples of 8
  * elements (16 bytes) wherever that dimension has more than one element; lse and alibi_slopes
- * 4-byte aligned. o must not overlap q, k, v, lse or alibi_slopes, nor lse any of them.
+ * 4-byte aligned. o must not overlap q, k, v, lse or alibi_slopes, nor lse any of them, and
+ * no two elements of o may share an address (q, k and v may repeat rows, e.g. stride 0).
  *
  * dtype: TK_F16 or TK_BF16 for q, k, v and o; arithmetic is f32 (P is rounded to the dtype
  * before the P.V product, as in FlashAttention). head_dim: 64, 80, 96, 128 or 256.
@@ -550,9 +561,10 @@ typedef struct tk_attention_params {
 /* Attention forward as described above: writes o (and lse when p->return_lse = 1). Work is
  * proportional to the visible (i, j) pairs: blocks of keys that no query of a tile can see are
  * neither loaded nor computed, so a sliding window costs seqlen_q x window, not seqlen^2.
- * Errors (nothing is written): p NULL or p->size wrong; q, k, v, o NULL (batch > 0); lse NULL
- * with return_lse = 1 (TK_ERROR_NULL_POINTER); batch < 0, seqlen or heads < 1,
- * heads_q % heads_kv != 0, a stride < 0, window < -1, causal with window_right > 0, a scale,
+ * Errors (nothing is written): p NULL; q, k, v, o NULL (batch > 0); lse NULL with return_lse =
+ * 1 (TK_ERROR_NULL_POINTER); p->size wrong, batch < 0, seqlen or heads < 1, heads_q %
+ * heads_kv != 0, a stride < 0, o strides that make rows overlap, window < -1, causal with
+ * window_right > 0, a scale,
  * softcap or flag out of range (TK_ERROR_INVALID_VALUE); head_dim other than 64, 80, 96, 128, 256,
  * dtype TK_F32, strides[3] != 1, or sizes past the kernel's limits (seqlen > 2^30)
  * (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED);

@@ -11,55 +11,25 @@
 #include "runtime.h"
 #include "../cuda/activation.h"
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-/* Whether rows of `stride` elements keep a 16-byte aligned base 16-byte aligned. */
-static bool stride_keeps_alignment(int64_t stride, tk_dtype dtype) {
-    return (stride * (int64_t)tk_dtype_size(dtype)) % 16 == 0;
-}
-
-static tk_status check_element_aligned(const char *fn, const char *name, const void *p,
-                                       tk_dtype dtype) {
-    if (p == NULL || (uintptr_t)p % tk_dtype_size(dtype) == 0)
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_MISALIGNED, fn,
-                   "argument '%s' = %p is not aligned to its element size (%zu bytes for %s)", name,
-                   p, tk_dtype_size(dtype), tk_dtype_name(dtype));
-}
-
 /* ------------------------------------------------------------------------ activations ---- */
 
 static bool activation_vec16_supports(tk_call_args call) {
     const tk_activation_call *a = call;
     const tk_dtype dtype = (tk_dtype)a->dtype;
     /* One-row calls handle a partial last pack in the kernel; longer calls need aligned rows. */
-    bool rows_ok = a->rows == 1 || stride_keeps_alignment(a->cols, dtype);
-    return rows_ok && aligned16(a->x) && aligned16(a->out) && (!a->dy || aligned16(a->dy)) &&
-           (!a->bias || aligned16(a->bias));
+    bool rows_ok = a->rows == 1 || tk_stride_keeps_alignment(a->cols, tk_dtype_size(dtype));
+    return rows_ok && tk_aligned16(a->x) && tk_aligned16(a->out) && tk_aligned16(a->dy) &&
+           tk_aligned16(a->bias);
 }
 
 static const tk_variant activation_variants[] = {
-    {"vec16", 800, false, activation_vec16_supports, tk_launch_activation_vec16},
-    {"scalar", 800, false, NULL, tk_launch_activation_scalar},
+    {"vec16", TK_CC_AMPERE, false, activation_vec16_supports, tk_launch_activation_vec16},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_activation_scalar},
 };
 const tk_op tk_op_activation = {"activation", activation_variants, 2};
 
 static bool activation_kind_valid(tk_activation kind) {
     return kind >= TK_ACT_NONE && kind <= TK_ACT_RELU_SQUARED;
-}
-
-/* y may equal `same_ok` exactly; any other overlap with the inputs is an error. */
-static tk_status check_no_partial_overlap(const char *fn, const char *out_name, const void *out,
-                                          size_t out_bytes, const char *in_name, const void *in,
-                                          size_t in_bytes, bool exact_alias_ok) {
-    if (in == NULL || !tk_ranges_overlap(out, out_bytes, in, in_bytes))
-        return TK_SUCCESS;
-    if (exact_alias_ok && out == in && out_bytes == in_bytes)
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_OVERLAP, fn,
-                   "argument '%s' overlaps '%s'%s", out_name, in_name,
-                   exact_alias_ok ? "; only exact aliasing (the same pointer) is allowed"
-                                  : "; they must not overlap");
 }
 
 static tk_status activation_run(const char *fn, tk_activation kind, tk_dtype dtype,
@@ -87,18 +57,17 @@ static tk_status activation_run(const char *fn, tk_activation kind, tk_dtype dty
         TK_TRY(tk_check_not_null(fn, "dy", dy));
     TK_TRY(tk_check_not_null(fn, "x", x));
     TK_TRY(tk_check_not_null(fn, out_name, out));
-    if (backward)
-        TK_TRY(check_element_aligned(fn, "dy", dy, dtype));
-    TK_TRY(check_element_aligned(fn, "x", x, dtype));
-    TK_TRY(check_element_aligned(fn, "bias", bias, dtype));
-    TK_TRY(check_element_aligned(fn, out_name, out, dtype));
-    const size_t bias_bytes = (size_t)cols * tk_dtype_size(dtype);
-    TK_TRY(check_no_partial_overlap(fn, out_name, out, (size_t)bytes, "x", x, (size_t)bytes, true));
-    if (backward)
-        TK_TRY(check_no_partial_overlap(fn, out_name, out, (size_t)bytes, "dy", dy, (size_t)bytes,
-                                        true));
-    TK_TRY(check_no_partial_overlap(fn, out_name, out, (size_t)bytes, "bias", bias, bias_bytes,
-                                    false));
+    const size_t es = tk_dtype_size(dtype);
+    TK_TRY(tk_check_aligned(fn, "dy", dy, es));
+    TK_TRY(tk_check_aligned(fn, "x", x, es));
+    TK_TRY(tk_check_aligned(fn, "bias", bias, es));
+    TK_TRY(tk_check_aligned(fn, out_name, out, es));
+    /* Dense outputs: no two elements share memory. Each element of the output depends on the
+     * same element of x and dy only, so in place is safe. */
+    const size_t bias_bytes = (size_t)cols * es;
+    TK_TRY(tk_check_overlap(fn, out_name, out, (size_t)bytes, "x", x, (size_t)bytes, true));
+    TK_TRY(tk_check_overlap(fn, out_name, out, (size_t)bytes, "dy", dy, (size_t)bytes, true));
+    TK_TRY(tk_check_overlap(fn, out_name, out, (size_t)bytes, "bias", bias, bias_bytes, false));
 
     tk_activation_call call = {kind, dtype, backward, x, dy, bias, out, rows, cols};
     if (bias == NULL) { /* no column structure: one long row, vectorised end to end */
@@ -164,34 +133,27 @@ TK_API tk_status tk_gelu_bwd(tk_gelu_approximation approximate, tk_dtype dtype, 
 
 static bool glu_vec16_supports(tk_call_args call) {
     const tk_glu_call *a = call;
-    const tk_dtype dtype = (tk_dtype)a->dtype;
+    const size_t es = tk_dtype_size((tk_dtype)a->dtype);
     /* Gate and up packs start every 16 bytes: d must keep the second half aligned too. */
-    const bool halves_ok = a->layout == TK_GLU_INTERLEAVED || stride_keeps_alignment(a->d, dtype);
-    return halves_ok && stride_keeps_alignment(a->x_row_stride, dtype) &&
-           stride_keeps_alignment(a->y_row_stride, dtype) && aligned16(a->x) &&
-           aligned16(a->out) && (!a->dy || aligned16(a->dy));
+    const bool halves_ok = a->layout == TK_GLU_INTERLEAVED || tk_stride_keeps_alignment(a->d, es);
+    return halves_ok && tk_stride_keeps_alignment(a->x_row_stride, es) &&
+           tk_stride_keeps_alignment(a->y_row_stride, es) && tk_aligned16(a->x) &&
+           tk_aligned16(a->out) && tk_aligned16(a->dy);
 }
 
 static const tk_variant glu_variants[] = {
-    {"vec16", 800, false, glu_vec16_supports, tk_launch_glu_vec16},
-    {"scalar", 800, false, NULL, tk_launch_glu_scalar},
+    {"vec16", TK_CC_AMPERE, false, glu_vec16_supports, tk_launch_glu_vec16},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_glu_scalar},
 };
 const tk_op tk_op_glu = {"glu", glu_variants, 2};
 
-/* Bytes spanned by `rows` rows of `width` elements `stride` apart (0 when rows == 0). */
-static size_t span_bytes(int64_t rows, int64_t width, int64_t stride, tk_dtype dtype) {
-    return rows == 0 ? 0 : (size_t)((rows - 1) * stride + width) * tk_dtype_size(dtype);
-}
-
-static tk_status glu_run(const char *fn, const tk_glu_params *p, const void *dy, const void *x,
-                         void *out, bool backward, tk_stream_t stream) {
+static tk_status glu_run(const char *fn, const tk_glu_params *given, const void *dy,
+                         const void *x, void *out, bool backward, tk_stream_t stream) {
     const char *out_name = backward ? "dx" : "y";
-    TK_TRY(tk_check_not_null(fn, "p", p));
-    if (p->size < sizeof(tk_glu_params))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "p->size = %zu is smaller than this library's tk_glu_params (%zu); "
-                       "initialise it with TK_GLU_PARAMS_INIT",
-                       p->size, sizeof(tk_glu_params));
+    tk_glu_params params;
+    TK_TRY(TK_READ_PARAMS(fn, "p", given, &params, tk_glu_params, TK_GLU_PARAMS_INIT,
+                          TK_GLU_PARAMS_SIZE_0_1));
+    const tk_glu_params *p = &params;
     if (!(p->kind >= TK_GLU_SWIGLU && p->kind <= TK_GLU_SWIGLU_CLAMPED))
         return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->kind = %d is not a tk_glu (accepted: 0..%d)",
                        (int)p->kind, (int)TK_GLU_SWIGLU_CLAMPED);
@@ -219,11 +181,14 @@ static tk_status glu_run(const char *fn, const tk_glu_params *p, const void *dy,
                        "p->y_row_stride = %lld is smaller than an output row (d = %lld); "
                        "use 0 for dense rows",
                        (long long)p->y_row_stride, (long long)p->d);
-    int64_t x_span, y_span;
-    TK_TRY(tk_mul_checked(fn, "p->rows * p->x_row_stride", p->rows, x_stride, &x_span));
-    TK_TRY(tk_mul_checked(fn, "p->rows * p->y_row_stride", p->rows, y_stride, &y_span));
-    if (x_span > INT64_MAX / 4 || y_span > INT64_MAX / 4)
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the tensors' byte sizes overflow int64");
+    const size_t es = tk_dtype_size(p->dtype);
+    const tk_layout x_layout = tk_rows_layout(p->rows, 2 * p->d, x_stride);
+    const tk_layout y_layout = tk_rows_layout(p->rows, p->d, y_stride);
+    size_t x_bytes, y_bytes;
+    TK_TRY(tk_layout_bytes(fn, "x", &x_layout, es, &x_bytes));
+    TK_TRY(tk_layout_bytes(fn, "y", &y_layout, es, &y_bytes));
+    TK_TRY(tk_check_disjoint(fn, out_name, backward ? "p->x_row_stride" : "p->y_row_stride",
+                             backward ? &x_layout : &y_layout));
     if (p->kind == TK_GLU_SWIGLU_CLAMPED) {
         if (isnan(p->alpha))
             return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->alpha is NaN");
@@ -238,25 +203,25 @@ static tk_status glu_run(const char *fn, const tk_glu_params *p, const void *dy,
         TK_TRY(tk_check_not_null(fn, "dy", dy));
     TK_TRY(tk_check_not_null(fn, "x", x));
     TK_TRY(tk_check_not_null(fn, out_name, out));
-    if (backward)
-        TK_TRY(check_element_aligned(fn, "dy", dy, p->dtype));
-    TK_TRY(check_element_aligned(fn, "x", x, p->dtype));
-    TK_TRY(check_element_aligned(fn, out_name, out, p->dtype));
+    TK_TRY(tk_check_aligned(fn, "dy", dy, es));
+    TK_TRY(tk_check_aligned(fn, "x", x, es));
+    TK_TRY(tk_check_aligned(fn, out_name, out, es));
 
-    const size_t x_bytes = span_bytes(p->rows, 2 * p->d, x_stride, p->dtype);
-    const size_t y_bytes = span_bytes(p->rows, p->d, y_stride, p->dtype);
     if (backward) {
-        /* dx has x's layout: it may replace x; it must not touch dy. */
-        TK_TRY(check_no_partial_overlap(fn, "dx", out, x_bytes, "x", x, x_bytes, true));
-        TK_TRY(check_no_partial_overlap(fn, "dx", out, x_bytes, "dy", dy, y_bytes, false));
+        /* dx has x's layout, and each thread writes dx exactly where it read its gate and up
+         * values: it may replace x; it must not touch dy. */
+        TK_TRY(tk_check_overlap(fn, "dx", out, x_bytes, "x", x, x_bytes, true));
+        TK_TRY(tk_check_overlap(fn, "dx", out, x_bytes, "dy", dy, y_bytes, false));
     } else if (tk_ranges_overlap(out, y_bytes, x, x_bytes)) {
-        /* Writing y over x is safe when each output pack only replaces values its own thread has
-         * already read: same base, same row stride, and the gate (read first) at the front. */
-        const bool exact = out == x && y_stride == x_stride && p->layout != TK_GLU_UP_FIRST;
+        /* Writing y over x is safe only when each output element replaces an input its own
+         * thread has already read: same base, same row stride, and the gates (read with their
+         * outputs) at the front. Interleaved, y[j] lands on the pair of output j / 2, which
+         * another thread may not have read yet. */
+        const bool exact = out == x && y_stride == x_stride && p->layout == TK_GLU_GATE_FIRST;
         if (!exact)
             return tk_fail(TK_ERROR_OVERLAP, fn,
                            "argument 'y' overlaps 'x'; in place is allowed only with y == x, "
-                           "y_row_stride == x_row_stride and a gate-first or interleaved layout");
+                           "y_row_stride == x_row_stride and the gate-first layout");
     }
 
     const tk_glu_call call = {p->kind, p->dtype, p->layout, backward, x, dy, out,

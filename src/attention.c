@@ -16,8 +16,8 @@
 #include "../cuda/attention.h"
 
 static const tk_variant attention_variants[] = {
-    {"mma_sm80_packed", 800, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
-    {"mma_sm80", 800, false, NULL, tk_attention_launch_mma},
+    {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
+    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
 };
 const tk_op tk_op_attention = {"attention", attention_variants,
                                (int)(sizeof attention_variants / sizeof attention_variants[0])};
@@ -52,59 +52,48 @@ static tk_status resolve_strides(const char *fn, tensor *t, const int64_t given[
     for (int d = 0; d < 4; d++) {
         if (given[d] < 0)
             return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                           "p->%s_strides[%d] (%s stride) = %lld is negative", t->name, d,
+                           "%s_strides[%d] (%s stride) = %lld is negative", t->name, d,
                            dim_names[d], (long long)given[d]);
         t->strides[d] = given[d];
     }
     if (given[3] != 1)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
-                       "p->%s_strides[3] (head_dim stride) = %lld; the head_dim dimension must "
+                       "%s_strides[3] (head_dim stride) = %lld; the head_dim dimension must "
                        "be contiguous (stride 1), or all four strides 0 for a dense [B, S, H, D] "
                        "tensor",
                        t->name, (long long)given[3]);
     return TK_SUCCESS;
 }
 
-/* The tensor's byte span, TK_ERROR_INVALID_VALUE when it overflows. */
-static tk_status tensor_span(const char *fn, tensor *t) {
-    int64_t last = 0; /* offset of the last element */
-    for (int d = 0; d < 4; d++) {
-        int64_t step;
-        if (t->dims[d] - 1 > 0 && t->strides[d] > (INT64_MAX / 8) / (t->dims[d] - 1))
-            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                           "p->%s_strides[%d] = %lld times the %s size overflows", t->name, d,
-                           (long long)t->strides[d], dim_names[d]);
-        step = (t->dims[d] - 1) * t->strides[d];
-        if (last > INT64_MAX / 8 - step)
-            return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the extent of '%s' overflows", t->name);
-        last += step;
-    }
-    t->bytes = (size_t)(last + 1) * t->elem;
-    return TK_SUCCESS;
+/* The tensor's layout: three strided dimensions over a contiguous head vector. */
+static tk_layout layout_of(const tensor *t) {
+    return (tk_layout){3, {t->dims[0], t->dims[1], t->dims[2]},
+                       {t->strides[0], t->strides[1], t->strides[2]}, t->dims[3]};
+}
+
+/* The tensor's byte span, TK_ERROR_INVALID_VALUE when it overflows; for an output also that no
+ * two of its elements share memory (a row written twice, by two blocks, races). */
+static tk_status tensor_span(const char *fn, tensor *t, const char *strides_name, bool output) {
+    const tk_layout l = layout_of(t);
+    TK_TRY(tk_layout_bytes(fn, t->name, &l, t->elem, &t->bytes));
+    return output ? tk_check_disjoint(fn, t->name, strides_name, &l) : TK_SUCCESS;
 }
 
 /* 16-byte aligned base; batch, sequence and head strides multiples of 8 elements wherever the
  * dimension has more than one element (the kernels move 16-byte chunks of rows). */
 static tk_status check_vector_alignment(const char *fn, const tensor *t) {
-    if ((uintptr_t)t->ptr % 16 != 0)
-        return tk_fail(TK_ERROR_MISALIGNED, fn,
-                       "argument 'p->%s' = %p is not 16-byte aligned; the kernels read and write "
-                       "rows in 16-byte chunks",
-                       t->name, t->ptr);
+    TK_TRY(tk_check_aligned(fn, t->name, t->ptr, 16));
     for (int d = 0; d < 3; d++)
-        if (t->dims[d] > 1 && t->strides[d] % 8 != 0)
+        if (t->dims[d] > 1 && !tk_stride_keeps_alignment(t->strides[d], t->elem))
             return tk_fail(TK_ERROR_MISALIGNED, fn,
-                           "p->%s_strides[%d] (%s stride) = %lld is not a multiple of 8 elements "
+                           "%s_strides[%d] (%s stride) = %lld is not a multiple of 8 elements "
                            "(16 bytes); the kernels read and write rows in 16-byte chunks",
                            t->name, d, dim_names[d], (long long)t->strides[d]);
     return TK_SUCCESS;
 }
 
 static tk_status check_no_overlap(const char *fn, const tensor *out, const tensor *in) {
-    if (in->ptr == NULL || !tk_ranges_overlap(out->ptr, out->bytes, in->ptr, in->bytes))
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_OVERLAP, fn, "output 'p->%s' overlaps 'p->%s'; they must not overlap",
-                   out->name, in->name);
+    return tk_check_overlap(fn, out->name, out->ptr, out->bytes, in->name, in->ptr, in->bytes, false);
 }
 
 static tk_status check_positive(const char *fn, const char *name, int64_t value) {
@@ -125,12 +114,6 @@ static tk_status check_window(const char *fn, const char *name, int64_t value) {
 /* Validates *p (no CUDA call) and resolves it into *call; *work = false for a no-op. */
 static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attention_call *call,
                          bool *work) {
-    TK_TRY(tk_check_not_null(fn, "p", p));
-    if (p->size != sizeof(tk_attention_params))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "p->size = %zu but this library's tk_attention_params has %zu bytes; "
-                       "initialise it with TK_ATTENTION_PARAMS_INIT",
-                       p->size, sizeof(tk_attention_params));
     TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
     if (p->dtype != TK_F16 && p->dtype != TK_BF16)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
@@ -193,10 +176,10 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
                        (long long)p->batch, (long long)p->heads_q, (long long)query_tiles);
 
     const size_t elem = tk_dtype_size(p->dtype);
-    tensor q = {"q", p->q, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
-    tensor k = {"k", p->k, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, {0}, elem, 0};
-    tensor v = {"v", p->v, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, {0}, elem, 0};
-    tensor o = {"o", p->o, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
+    tensor q = {"p->q", p->q, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
+    tensor k = {"p->k", p->k, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, {0}, elem, 0};
+    tensor v = {"p->v", p->v, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, {0}, elem, 0};
+    tensor o = {"p->o", p->o, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
     TK_TRY(resolve_strides(fn, &q, p->q_strides));
     TK_TRY(resolve_strides(fn, &k, p->k_strides));
     TK_TRY(resolve_strides(fn, &v, p->v_strides));
@@ -204,10 +187,10 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
     *work = p->batch > 0;
     if (!*work)
         return TK_SUCCESS;
-    TK_TRY(tensor_span(fn, &q));
-    TK_TRY(tensor_span(fn, &k));
-    TK_TRY(tensor_span(fn, &v));
-    TK_TRY(tensor_span(fn, &o));
+    TK_TRY(tensor_span(fn, &q, "p->q_strides", false));
+    TK_TRY(tensor_span(fn, &k, "p->k_strides", false));
+    TK_TRY(tensor_span(fn, &v, "p->v_strides", false));
+    TK_TRY(tensor_span(fn, &o, "p->o_strides", true));
 
     TK_TRY(tk_check_not_null(fn, "p->q", p->q));
     TK_TRY(tk_check_not_null(fn, "p->k", p->k));
@@ -222,16 +205,12 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
     TK_TRY(check_vector_alignment(fn, &v));
     TK_TRY(check_vector_alignment(fn, &o));
     /* lse and alibi_slopes as dense f32 tensors (the dims give their element counts). */
-    tensor lse = {"lse", p->return_lse ? p->lse : NULL, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    tensor lse = {"p->lse", p->return_lse ? p->lse : NULL, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
     lse.bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * 4;
-    tensor alibi = {"alibi_slopes", p->alibi_slopes, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    tensor alibi = {"p->alibi_slopes", p->alibi_slopes, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
     alibi.bytes = (size_t)p->heads_q * 4;
-    if ((uintptr_t)lse.ptr % 4 != 0)
-        return tk_fail(TK_ERROR_MISALIGNED, fn, "argument 'p->lse' = %p is not 4-byte aligned",
-                       lse.ptr);
-    if ((uintptr_t)alibi.ptr % 4 != 0)
-        return tk_fail(TK_ERROR_MISALIGNED, fn,
-                       "argument 'p->alibi_slopes' = %p is not 4-byte aligned", alibi.ptr);
+    TK_TRY(tk_check_aligned(fn, "p->lse", lse.ptr, 4));
+    TK_TRY(tk_check_aligned(fn, "p->alibi_slopes", alibi.ptr, 4));
     TK_TRY(check_no_overlap(fn, &o, &q));
     TK_TRY(check_no_overlap(fn, &o, &k));
     TK_TRY(check_no_overlap(fn, &o, &v));
@@ -288,41 +267,48 @@ static tk_status attention_run(const char *fn, const tk_attention_params *p, tk_
     return tk_launched(fn, v, v->launch(&call, dev, stream));
 }
 
-TK_API tk_status tk_attention_fwd(const tk_attention_params *p, tk_stream_t stream) {
+/* The caller's *given into *local by the params rule (tk_read_params). */
+static tk_status read_params(const char *fn, const tk_attention_params *given,
+                             tk_attention_params *local) {
+    return TK_READ_PARAMS(fn, "p", given, local, tk_attention_params, TK_ATTENTION_PARAMS_INIT,
+                          TK_ATTENTION_PARAMS_SIZE_0_1);
+}
+
+TK_API tk_status tk_attention_fwd(const tk_attention_params *given, tk_stream_t stream) {
+    static const char fn[] = "tk_attention_fwd";
     tk_begin_call();
-    return attention_run("tk_attention_fwd", p, stream);
+    tk_attention_params p;
+    TK_TRY(read_params(fn, given, &p));
+    return attention_run(fn, &p, stream);
 }
 
 TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t window_left,
                                           tk_stream_t stream) {
     static const char fn[] = "tk_attention_sliding_fwd";
     tk_begin_call();
-    TK_TRY(tk_check_not_null(fn, "p", p));
-    if (p->size != sizeof(tk_attention_params))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "p->size = %zu but this library's tk_attention_params has %zu bytes; "
-                       "initialise it with TK_ATTENTION_PARAMS_INIT",
-                       p->size, sizeof(tk_attention_params));
+    tk_attention_params local;
+    TK_TRY(read_params(fn, p, &local));
     if (window_left < 0)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn,
                        "argument 'window_left' = %lld; accepted: >= 0 (the keys before the "
                        "diagonal that each query sees; Mistral's sliding_window N is N - 1)",
                        (long long)window_left);
-    tk_attention_params local = *p;
     local.causal = 1;
     local.window_left = window_left;
     local.window_right = 0;
     return attention_run(fn, &local, stream);
 }
 
-TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char **variant_name) {
+TK_API tk_status tk_attention_supported(const tk_attention_params *given, const char **variant_name) {
     static const char fn[] = "tk_attention_supported";
     tk_begin_call();
     if (variant_name)
         *variant_name = NULL;
+    tk_attention_params p;
+    TK_TRY(read_params(fn, given, &p));
     tk_attention_call call;
     bool work = false;
-    TK_TRY(prepare(fn, p, &call, &work));
+    TK_TRY(prepare(fn, &p, &call, &work));
     if (!work) {
         if (variant_name)
             *variant_name = "";

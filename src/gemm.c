@@ -9,10 +9,10 @@
 
 /* Best first. wgmma_128x256 is arch-specific: only cc 9.0 devices with an sm_90a binary. */
 static const tk_variant gemm_variants[] = {
-    {"wgmma_128x256", 900, true, tk_gemm_supports_wgmma_128x256, tk_launch_gemm_wgmma_128x256},
-    {"mma_128x256", 800, false, tk_gemm_supports_mma_128x256, tk_launch_gemm_mma_128x256},
-    {"mma_128x128", 800, false, tk_gemm_supports_mma_128x128, tk_launch_gemm_mma_128x128},
-    {"mma_unaligned", 800, false, tk_gemm_supports_mma_unaligned, tk_launch_gemm_mma_unaligned},
+    {"wgmma_128x256", TK_CC_HOPPER, true, tk_gemm_supports_wgmma_128x256, tk_launch_gemm_wgmma_128x256},
+    {"mma_128x256", TK_CC_AMPERE, false, tk_gemm_supports_mma_128x256, tk_launch_gemm_mma_128x256},
+    {"mma_128x128", TK_CC_AMPERE, false, tk_gemm_supports_mma_128x128, tk_launch_gemm_mma_128x128},
+    {"mma_unaligned", TK_CC_AMPERE, false, tk_gemm_supports_mma_unaligned, tk_launch_gemm_mma_unaligned},
 };
 const tk_op tk_op_gemm = {"gemm", gemm_variants,
                           (int)(sizeof gemm_variants / sizeof gemm_variants[0])};
@@ -48,36 +48,20 @@ static tk_status check_finite(const char *fn, const char *name, float v) {
                    name, (double)v);
 }
 
-static tk_status check_aligned(const char *fn, const char *name, const void *ptr, size_t elem) {
-    if ((uintptr_t)ptr % elem == 0)
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_MISALIGNED, fn,
-                   "argument '%s' = %p is not aligned to its %zu-byte element size", name, ptr,
-                   elem);
-}
-
 /* The span of a rows x cols matrix with leading dimension ld (ld >= cols, all >= 1). */
 static tk_status span_of(const char *fn, const char *name, const void *p, int64_t rows,
                          int64_t cols, int64_t ld, size_t elem, matrix_span *out) {
-    int64_t elems;
-    TK_TRY(tk_mul_checked(fn, name, rows - 1, ld, &elems));
-    if (elems > INT64_MAX - cols)
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the extent of '%s' overflows int64", name);
-    elems += cols;
-    if ((uint64_t)elems > SIZE_MAX / elem)
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the extent of '%s' overflows size_t", name);
-    *out = (matrix_span){name, p, (size_t)elems * elem};
-    return TK_SUCCESS;
+    const tk_layout l = tk_rows_layout(rows, cols, ld);
+    *out = (matrix_span){name, p, 0};
+    return tk_layout_bytes(fn, name, &l, elem, &out->bytes);
 }
 
 /* Checks every argument (never dereferencing a matrix pointer) and packs the call. */
-static tk_status validate(const char *fn, const tk_gemm_params *p, tk_gemm_call *call) {
-    TK_TRY(tk_check_not_null(fn, "p", p));
-    if (p->size < sizeof(tk_gemm_params))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "argument 'p->size' = %zu is smaller than sizeof(tk_gemm_params) = %zu; "
-                       "initialise the struct with TK_GEMM_PARAMS_INIT",
-                       p->size, sizeof(tk_gemm_params));
+static tk_status validate(const char *fn, const tk_gemm_params *given, tk_gemm_call *call) {
+    tk_gemm_params params;
+    TK_TRY(TK_READ_PARAMS(fn, "p", given, &params, tk_gemm_params, TK_GEMM_PARAMS_INIT,
+                          TK_GEMM_PARAMS_SIZE_0_1));
+    const tk_gemm_params *p = &params;
     TK_TRY(check_size(fn, "p->m", p->m));
     TK_TRY(check_size(fn, "p->n", p->n));
     TK_TRY(check_size(fn, "p->k", p->k));
@@ -120,17 +104,19 @@ static tk_status validate(const char *fn, const tk_gemm_params *p, tk_gemm_call 
     TK_TRY(check_ld(fn, "p->ldd", p->ldd, "n", p->n));
 
     const size_t in_size = tk_dtype_size(p->input_dtype), out_size = tk_dtype_size(p->output_dtype);
-    TK_TRY(check_aligned(fn, "p->a", p->a, in_size));
-    TK_TRY(check_aligned(fn, "p->b", p->b, in_size));
+    TK_TRY(tk_check_aligned(fn, "p->a", p->a, in_size));
+    TK_TRY(tk_check_aligned(fn, "p->b", p->b, in_size));
     if (reads_c)
-        TK_TRY(check_aligned(fn, "p->c", p->c, out_size));
-    if (p->bias)
-        TK_TRY(check_aligned(fn, "p->bias", p->bias, out_size));
-    TK_TRY(check_aligned(fn, "p->d", p->d, out_size));
+        TK_TRY(tk_check_aligned(fn, "p->c", p->c, out_size));
+    TK_TRY(tk_check_aligned(fn, "p->bias", p->bias, out_size));
+    TK_TRY(tk_check_aligned(fn, "p->d", p->d, out_size));
 
     matrix_span d, inputs[4];
     int input_count = 0;
-    TK_TRY(span_of(fn, "p->d", p->d, p->m, p->n, p->ldd, out_size, &d));
+    const tk_layout d_layout = tk_rows_layout(p->m, p->n, p->ldd);
+    d = (matrix_span){"p->d", p->d, 0};
+    TK_TRY(tk_layout_bytes(fn, "p->d", &d_layout, out_size, &d.bytes));
+    TK_TRY(tk_check_disjoint(fn, "p->d", "p->ldd", &d_layout));
     TK_TRY(span_of(fn, "p->a", p->a, p->m, p->k, p->lda, in_size, &inputs[input_count++]));
     TK_TRY(span_of(fn, "p->b", p->b, b_kn ? p->k : p->n, b_kn ? p->n : p->k, p->ldb, in_size,
                    &inputs[input_count++]));
@@ -138,12 +124,11 @@ static tk_status validate(const char *fn, const tk_gemm_params *p, tk_gemm_call 
         TK_TRY(span_of(fn, "p->bias", p->bias, 1, p->n, p->n, out_size, &inputs[input_count++]));
     if (reads_c && !(p->c == p->d && p->ldc == p->ldd))
         TK_TRY(span_of(fn, "p->c", p->c, p->m, p->n, p->ldc, out_size, &inputs[input_count++]));
+    /* p->c exactly in place was left out above: each element of C is read before the same
+     * element of D is written. */
     for (int i = 0; i < input_count; i++)
-        if (tk_ranges_overlap(d.p, d.bytes, inputs[i].p, inputs[i].bytes))
-            return tk_fail(TK_ERROR_OVERLAP, fn,
-                           "output 'p->d' overlaps input '%s'; only p->c may share memory with "
-                           "p->d, and only exactly (p->c == p->d and p->ldc == p->ldd)",
-                           inputs[i].name);
+        TK_TRY(tk_check_overlap(fn, "p->d", d.p, d.bytes, inputs[i].name, inputs[i].p,
+                                inputs[i].bytes, false));
 
     *call = (tk_gemm_call){
         .m = p->m,

@@ -14,19 +14,18 @@
 
 #define NORM_MAX_COLS 262144
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 static int pack_elems(int dtype) { return 16 / (int)tk_dtype_size((tk_dtype)dtype); }
 
 /* Every row start of every row tensor, and the parameter vectors, on 16-byte boundaries. */
 static bool norm_aligned16(const tk_norm_call *a) {
     const size_t es = tk_dtype_size((tk_dtype)a->dtype);
-    if (((size_t)a->cols * es) % 16 != 0 || ((size_t)a->x_stride * es) % 16 != 0 ||
-        ((size_t)a->residual_stride * es) % 16 != 0 || ((size_t)a->y_stride * es) % 16 != 0)
-        return false;
+    const int64_t strides[] = {a->cols, a->x_stride, a->residual_stride, a->y_stride};
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        if (!tk_stride_keeps_alignment(strides[i], es))
+            return false;
     const void *ptrs[] = {a->x, a->residual, a->weight, a->bias, a->y, a->dy, a->dx};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-        if (!aligned16(ptrs[i]))
+        if (!tk_aligned16(ptrs[i]))
             return false;
     return true;
 }
@@ -44,10 +43,10 @@ static bool norm_scalar_supports(tk_call_args call) {
 }
 
 static const tk_variant norm_variants[] = {
-    {"vec16", 800, false, norm_vec16_supports, tk_launch_norm_vec16},
-    {"wide_vec16", 800, false, norm_wide_vec16_supports, tk_launch_norm_wide_vec16},
-    {"scalar", 800, false, norm_scalar_supports, tk_launch_norm_scalar},
-    {"wide_scalar", 800, false, NULL, tk_launch_norm_wide_scalar},
+    {"vec16", TK_CC_AMPERE, false, norm_vec16_supports, tk_launch_norm_vec16},
+    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_wide_vec16},
+    {"scalar", TK_CC_AMPERE, false, norm_scalar_supports, tk_launch_norm_scalar},
+    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_wide_scalar},
 };
 const tk_op tk_op_norm = {"norm", norm_variants, 4};
 
@@ -69,24 +68,19 @@ static tk_status check_stride(const char *fn, const char *name, int64_t given, i
     return TK_SUCCESS;
 }
 
-/* Bytes spanned by rows of `cols` elements `stride` apart; the caller checked rows > 0 fits. */
-static tk_status span(const char *fn, const char *name, int64_t rows, int64_t cols, int64_t stride,
-                      size_t elem, size_t *bytes) {
-    int64_t elems;
-    TK_TRY(tk_mul_checked(fn, name, rows > 0 ? rows - 1 : 0, stride, &elems));
-    if (elems > INT64_MAX / 8 - cols)
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the byte size of %s overflows int64", name);
-    *bytes = rows == 0 ? 0 : (size_t)(elems + cols) * elem;
-    return TK_SUCCESS;
+/* Bytes spanned by rows of `cols` elements `stride` apart; outputs' rows must not overlap. */
+static tk_status span(const char *fn, const char *name, const char *stride_name, bool output,
+                      int64_t rows, int64_t cols, int64_t stride, size_t elem, size_t *bytes) {
+    const tk_layout l = tk_rows_layout(rows, cols, stride);
+    TK_TRY(tk_layout_bytes(fn, name, &l, elem, bytes));
+    return output ? tk_check_disjoint(fn, name, stride_name, &l) : TK_SUCCESS;
 }
 
-static tk_status check_params(const char *fn, const tk_norm_params *p, norm_shape *s) {
-    TK_TRY(tk_check_not_null(fn, "p", p));
-    if (p->size < sizeof(tk_norm_params))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "p->size = %zu is smaller than this library's tk_norm_params (%zu); "
-                       "initialise it with TK_NORM_PARAMS_INIT",
-                       p->size, sizeof(tk_norm_params));
+/* Reads the caller's *given into *p (see tk_read_params) and checks it. */
+static tk_status check_params(const char *fn, const tk_norm_params *given, tk_norm_params *p,
+                              norm_shape *s) {
+    TK_TRY(TK_READ_PARAMS(fn, "p", given, p, tk_norm_params, TK_NORM_PARAMS_INIT,
+                          TK_NORM_PARAMS_SIZE_0_1));
     TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
     TK_TRY(tk_check_dtype(fn, "p->weight_dtype", p->weight_dtype));
     if (p->weight_dtype != p->dtype && p->weight_dtype != TK_F32)
@@ -109,10 +103,11 @@ static tk_status check_params(const char *fn, const tk_norm_params *p, norm_shap
     if (p->gemma != 0 && p->gemma != 1)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->gemma = %d is not 0 or 1", p->gemma);
     const size_t es = tk_dtype_size(p->dtype);
-    TK_TRY(span(fn, "p->rows * p->x_row_stride", p->rows, p->cols, s->x_stride, es, &s->x_bytes));
-    TK_TRY(span(fn, "p->rows * p->residual_row_stride", p->rows, p->cols, s->residual_stride, es,
-                &s->residual_bytes));
-    TK_TRY(span(fn, "p->rows * p->y_row_stride", p->rows, p->cols, s->y_stride, es, &s->y_bytes));
+    /* x's layout is also dx's, y's also dy's: both are outputs of one direction. */
+    TK_TRY(span(fn, "x", "p->x_row_stride", true, p->rows, p->cols, s->x_stride, es, &s->x_bytes));
+    TK_TRY(span(fn, "residual", "p->residual_row_stride", true, p->rows, p->cols,
+                s->residual_stride, es, &s->residual_bytes));
+    TK_TRY(span(fn, "y", "p->y_row_stride", true, p->rows, p->cols, s->y_stride, es, &s->y_bytes));
     s->param_bytes = (size_t)p->cols * tk_dtype_size(p->weight_dtype);
     s->stat_bytes = (size_t)p->rows * sizeof(float);
     return TK_SUCCESS;
@@ -121,14 +116,6 @@ static tk_status check_params(const char *fn, const tk_norm_params *p, norm_shap
 static size_t workspace_bytes_for(const tk_norm_params *p, bool layernorm) {
     return (size_t)tk_norm_workspace_slots(p->rows, p->cols) * (size_t)p->cols * sizeof(float) *
            (layernorm ? 2u : 1u);
-}
-
-static tk_status check_aligned(const char *fn, const char *name, const void *ptr, size_t alignment,
-                               const char *what) {
-    if (ptr == NULL || (uintptr_t)ptr % alignment == 0)
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_MISALIGNED, fn, "argument '%s' = %p is not aligned to %zu bytes (%s)",
-                   name, ptr, alignment, what);
 }
 
 /* A tensor of the call, for the alignment and overlap checks. */
@@ -143,21 +130,14 @@ typedef struct norm_tensor {
 
 static tk_status check_tensors(const char *fn, const norm_tensor *t, int count) {
     for (int i = 0; i < count; i++)
-        TK_TRY(check_aligned(fn, t[i].name, t[i].ptr, t[i].alignment, "its element size"));
+        TK_TRY(tk_check_aligned(fn, t[i].name, t[i].ptr, t[i].alignment));
     for (int i = 0; i < count; i++) {
         if (!t[i].output || t[i].ptr == NULL)
             continue;
-        for (int k = 0; k < count; k++) {
-            if (k == i || t[k].ptr == NULL || !tk_ranges_overlap(t[i].ptr, t[i].bytes, t[k].ptr, t[k].bytes))
-                continue;
-            const bool exact = t[i].ptr == t[k].ptr && t[i].bytes == t[k].bytes;
-            if ((t[i].alias_ok >> k & 1u) && exact)
-                continue;
-            return tk_fail(TK_ERROR_OVERLAP, fn, "argument '%s' overlaps '%s'%s", t[i].name, t[k].name,
-                           (t[i].alias_ok >> k & 1u)
-                               ? "; only exact aliasing (same pointer and row stride) is allowed"
-                               : "; they must not overlap");
-        }
+        for (int k = 0; k < count; k++)
+            if (k != i)
+                TK_TRY(tk_check_overlap(fn, t[i].name, t[i].ptr, t[i].bytes, t[k].name, t[k].ptr,
+                                        t[k].bytes, t[i].alias_ok >> k & 1u));
     }
     return TK_SUCCESS;
 }
@@ -189,11 +169,13 @@ static tk_norm_call base_call(const tk_norm_params *p, const norm_shape *s, bool
 
 /* ------------------------------------------------------------------------ forward ---- */
 
-static tk_status norm_fwd(const char *fn, bool layernorm, const tk_norm_params *p, const void *x,
-                          void *residual, const void *weight, const void *bias, void *y, float *mean,
-                          float *rstd, tk_stream_t stream) {
+static tk_status norm_fwd(const char *fn, bool layernorm, const tk_norm_params *given,
+                          const void *x, void *residual, const void *weight, const void *bias,
+                          void *y, float *mean, float *rstd, tk_stream_t stream) {
+    tk_norm_params params;
+    const tk_norm_params *p = &params;
     norm_shape s;
-    TK_TRY(check_params(fn, p, &s));
+    TK_TRY(check_params(fn, given, &params, &s));
     if (p->rows == 0)
         return TK_SUCCESS;
     TK_TRY(tk_check_not_null(fn, "x", x));
@@ -237,12 +219,14 @@ TK_API tk_status tk_layernorm_fwd(const tk_norm_params *p, const void *x, void *
 
 /* ----------------------------------------------------------------------- backward ---- */
 
-TK_API tk_status tk_norm_bwd_workspace_size(const tk_norm_params *p, tk_norm_kind kind,
+TK_API tk_status tk_norm_bwd_workspace_size(const tk_norm_params *given, tk_norm_kind kind,
                                             size_t *bytes) {
     static const char fn[] = "tk_norm_bwd_workspace_size";
     tk_begin_call();
+    tk_norm_params params;
+    const tk_norm_params *p = &params;
     norm_shape s;
-    TK_TRY(check_params(fn, p, &s));
+    TK_TRY(check_params(fn, given, &params, &s));
     if (kind != TK_NORM_RMS && kind != TK_NORM_LAYER)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn,
                        "argument 'kind' = %d is not TK_NORM_RMS (0) or TK_NORM_LAYER (1)", (int)kind);
@@ -251,12 +235,14 @@ TK_API tk_status tk_norm_bwd_workspace_size(const tk_norm_params *p, tk_norm_kin
     return TK_SUCCESS;
 }
 
-static tk_status norm_bwd(const char *fn, bool layernorm, const tk_norm_params *p, const void *dy,
-                          const void *x, const void *weight, const float *mean, const float *rstd,
-                          void *dx, void *dw, void *db, void *workspace, size_t workspace_bytes,
-                          tk_stream_t stream) {
+static tk_status norm_bwd(const char *fn, bool layernorm, const tk_norm_params *given,
+                          const void *dy, const void *x, const void *weight, const float *mean,
+                          const float *rstd, void *dx, void *dw, void *db, void *workspace,
+                          size_t workspace_bytes, tk_stream_t stream) {
+    tk_norm_params params;
+    const tk_norm_params *p = &params;
     norm_shape s;
-    TK_TRY(check_params(fn, p, &s));
+    TK_TRY(check_params(fn, given, &params, &s));
     if (p->rows == 0)
         return TK_SUCCESS;
     TK_TRY(tk_check_not_null(fn, "dy", dy));
@@ -269,7 +255,7 @@ static tk_status norm_bwd(const char *fn, bool layernorm, const tk_norm_params *
     const size_t needed = reduce ? workspace_bytes_for(p, layernorm) : 0;
     if (reduce) {
         TK_TRY(tk_check_not_null(fn, "workspace", workspace));
-        TK_TRY(check_aligned(fn, "workspace", workspace, 16, "the workspace must be 16-byte aligned"));
+        TK_TRY(tk_check_aligned(fn, "workspace", workspace, 16));
         if (workspace_bytes < needed)
             return tk_fail(TK_ERROR_INVALID_VALUE, fn,
                            "argument 'workspace_bytes' = %zu is smaller than the %zu bytes this shape "

@@ -10,25 +10,25 @@
 #include "runtime.h"
 #include "../cuda/rope.h"
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /* A tensor's pointer and strides keep every 16-byte pack of a head 16-byte aligned. */
-static bool tensor_vec16(const void *p, const int64_t strides[2], int64_t pack) {
-    return p == NULL || (aligned16(p) && strides[0] % pack == 0 && strides[1] % pack == 0);
+static bool tensor_vec16(const void *p, const int64_t strides[2], size_t elem) {
+    return tk_aligned16(p) && tk_stride_keeps_alignment(strides[0], elem) &&
+           tk_stride_keeps_alignment(strides[1], elem);
 }
 
 static bool vec16_supports(tk_call_args call) {
     const tk_rope_call *a = call;
-    const int64_t pack = 16 / (int64_t)tk_dtype_size((tk_dtype)a->dtype);
-    const bool dims_ok = (a->rotary_dim / 2) % pack == 0 && (a->head_dim - a->rotary_dim) % pack == 0;
-    const bool q_ok = a->heads_q == 0 || (tensor_vec16(a->q, a->q_strides, pack) && tensor_vec16(a->q_out, a->q_out_strides, pack));
-    const bool k_ok = a->heads_k == 0 || (tensor_vec16(a->k, a->k_strides, pack) && tensor_vec16(a->k_out, a->k_out_strides, pack));
+    const size_t es = tk_dtype_size((tk_dtype)a->dtype);
+    const bool dims_ok = tk_stride_keeps_alignment(a->rotary_dim / 2, es) &&
+                         tk_stride_keeps_alignment(a->head_dim - a->rotary_dim, es);
+    const bool q_ok = a->heads_q == 0 || (tensor_vec16(a->q, a->q_strides, es) && tensor_vec16(a->q_out, a->q_out_strides, es));
+    const bool k_ok = a->heads_k == 0 || (tensor_vec16(a->k, a->k_strides, es) && tensor_vec16(a->k_out, a->k_out_strides, es));
     return dims_ok && q_ok && k_ok;
 }
 
 static const tk_variant rope_variants[] = {
-    {"vec16", 800, false, vec16_supports, tk_launch_rope_vec16},
-    {"scalar", 800, false, NULL, tk_launch_rope_scalar},
+    {"vec16", TK_CC_AMPERE, false, vec16_supports, tk_launch_rope_vec16},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_rope_scalar},
 };
 const tk_op tk_op_rope = {"rope", rope_variants, 2};
 
@@ -42,13 +42,6 @@ typedef struct rope_tensor {
     size_t bytes;             /* span from ptr to the end of its last row */
 } rope_tensor;
 
-static tk_status check_element_aligned(const char *fn, const char *name, const void *p, size_t align) {
-    if (p == NULL || (uintptr_t)p % align == 0)
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_MISALIGNED, fn, "argument '%s' = %p is not aligned to its element size (%zu bytes)",
-                   name, p, align);
-}
-
 /* Resolves and checks one tensor's strides: no negative stride, no two (token, head) rows that
  * share an element, a span that fits int64 bytes. */
 static tk_status resolve_tensor(const char *fn, rope_tensor *t, const int64_t given[2], const int64_t fallback[2],
@@ -59,42 +52,9 @@ static tk_status resolve_tensor(const char *fn, rope_tensor *t, const int64_t gi
     const bool dflt = given[0] == 0 && given[1] == 0;
     t->strides[0] = dflt ? fallback[0] : given[0];
     t->strides[1] = dflt ? fallback[1] : given[1];
-    if (t->heads == 0 || tokens == 0) { /* nothing of this tensor is touched */
-        t->bytes = 0;
-        return TK_SUCCESS;
-    }
-    /* The smaller stride's rows must not touch; the larger stride must clear all of them. */
-    const bool token_inner = t->strides[0] < t->strides[1];
-    const int64_t s_in = token_inner ? t->strides[0] : t->strides[1], n_in = token_inner ? tokens : t->heads;
-    const int64_t s_out = token_inner ? t->strides[1] : t->strides[0], n_out = token_inner ? t->heads : tokens;
-    int64_t inner_extent = head_dim;
-    if (n_in > 1) {
-        if (s_in < head_dim)
-            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                           "%s = {%lld, %lld}: stride %lld is smaller than head_dim = %lld, rows overlap",
-                           t->strides_name, (long long)t->strides[0], (long long)t->strides[1], (long long)s_in,
-                           (long long)head_dim);
-        TK_TRY(tk_mul_checked(fn, t->strides_name, n_in - 1, s_in, &inner_extent));
-        inner_extent += head_dim;
-    }
-    int64_t span = inner_extent;
-    if (n_out > 1) {
-        if (s_out < inner_extent)
-            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                           "%s = {%lld, %lld}: stride %lld is smaller than the %lld elements it must clear, "
-                           "rows overlap",
-                           t->strides_name, (long long)t->strides[0], (long long)t->strides[1], (long long)s_out,
-                           (long long)inner_extent);
-        int64_t outer;
-        TK_TRY(tk_mul_checked(fn, t->strides_name, n_out - 1, s_out, &outer));
-        if (outer > INT64_MAX / 4 - inner_extent)
-            return tk_fail(TK_ERROR_INVALID_VALUE, fn, "%s: the tensor's byte size overflows int64", t->strides_name);
-        span = outer + inner_extent;
-    }
-    if (span > INT64_MAX / 4)
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "%s: the tensor's byte size overflows int64", t->strides_name);
-    t->bytes = (size_t)span * es;
-    return TK_SUCCESS;
+    const tk_layout l = {2, {tokens, t->heads, 0}, {t->strides[0], t->strides[1], 0}, head_dim};
+    TK_TRY(tk_layout_bytes(fn, t->strides_name, &l, es, &t->bytes));
+    return tk_check_disjoint(fn, t->name, t->strides_name, &l);
 }
 
 /* Whether two tensors share no element: disjoint spans, or interleaved rows of the same token
@@ -121,11 +81,9 @@ static tk_status check_output(const char *fn, const rope_tensor *out, const rope
                               int64_t head_dim, size_t es) {
     if (out->heads == 0)
         return TK_SUCCESS;
-    if (tk_ranges_overlap(out->ptr, out->bytes, own_in->ptr, own_in->bytes) &&
-        !(out->ptr == own_in->ptr && out->strides[0] == own_in->strides[0] && out->strides[1] == own_in->strides[1]))
-        return tk_fail(TK_ERROR_OVERLAP, fn,
-                       "argument '%s' overlaps '%s'; in place needs the same pointer and the same strides",
-                       out->name, own_in->name);
+    const bool same_strides = out->strides[0] == own_in->strides[0] && out->strides[1] == own_in->strides[1];
+    TK_TRY(tk_check_overlap(fn, out->name, out->ptr, out->bytes, own_in->name, own_in->ptr, own_in->bytes,
+                            same_strides));
     if (other_in->heads > 0 && !tensors_disjoint(out, other_in, tokens, head_dim, es))
         return tk_fail(TK_ERROR_OVERLAP, fn, "argument '%s' shares elements with '%s'", out->name, other_in->name);
     if (other_out->heads > 0 && !tensors_disjoint(out, other_out, tokens, head_dim, es))
@@ -135,21 +93,19 @@ static tk_status check_output(const char *fn, const rope_tensor *out, const rope
 
 static tk_status check_not_written(const char *fn, const rope_tensor *out, const char *name, const void *p,
                                    size_t bytes) {
-    if (out->heads == 0 || p == NULL || !tk_ranges_overlap(out->ptr, out->bytes, p, bytes))
+    if (out->heads == 0)
         return TK_SUCCESS;
-    return tk_fail(TK_ERROR_OVERLAP, fn, "argument '%s' overlaps '%s'", out->name, name);
+    return tk_check_overlap(fn, out->name, out->ptr, out->bytes, name, p, bytes, false);
 }
 
-static tk_status rope_run(const char *fn, const tk_rope_params *p, const void *q, const void *k, void *q_out,
+static tk_status rope_run(const char *fn, const tk_rope_params *given, const void *q, const void *k, void *q_out,
                           void *k_out, bool backward, tk_stream_t stream) {
     const char *q_name = backward ? "dq" : "q", *k_name = backward ? "dk" : "k";
     const char *q_out_name = backward ? "dq_out" : "q_out", *k_out_name = backward ? "dk_out" : "k_out";
-    TK_TRY(tk_check_not_null(fn, "p", p));
-    if (p->size < sizeof(tk_rope_params))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "p->size = %zu is smaller than this library's tk_rope_params (%zu); "
-                       "initialise it with TK_ROPE_PARAMS_INIT",
-                       p->size, sizeof(tk_rope_params));
+    tk_rope_params params;
+    TK_TRY(TK_READ_PARAMS(fn, "p", given, &params, tk_rope_params, TK_ROPE_PARAMS_INIT,
+                          TK_ROPE_PARAMS_SIZE_0_1));
+    const tk_rope_params *p = &params;
     TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
     if (p->style != TK_ROPE_NEOX && p->style != TK_ROPE_GPTJ)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn,
@@ -212,14 +168,14 @@ static tk_status rope_run(const char *fn, const tk_rope_params *p, const void *q
         TK_TRY(tk_check_not_null(fn, k_name, k));
         TK_TRY(tk_check_not_null(fn, k_out_name, k_out));
     }
-    TK_TRY(check_element_aligned(fn, q_name, p->heads_q ? q : NULL, es));
-    TK_TRY(check_element_aligned(fn, q_out_name, p->heads_q ? q_out : NULL, es));
-    TK_TRY(check_element_aligned(fn, k_name, p->heads_k ? k : NULL, es));
-    TK_TRY(check_element_aligned(fn, k_out_name, p->heads_k ? k_out : NULL, es));
-    TK_TRY(check_element_aligned(fn, "p->positions32", p->positions32, 4));
-    TK_TRY(check_element_aligned(fn, "p->positions64", p->positions64, 8));
-    TK_TRY(check_element_aligned(fn, "p->cos_cache", p->cos_cache, 4));
-    TK_TRY(check_element_aligned(fn, "p->sin_cache", p->sin_cache, 4));
+    TK_TRY(tk_check_aligned(fn, q_name, p->heads_q ? q : NULL, es));
+    TK_TRY(tk_check_aligned(fn, q_out_name, p->heads_q ? q_out : NULL, es));
+    TK_TRY(tk_check_aligned(fn, k_name, p->heads_k ? k : NULL, es));
+    TK_TRY(tk_check_aligned(fn, k_out_name, p->heads_k ? k_out : NULL, es));
+    TK_TRY(tk_check_aligned(fn, "p->positions32", p->positions32, 4));
+    TK_TRY(tk_check_aligned(fn, "p->positions64", p->positions64, 8));
+    TK_TRY(tk_check_aligned(fn, "p->cos_cache", p->cos_cache, 4));
+    TK_TRY(tk_check_aligned(fn, "p->sin_cache", p->sin_cache, 4));
 
     const int64_t cache_stride = p->cache_row_stride ? p->cache_row_stride : rotary_dim / 2;
     size_t cache_bytes = 0;

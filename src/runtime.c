@@ -113,6 +113,129 @@ bool tk_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_by
     return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
+tk_status tk_check_overlap(const char *fn, const char *out_name, const void *out, size_t out_bytes,
+                           const char *in_name, const void *in, size_t in_bytes, bool in_place_ok) {
+    if (in == NULL || !tk_ranges_overlap(out, out_bytes, in, in_bytes))
+        return TK_SUCCESS;
+    if (in_place_ok && out == in && out_bytes == in_bytes)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_OVERLAP, fn, "argument '%s' overlaps '%s'%s", out_name, in_name,
+                   in_place_ok ? "; only in place is allowed (the same pointer and strides)"
+                               : "; they must not overlap");
+}
+
+bool tk_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+bool tk_stride_keeps_alignment(int64_t stride, size_t elem) {
+    return stride % (int64_t)(16 / elem) == 0; /* elem divides 16; no product to overflow */
+}
+
+tk_status tk_check_aligned(const char *fn, const char *name, const void *p, size_t alignment) {
+    if ((uintptr_t)p % alignment == 0)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_MISALIGNED, fn, "argument '%s' = %p is not aligned to %zu bytes", name,
+                   p, alignment);
+}
+
+tk_layout tk_rows_layout(int64_t rows, int64_t width, int64_t stride) {
+    return (tk_layout){1, {rows, 0, 0}, {stride, 0, 0}, width};
+}
+
+static bool layout_empty(const tk_layout *l) {
+    if (l->inner == 0)
+        return true;
+    for (int d = 0; d < l->rank; d++)
+        if (l->dims[d] == 0)
+            return true;
+    return false;
+}
+
+tk_status tk_layout_bytes(const char *fn, const char *name, const tk_layout *l, size_t elem,
+                          size_t *bytes) {
+    *bytes = 0;
+    if (layout_empty(l))
+        return TK_SUCCESS;
+    int64_t last = l->inner - 1; /* offset of the last element */
+    for (int d = 0; d < l->rank; d++) {
+        if (l->dims[d] == 1)
+            continue;
+        if (l->strides[d] > (INT64_MAX - last) / (l->dims[d] - 1))
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the extent of '%s' overflows int64", name);
+        last += (l->dims[d] - 1) * l->strides[d];
+    }
+    if (last >= INT64_MAX / (int64_t)elem)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the byte size of '%s' overflows int64", name);
+    *bytes = (size_t)(last + 1) * elem;
+    return TK_SUCCESS;
+}
+
+tk_status tk_check_disjoint(const char *fn, const char *name, const char *strides_name,
+                            const tk_layout *l) {
+    if (layout_empty(l))
+        return TK_SUCCESS;
+    /* The dimensions of more than one index, by increasing stride: each stride must step over
+     * everything the smaller ones span. */
+    int order[3], n = 0;
+    for (int d = 0; d < l->rank; d++) {
+        if (l->dims[d] < 2)
+            continue;
+        int at = n++;
+        while (at > 0 && l->strides[order[at - 1]] > l->strides[d]) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = d;
+    }
+    int64_t extent = l->inner;
+    for (int i = 0; i < n; i++) {
+        const int d = order[i];
+        if (l->strides[d] < extent)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "%s: stride %lld is smaller than the %lld elements it must step over, "
+                           "so elements of '%s' overlap",
+                           strides_name, (long long)l->strides[d], (long long)extent, name);
+        extent += (l->dims[d] - 1) * l->strides[d];
+    }
+    return TK_SUCCESS;
+}
+
+/* Appending a field makes sizeof larger; removing or shrinking one would break 0.1 callers. */
+_Static_assert(sizeof(tk_device_info) >= TK_DEVICE_INFO_SIZE_0_1, "tk_device_info shrank");
+_Static_assert(sizeof(tk_glu_params) >= TK_GLU_PARAMS_SIZE_0_1, "tk_glu_params shrank");
+_Static_assert(sizeof(tk_norm_params) >= TK_NORM_PARAMS_SIZE_0_1, "tk_norm_params shrank");
+_Static_assert(sizeof(tk_softmax_params) >= TK_SOFTMAX_PARAMS_SIZE_0_1, "tk_softmax_params shrank");
+_Static_assert(sizeof(tk_rope_params) >= TK_ROPE_PARAMS_SIZE_0_1, "tk_rope_params shrank");
+_Static_assert(sizeof(tk_attention_params) >= TK_ATTENTION_PARAMS_SIZE_0_1,
+               "tk_attention_params shrank");
+_Static_assert(sizeof(tk_gemm_params) >= TK_GEMM_PARAMS_SIZE_0_1, "tk_gemm_params shrank");
+
+/* No params struct comes near this; a larger `size` is a wrong value, not a newer struct, and
+ * its tail is not read. */
+#define MAX_PARAMS_SIZE 4096
+
+tk_status tk_read_params(const char *fn, const char *arg, const void *given, const char *type,
+                         const char *init, size_t size_0_1, void *local, size_t local_size) {
+    TK_TRY(tk_check_not_null(fn, arg, given));
+    size_t size;
+    memcpy(&size, given, sizeof size);
+    if (size < size_0_1 || size > MAX_PARAMS_SIZE)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "argument '%s->size' = %zu is not the size of a %s (at least %zu bytes); "
+                       "initialise the struct with %s",
+                       arg, size, type, size_0_1, init);
+    const unsigned char *bytes = given;
+    for (size_t i = local_size; i < size; i++)
+        if (bytes[i] != 0)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "argument '%s->size' = %zu, and byte %zu, past the %zu bytes of this library's "
+                           "%s, is not zero: a field this libtkern does not know is set (the "
+                           "caller was built against a newer tkern.h)",
+                           arg, size, i, local_size, type);
+    memset(local, 0, local_size);
+    memcpy(local, given, size < local_size ? size : local_size);
+    return TK_SUCCESS;
+}
+
 /* -------------------------------------------------------------- compiled architectures ---- */
 
 /* One GPU target of this build, from the Makefile's ARCHS ("80 86 89 90a compute_90"). */
@@ -170,7 +293,7 @@ bool tk_variant_compiled_for(const tk_variant *v, const tk_device *dev) {
 
 static bool build_runs_on(int cc) {
     for (int i = 0; i < compiled_arch_count; i++)
-        if (arch_runs(&compiled_archs[i], cc, 800, false))
+        if (arch_runs(&compiled_archs[i], cc, TK_CC_AMPERE, false))
             return true;
     return false;
 }
@@ -184,9 +307,13 @@ typedef struct forced_variant {
     int index;
 } forced_variant;
 
-/* From TKERN_FORCE_VARIANT, parsed once; then per-thread overrides from the API. */
+/* From TKERN_FORCE_VARIANT, parsed once; then per-thread choices from the API, which take
+ * precedence: index -1 there means automatic selection, which undoes the variable's forcing. */
 static forced_variant env_forced[MAX_FORCED];
 static int env_forced_count;
+/* Why TKERN_FORCE_VARIANT was rejected ("" when it was not): every call that reaches the device
+ * fails with it, so that a misspelt name cannot silently run the automatic choice. */
+static char env_forced_error[448];
 static _Thread_local forced_variant thread_forced[MAX_FORCED];
 static _Thread_local int thread_forced_count;
 
@@ -204,17 +331,68 @@ static int find_variant(const tk_op *op, const char *name, size_t len) {
     return -1;
 }
 
+/* "\"a\", \"b\"": the names of op's variants, for messages. */
+static void variant_names(const tk_op *op, char *names, size_t size) {
+    names[0] = '\0';
+    for (int i = 0; i < op->count; i++) {
+        size_t used = strlen(names);
+        snprintf(names + used, size - used, "%s\"%s\"", i ? ", " : "", op->variants[i].name);
+    }
+}
+
+/* "activation", "glu", ...: the names of the ops, for messages. */
+static void op_names(char *names, size_t size) {
+    names[0] = '\0';
+    for (int i = 0; i < tk_all_ops_count; i++) {
+        size_t used = strlen(names);
+        snprintf(names + used, size - used, "%s\"%s\"", i ? ", " : "", tk_all_ops[i]->name);
+    }
+}
+
+/* Parses one "op=variant" item of TKERN_FORCE_VARIANT; false (and env_forced_error) if bad. */
+static bool parse_env_item(const char *item, size_t len) {
+    char names[160];
+    const char *eq = memchr(item, '=', len);
+    if (!eq) {
+        snprintf(env_forced_error, sizeof env_forced_error,
+                 "TKERN_FORCE_VARIANT item \"%.*s\" is not op=variant", (int)len, item);
+        return false;
+    }
+    const size_t op_len = (size_t)(eq - item), name_len = len - op_len - 1;
+    const tk_op *op = find_op(item, op_len);
+    if (!op) {
+        op_names(names, sizeof names);
+        snprintf(env_forced_error, sizeof env_forced_error,
+                 "TKERN_FORCE_VARIANT names op \"%.*s\", which does not exist; accepted: %s",
+                 (int)op_len, item, names);
+        return false;
+    }
+    const int index = find_variant(op, eq + 1, name_len);
+    if (index < 0) {
+        variant_names(op, names, sizeof names);
+        snprintf(env_forced_error, sizeof env_forced_error,
+                 "TKERN_FORCE_VARIANT names variant \"%.*s\" of \"%s\", which does not exist; "
+                 "accepted: %s",
+                 (int)name_len, eq + 1, op->name, names);
+        return false;
+    }
+    if (env_forced_count == MAX_FORCED) {
+        snprintf(env_forced_error, sizeof env_forced_error,
+                 "TKERN_FORCE_VARIANT has more than %d items", MAX_FORCED);
+        return false;
+    }
+    env_forced[env_forced_count++] = (forced_variant){op, index};
+    return true;
+}
+
 static void parse_env_forced(void) {
     const char *s = getenv("TKERN_FORCE_VARIANT");
-    while (s && *s && env_forced_count < MAX_FORCED) {
+    while (s && *s) {
         const char *end = strchr(s, ',');
-        size_t item_len = end ? (size_t)(end - s) : strlen(s);
-        const char *eq = memchr(s, '=', item_len);
-        if (eq) {
-            const tk_op *op = find_op(s, (size_t)(eq - s));
-            int index = op ? find_variant(op, eq + 1, item_len - (size_t)(eq - s) - 1) : -1;
-            if (index >= 0)
-                env_forced[env_forced_count++] = (forced_variant){op, index};
+        const size_t item_len = end ? (size_t)(end - s) : strlen(s);
+        if (item_len > 0 && !parse_env_item(s, item_len)) {
+            env_forced_count = 0; /* a rejected variable forces nothing */
+            return;
         }
         s = end ? end + 1 : NULL;
     }
@@ -247,26 +425,20 @@ TK_API tk_status tk_experimental_force_variant(const char *op_name, const char *
     if (!op)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn, "argument 'op' = \"%s\" names no operation",
                        op_name);
+    int index = -1; /* NULL: automatic selection, whatever TKERN_FORCE_VARIANT says */
+    if (variant != NULL) {
+        index = find_variant(op, variant, strlen(variant));
+        if (index < 0) {
+            char names[256];
+            variant_names(op, names, sizeof names);
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "argument 'variant' = \"%s\" is not a variant of \"%s\"; accepted: %s",
+                           variant, op_name, names);
+        }
+    }
     int slot = 0;
     while (slot < thread_forced_count && thread_forced[slot].op != op)
         slot++;
-    if (variant == NULL) {
-        if (slot < thread_forced_count)
-            thread_forced[slot] = thread_forced[--thread_forced_count];
-        return TK_SUCCESS;
-    }
-    int index = find_variant(op, variant, strlen(variant));
-    if (index < 0) {
-        char names[256] = "";
-        for (int i = 0; i < op->count; i++) {
-            size_t used = strlen(names);
-            snprintf(names + used, sizeof names - used, "%s\"%s\"", i ? ", " : "",
-                     op->variants[i].name);
-        }
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "argument 'variant' = \"%s\" is not a variant of \"%s\"; accepted: %s",
-                       variant, op_name, names);
-    }
     if (slot == thread_forced_count) {
         if (thread_forced_count == MAX_FORCED)
             return tk_fail(TK_ERROR_INTERNAL, fn, "more than %d forced variants", MAX_FORCED);
@@ -305,13 +477,15 @@ static tk_status describe_device(const char *fn, int ordinal, tk_device *d) {
                              cudaDeviceGetAttribute(reads[i].out, reads[i].attr, ordinal)));
     d->ordinal = ordinal;
     d->cc = 100 * major + 10 * minor;
-    d->supported = d->cc >= 800 && build_runs_on(d->cc);
+    d->supported = d->cc >= TK_CC_AMPERE && build_runs_on(d->cc);
     return TK_SUCCESS;
 }
 
 /* The current device's cache entry, filled on first use. Does not judge support. */
 static tk_status lookup_device(const char *fn, const tk_device **out) {
     pthread_once(&process_once, process_init);
+    if (env_forced_error[0])
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "%s", env_forced_error);
     int ordinal = -1;
     cudaError_t err = cudaGetDevice(&ordinal);
     if (err != cudaSuccess) {
@@ -351,18 +525,18 @@ tk_status tk_current_device(const char *fn, const tk_device **dev) {
 TK_API tk_status tk_device_query(tk_device_info *info) {
     static const char fn[] = "tk_device_query";
     tk_begin_call();
-    TK_TRY(tk_check_not_null(fn, "info", info));
-    if (info->size < sizeof(tk_device_info))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "info->size = %zu; initialise the struct with TK_DEVICE_INFO_INIT", info->size);
+    tk_device_info local;
+    TK_TRY(TK_READ_PARAMS(fn, "info", info, &local, tk_device_info, TK_DEVICE_INFO_INIT,
+                          TK_DEVICE_INFO_SIZE_0_1));
     const tk_device *d;
     TK_TRY(lookup_device(fn, &d));
-    info->device = d->ordinal;
-    info->compute_capability = d->cc;
-    info->sm_count = d->sm_count;
-    info->max_smem_per_block = d->max_smem_optin;
-    info->l2_bytes = d->l2_bytes;
-    info->supported = d->supported;
+    local.device = d->ordinal;
+    local.compute_capability = d->cc;
+    local.sm_count = d->sm_count;
+    local.max_smem_per_block = d->max_smem_optin;
+    local.l2_bytes = d->l2_bytes;
+    local.supported = d->supported;
+    memcpy(info, &local, local.size < sizeof local ? local.size : sizeof local);
     return TK_SUCCESS;
 }
 

@@ -65,6 +65,66 @@ tk_status tk_mul_checked(const char *fn, const char *what, int64_t a, int64_t b,
 /* true when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte. */
 bool tk_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes);
 
+/* TK_ERROR_OVERLAP naming both unless the output's bytes and the input's are disjoint (or the
+ * input is NULL). With in_place_ok, the output may be exactly the input: the same pointer and
+ * span; the caller also compares whatever else in place needs (equal strides). */
+tk_status tk_check_overlap(const char *fn, const char *out_name, const void *out, size_t out_bytes,
+                           const char *in_name, const void *in, size_t in_bytes, bool in_place_ok);
+
+/* Whether p is 16-byte aligned (NULL is), and whether a stride of `stride` elements of `elem`
+ * bytes keeps a 16-byte aligned row start aligned. The vectorised variants' conditions. */
+bool tk_aligned16(const void *p);
+bool tk_stride_keeps_alignment(int64_t stride, size_t elem);
+
+/* TK_ERROR_MISALIGNED naming `name` unless p (NULL passes) is a multiple of `alignment` bytes. */
+tk_status tk_check_aligned(const char *fn, const char *name, const void *p, size_t alignment);
+
+/* A strided tensor as the checks see it: up to 3 strided dimensions over a contiguous run of
+ * `inner` elements at each index (a row, a head vector). Strides in elements, >= 0. */
+typedef struct tk_layout {
+    int rank;
+    int64_t dims[3];
+    int64_t strides[3];
+    int64_t inner;
+} tk_layout;
+
+/* Rows of `width` elements, `stride` apart: the layout of every 2-D tensor of the library. */
+tk_layout tk_rows_layout(int64_t rows, int64_t width, int64_t stride);
+
+/* *bytes = the bytes from the first element to one past the last (0 for an empty tensor);
+ * TK_ERROR_INVALID_VALUE naming `name` when that overflows int64. */
+tk_status tk_layout_bytes(const char *fn, const char *name, const tk_layout *l, size_t elem,
+                          size_t *bytes);
+
+/* TK_ERROR_INVALID_VALUE naming `strides_name` when two elements of the tensor `name` share
+ * memory (a stride smaller than the extent it steps over). Every output is checked with it, so
+ * that no element is written twice. Call after tk_layout_bytes (which bounds the extents). */
+tk_status tk_check_disjoint(const char *fn, const char *name, const char *strides_name,
+                            const tk_layout *l);
+
+/* ---- params structs ---- */
+
+/* The size of each params struct in libtkern 0.1, its first released layout: the smallest
+ * `size` accepted. Fields appended later make sizeof larger; these numbers never change. */
+#define TK_DEVICE_INFO_SIZE_0_1 32
+#define TK_GLU_PARAMS_SIZE_0_1 64
+#define TK_NORM_PARAMS_SIZE_0_1 64
+#define TK_SOFTMAX_PARAMS_SIZE_0_1 80
+#define TK_ROPE_PARAMS_SIZE_0_1 184
+#define TK_ATTENTION_PARAMS_SIZE_0_1 280
+#define TK_GEMM_PARAMS_SIZE_0_1 136
+
+/* Reads a caller's params struct (whose first member is `size_t size`) by the one rule for all
+ * of them: `given` non-NULL (TK_ERROR_NULL_POINTER naming `arg`); size_0_1 <= size (an older
+ * caller leaves the fields appended since unset: they read as zero); bytes past this library's
+ * sizeof all zero (a newer caller may only leave unknown fields at their defaults); then
+ * min(size, sizeof) bytes copied into the zeroed *local, which the caller uses from then on.
+ * TK_ERROR_INVALID_VALUE naming `arg->size` otherwise. */
+tk_status tk_read_params(const char *fn, const char *arg, const void *given, const char *type,
+                         const char *init, size_t size_0_1, void *local, size_t local_size);
+#define TK_READ_PARAMS(fn, arg, given, local, type, INIT, size_0_1)                            \
+    tk_read_params(fn, arg, given, #type, #INIT, size_0_1, local, sizeof(type))
+
 /* ---- devices ---- */
 
 /* The calling thread's current device, described once per device (thread-safe) and cached for
@@ -74,12 +134,17 @@ tk_status tk_current_device(const char *fn, const tk_device **dev);
 
 /* ---- variants ---- */
 
+/* Compute capabilities (100 * major + 10 * minor) at which the variants' instructions appear:
+ * sm_80 mma.sync / ldmatrix / cp.async, the oldest libtkern runs on; sm_90 clusters, TMA, wgmma. */
+#define TK_CC_AMPERE 800
+#define TK_CC_HOPPER 900
+
 /* A call's arguments, as the family packed them for its launchers (cuda/<family>.h). */
 typedef const void *tk_call_args;
 
 typedef struct tk_variant {
     const char *name;
-    int min_cc;             /* lowest compute capability the code needs, e.g. 800 */
+    int min_cc;             /* lowest compute capability the code needs, e.g. TK_CC_AMPERE */
     bool arch_specific;     /* needs an sm_XYa build for exactly this device (wgmma, setmaxnreg) */
     /* Whether this variant can run the call (shape, alignment); NULL = any call. */
     bool (*supports)(tk_call_args call);

@@ -13,11 +13,9 @@
 #include "runtime.h"
 #include "../cuda/softmax.h"
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /* Every row start 16-byte aligned (the stride only matters with more than one row). */
 static bool rows_aligned16(const void *p, int64_t rows, int64_t stride, size_t elem) {
-    return p == NULL || (aligned16(p) && (rows == 1 || (stride * (int64_t)elem) % 16 == 0));
+    return tk_aligned16(p) && (rows == 1 || tk_stride_keeps_alignment(stride, elem));
 }
 
 static bool vec16_fits(const tk_softmax_call *a) {
@@ -40,34 +38,19 @@ static bool vec16_stream_supports(tk_call_args call) { return vec16_fits(call); 
 static bool scalar_regs_supports(tk_call_args call) { return regs_fit(call, false); }
 
 static const tk_variant softmax_variants[] = {
-    {"vec16_pipelined", 900, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
-    {"vec16_regs", 800, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
-    {"vec16_stream", 800, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
-    {"scalar_regs", 800, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
-    {"scalar_stream", 800, false, NULL, tk_launch_softmax_scalar_stream},
+    {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
+    {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
+    {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
+    {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
+    {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream},
 };
 const tk_op tk_op_softmax = {"softmax", softmax_variants, 5};
-
-static tk_status check_element_aligned(const char *fn, const char *name, const void *p, tk_dtype dtype) {
-    if ((uintptr_t)p % tk_dtype_size(dtype) == 0)
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_MISALIGNED, fn,
-                   "argument '%s' = %p is not aligned to its element size (%zu bytes for %s)", name, p,
-                   tk_dtype_size(dtype), tk_dtype_name(dtype));
-}
 
 /* `out` may replace `in` exactly (same pointer, same stride); any other shared byte is an error. */
 static tk_status check_overlap(const char *fn, const char *out_name, const void *out, int64_t out_stride,
                                size_t out_bytes, const char *in_name, const void *in, int64_t in_stride,
                                size_t in_bytes) {
-    if (!tk_ranges_overlap(out, out_bytes, in, in_bytes))
-        return TK_SUCCESS;
-    if (out == in && out_stride == in_stride)
-        return TK_SUCCESS;
-    return tk_fail(TK_ERROR_OVERLAP, fn,
-                   "argument '%s' overlaps '%s'; only the same pointer with the same row stride "
-                   "(in place) is allowed",
-                   out_name, in_name);
+    return tk_check_overlap(fn, out_name, out, out_bytes, in_name, in, in_bytes, out_stride == in_stride);
 }
 
 static tk_status bool_flag(const char *fn, const char *name, int value) {
@@ -76,14 +59,12 @@ static tk_status bool_flag(const char *fn, const char *name, int value) {
     return tk_fail(TK_ERROR_INVALID_VALUE, fn, "%s = %d must be 0 or 1", name, value);
 }
 
-static tk_status softmax_run(const char *fn, const tk_softmax_params *p, const void *y, const void *dy,
+static tk_status softmax_run(const char *fn, const tk_softmax_params *given, const void *y, const void *dy,
                              const void *x, void *out, bool backward, tk_stream_t stream) {
-    TK_TRY(tk_check_not_null(fn, "p", p));
-    if (p->size < sizeof(tk_softmax_params))
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
-                       "p->size = %zu is smaller than this library's tk_softmax_params (%zu); "
-                       "initialise it with TK_SOFTMAX_PARAMS_INIT",
-                       p->size, sizeof(tk_softmax_params));
+    tk_softmax_params params;
+    TK_TRY(TK_READ_PARAMS(fn, "p", given, &params, tk_softmax_params, TK_SOFTMAX_PARAMS_INIT,
+                          TK_SOFTMAX_PARAMS_SIZE_0_1));
+    const tk_softmax_params *p = &params;
     TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
     if (p->rows < 0)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->rows = %lld is negative", (long long)p->rows);
@@ -109,15 +90,18 @@ static tk_status softmax_run(const char *fn, const tk_softmax_params *p, const v
     if (p->causal && p->causal_period < 0)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->causal_period = %lld is negative (0 means rows)",
                        (long long)p->causal_period);
-    int64_t x_span, y_span;
-    TK_TRY(tk_mul_checked(fn, "p->rows * p->x_row_stride", p->rows, x_stride, &x_span));
-    TK_TRY(tk_mul_checked(fn, "p->rows * p->y_row_stride", p->rows, y_stride, &y_span));
-    if (x_span > INT64_MAX / 4 || y_span > INT64_MAX / 4)
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "the tensors' byte sizes overflow int64");
+    const tk_dtype dtype = p->dtype;
+    const size_t es = tk_dtype_size(dtype);
+    const tk_layout x_layout = tk_rows_layout(p->rows, p->cols, x_stride);
+    const tk_layout y_layout = tk_rows_layout(p->rows, p->cols, y_stride);
+    size_t x_bytes, y_bytes;
+    TK_TRY(tk_layout_bytes(fn, "x", &x_layout, es, &x_bytes));
+    TK_TRY(tk_layout_bytes(fn, "y", &y_layout, es, &y_bytes));
+    TK_TRY(tk_check_disjoint(fn, backward ? "dx" : "y", backward ? "p->x_row_stride" : "p->y_row_stride",
+                             backward ? &x_layout : &y_layout));
     if (p->rows == 0)
         return TK_SUCCESS;
 
-    const tk_dtype dtype = p->dtype;
     const char *out_name = backward ? "dx" : "y";
     if (backward) {
         TK_TRY(tk_check_not_null(fn, "y", y));
@@ -126,17 +110,10 @@ static tk_status softmax_run(const char *fn, const tk_softmax_params *p, const v
         TK_TRY(tk_check_not_null(fn, "x", x));
     }
     TK_TRY(tk_check_not_null(fn, out_name, out));
-    if (backward) {
-        TK_TRY(check_element_aligned(fn, "y", y, dtype));
-        TK_TRY(check_element_aligned(fn, "dy", dy, dtype));
-    } else {
-        TK_TRY(check_element_aligned(fn, "x", x, dtype));
-    }
-    TK_TRY(check_element_aligned(fn, out_name, out, dtype));
-
-    const size_t es = tk_dtype_size(dtype);
-    const size_t x_bytes = (size_t)((p->rows - 1) * x_stride + p->cols) * es;
-    const size_t y_bytes = (size_t)((p->rows - 1) * y_stride + p->cols) * es;
+    TK_TRY(tk_check_aligned(fn, "y", y, es));
+    TK_TRY(tk_check_aligned(fn, "dy", dy, es));
+    TK_TRY(tk_check_aligned(fn, "x", x, es));
+    TK_TRY(tk_check_aligned(fn, out_name, out, es));
     if (backward) {
         TK_TRY(check_overlap(fn, "dx", out, x_stride, x_bytes, "y", y, y_stride, y_bytes));
         TK_TRY(check_overlap(fn, "dx", out, x_stride, x_bytes, "dy", dy, y_stride, y_bytes));

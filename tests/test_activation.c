@@ -122,6 +122,14 @@ Test(glu_args, rejects_bad_arguments) {
     EXPECT_REJECTED(tk_glu_bwd(&ok, in_buf, in_buf + 512, in_buf + 64, NULL), TK_ERROR_OVERLAP, "'dy'");
 }
 
+/* Forward in place with interleaved rows would write y[j] over the (gate, up) pair of output
+ * j / 2, which another thread may not have read yet. */
+Test(glu_args, interleaved_in_place_is_rejected) {
+    tk_glu_params p = glu_params(TK_GLU_SWIGLU, TK_BF16, TK_GLU_INTERLEAVED, 4, 16);
+    p.y_row_stride = p.x_row_stride = 32;
+    EXPECT_REJECTED(tk_glu_fwd(&p, in_buf, in_buf, NULL), TK_ERROR_OVERLAP, "'y' overlaps 'x'");
+}
+
 Test(activation_args, no_device_is_reported) {
     if (tk_test_have_device())
         cr_skip_test("a CUDA device is present; this test covers machines without one");
@@ -388,7 +396,7 @@ static void run_all_glu(bool backward) {
                             continue;
                         if (shapes[s].offset && DTYPES[dt] == TK_F32)
                             continue;
-                        if (shapes[s].in_place && (backward || layout == TK_GLU_UP_FIRST))
+                        if (shapes[s].in_place && (backward || layout != TK_GLU_GATE_FIRST))
                             continue; /* forward in place needs the gate first; see tk_glu_fwd */
                         glu_case c = {(tk_glu)k, DTYPES[dt], (tk_glu_layout)layout, shapes[s].rows, shapes[s].d,
                                       shapes[s].x_pad, shapes[s].y_pad, backward, shapes[s].in_place,
@@ -405,4 +413,107 @@ Test(glu_gpu, forward_all_kinds_layouts_dtypes_variants, .timeout = 300) {
 Test(glu_gpu, backward_all_kinds_layouts_dtypes_variants, .timeout = 300) {
     TK_REQUIRE_GPU();
     run_all_glu(true);
+}
+
+/* ------------------------------------------------------------- in place (GPU) ---- */
+
+static tk_status act_call(bool backward, tk_activation kind, tk_dtype dtype, const void *dy, const void *x,
+                          const void *bias, void *out, int64_t rows, int64_t cols) {
+    return backward ? tk_activation_bwd(kind, dtype, dy, x, bias, out, rows, cols, NULL)
+                    : tk_activation_fwd(kind, dtype, x, bias, out, rows, cols, NULL);
+}
+
+/* Every in-place mode the header allows (y = x; dx = dy; dx = x), bit for bit against the same
+ * call out of place, every kind, dtype and variant, on fresh random inputs. */
+Test(activation_gpu, in_place_matches_out_of_place, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(31);
+    const int64_t rows = 33, cols = 3584, n = rows * cols;
+    for (int k = TK_ACT_NONE; k <= TK_ACT_RELU_SQUARED; k++)
+        for (size_t d = 0; d < 3; d++)
+            for (size_t v = 0; v < 2; v++)
+                for (int mode = 0; mode < 3; mode++) {
+                    const tk_dtype dtype = DTYPES[d];
+                    const bool backward = mode > 0;
+                    const size_t es = tk_test_dtype_size(dtype), bytes = (size_t)n * es, bias_bytes = (size_t)cols * es;
+                    unsigned char *hx = malloc(bytes), *hdy = malloc(bytes), *hb = malloc(bias_bytes), *want = malloc(bytes);
+                    cr_assert(hx && hdy && hb && want);
+                    tk_fill_uniform(&rng, dtype, hx, n, -5.0, 5.0);
+                    tk_fill_uniform(&rng, dtype, hdy, n, -2.0, 2.0);
+                    tk_fill_uniform(&rng, dtype, hb, cols, -1.0, 1.0);
+                    unsigned char *dx = tk_dev_alloc(bytes), *ddy = tk_dev_alloc(bytes), *db = tk_dev_alloc(bias_bytes);
+                    unsigned char *dout = tk_dev_alloc(bytes);
+                    tk_to_dev(dx, hx, bytes);
+                    tk_to_dev(ddy, hdy, bytes);
+                    tk_to_dev(db, hb, bias_bytes);
+                    tk_dev_poison(dout, bytes);
+                    char what[128];
+                    snprintf(what, sizeof what, "kind %d %s variant %s mode %s", k, tk_test_dtype_name(dtype), VARIANTS[v],
+                             mode == 0 ? "y = x" : mode == 1 ? "dx = dy" : "dx = x");
+                    cr_assert_eq(tk_experimental_force_variant("activation", VARIANTS[v]), TK_SUCCESS);
+                    TK_EXPECT_STATUS(act_call(backward, (tk_activation)k, dtype, ddy, dx, db, dout, rows, cols), TK_SUCCESS, "");
+                    tk_dev_sync();
+                    tk_to_host(want, dout, bytes);
+                    unsigned char *target = mode == 1 ? ddy : dx;
+                    TK_EXPECT_STATUS(act_call(backward, (tk_activation)k, dtype, ddy, dx, db, target, rows, cols), TK_SUCCESS, "");
+                    cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
+                    tk_dev_sync();
+                    tk_assert_dev_bytes_equal(target, want, bytes, what);
+                    cr_assert_eq(tk_experimental_force_variant("activation", NULL), TK_SUCCESS);
+                    tk_dev_free(dx); tk_dev_free(ddy); tk_dev_free(db); tk_dev_free(dout);
+                    free(hx); free(hdy); free(hb); free(want);
+                }
+}
+
+/* The GLU in-place modes the header allows: forward y = x with the gate-first layout, backward
+ * dx = x in every layout; bit for bit against the same call out of place (output rows laid out
+ * like the in-place ones, compared row by row: the padding differs). Forward in place with the
+ * other layouts is rejected on device pointers too. */
+Test(glu_gpu, in_place_matches_out_of_place, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(32);
+    const int64_t rows = 9, d = 3584, stride = 2 * d + 16;
+    for (int k = TK_GLU_SWIGLU; k <= TK_GLU_SWIGLU_CLAMPED; k++)
+        for (size_t dt = 0; dt < 3; dt++)
+            for (int layout = TK_GLU_GATE_FIRST; layout <= TK_GLU_INTERLEAVED; layout++)
+                for (size_t v = 0; v < 2; v++)
+                    for (int backward = 0; backward < 2; backward++) {
+                        const tk_dtype dtype = DTYPES[dt];
+                        const size_t es = tk_test_dtype_size(dtype);
+                        const size_t x_bytes = (size_t)(rows * stride) * es, dy_bytes = (size_t)(rows * d) * es;
+                        tk_glu_params p = glu_params((tk_glu)k, dtype, (tk_glu_layout)layout, rows, d);
+                        p.x_row_stride = stride;
+                        p.y_row_stride = backward ? d : stride; /* forward: y laid out like x */
+                        unsigned char *hx = malloc(x_bytes), *hdy = malloc(dy_bytes), *want = malloc(x_bytes);
+                        cr_assert(hx && hdy && want);
+                        tk_fill_uniform(&rng, dtype, hx, rows * stride, -9.0, 9.0);
+                        tk_fill_uniform(&rng, dtype, hdy, rows * d, -2.0, 2.0);
+                        unsigned char *dx = tk_dev_alloc(x_bytes), *ddy = tk_dev_alloc(dy_bytes), *dout = tk_dev_alloc(x_bytes);
+                        tk_to_dev(dx, hx, x_bytes);
+                        tk_to_dev(ddy, hdy, dy_bytes);
+                        tk_dev_poison(dout, x_bytes);
+                        char what[160];
+                        snprintf(what, sizeof what, "glu %s kind %d %s layout %d variant %s", backward ? "bwd dx = x" : "fwd y = x",
+                                 k, tk_test_dtype_name(dtype), layout, VARIANTS[v]);
+                        if (!backward && layout != TK_GLU_GATE_FIRST) {
+                            TK_EXPECT_STATUS(tk_glu_fwd(&p, dx, dx, NULL), TK_ERROR_OVERLAP, "'y' overlaps 'x'");
+                        } else {
+                            cr_assert_eq(tk_experimental_force_variant("glu", VARIANTS[v]), TK_SUCCESS);
+                            TK_EXPECT_STATUS(backward ? tk_glu_bwd(&p, ddy, dx, dout, NULL) : tk_glu_fwd(&p, dx, dout, NULL),
+                                             TK_SUCCESS, "");
+                            tk_dev_sync();
+                            tk_to_host(want, dout, x_bytes);
+                            TK_EXPECT_STATUS(backward ? tk_glu_bwd(&p, ddy, dx, dx, NULL) : tk_glu_fwd(&p, dx, dx, NULL),
+                                             TK_SUCCESS, "");
+                            cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
+                            tk_dev_sync();
+                            const size_t row_bytes = (size_t)(backward ? 2 * d : d) * es;
+                            for (int64_t r = 0; r < rows; r++)
+                                tk_assert_dev_bytes_equal(dx + (size_t)(r * stride) * es, want + (size_t)(r * stride) * es,
+                                                          row_bytes, what);
+                            cr_assert_eq(tk_experimental_force_variant("glu", NULL), TK_SUCCESS);
+                        }
+                        tk_dev_free(dx); tk_dev_free(ddy); tk_dev_free(dout);
+                        free(hx); free(hdy); free(want);
+                    }
 }

@@ -115,6 +115,13 @@ Test(attention_args, rejects_bad_arguments) {
         p.q_strides[0] = 16 * 136, p.q_strides[1] = 136, p.q_strides[2] = 68, p.q_strides[3] = 1;
         expect_rejected(&p, TK_ERROR_MISALIGNED, "p->q_strides[2]", true);
     }
+    {
+        tk_attention_params p = ok; /* every row of o at the same address: written many times */
+        p.o_strides[0] = 0, p.o_strides[1] = 0, p.o_strides[2] = 0, p.o_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->o_strides", true);
+        p.o_strides[0] = 4096, p.o_strides[1] = 64, p.o_strides[2] = 64; /* heads over positions */
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->o_strides", true);
+    }
     /* Overlaps: o over q, lse inside o. */
     REJECT(o = in_buf + 2048, TK_ERROR_OVERLAP, "'p->o' overlaps 'p->q'");
     REJECT(lse = (float *)(out_buf + 1024), TK_ERROR_OVERLAP, "'p->o' overlaps 'p->lse'");
@@ -164,6 +171,17 @@ Test(attention_args, no_device_is_reported) {
     const char *name = "untouched";
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NO_DEVICE, "no usable CUDA device");
     cr_assert_null(name);
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+}
+
+/* Inputs may repeat rows (a key broadcast over positions); only outputs must not. */
+Test(attention_args, repeated_input_rows_pass_validation) {
+    if (tk_test_have_device())
+        cr_skip_test("a CUDA device is present; this test covers machines without one");
+    tk_attention_params p = host_params();
+    p.k_strides[0] = 0, p.k_strides[1] = 0, p.k_strides[2] = 0, p.k_strides[3] = 1;
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_fwd(&p, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
     cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
 }
 

@@ -391,3 +391,58 @@ Test(gemm_gpu, large_shapes_every_variant, .timeout = 600) {
         cr_assert(counts.runs[WGMMA_128x256] > 0, "wgmma_128x256 never ran");
     cr_assert(counts.runs[MMA_128x128] > 0 && counts.runs[MMA_UNALIGNED] > 0);
 }
+
+/* ------------------------------------------------------------- in place (GPU) ---- */
+
+/* The in-place mode the header allows (c == d, ldc == ldd), bit for bit against the same call
+ * with C and D apart, every variant that takes the call (mma_128x256 needs a wave of tiles). */
+Test(gemm_gpu, in_place_matches_out_of_place, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(36);
+    const tk_dtype out_dtypes[] = {TK_BF16, TK_F32};
+    const int64_t shapes[][3] = {{300, 520, 128}, {2048, 4096, 64}};
+    for (size_t s = 0; s < 2; s++)
+        for (size_t o = 0; o < 2; o++)
+            for (int v = 0; v < VARIANT_COUNT; v++) {
+                const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                const size_t es = tk_test_dtype_size(out_dtypes[o]);
+                const size_t a_bytes = (size_t)(m * k) * 2, b_bytes = (size_t)(n * k) * 2, d_bytes = (size_t)(m * n) * es;
+                unsigned char *ha = malloc(a_bytes), *hb = malloc(b_bytes), *hc = malloc(d_bytes), *hbias = malloc((size_t)n * es);
+                unsigned char *want = malloc(d_bytes);
+                cr_assert(ha && hb && hc && hbias && want);
+                tk_fill_uniform(&rng, TK_BF16, ha, m * k, -1.0, 1.0);
+                tk_fill_uniform(&rng, TK_BF16, hb, n * k, -1.0, 1.0);
+                tk_fill_uniform(&rng, out_dtypes[o], hc, m * n, -2.0, 2.0);
+                tk_fill_uniform(&rng, out_dtypes[o], hbias, n, -1.0, 1.0);
+                unsigned char *da = tk_dev_alloc(a_bytes), *db = tk_dev_alloc(b_bytes), *dc = tk_dev_alloc(d_bytes);
+                unsigned char *dd = tk_dev_alloc(d_bytes), *dbias = tk_dev_alloc((size_t)n * es);
+                tk_to_dev(da, ha, a_bytes);
+                tk_to_dev(db, hb, b_bytes);
+                tk_to_dev(dc, hc, d_bytes);
+                tk_to_dev(dbias, hbias, (size_t)n * es);
+                tk_dev_poison(dd, d_bytes);
+                tk_gemm_params p = TK_GEMM_PARAMS_INIT;
+                p.m = m, p.n = n, p.k = k;
+                p.input_dtype = TK_BF16, p.output_dtype = out_dtypes[o], p.b_layout = TK_GEMM_B_NK;
+                p.a = da, p.lda = k, p.b = db, p.ldb = k, p.c = dc, p.ldc = n, p.bias = dbias, p.d = dd, p.ldd = n;
+                p.activation = TK_ACT_GELU_TANH, p.alpha = 0.75f, p.beta = 0.5f;
+                char what[128];
+                snprintf(what, sizeof what, "%lldx%lldx%lld out %s variant %s", (long long)m, (long long)n, (long long)k,
+                         tk_test_dtype_name(out_dtypes[o]), VARIANTS[v]);
+                cr_assert_eq(tk_experimental_force_variant("gemm", VARIANTS[v]), TK_SUCCESS);
+                tk_status st = tk_gemm(&p, NULL);
+                if (st != TK_ERROR_NOT_SUPPORTED) { /* variants that do not take the call are skipped */
+                    cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
+                    tk_dev_sync();
+                    tk_to_host(want, dd, d_bytes);
+                    p.d = dc; /* D over C */
+                    cr_assert_eq(tk_gemm(&p, NULL), TK_SUCCESS, "%s: %s", what, tk_last_error());
+                    cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
+                    tk_dev_sync();
+                    tk_assert_dev_bytes_equal(dc, want, d_bytes, what);
+                }
+                cr_assert_eq(tk_experimental_force_variant("gemm", NULL), TK_SUCCESS);
+                tk_dev_free(da); tk_dev_free(db); tk_dev_free(dc); tk_dev_free(dd); tk_dev_free(dbias);
+                free(ha); free(hb); free(hc); free(hbias); free(want);
+            }
+}

@@ -578,3 +578,110 @@ Test(norm_gpu, large_tensors, .timeout = 600) {
                         false, true, true, false, true, false, NULL, "vec16"};
     run_bwd_case(&ln_bwd, &rng);
 }
+
+/* ------------------------------------------------------------- in place (GPU) ---- */
+
+/* Device copies of one case's random tensors: x, residual, dy ([rows, cols]), weight, bias. */
+typedef struct norm_inputs {
+    unsigned char *host[5], *dev[5];
+    size_t bytes[5];
+} norm_inputs;
+enum { IN_X, IN_RESIDUAL, IN_DY, IN_WEIGHT, IN_BIAS, IN_COUNT };
+
+static norm_inputs norm_inputs_random(tk_rng *rng, const tk_norm_params *p) {
+    norm_inputs in;
+    const int64_t n = p->rows * p->cols;
+    for (int i = 0; i < IN_COUNT; i++) {
+        const bool param = i >= IN_WEIGHT;
+        const tk_dtype dtype = param ? p->weight_dtype : p->dtype;
+        in.bytes[i] = (size_t)(param ? p->cols : n) * tk_test_dtype_size(dtype);
+        in.host[i] = malloc(in.bytes[i]);
+        cr_assert(in.host[i] != NULL);
+        tk_fill_uniform(rng, dtype, in.host[i], param ? p->cols : n, -2.0, 2.0);
+        in.dev[i] = tk_dev_alloc(in.bytes[i]);
+    }
+    return in;
+}
+
+/* Uploads every input again: an in-place call overwrote one. */
+static void norm_inputs_upload(const norm_inputs *in) {
+    for (int i = 0; i < IN_COUNT; i++)
+        tk_to_dev(in->dev[i], in->host[i], in->bytes[i]);
+}
+
+static void norm_inputs_free(norm_inputs *in) {
+    for (int i = 0; i < IN_COUNT; i++) {
+        tk_dev_free(in->dev[i]);
+        free(in->host[i]);
+    }
+}
+
+/* Every in-place mode the header allows, bit for bit against the same call out of place, every
+ * variant that takes the shape: forward y = x (with the residual, itself updated in place, and
+ * without), backward dx = dy and dx = x (dx, dw and db compared). */
+Test(norm_gpu, in_place_matches_out_of_place, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(34);
+    const int64_t shapes[][2] = {{16, 4096}, {3, 40000}};
+    for (size_t s = 0; s < 2; s++)
+        for (size_t d = 0; d < sizeof DTYPES / sizeof DTYPES[0]; d++)
+            for (size_t v = 0; v < 4; v++)
+                for (int layernorm = 0; layernorm < 2; layernorm++)
+                    for (int mode = 0; mode < 4; mode++) { /* y = x; y = x with residual; dx = dy; dx = x */
+                        tk_norm_params p = norm_params(DTYPES[d].dtype, DTYPES[d].weight_dtype, shapes[s][0], shapes[s][1]);
+                        norm_inputs in = norm_inputs_random(&rng, &p);
+                        const size_t bytes = in.bytes[IN_X], pbytes = in.bytes[IN_WEIGHT], stat_bytes = (size_t)p.rows * 4;
+                        size_t ws_bytes = 0;
+                        TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&p, layernorm ? TK_NORM_LAYER : TK_NORM_RMS, &ws_bytes), TK_SUCCESS, "");
+                        unsigned char *out = tk_dev_alloc(bytes), *dw = tk_dev_alloc(pbytes), *db = tk_dev_alloc(pbytes);
+                        float *mean = tk_dev_alloc(stat_bytes), *rstd = tk_dev_alloc(stat_bytes);
+                        void *ws = tk_dev_alloc(ws_bytes + 16);
+                        unsigned char *want = malloc(bytes), *want_res = malloc(bytes), *want_dw = malloc(pbytes), *want_db = malloc(pbytes);
+                        cr_assert(want && want_res && want_dw && want_db);
+                        char what[160];
+                        snprintf(what, sizeof what, "%s %lldx%lld dtypes %d/%d variant %s mode %d", layernorm ? "layernorm" : "rmsnorm",
+                                 (long long)p.rows, (long long)p.cols, (int)p.dtype, (int)p.weight_dtype, VARIANTS[v], mode);
+                        cr_assert_eq(tk_experimental_force_variant("norm", VARIANTS[v]), TK_SUCCESS);
+                        const bool backward = mode >= 2;
+                        unsigned char *res = mode == 1 ? in.dev[IN_RESIDUAL] : NULL;
+                        norm_inputs_upload(&in);
+                        tk_dev_poison(out, bytes);
+                        /* The forward writes mean / rstd; the backward reads them. */
+                        tk_status st = layernorm ? tk_layernorm_fwd(&p, in.dev[IN_X], backward ? NULL : res, in.dev[IN_WEIGHT], in.dev[IN_BIAS], out, mean, rstd, NULL)
+                                                 : tk_rmsnorm_fwd(&p, in.dev[IN_X], backward ? NULL : res, in.dev[IN_WEIGHT], out, rstd, NULL);
+                        if (st == TK_SUCCESS && backward) {
+                            tk_dev_poison(out, bytes);
+                            st = layernorm ? tk_layernorm_bwd(&p, in.dev[IN_DY], in.dev[IN_X], in.dev[IN_WEIGHT], mean, rstd, out, dw, db, ws, ws_bytes, NULL)
+                                           : tk_rmsnorm_bwd(&p, in.dev[IN_DY], in.dev[IN_X], in.dev[IN_WEIGHT], rstd, out, dw, ws, ws_bytes, NULL);
+                        }
+                        if (st != TK_ERROR_NOT_SUPPORTED) { /* variants that do not take the shape are skipped */
+                            cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
+                            tk_dev_sync();
+                            tk_to_host(want, out, bytes);
+                            tk_to_host(want_res, in.dev[IN_RESIDUAL], bytes);
+                            tk_to_host(want_dw, dw, pbytes);
+                            tk_to_host(want_db, db, pbytes);
+                            norm_inputs_upload(&in);
+                            unsigned char *target = mode == 2 ? in.dev[IN_DY] : in.dev[IN_X];
+                            st = !backward ? (layernorm ? tk_layernorm_fwd(&p, in.dev[IN_X], res, in.dev[IN_WEIGHT], in.dev[IN_BIAS], target, mean, rstd, NULL)
+                                                        : tk_rmsnorm_fwd(&p, in.dev[IN_X], res, in.dev[IN_WEIGHT], target, rstd, NULL))
+                                 : layernorm ? tk_layernorm_bwd(&p, in.dev[IN_DY], in.dev[IN_X], in.dev[IN_WEIGHT], mean, rstd, target, dw, db, ws, ws_bytes, NULL)
+                                             : tk_rmsnorm_bwd(&p, in.dev[IN_DY], in.dev[IN_X], in.dev[IN_WEIGHT], rstd, target, dw, ws, ws_bytes, NULL);
+                            cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
+                            cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
+                            tk_dev_sync();
+                            tk_assert_dev_bytes_equal(target, want, bytes, what);
+                            if (mode == 1)
+                                tk_assert_dev_bytes_equal(in.dev[IN_RESIDUAL], want_res, bytes, what);
+                            if (backward) {
+                                tk_assert_dev_bytes_equal(dw, want_dw, pbytes, what);
+                                if (layernorm)
+                                    tk_assert_dev_bytes_equal(db, want_db, pbytes, what);
+                            }
+                        }
+                        cr_assert_eq(tk_experimental_force_variant("norm", NULL), TK_SUCCESS);
+                        tk_dev_free(out); tk_dev_free(dw); tk_dev_free(db); tk_dev_free(mean); tk_dev_free(rstd); tk_dev_free(ws);
+                        free(want); free(want_res); free(want_dw); free(want_db);
+                        norm_inputs_free(&in);
+                    }
+}

@@ -81,6 +81,8 @@ Test(rope_args, rejects_bad_arguments) {
     EXPECT_REJECTED(tk_rope_fwd(&p, q_buf, k_buf, qo_buf, ko_buf, NULL), TK_ERROR_INVALID_VALUE, "p->q_out_strides");
     p = ok; p.q_strides[0] = 16; p.q_strides[1] = 16; /* tokens and heads on the same rows */
     EXPECT_REJECTED(tk_rope_fwd(&p, q_buf, k_buf, qo_buf, ko_buf, NULL), TK_ERROR_INVALID_VALUE, "p->q_strides");
+    p = ok; p.k_out_strides[0] = 0; p.k_out_strides[1] = 16; /* every token's row written at once */
+    EXPECT_REJECTED(tk_rope_fwd(&p, q_buf, k_buf, qo_buf, ko_buf, NULL), TK_ERROR_INVALID_VALUE, "p->k_out_strides");
     p = ok; p.positions32 = pos32; p.positions64 = pos64;
     EXPECT_REJECTED(tk_rope_fwd(&p, q_buf, k_buf, qo_buf, ko_buf, NULL), TK_ERROR_INVALID_VALUE, "positions");
     p = ok; p.theta = 0.0f;
@@ -517,4 +519,67 @@ Test(rope_gpu, backward_inverts_forward_and_automatic_choice) {
     tk_dev_free(d);
     free(h);
     free(back);
+}
+
+/* ------------------------------------------------------------- in place (GPU) ---- */
+
+/* The in-place modes the header allows (q_out = q and k_out = k, with equal strides), bit for bit
+ * against the same call out of place, forward and backward, every variant: q and k dense in one
+ * buffer, or interleaved by token as in a packed QKV buffer; rotating all of each head or half.
+ * The out-of-place output buffer starts as a copy of the input, so that the elements neither
+ * call writes (v, and the rest past rotary_dim in place) compare equal too. */
+Test(rope_gpu, in_place_matches_out_of_place, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(35);
+    const int64_t tokens = 37, hq = 8, hk = 2, hv = 2, hd = 128;
+    const tk_dtype dtypes[] = {TK_F32, TK_F16, TK_BF16};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t v = 0; v < 2; v++)
+            for (int packed = 0; packed < 2; packed++)
+                for (int style = TK_ROPE_NEOX; style <= TK_ROPE_GPTJ; style++)
+                    for (int backward = 0; backward < 2; backward++) {
+                        const tk_dtype dtype = dtypes[d];
+                        const size_t es = tk_test_dtype_size(dtype);
+                        const int64_t n = tokens * (hq + hk + hv) * hd;
+                        const size_t bytes = (size_t)n * es;
+                        tk_rope_params p = TK_ROPE_PARAMS_INIT;
+                        p.dtype = dtype;
+                        p.style = (tk_rope_style)style;
+                        p.tokens = tokens;
+                        p.heads_q = hq;
+                        p.heads_k = hk;
+                        p.head_dim = hd;
+                        p.rotary_dim = (style == TK_ROPE_NEOX) == (packed == 0) ? 0 : hd / 2;
+                        p.position_start = 3;
+                        int64_t k_offset = tokens * hq * hd;
+                        if (packed) {
+                            p.q_strides[0] = p.k_strides[0] = (hq + hk + hv) * hd;
+                            p.q_strides[1] = p.k_strides[1] = hd;
+                            k_offset = hq * hd;
+                        }
+                        unsigned char *host = malloc(bytes), *want = malloc(bytes);
+                        cr_assert(host && want);
+                        tk_fill_uniform(&rng, dtype, host, n, -3.0, 3.0);
+                        unsigned char *in = tk_dev_alloc(bytes), *out = tk_dev_alloc(bytes);
+                        tk_to_dev(in, host, bytes);
+                        tk_to_dev(out, host, bytes);
+                        char what[160];
+                        snprintf(what, sizeof what, "%s %s variant %s packed %d style %d rotary %lld", backward ? "bwd" : "fwd",
+                                 tk_test_dtype_name(dtype), VARIANTS[v], packed, style, (long long)p.rotary_dim);
+                        const size_t ko = (size_t)k_offset * es;
+                        cr_assert_eq(tk_experimental_force_variant("rope", VARIANTS[v]), TK_SUCCESS);
+                        tk_status st = backward ? tk_rope_bwd(&p, in, in + ko, out, out + ko, NULL)
+                                                : tk_rope_fwd(&p, in, in + ko, out, out + ko, NULL);
+                        cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
+                        tk_dev_sync();
+                        tk_to_host(want, out, bytes);
+                        st = backward ? tk_rope_bwd(&p, in, in + ko, in, in + ko, NULL) : tk_rope_fwd(&p, in, in + ko, in, in + ko, NULL);
+                        cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
+                        cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
+                        tk_dev_sync();
+                        tk_assert_dev_bytes_equal(in, want, bytes, what);
+                        cr_assert_eq(tk_experimental_force_variant("rope", NULL), TK_SUCCESS);
+                        tk_dev_free(in); tk_dev_free(out);
+                        free(host); free(want);
+                    }
 }

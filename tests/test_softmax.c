@@ -1,5 +1,6 @@
 /* Softmax and log-softmax: bad input on the host (runs everywhere), then every variant x dtype x
  * shape x mask x direction against the fp64 reference on the GPU. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,56 @@ Test(softmax_args, force_variant_names) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16"), TK_ERROR_INVALID_VALUE, "\"vec16_regs\"");
+}
+
+/* TKERN_FORCE_VARIANT is read once per process, at the first library call; Criterion runs each
+ * test in a process of its own, so each of these sets it before its first call. A bad value
+ * fails every call that reaches the device, whatever its op, naming the variable and the name. */
+static void expect_env_rejected(const char *value, const char *bad_name) {
+    cr_assert_eq(setenv("TKERN_FORCE_VARIANT", value, 1), 0);
+    const tk_softmax_params ok = params(TK_BF16, 4, 64);
+    EXPECT_REJECTED(tk_softmax_fwd(&ok, in_buf, out_buf, NULL), TK_ERROR_INVALID_VALUE, "TKERN_FORCE_VARIANT");
+    cr_assert(strstr(tk_last_error(), bad_name) != NULL, "\"%s\" does not name %s", tk_last_error(), bad_name);
+    EXPECT_REJECTED(tk_activation_fwd(TK_ACT_SILU, TK_BF16, in_buf, NULL, out_buf, 4, 64, NULL), TK_ERROR_INVALID_VALUE,
+                    bad_name);
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    TK_EXPECT_STATUS(tk_device_query(&info), TK_ERROR_INVALID_VALUE, "TKERN_FORCE_VARIANT");
+}
+
+Test(force_variant_env, unknown_variant_fails_loudly) { expect_env_rejected("softmax=vec16_regz", "\"vec16_regz\""); }
+
+Test(force_variant_env, unknown_op_fails_loudly) {
+    expect_env_rejected("glu=scalar,sofmax=vec16_regs", "\"sofmax\"");
+}
+
+Test(force_variant_env, item_without_a_variant_fails_loudly) {
+    expect_env_rejected("softmax=scalar_regs,activation", "\"activation\"");
+}
+
+Test(force_variant_env, known_names_pass) {
+    if (tk_test_have_device())
+        cr_skip_test("a CUDA device is present; force_variant_env/null_undoes_the_variable covers it");
+    cr_assert_eq(setenv("TKERN_FORCE_VARIANT", "softmax=scalar_stream,,glu=scalar", 1), 0);
+    const tk_softmax_params ok = params(TK_BF16, 4, 64);
+    EXPECT_REJECTED(tk_softmax_fwd(&ok, in_buf, out_buf, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
+}
+
+/* tk_experimental_force_variant(op, NULL) returns the thread to automatic selection, whatever the
+ * variable forces. */
+Test(force_variant_env, null_undoes_the_variable) {
+    cr_assert_eq(setenv("TKERN_FORCE_VARIANT", "softmax=vec16_regs", 1), 0);
+    TK_REQUIRE_GPU();
+    const tk_softmax_params p = params(TK_BF16, 4, 4096);
+    const size_t bytes = (size_t)(4 * 4096 + 8) * 2;
+    unsigned char *buf = tk_dev_alloc(bytes);
+    tk_dev_poison(buf, bytes);
+    void *x = buf + 2; /* 2-byte aligned rows: not for vec16_regs */
+    TK_EXPECT_STATUS(tk_softmax_fwd(&p, x, x, NULL), TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_regs\"");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_softmax_fwd(&p, x, x, NULL), TK_SUCCESS, "");
+    cr_assert_str_eq(tk_last_variant(), "scalar_regs");
+    tk_dev_sync();
+    tk_dev_free(buf);
 }
 
 /* ------------------------------------------------------------------------ GPU checks ---- */
@@ -407,4 +458,51 @@ Test(softmax_gpu, automatic_choice) {
                      TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_pipelined\"");
     tk_experimental_force_variant("softmax", NULL);
     tk_dev_free(buf);
+}
+
+/* Every in-place mode the header allows (forward y = x, backward dx = y and dx = dy), bit for
+ * bit against the same call out of place, for every variant that takes the shape. */
+Test(softmax_gpu, in_place_matches_out_of_place, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(33);
+    const struct { int64_t rows, cols; } shapes[] = {{8, 1000}, {3, 20000}, {2, 70000}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t d = 0; d < 3; d++)
+            for (size_t v = 0; v < VARIANT_COUNT; v++)
+                for (int mode = 0; mode < 3; mode++) {
+                    const tk_dtype dtype = DTYPES[d];
+                    const bool backward = mode > 0;
+                    tk_softmax_params p = params(dtype, shapes[s].rows, shapes[s].cols);
+                    p.log = (int)(v % 2);
+                    const int64_t n = p.rows * p.cols;
+                    const size_t bytes = (size_t)n * tk_test_dtype_size(dtype);
+                    unsigned char *hin = malloc(bytes), *hdy = malloc(bytes), *want = malloc(bytes);
+                    cr_assert(hin && hdy && want);
+                    tk_fill_uniform(&rng, dtype, hin, n, backward ? 0.0 : -4.0, backward ? 0.01 : 4.0);
+                    tk_fill_uniform(&rng, dtype, hdy, n, -2.0, 2.0);
+                    unsigned char *din = tk_dev_alloc(bytes), *ddy = tk_dev_alloc(bytes), *dout = tk_dev_alloc(bytes);
+                    tk_to_dev(din, hin, bytes);
+                    tk_to_dev(ddy, hdy, bytes);
+                    tk_dev_poison(dout, bytes);
+                    char what[160];
+                    snprintf(what, sizeof what, "%lldx%lld %s variant %s log %d mode %s", (long long)p.rows,
+                             (long long)p.cols, tk_test_dtype_name(dtype), VARIANTS[v], p.log,
+                             mode == 0 ? "y = x" : mode == 1 ? "dx = y" : "dx = dy");
+                    cr_assert_eq(tk_experimental_force_variant("softmax", VARIANTS[v]), TK_SUCCESS);
+                    tk_status st = backward ? tk_softmax_bwd(&p, din, ddy, dout, NULL) : tk_softmax_fwd(&p, din, dout, NULL);
+                    if (st != TK_ERROR_NOT_SUPPORTED) { /* variants that do not take the shape are skipped */
+                        cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
+                        tk_dev_sync();
+                        tk_to_host(want, dout, bytes);
+                        unsigned char *target = mode == 2 ? ddy : din;
+                        st = backward ? tk_softmax_bwd(&p, din, ddy, target, NULL) : tk_softmax_fwd(&p, din, target, NULL);
+                        cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
+                        cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
+                        tk_dev_sync();
+                        tk_assert_dev_bytes_equal(target, want, bytes, what);
+                    }
+                    cr_assert_eq(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS);
+                    tk_dev_free(din); tk_dev_free(ddy); tk_dev_free(dout);
+                    free(hin); free(hdy); free(want);
+                }
 }

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -242,4 +243,15 @@ bool tk_build_runs_variant(int min_cc, int cc) {
             return true;
     }
     return false;
+}
+
+void tk_assert_dev_bytes_equal(const void *dev, const void *want, size_t bytes, const char *what) {
+    unsigned char *got = malloc(bytes);
+    cr_assert(got != NULL);
+    tk_to_host(got, dev, bytes);
+    size_t first = 0;
+    while (first < bytes && got[first] == ((const unsigned char *)want)[first])
+        first++;
+    free(got);
+    cr_assert(first == bytes, "%s: byte %zu of %zu differs from the out-of-place result", what, first, bytes);
 }

@@ -113,4 +113,8 @@ double tk_default_rtol(tk_dtype dtype);
                   tk_c_.max_abs_err);                                                            \
     } while (0)
 
+/* Asserts that `bytes` bytes of device memory at dev equal the host bytes at want (an in-place
+ * result against its out-of-place one, bit for bit), naming `what` and the first differing byte. */
+void tk_assert_dev_bytes_equal(const void *dev, const void *want, size_t bytes, const char *what);
+
 #endif
