@@ -47,12 +47,13 @@
  * and writes all along; the loads of the next chunk (at the end of a row, the next row's first
  * one) are issued before the current chunk is used, so nothing drains at row ends. A block has
  * two slices in L2 (the one it re-reads, the one it reads), so a row is split into slices of at
- * most 128 KB over a thread-block cluster (one 512-thread block per SM): 132 x 2 x 128 KB = 33 MB
- * in flight on an H200 (60 MB of L2). The blocks of a cluster send each other their (max, sum)
- * parts with st.async into shared memory, counted on the receiver's mbarrier, which does not wait
- * for the sender's global stores as the release of barrier.cluster does. A chunk is held as raw
- * 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what was tried:
- * docs/kernels/softmax.md.
+ * most 128 KB, one 512-thread block per SM: 132 x 2 x 128 KB = 33 MB in flight on an H200
+ * (60 MB of L2). A row of more than one slice runs on a thread-block cluster whose blocks send
+ * each other their (max, sum) parts with st.async into shared memory, counted on the
+ * receiver's mbarrier, which does not wait for the sender's global stores as the release of
+ * barrier.cluster does; a row of one slice runs on one block without a cluster. A chunk is held
+ * as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what was
+ * tried: docs/kernels/softmax.md.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -663,23 +664,26 @@ struct pipe_row {
  * 2: re-read from L2 with last-use loads, outputs) and reads row k (pass 1: statistics) in the
  * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
  * current one, including the first chunk of the next iteration, are issued before the current
- * one is used, so they are in flight during the cluster's exchange of row k's (max, sum).
- * Threads per block and Unroll packs per thread and row in a chunk: the library's are
+ * one is used, so they are in flight during the exchange of row k's (max, sum).
+ * Cluster: launched as clusters of 2 to PIPE_MAX_BLOCKS blocks, which exchange their parts with
+ * st.async. Otherwise one block per row, launched without clusters (st.async is undefined in a
+ * cluster of one block): its warps combine their parts in its own shared memory behind one
+ * barrier. Threads per block and Unroll packs per thread and row in a chunk: the library's are
  * PIPE_THREADS and PIPE_UNROLL; experiments/softmax_long_rows.cu times others. */
-template <typename T, int Vec, int Threads, int Unroll>
+template <typename T, int Vec, int Threads, int Unroll, bool Cluster>
 __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using pack = tk_pack<T, Vec>;
     constexpr int WARPS = Threads / 32;
     constexpr int STEP = Threads * Unroll; /* packs per chunk */
-    __shared__ max_sum partials[2][PIPE_MAX_BLOCKS * WARPS]; /* by iteration parity */
+    __shared__ max_sum partials[2][(Cluster ? PIPE_MAX_BLOCKS : 1) * WARPS]; /* by iteration parity */
     __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
     const T *in = static_cast<const T *>(a.in);
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
     const int whole = cols / Vec * Vec;
-    const int rank = tk_cluster_rank(), blocks = tk_cluster_blocks();
+    const int rank = Cluster ? tk_cluster_rank() : 0, blocks = Cluster ? tk_cluster_blocks() : 1;
     const int first_pack = rank * slice_packs;
     const int slice_end = min(whole, (first_pack + slice_packs) * Vec); /* column past the slice */
     const int own_packs = max(0, slice_end / Vec - first_pack);
@@ -721,12 +725,14 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     row_stats st;
     st.lse = 0.0f;
     chunk c = load_chunk(cur, nxt, 0);
-    if (threadIdx.x == 0) {
-        tk_mbarrier_init(tk_smem_address(&partials_in[0]), 1);
-        tk_mbarrier_init(tk_smem_address(&partials_in[1]), 1);
-        tk_fence_mbarrier_init();
+    if constexpr (Cluster) {
+        if (threadIdx.x == 0) {
+            tk_mbarrier_init(tk_smem_address(&partials_in[0]), 1);
+            tk_mbarrier_init(tk_smem_address(&partials_in[1]), 1);
+            tk_fence_mbarrier_init();
+        }
+        tk_cluster_sync(); /* barriers initialised, every block of the cluster running */
     }
-    tk_cluster_sync(); /* barriers initialised, every block of the cluster running */
     for (int iteration = 0;; iteration++) {
         const pipe_row after = row_at(nxt.row < 0 ? a.rows : nxt.row + clusters);
         max_sum part = {-INFINITY, 0.0f}; /* this thread's, of row nxt */
@@ -780,15 +786,24 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         /* Row nxt's (max, sum): every warp's part to every block of the cluster, by
          * asynchronous stores counted on the receiver's barrier of this iteration's parity. A
          * buffer is written again two iterations later, by blocks that have received this
-         * block's parts of the next iteration, which each warp sends after reading this one's. */
+         * block's parts of the next iteration, which each warp sends after reading this one's
+         * (one block: after the next iteration's barrier, which every reader of this one has
+         * passed). */
         part = warp_combine(part);
         const int parity = iteration & 1;
-        const uint32_t arrived = tk_smem_address(&partials_in[parity]);
-        if (threadIdx.x == 0)
-            tk_mbarrier_arrive_expect_tx(arrived, blocks * WARPS * sizeof(max_sum));
-        if (lane < blocks)
-            tk_cluster_send_f32x2(tk_smem_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part.m, part.s);
-        tk_mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
+        if constexpr (Cluster) {
+            const uint32_t arrived = tk_smem_address(&partials_in[parity]);
+            if (threadIdx.x == 0)
+                tk_mbarrier_arrive_expect_tx(arrived, blocks * WARPS * sizeof(max_sum));
+            if (lane < blocks)
+                tk_cluster_send_f32x2(tk_smem_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part.m,
+                                      part.s);
+            tk_mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
+        } else {
+            if (lane == 0)
+                partials[parity][warp] = part;
+            __syncthreads();
+        }
         max_sum total = {-INFINITY, 0.0f};
         for (int i = lane; i < blocks * WARPS; i += 32)
             total = combine(total, partials[parity][i]);
@@ -801,7 +816,8 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         if (nxt.row >= 0)
             nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
     }
-    tk_cluster_sync(); /* no block exits while its parts may still be on their way */
+    if constexpr (Cluster)
+        tk_cluster_sync(); /* no block exits while its parts may still be on their way */
 #endif
 }
 
@@ -880,12 +896,14 @@ template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchCon
 }
 
 /* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS), as
- * many clusters as fit at once (a cluster's rows follow one another). Each block has at most
- * two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB =
- * 33 MB on an H200 (60 MB of L2), so that pass 2 hits. */
+ * many clusters as fit at once (a cluster's rows follow one another); one block per row is
+ * launched without clusters, as many blocks as fit at once. Each block has at most two slices
+ * of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB = 33 MB on an
+ * H200 (60 MB of L2), so that pass 2 hits. */
 template <typename T, int Vec, int Threads = PIPE_THREADS, int Unroll = PIPE_UNROLL>
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
-    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll>;
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll, true>;
+    constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll, false>;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
     cudaLaunchAttribute cluster;
@@ -897,12 +915,13 @@ cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cud
     cfg.blockDim = dim3(Threads);
     cfg.stream = stream;
     cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    int64_t clusters = clusters_that_fit<kernel>(dev, cfg, blocks);
+    cfg.numAttrs = blocks > 1 ? 1 : 0; /* one block a row: no cluster */
+    int64_t clusters = blocks > 1 ? clusters_that_fit<kernel>(dev, cfg, blocks)
+                                  : tk_wave_blocks<one_block_kernel>(dev, Threads, 0);
     if (clusters > a->rows)
         clusters = a->rows;
     cfg.gridDim = dim3((unsigned)(clusters * blocks));
-    return cudaLaunchKernelEx(&cfg, kernel, *a, slice_packs);
+    return cudaLaunchKernelEx(&cfg, blocks > 1 ? kernel : one_block_kernel, *a, slice_packs);
 }
 
 template <bool Wide, bool Stream, typename T>
