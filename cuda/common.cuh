@@ -199,43 +199,12 @@ template <typename T, int Vec, int N> __device__ __forceinline__ void keep_packe
         keep_packed(packs[i]);
 }
 
-/* ---- shared-memory addresses and mbarriers ---- */
+/* ---- shared-memory addresses ---- */
 
 /* The 32-bit shared-state-space address of a pointer into shared memory, as PTX wants it. */
 __device__ __forceinline__ uint32_t tk_smem_address(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-
-/* mbarrier with transaction counts (sm_90): a phase completes when `count` arrivals have come
- * and every byte announced with expect_tx has landed. `bar` is a tk_smem_address. */
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void tk_mbarrier_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-/* One arrival, and `bytes` more to land before the phase completes. */
-__device__ __forceinline__ void tk_mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void tk_mbarrier_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-/* Returns once the phase of `bar` with the given parity has completed. */
-__device__ __forceinline__ void tk_mbarrier_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-#endif
 
 /* ---- launch shape ---- */
 

@@ -30,8 +30,10 @@ typedef struct tk_gemm_call {
     int max_smem_optin;  /* bytes of shared memory a block may opt in to on that device */
 } tk_gemm_call;
 
-/* "wgmma_128x256" (cuda/gemm_wgmma.cu, sm_90a only): wgmma with TMA loads, 128x256 tiles; B as
- * [N, K], A and B 16-byte aligned with leading dimensions multiples of 8. */
+/* "wgmma_128x256" (cuda/gemm_wgmma.cu, sm_90a only): wgmma with TMA loads, persistent blocks of
+ * two consumer warpgroups that take 64x256 output tiles in turn (the variant's name, which is
+ * observable, predates that layout); B as [N, K], A and B 16-byte aligned with leading
+ * dimensions multiples of 8. */
 bool tk_gemm_supports_wgmma_128x256(const void *call);
 cudaError_t tk_launch_gemm_wgmma_128x256(const void *call, const tk_device *dev, cudaStream_t stream);
 /* "mma_128x256": 16-byte cp.async loads of A and B, 128x256 tiles; only for calls with at least

@@ -9,13 +9,12 @@
  *     backward: softmax dx_c = scale y_c (dy_c - sum dy y),  log dx_c = scale (dy_c - e^y_c sum dy)
  *
  * The op is memory-bound, but only just for 16-bit data: 4 bytes per element moved against two
- * exponentials and ~10 other instructions. On the H200 the row kernels ran at 0.78-0.85 of the
- * copy bandwidth with about 11.5-13.5 instructions per element (counted from the source), the
- * slower the more instructions, so the per-element work is cut to the minimum: the max is
- * taken on the raw packs, two bf16 / f16 at a time and before any conversion (max and min of
- * x, times the scale once); the sum is FFMA + EX2 + FADD; the output folds the division by the
- * sum into the exponent (2^(t - lse)) and converts two elements per instruction. Two row
- * mappings:
+ * exponentials and ~10 other instructions, and the row kernels' time follows their instruction
+ * count per element (docs/kernels/softmax.md). So the per-element work is cut to the minimum:
+ * the max is taken on the raw packs, two bf16 / f16 at a time and before any conversion (max
+ * and min of x, times the scale once); the sum is FFMA + EX2 + FADD; the output folds the
+ * division by the sum into the exponent (2^(t - lse)) and converts two elements per
+ * instruction. Three row mappings:
  *
  * "regs" (rows that fit on chip): the row is loaded once into registers, as raw 16-byte packs
  * (ROWS_PACKS = 4 per thread forward, 32 bf16 elements = 16 registers; 2 of y and 2 of dy
@@ -38,10 +37,9 @@
  * sums (dy alone for the log-softmax, which does not read y in pass 1). Pass 2 re-reads the row
  * with last-use loads (ld.global.cs) and writes the output with streaming stores. The grid is
  * limited to max(SM count, L2 bytes / 2 / re-read row bytes) blocks so that the rows being
- * worked on (132 x 256 KB = 33 MB for 131072 bf16 columns) stay in the H200's 60 MB L2: ncu
- * measured the forward's DRAM traffic at one read and one write of the tensor, pass 2 hitting
- * L2. What holds the stream at ~0.7 of the copy bandwidth is one block per SM alternating
- * between a load-only and a store-only phase, not DRAM.
+ * worked on (132 x 256 KB = 33 MB for 131072 bf16 columns) stay in the H200's 60 MB L2 and
+ * pass 2 hits L2. One block per SM alternates between a load-only and a store-only phase,
+ * which is what the pipelined kernel removes.
  *
  * "pipelined" (forward on sm_90; the library sends it rows of 64 to 512 KB): the stream's two
  * passes interleaved. A block writes row r (pass 2: re-read from L2, outputs) and reads row r + 1
@@ -49,19 +47,13 @@
  * and writes all along; the loads of the next chunk (at the end of a row, the next row's first
  * one) are issued before the current chunk is used, so nothing drains at row ends. A block has
  * two slices in L2 (the one it re-reads, the one it reads), so a row is split into slices of at
- * most 128 KB over a thread-block cluster (one 512-thread block per SM): 132 x 2 x 128 KB = 33 MB
- * in flight on an H200 (60 MB of L2). The blocks of a cluster send each other their (max, sum)
- * parts with st.async into shared memory, counted on the receiver's mbarrier, which does not wait
- * for the sender's global stores as the release of barrier.cluster does (the barrier form
- * measured up to 0.12 ms slower per call). A chunk is held as raw 32-bit words, not as packs of
- * 16-bit elements: so held, each conditionally loaded bf16 pack was merged into its registers by
- * PRMTs right after the load, where the thread waited for the data; the next chunk's loads were
- * then not in flight while the current one was used, and bf16 rows ran at 0.65 of copy (0.9 for
- * f32, whose packs are words). On the H200 (experiments/softmax_long_rows.cu, ncu): 4096 x 131072
- * bf16 0.5590 ms, 0.90 of copy, DRAM traffic one read and one write of the tensor; the stream
- * 0.6910 ms. Also measured slower (the git history): a row held in the registers of a cluster
- * (0.50 of copy), a row's slices brought into the shared memory of a cluster's blocks by bulk
- * copies (0.72 at best), the stream with 1024 threads or two blocks per SM.
+ * most 128 KB, one 512-thread block per SM: 132 x 2 x 128 KB = 33 MB in flight on an H200
+ * (60 MB of L2). A row of more than one slice runs on a thread-block cluster whose blocks send
+ * each other their (max, sum) parts with st.async into shared memory, counted on the
+ * receiver's mbarrier, which does not wait for the sender's global stores as the release of
+ * barrier.cluster does; a row of one slice runs on one block without a cluster. A chunk is held
+ * as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what was
+ * tried: docs/kernels/softmax.md.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -73,6 +65,7 @@
 
 #include "common.cuh"
 #include "core/math.cuh"
+#include "core/sm90.cuh"
 #include "softmax.h"
 
 namespace {
@@ -606,9 +599,8 @@ constexpr int PIPE_THREADS = 512;
 constexpr int PIPE_MAX_BLOCKS = 8;            /* per cluster (the portable limit) */
 constexpr int64_t PIPE_SLICE_BYTES = 131072;  /* most of a row one block streams */
 /* The rows the library sends to this kernel (forward, any dtype): whole packs of 64 to 512 KB,
- * on 1 to 4 blocks. Measured on the H200 (experiments/softmax_long_rows.cu): 0.86-0.92 of the
- * copy bandwidth from 64 KB rows (16384 x 32768 bf16, where the regs kernel reached 0.72) to
- * 512 KB rows (2048 x 262144 bf16, 2048 x 131072 f32; the stream 0.68-0.71). */
+ * on 1 to 4 blocks; from 64 KB it is faster than the regs kernel, up to 512 KB than the stream
+ * (docs/kernels/softmax.md). */
 constexpr int64_t PIPE_MIN_BYTES = 65536, PIPE_MAX_BYTES = 4 * PIPE_SLICE_BYTES;
 
 /* A partial softmax denominator: s = sum 2^(t - m) over some elements, m their max (-inf and
@@ -633,43 +625,6 @@ __device__ __forceinline__ max_sum warp_combine(max_sum v) {
     for (int offset = 16; offset > 0; offset >>= 1)
         v = combine(v, {__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)});
     return v;
-}
-
-/* Thread-block clusters (sm_90): rank, size, barrier, and stores into another block's shared
- * memory (distributed shared memory). */
-__device__ __forceinline__ int cluster_rank() {
-    int r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-__device__ __forceinline__ int cluster_blocks() {
-    int r;
-    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-    return r;
-}
-
-/* Every thread of the cluster arrives and waits for all the others. Its release / acquire
- * semantics wait for this thread's outstanding global stores: used at start and exit only. */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-/* The same shared-memory address in the cluster's block `rank`. */
-__device__ __forceinline__ uint32_t address_in_block(uint32_t local, int rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    return remote;
-}
-
-/* v into block `rank`'s shared memory at `slot`, counted on that block's barrier `bar` (both
- * local addresses, mapped). An asynchronous store: unlike a release (barrier.cluster.arrive,
- * st.release), it does not wait for this thread's global stores to complete. */
-__device__ __forceinline__ void send_to_block(uint32_t slot, uint32_t bar, int rank, max_sum v) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
-                     address_in_block(slot, rank)),
-                 "f"(v.m), "f"(v.s), "r"(address_in_block(bar, rank))
-                 : "memory");
 }
 
 #endif
@@ -703,30 +658,32 @@ struct pipe_row {
     int load_end; /* column past this block's visible whole packs */
 };
 
-/* Forward. A cluster of cluster_blocks() blocks (one per SM) streams rows first_row,
+/* Forward. A cluster of tk_cluster_blocks() blocks (one per SM) streams rows first_row,
  * first_row + clusters, ...; block `rank` owns packs [rank * slice_packs, +slice_packs) of each
  * (the last block fewer, and the cols % Vec last elements). Iteration k writes row k - 1 (pass
  * 2: re-read from L2 with last-use loads, outputs) and reads row k (pass 1: statistics) in the
  * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
  * current one, including the first chunk of the next iteration, are issued before the current
- * one is used, so they are in flight during the cluster's exchange of row k's (max, sum).
- * Threads per block and Unroll packs per thread and row in a chunk: the library's are
- * PIPE_THREADS and PIPE_UNROLL; experiments/softmax_long_rows.cu times others (256 threads run
- * two blocks per SM). */
-template <typename T, int Vec, int Threads, int Unroll>
+ * one is used, so they are in flight during the exchange of row k's (max, sum).
+ * Cluster: launched as clusters of 2 to PIPE_MAX_BLOCKS blocks, which exchange their parts with
+ * st.async. Otherwise one block per row, launched without clusters (st.async is undefined in a
+ * cluster of one block): its warps combine their parts in its own shared memory behind one
+ * barrier. Threads per block and Unroll packs per thread and row in a chunk: the library's are
+ * PIPE_THREADS and PIPE_UNROLL; experiments/softmax_long_rows.cu times others. */
+template <typename T, int Vec, int Threads, int Unroll, bool Cluster>
 __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using pack = tk_pack<T, Vec>;
     constexpr int WARPS = Threads / 32;
     constexpr int STEP = Threads * Unroll; /* packs per chunk */
-    __shared__ max_sum partials[2][PIPE_MAX_BLOCKS * WARPS]; /* by iteration parity */
+    __shared__ max_sum partials[2][(Cluster ? PIPE_MAX_BLOCKS : 1) * WARPS]; /* by iteration parity */
     __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
     const T *in = static_cast<const T *>(a.in);
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
     const int whole = cols / Vec * Vec;
-    const int rank = cluster_rank(), blocks = cluster_blocks();
+    const int rank = Cluster ? tk_cluster_rank() : 0, blocks = Cluster ? tk_cluster_blocks() : 1;
     const int first_pack = rank * slice_packs;
     const int slice_end = min(whole, (first_pack + slice_packs) * Vec); /* column past the slice */
     const int own_packs = max(0, slice_end / Vec - first_pack);
@@ -768,12 +725,14 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     row_stats st;
     st.lse = 0.0f;
     chunk c = load_chunk(cur, nxt, 0);
-    if (threadIdx.x == 0) {
-        tk_mbarrier_init(tk_smem_address(&partials_in[0]), 1);
-        tk_mbarrier_init(tk_smem_address(&partials_in[1]), 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if constexpr (Cluster) {
+        if (threadIdx.x == 0) {
+            tk_mbarrier_init(tk_smem_address(&partials_in[0]), 1);
+            tk_mbarrier_init(tk_smem_address(&partials_in[1]), 1);
+            tk_fence_mbarrier_init();
+        }
+        tk_cluster_sync(); /* barriers initialised, every block of the cluster running */
     }
-    cluster_sync(); /* barriers initialised, every block of the cluster running */
     for (int iteration = 0;; iteration++) {
         const pipe_row after = row_at(nxt.row < 0 ? a.rows : nxt.row + clusters);
         max_sum part = {-INFINITY, 0.0f}; /* this thread's, of row nxt */
@@ -827,15 +786,24 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         /* Row nxt's (max, sum): every warp's part to every block of the cluster, by
          * asynchronous stores counted on the receiver's barrier of this iteration's parity. A
          * buffer is written again two iterations later, by blocks that have received this
-         * block's parts of the next iteration, which each warp sends after reading this one's. */
+         * block's parts of the next iteration, which each warp sends after reading this one's
+         * (one block: after the next iteration's barrier, which every reader of this one has
+         * passed). */
         part = warp_combine(part);
         const int parity = iteration & 1;
-        const uint32_t arrived = tk_smem_address(&partials_in[parity]);
-        if (threadIdx.x == 0)
-            tk_mbarrier_arrive_expect_tx(arrived, blocks * WARPS * sizeof(max_sum));
-        if (lane < blocks)
-            send_to_block(tk_smem_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part);
-        tk_mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
+        if constexpr (Cluster) {
+            const uint32_t arrived = tk_smem_address(&partials_in[parity]);
+            if (threadIdx.x == 0)
+                tk_mbarrier_arrive_expect_tx(arrived, blocks * WARPS * sizeof(max_sum));
+            if (lane < blocks)
+                tk_cluster_send_f32x2(tk_smem_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part.m,
+                                      part.s);
+            tk_mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
+        } else {
+            if (lane == 0)
+                partials[parity][warp] = part;
+            __syncthreads();
+        }
         max_sum total = {-INFINITY, 0.0f};
         for (int i = lane; i < blocks * WARPS; i += 32)
             total = combine(total, partials[parity][i]);
@@ -848,7 +816,8 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         if (nxt.row >= 0)
             nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
     }
-    cluster_sync(); /* no block exits while its parts may still be on their way */
+    if constexpr (Cluster)
+        tk_cluster_sync(); /* no block exits while its parts may still be on their way */
 #endif
 }
 
@@ -872,9 +841,8 @@ cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
         threads = threads_per_row = (int)((needed + 31) / 32 * 32);
     }
     const int64_t rows_per_block = threads / threads_per_row;
-    /* One block per row group, not a one-wave persistent grid: on an H200 this measured
-     * 0.85-0.92 of the copy bandwidth where the persistent grid measured 0.78-0.84 (bf16 and f32
-     * 16384x4096, 65536x1024, backward): while some blocks reduce, others of the same SM load. */
+    /* One block per row group, not a one-wave persistent grid (slower, docs/kernels/softmax.md):
+     * while some blocks reduce, others of the same SM load. */
     const int64_t blocks = (a->rows + rows_per_block - 1) / rows_per_block;
     kernel<<<(unsigned)grid_limit(blocks), threads, 0, stream>>>(*a, threads_per_row);
     return cudaGetLastError();
@@ -928,13 +896,14 @@ template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchCon
 }
 
 /* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS), as
- * many clusters as fit at once (a cluster's rows follow one another). Each block has at most
- * two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB =
- * 33 MB on an H200 (60 MB of L2), so that pass 2 hits (ncu, 4096 x 131072 bf16: DRAM read
- * 1.07 GB and wrote 1.05 GB, the tensor once each). */
+ * many clusters as fit at once (a cluster's rows follow one another); one block per row is
+ * launched without clusters, as many blocks as fit at once. Each block has at most two slices
+ * of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB = 33 MB on an
+ * H200 (60 MB of L2), so that pass 2 hits. */
 template <typename T, int Vec, int Threads = PIPE_THREADS, int Unroll = PIPE_UNROLL>
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
-    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll>;
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll, true>;
+    constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll, false>;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
     cudaLaunchAttribute cluster;
@@ -946,12 +915,13 @@ cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cud
     cfg.blockDim = dim3(Threads);
     cfg.stream = stream;
     cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    int64_t clusters = clusters_that_fit<kernel>(dev, cfg, blocks);
+    cfg.numAttrs = blocks > 1 ? 1 : 0; /* one block a row: no cluster */
+    int64_t clusters = blocks > 1 ? clusters_that_fit<kernel>(dev, cfg, blocks)
+                                  : tk_wave_blocks<one_block_kernel>(dev, Threads, 0);
     if (clusters > a->rows)
         clusters = a->rows;
     cfg.gridDim = dim3((unsigned)(clusters * blocks));
-    return cudaLaunchKernelEx(&cfg, kernel, *a, slice_packs);
+    return cudaLaunchKernelEx(&cfg, blocks > 1 ? kernel : one_block_kernel, *a, slice_packs);
 }
 
 template <bool Wide, bool Stream, typename T>

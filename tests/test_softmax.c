@@ -362,10 +362,11 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
     run_all(true);
 }
 
-/* vec16_pipelined's slices (rows of 64 to 512 KB on a cluster of 1, 2 or 4 blocks, 128 KB or
- * less each): 64 KB, just past 128 and 256 KB, a partial last slice with a cols % Vec tail,
- * causal masks that end on either side of a slice boundary or leave rows with nothing visible,
- * in place, more rows than clusters fit on the device (rows follow one another in a cluster). */
+/* vec16_pipelined's slices (rows of 64 to 512 KB on one block, or a cluster of 2 or 4 blocks,
+ * 128 KB or less each): 64 KB and the widest one-block row, just past 128 and 256 KB, a partial
+ * last slice with a cols % Vec tail, causal masks that end on either side of a slice boundary
+ * or leave rows with nothing visible, in place, more rows than clusters fit on the device (rows
+ * follow one another in a cluster). */
 static void run_pipelined(tk_dtype dtype, const sm_shape *shapes, size_t count, uint64_t seed) {
     tk_rng rng = tk_rng_seeded(seed);
     for (size_t s = 0; s < count; s++) {
@@ -382,6 +383,8 @@ Test(softmax_gpu, pipelined_slices_f32, .timeout = 600) {
     const sm_shape shapes[] = {
         {5, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* 64 KB: one block, two chunks */
         {3, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0}, /* one block, tail of 1, causal */
+        {3, 32771, 1, 1, 1.0f, 0, 0, 0, 0, false, 0}, /* 128 KB + tail of 3: the widest one-block row */
+        {3, 32772, 0, 0, 1.0f, 1, 0, 0, 0, false, 0}, /* just past 128 KB: 2 blocks */
         {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* just past 256 KB: 4097 packs a block */
         {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false, 0}, /* slices of 25000 + tail of 3 */
         {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0}, /* lens 32761..32768: rank 1 sees none */
@@ -397,6 +400,7 @@ Test(softmax_gpu, pipelined_slices_f32, .timeout = 600) {
 static const sm_shape pipelined_shapes_16[] = {
     {5, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* 64 KB: one block, two chunks */
     {4, 40003, 5, 5, 0.5f, 1, 1, 9000, 0, false, 0},    /* one block, tail of 3, causal */
+    {3, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},       /* 128 KB + tail of 7: the widest one-block row */
     {3, 65544, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* just past 128 KB: 2 blocks */
     {2, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},      /* 256 KB: 2 slices of 8192 packs */
     {3, 131080, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},      /* just past 256 KB: 4 blocks */
@@ -426,13 +430,17 @@ Test(softmax_gpu, pipelined_slices_f16, .timeout = 600) {
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
     const char *long_rows = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
-    const char *bf16_64k = pipelined_runs_here() ? "vec16_pipelined" : "vec16_regs"; /* 32768 cols */
+    /* 64 KB rows: 32768 16-bit or 16384 f32 columns */
+    const char *rows_64k = pipelined_runs_here() ? "vec16_pipelined" : "vec16_regs";
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
         {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 32760, 0, "vec16_regs"},
-        {TK_BF16, 4, 32768, 0, bf16_64k}, {TK_BF16, 2, 131072, 0, long_rows},
+        {TK_BF16, 4, 32768, 0, rows_64k}, {TK_BF16, 2, 131072, 0, long_rows},
         {TK_F32, 4, 8192, 0, "vec16_regs"}, {TK_F32, 4, 32768, 0, long_rows},
         {TK_F32, 2, 131072, 0, long_rows}, {TK_F32, 1, 140000, 0, "vec16_stream"},
         {TK_BF16, 1, 262160, 0, "vec16_stream"},
+        /* both ends of the one-block pipelined rows (64 to 128 KB) */
+        {TK_F32, 4, 16384, 0, rows_64k}, {TK_F32, 1, 32771, 0, long_rows},
+        {TK_F16, 4, 32768, 0, rows_64k}, {TK_F16, 1, 65543, 0, long_rows},
         {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
