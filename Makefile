@@ -152,6 +152,12 @@ $(BUILD)/examples/%: examples/%.c $(SHARED) $(BUILD)/lib/libtkern.so $(BUILD)/li
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -std=c11 $(WARN) $(CWERROR) $< -o $@ -L$(BUILD)/lib -Wl,-rpath,$(abspath $(BUILD))/lib -ltkern $(LDLIBS_CUDA)
 
+# --------------------------------------------------------------------------------- corpus --
+# One JSON line per shipped kernel variant: math, design, source ranges, latest bench ratios.
+.PHONY: corpus
+corpus:
+	$(PYTHON) docs/corpus.py --out $(BUILD)/corpus.jsonl --bench $(BUILD)/bench.jsonl
+
 # -------------------------------------------------------------------------------- install --
 install: lib
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
