@@ -105,7 +105,7 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(wildcard tests/support/*.h tests/r
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(CRITERION_CFLAGS) $< $(TEST_SUPPORT) -o $@ \
 	    -L$(BUILD)/lib -Wl,-rpath,$(abspath $(BUILD))/lib -ltkern $(CRITERION_LIBS) $(LDLIBS_CUDA)
 
-test: test-c test-python
+test: test-c test-python test-examples
 
 test-c: $(TEST_BIN)
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t --jobs 1 --short-filename; done
@@ -137,10 +137,26 @@ bench: $(BENCH_BIN)
 	$(BENCH_BIN) --json $(BUILD)/bench.jsonl $(BENCH_ARGS)
 
 # ------------------------------------------------------------------------------- examples --
-examples: $(BUILD)/examples/activation
+.PHONY: test-examples
+examples: $(BUILD)/examples/activation $(BUILD)/examples/decoder_layer
+
+# The decoder layer's correctness mode against its CPU layer, on a GPU machine. Without a GPU
+# (no working nvidia-smi, or the program's exit status 2: no usable CUDA device) it is skipped.
+test-examples: $(BUILD)/examples/decoder_layer
+	@if ! nvidia-smi >/dev/null 2>&1; then echo "decoder_layer --check skipped: no GPU (nvidia-smi)"; \
+	else $(BUILD)/examples/decoder_layer --check; rc=$$?; \
+	    if [ $$rc -eq 2 ]; then echo "decoder_layer --check skipped: no usable CUDA device"; \
+	    elif [ $$rc -ne 0 ]; then exit $$rc; fi; fi
+
 $(BUILD)/examples/%: examples/%.c $(SHARED) $(BUILD)/lib/libtkern.so $(BUILD)/lib/$(SONAME)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -std=c11 $(WARN) $(CWERROR) $< -o $@ -L$(BUILD)/lib -Wl,-rpath,$(abspath $(BUILD))/lib -ltkern $(LDLIBS_CUDA)
+
+# --------------------------------------------------------------------------------- corpus --
+# One JSON line per shipped kernel variant: math, design, source ranges, latest bench ratios.
+.PHONY: corpus
+corpus:
+	$(PYTHON) docs/corpus.py --out $(BUILD)/corpus.jsonl --bench $(BUILD)/bench.jsonl
 
 # -------------------------------------------------------------------------------- install --
 install: lib
