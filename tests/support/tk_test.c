@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -21,6 +22,11 @@ const char *tk_test_gpu_missing_reason(void) {
         return reason;
     }
     return NULL;
+}
+
+bool tk_test_under_sanitizer(void) {
+    const char *v = getenv("TKERN_TEST_UNDER_SANITIZER");
+    return v && *v && strcmp(v, "0") != 0;
 }
 
 bool tk_test_have_device(void) {
