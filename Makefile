@@ -58,7 +58,8 @@ SONAME   := libtkern.so.$(MAJOR)
 SHARED   := $(BUILD)/lib/libtkern.so.$(VERSION)
 STATIC   := $(BUILD)/lib/libtkern.a
 
-.PHONY: all lib test test-c test-python bench install uninstall clean examples
+.PHONY: all lib test test-c test-python sanitize bench install uninstall \
+        clean examples
 all: lib
 lib: $(SHARED) $(BUILD)/lib/$(SONAME) $(BUILD)/lib/libtkern.so $(STATIC)
 
@@ -114,6 +115,20 @@ test-python: lib
 	@if command -v $(PYTHON) >/dev/null && $(PYTHON) -c 'import pytest' 2>/dev/null && [ -d python/tests ]; then \
 	    TKERN_LIBRARY=$(abspath $(SHARED)) PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q python/tests; \
 	else echo "python tests skipped: python3 with pytest not found"; fi
+
+# ------------------------------------------------------------------------------- sanitize --
+# On the GPU machine: every test binary under compute-sanitizer's memcheck, racecheck, synccheck
+# and initcheck, SANITIZE_JOBS (tool, binary) runs at a time. One PASS/FAIL line per run, logs
+# in $(BUILD)/sanitize/, a non-zero exit on any finding and on a machine without a GPU.
+# Tests that move GBs skip themselves there (TK_SKIP_UNDER_SANITIZER, tests/support/tk_test.h).
+SANITIZE_TOOLS    ?= memcheck racecheck synccheck initcheck
+SANITIZE_JOBS     ?= $(shell nproc)
+COMPUTE_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer \
+                       $(CUDA_HOME)/compute-sanitizer/compute-sanitizer) compute-sanitizer)
+
+sanitize: $(TEST_BIN)
+	@COMPUTE_SANITIZER='$(COMPUTE_SANITIZER)' SANITIZE_TOOLS='$(SANITIZE_TOOLS)' \
+	    tests/sanitize.sh $(BUILD)/sanitize $(SANITIZE_JOBS) $(TEST_BIN)
 
 # ------------------------------------------------------------------------------ benchmarks --
 BENCH_SRC := $(wildcard benchmarks/*.c benchmarks/*.cu)
