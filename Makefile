@@ -58,7 +58,7 @@ SONAME   := libtkern.so.$(MAJOR)
 SHARED   := $(BUILD)/lib/libtkern.so.$(VERSION)
 STATIC   := $(BUILD)/lib/libtkern.a
 
-.PHONY: all lib test test-c test-python sanitize bench install uninstall \
+.PHONY: all lib test test-c test-python sanitize abi-check abi-baseline bench install uninstall \
         clean examples
 all: lib
 lib: $(SHARED) $(BUILD)/lib/$(SONAME) $(BUILD)/lib/libtkern.so $(STATIC)
@@ -129,6 +129,23 @@ COMPUTE_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer \
 sanitize: $(TEST_BIN)
 	@COMPUTE_SANITIZER='$(COMPUTE_SANITIZER)' SANITIZE_TOOLS='$(SANITIZE_TOOLS)' \
 	    tests/sanitize.sh $(BUILD)/sanitize $(SANITIZE_JOBS) $(TEST_BIN)
+
+# ------------------------------------------------------------------------------------ abi --
+# The ABI gate (CI runs it): `make abi-check` compares the library with the committed baseline,
+# libabigail's description of the exported tk_* functions and the public types they reach, read
+# from the host objects' debug info (-g). It fails on any difference and names its kind (see
+# abi/check.sh); `make abi-baseline` rewrites the baseline from the current build. The baseline
+# keeps no paths or source locations, so it does not depend on where the tree was built.
+ABI_BASELINE := abi/libtkern.abi
+ABIDW_FLAGS  := --headers-dir include --drop-private-types --exported-interfaces-only \
+                --drop-undefined-syms --no-show-locs --no-comp-dir-path --no-corpus-path \
+                --no-elf-needed --type-id-style hash
+
+abi-check: $(SHARED)
+	@abi/check.sh $(ABI_BASELINE) $(SHARED)
+
+abi-baseline: $(SHARED)
+	abidw $(ABIDW_FLAGS) --out-file $(ABI_BASELINE) $(SHARED)
 
 # ------------------------------------------------------------------------------ benchmarks --
 BENCH_SRC := $(wildcard benchmarks/*.c benchmarks/*.cu)
