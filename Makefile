@@ -117,18 +117,21 @@ test-python: lib
 	else echo "python tests skipped: python3 with pytest not found"; fi
 
 # ------------------------------------------------------------------------------- sanitize --
-# On the GPU machine: every test binary under compute-sanitizer's memcheck, racecheck, synccheck
-# and initcheck, SANITIZE_JOBS (tool, binary) runs at a time. One PASS/FAIL line per run, logs
-# in $(BUILD)/sanitize/, a non-zero exit on any finding and on a machine without a GPU.
-# Tests that move GBs skip themselves there (TK_SKIP_UNDER_SANITIZER, tests/support/tk_test.h).
+# On the GPU machine: every test binary with GPU tests (its source uses TK_REQUIRE_GPU) under
+# compute-sanitizer's memcheck, racecheck, synccheck and initcheck, SANITIZE_JOBS (tool, binary)
+# runs at a time. One PASS/FAIL line per run, logs in $(BUILD)/sanitize/, a non-zero exit on
+# any finding and on a machine without a GPU. Tests with buffers of hundreds of MB or more skip
+# themselves there (TK_SKIP_UNDER_SANITIZER, tests/support/tk_test.h).
 SANITIZE_TOOLS    ?= memcheck racecheck synccheck initcheck
 SANITIZE_JOBS     ?= $(shell nproc)
 COMPUTE_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer \
                        $(CUDA_HOME)/compute-sanitizer/compute-sanitizer) compute-sanitizer)
 
-sanitize: $(TEST_BIN)
+SANITIZE_BIN      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(shell grep -l TK_REQUIRE_GPU $(TEST_SRC)))
+
+sanitize: $(SANITIZE_BIN)
 	@COMPUTE_SANITIZER='$(COMPUTE_SANITIZER)' SANITIZE_TOOLS='$(SANITIZE_TOOLS)' \
-	    tests/sanitize.sh $(BUILD)/sanitize $(SANITIZE_JOBS) $(TEST_BIN)
+	    tests/sanitize.sh $(BUILD)/sanitize $(SANITIZE_JOBS) $(SANITIZE_BIN)
 
 # ------------------------------------------------------------------------------------ abi --
 # The ABI gate (CI runs it): `make abi-check` compares the library with the committed baseline,

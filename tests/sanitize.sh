@@ -7,11 +7,12 @@
 #   tests/sanitize.sh LOGDIR JOBS BINARY...
 #   environment: COMPUTE_SANITIZER (the tool's path), SANITIZE_TOOLS (default: all four)
 #
-# The tests run with TKERN_TEST_UNDER_SANITIZER=1: tests that move GBs skip themselves and the
-# randomized sweeps run fewer cases (tests/support/tk_test.h). Criterion runs every test in a
-# process of its own, hence --target-processes all. The sanitizer's exit status does not reliably
-# carry the findings of those child processes, so each log is judged here: every summary line
-# the tool printed (one per process) must report zero, and Criterion's synthesis no failure.
+# The tests run with TKERN_TEST_UNDER_SANITIZER=1: tests with buffers of hundreds of MB or more
+# skip themselves and the randomized sweeps run fewer cases (tests/support/tk_test.h). Criterion
+# runs every test in a process of its own, hence --target-processes all. The sanitizer's exit
+# status does not reliably carry the findings of those child processes, so each log is judged
+# here: every summary line the tool printed (one per process) must report zero, Criterion's
+# synthesis no failure or crash, and the exit status must be 0.
 set -uo pipefail
 
 sanitizer_clean() { # tool log: prints the findings, or nothing when every process was clean
@@ -39,7 +40,7 @@ if [ "${1-}" = --one ]; then # one (tool, binary) pair, run by the xargs below
     mkdir -p "$(dirname "$log")"
     start=$SECONDS
     TKERN_TEST_UNDER_SANITIZER=1 "$COMPUTE_SANITIZER" --tool "$tool" --target-processes all \
-        --print-limit 20 "$binary" --jobs 1 --short-filename --ascii >"$log" 2>&1
+        --print-limit 20 "$binary" --jobs 1 --short-filename >"$log" 2>&1
     rc=$?
     problems=$(sanitizer_clean "$tool" "$log"; criterion_clean "$log")
     [ $rc -eq 0 ] || problems="exit status $rc${problems:+; $problems}"
