@@ -58,7 +58,8 @@ SONAME   := libtkern.so.$(MAJOR)
 SHARED   := $(BUILD)/lib/libtkern.so.$(VERSION)
 STATIC   := $(BUILD)/lib/libtkern.a
 
-.PHONY: all lib test test-c test-python bench install uninstall clean examples
+.PHONY: all lib test test-c test-python sanitize abi-check abi-baseline bench install uninstall \
+        clean examples
 all: lib
 lib: $(SHARED) $(BUILD)/lib/$(SONAME) $(BUILD)/lib/libtkern.so $(STATIC)
 
@@ -114,6 +115,40 @@ test-python: lib
 	@if command -v $(PYTHON) >/dev/null && $(PYTHON) -c 'import pytest' 2>/dev/null && [ -d python/tests ]; then \
 	    TKERN_LIBRARY=$(abspath $(SHARED)) PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q python/tests; \
 	else echo "python tests skipped: python3 with pytest not found"; fi
+
+# ------------------------------------------------------------------------------- sanitize --
+# On the GPU machine: every test binary with GPU tests (its source uses TK_REQUIRE_GPU) under
+# compute-sanitizer's memcheck, racecheck, synccheck and initcheck, SANITIZE_JOBS (tool, binary)
+# runs at a time. One PASS/FAIL line per run, logs in $(BUILD)/sanitize/, a non-zero exit on
+# any finding and on a machine without a GPU. Tests with buffers of hundreds of MB or more skip
+# themselves there (TK_SKIP_UNDER_SANITIZER, tests/support/tk_test.h).
+SANITIZE_TOOLS    ?= memcheck racecheck synccheck initcheck
+SANITIZE_JOBS     ?= $(shell nproc)
+COMPUTE_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer \
+                       $(CUDA_HOME)/compute-sanitizer/compute-sanitizer) compute-sanitizer)
+
+SANITIZE_BIN      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(shell grep -l TK_REQUIRE_GPU $(TEST_SRC)))
+
+sanitize: $(SANITIZE_BIN)
+	@COMPUTE_SANITIZER='$(COMPUTE_SANITIZER)' SANITIZE_TOOLS='$(SANITIZE_TOOLS)' \
+	    tests/sanitize.sh $(BUILD)/sanitize $(SANITIZE_JOBS) $(SANITIZE_BIN)
+
+# ------------------------------------------------------------------------------------ abi --
+# The ABI gate (CI runs it): `make abi-check` compares the library with the committed baseline,
+# libabigail's description of the exported tk_* functions and the public types they reach, read
+# from the host objects' debug info (-g). It fails on any difference and names its kind (see
+# abi/check.sh); `make abi-baseline` rewrites the baseline from the current build. The baseline
+# keeps no paths or source locations, so it does not depend on where the tree was built.
+ABI_BASELINE := abi/libtkern.abi
+ABIDW_FLAGS  := --headers-dir include --drop-private-types --exported-interfaces-only \
+                --drop-undefined-syms --no-show-locs --no-comp-dir-path --no-corpus-path \
+                --no-elf-needed --type-id-style hash
+
+abi-check: $(SHARED)
+	@abi/check.sh $(ABI_BASELINE) $(SHARED)
+
+abi-baseline: $(SHARED)
+	abidw $(ABIDW_FLAGS) --out-file $(ABI_BASELINE) $(SHARED)
 
 # ------------------------------------------------------------------------------ benchmarks --
 BENCH_SRC := $(wildcard benchmarks/*.c benchmarks/*.cu)

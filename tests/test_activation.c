@@ -262,6 +262,7 @@ Test(activation_gpu, automatic_choice_falls_back_for_misaligned) {
 /* A few hundred MB through the fully checked path. */
 Test(activation_gpu, large_tensor, .timeout = 300) {
     TK_REQUIRE_GPU();
+    TK_SKIP_UNDER_SANITIZER("256 MB of buffers; the other tests run the same kernels");
     tk_rng rng = tk_rng_seeded(4);
     act_case c = {TK_ACT_GELU_ERF, TK_F16, 8192, 8192, true, false, false, 0, NULL, "vec16"};
     run_act_case(&c, &rng);
@@ -271,6 +272,7 @@ Test(activation_gpu, large_tensor, .timeout = 300) {
  * repeated; the output is checked on a sample spread over the whole range and at the end. */
 Test(activation_gpu, past_2_pow_31_elements, .timeout = 300) {
     TK_REQUIRE_GPU();
+    TK_SKIP_UNDER_SANITIZER("8 GB of buffers");
     const int64_t n = (INT64_C(1) << 31) + 4099, tile = INT64_C(1) << 20;
     const size_t bytes = (size_t)n * 2;
     uint16_t *host_tile = malloc((size_t)tile * 2);

@@ -567,6 +567,7 @@ Test(norm_gpu, automatic_choice) {
 /* A few hundred MB through the fully checked path: the benchmark shapes. */
 Test(norm_gpu, large_tensors, .timeout = 600) {
     TK_REQUIRE_GPU();
+    TK_SKIP_UNDER_SANITIZER("hundreds of MB of buffers; the other tests run the same kernels");
     tk_rng rng = tk_rng_seeded(34);
     norm_case add_rms = {false, false, TK_BF16, TK_BF16, 16384, 4096, 0, 0, 0, 0,
                          true, true, false, false, true, false, NULL, "vec16"};

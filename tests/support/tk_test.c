@@ -24,6 +24,11 @@ const char *tk_test_gpu_missing_reason(void) {
     return NULL;
 }
 
+bool tk_test_under_sanitizer(void) {
+    const char *v = getenv("TKERN_TEST_UNDER_SANITIZER");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 bool tk_test_have_device(void) {
     int count = 0;
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;

@@ -24,6 +24,20 @@
             cr_skip_test("%s", tk_skip_reason_);                      \
     } while (0)
 
+/* Skips the current test when the suite runs under compute-sanitizer: `make sanitize` sets
+ * TKERN_TEST_UNDER_SANITIZER=1. For tests whose buffers of hundreds of MB or several GB make the
+ * tools take far too long (smaller tests run the same code paths), and for tests that provoke a
+ * CUDA error on purpose (memcheck counts every failing CUDA call as an error). */
+#define TK_SKIP_UNDER_SANITIZER(reason)                                      \
+    do {                                                                     \
+        if (tk_test_under_sanitizer())                                       \
+            cr_skip_test("skipped under compute-sanitizer: %s", (reason));   \
+    } while (0)
+
+/* Whether TKERN_TEST_UNDER_SANITIZER is set to anything but "" or "0"; randomized sweeps read it
+ * to run fewer cases under the sanitizer. */
+bool tk_test_under_sanitizer(void);
+
 /* NULL when a supported GPU is present, else why not (static string). */
 const char *tk_test_gpu_missing_reason(void);
 /* Whether a CUDA device is present at all (for tests of the no-device behaviour). */
