@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import HEADER, PYTHON_DIR, REPO, FakeCudaArray
+from conftest import HEADER, PACKAGE_DIR, PYTHON_DIR, REPO, FakeCudaArray
 
 import tkern
 from tkern import _arrays, _lib, _lifetime
@@ -131,7 +131,7 @@ def _name(t):
 
 
 # ------------------------------------------------------------------------ loading -------
-def _run_python(code, env_update, cwd=None, path=PYTHON_DIR):
+def _run_python(code, env_update, cwd=None, path=os.path.dirname(PACKAGE_DIR)):
     env = {k: v for k, v in os.environ.items() if k != "TKERN_LIBRARY"}
     env.update(env_update)
     env["PYTHONPATH"] = path
@@ -155,7 +155,8 @@ def test_library_loads_from_in_tree_build():
     soname = os.path.join(REPO, "build", "lib", f"libtkern.so.{tkern.EXPECTED_MAJOR}")
     if not os.path.exists(soname):
         pytest.skip(f"no in-tree build at {soname} (built elsewhere with BUILD=...)")
-    r = _run_python("import tkern; print(tkern.load_library()); print(tkern.version())", {})
+    r = _run_python("import tkern; print(tkern.load_library()); print(tkern.version())", {},
+                    path=PYTHON_DIR)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == soname
 
@@ -170,13 +171,22 @@ def test_load_failure_says_what_was_tried(tmp_path):
     assert str(tmp_path / "nope.so") in r.stderr
     # A copy of the package away from the source tree, with nothing on the loader path: both
     # the in-tree location and the loader name are reported.
-    shutil.copytree(os.path.join(PYTHON_DIR, "tkern"), tmp_path / "pkg" / "python" / "tkern")
+    shutil.copytree(PACKAGE_DIR, tmp_path / "pkg" / "python" / "tkern")
     r = _run_python("import tkern; tkern.load_library()", {"LD_LIBRARY_PATH": ""},
                     path=str(tmp_path / "pkg" / "python"))
     if r.returncode == 0:
         pytest.skip("libtkern is installed on the loader path, so loading succeeded")
     assert "in-tree build" in r.stderr and "loader path" in r.stderr
     assert f"libtkern.so.{tkern.EXPECTED_MAJOR}" in r.stderr
+
+
+def test_core_package_never_imports_torch():
+    r = _run_python("import sys, tkern; tkern.load_library(); print('torch' in sys.modules)",
+                    {"TKERN_LIBRARY": tkern.library_path()})
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+    r = _run_python("import tkern.autograd", {})
+    if "No module named 'torch'" not in r.stderr:
+        assert r.returncode == 0, r.stderr
 
 
 def test_major_version_mismatch_is_refused():
@@ -223,7 +233,7 @@ def test_loaded_functions_carry_the_declarations():
 
 def test_every_entry_point_has_a_python_function():
     sources = ""
-    for path in glob.glob(os.path.join(PYTHON_DIR, "tkern", "*.py")):
+    for path in glob.glob(os.path.join(PACKAGE_DIR, "*.py")):
         if not path.endswith("_lib.py"):
             sources += open(path).read()
     # _lib.py calls these three itself (version check, TkernError); every other entry point is
