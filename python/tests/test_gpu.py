@@ -991,16 +991,18 @@ def _fast_path_calls():
 def test_fast_path_passes_what_dlpack_passes(monkeypatch):
     """Plain torch tensors are read directly (data_ptr, shape, stride, device); the result must
     be exactly what DLPack gives, call by call, at the ctypes layer: first calls (checked),
-    repeated calls (attention and gemm from their cache of checked descriptions), and the
-    DLPack path for everything."""
-    from tkern import _arrays, _attention, _gemm, _lib
+    repeated calls (from the caches of checked params), and the DLPack path for everything."""
+    from tkern import _activation, _arrays, _attention, _gemm, _lib, _norm, _rope, _softmax
 
+    plans = [v for m in (_activation, _attention, _gemm, _norm, _rope, _softmax)
+             for v in vars(m).values() if isinstance(v, _arrays.Plans)]
+    assert len(plans) == 7
     inputs, thunks = _fast_path_calls()
     runs = {}
     for what in ("fast, first", "fast, cached", "dlpack"):
         if what != "fast, cached":
-            for plans in (_attention._PLANS, _gemm._PLANS):
-                monkeypatch.setattr(plans, "_plans", {})
+            for cache in plans:
+                monkeypatch.setattr(cache, "_plans", {})
         if what == "dlpack":
             monkeypatch.setattr(_arrays, "plain_torch", lambda obj: None)
         rec = Recorder()

@@ -273,9 +273,9 @@ def _check_strides(a):
     shape, strides = a.shape, a.strides
     if not shape:
         return
-    if min(shape) < 2:
-        a.strides = strides = tuple(st if size > 1 else 1 for size, st in zip(shape, strides))
-    if max(max(strides), -min(strides)) * max(shape) < 1 << 62:
+    if 1 in shape or 0 in shape:
+        a.strides = strides = tuple([st if size > 1 else 1 for size, st in zip(shape, strides)])
+    if max(strides) * max(shape) < 1 << 62 and min(strides) * max(shape) > -1 << 62:
         return  # no dimension can reach the bound below: skip the per-dimension loop
     for size, stride in zip(shape, strides):
         # Seen with CuPy 14: a reversed view's DLPack strides arrive as an unsigned byte stride
