@@ -716,3 +716,48 @@ def test_nothing_is_held_without_a_launch_or_under_capture(fake_launch, monkeypa
     with pytest.raises(tkern.TkernError):
         tkern.gelu(x, out=y, stream=7)
     assert len(_lifetime._pending) == 1
+
+
+# ------------------------------------------------------------- cached checked params ----
+def test_checked_params_are_cached_and_errors_never_are(fake_launch, monkeypatch):
+    """A call whose checks passed leaves its params for the next call with the same scalars and
+    array layouts, which then passes the library the same struct with its own pointers; a call
+    that failed a check leaves nothing, and a scalar that could change (a non-plain object)
+    disables the cache."""
+    from tkern import _attention, _gemm
+
+    monkeypatch.setattr(_gemm._PLANS, "_plans", {})
+    monkeypatch.setattr(_attention._PLANS, "_plans", {})
+    calls = []
+    monkeypatch.setattr(_lib, "call", lambda name, *args: calls.append(
+        {f: getattr(args[0]._obj, f) for f, _ in args[0]._obj._fields_}))
+
+    def gemm(alpha=1.0, b=(128, 32)):
+        a, bb, out = FakeCudaArray((64, 128)), FakeCudaArray(b), FakeCudaArray((64, 32))
+        tkern.gemm(a, bb, activation="gelu", alpha=alpha, out=out)
+        return {"a": ctypes.addressof(a.buffer), "b": ctypes.addressof(bb.buffer),
+                "d": ctypes.addressof(out.buffer)}
+
+    first = gemm()
+    assert len(_gemm._PLANS._plans) == 1
+    second = gemm()
+    assert len(_gemm._PLANS._plans) == 1 and len(calls) == 2
+    for call, ptrs in zip(calls, (first, second)):
+        assert {k: call[k] for k in ptrs} == ptrs
+    assert {k: v for k, v in calls[0].items() if k not in first} == \
+        {k: v for k, v in calls[1].items() if k not in first}
+    gemm(alpha=-0.0)
+    assert len(_gemm._PLANS._plans) == 2 and str(calls[-1]["alpha"]) == "-0.0"
+    for _ in range(2):  # a failed check is never cached
+        with pytest.raises(ValueError, match="do not chain"):
+            gemm(b=(100, 32))
+    assert len(_gemm._PLANS._plans) == 2
+
+    class Scale(float):
+        pass
+
+    q = FakeCudaArray((1, 8, 2, 64))
+    tkern.attention(q, q, q, scale=Scale(0.5), out=FakeCudaArray((1, 8, 2, 64)))
+    assert not _attention._PLANS._plans and calls[-1]["softmax_scale"] == 0.5
+    tkern.attention(q, q, q, window=(3, 0), out=FakeCudaArray((1, 8, 2, 64)))
+    assert len(_attention._PLANS._plans) == 1 and calls[-1]["window_left"] == 3

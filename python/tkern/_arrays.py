@@ -550,6 +550,10 @@ def ptr(a):
     return 0 if a is None else a.ptr
 
 
+_PLAIN_SCALARS = (int, bool, str, type(None))
+_PLAIN_INDICES = (int, type(None))
+
+
 class Plans:
     """Validated call descriptions of one function: the params struct its checks produced, keyed
     on the scalar arguments and every array's shape, strides, dtype, device and library, and
@@ -564,17 +568,22 @@ class Plans:
 
     @staticmethod
     def key(c, *scalars):
-        """The key of Call c with these scalar arguments, or None when one is unhashable."""
+        """The key of Call c with these scalar arguments, or None (nothing is cached) when one is
+        not a plain immutable value (an int, float, str, None, or a tuple of ints and None): an
+        object such as a 0-d tensor could change between calls."""
+        values = []
+        for v in scalars:
+            t = type(v)
+            if t is float:  # the sign too: alpha=-0.0 is not alpha=0.0
+                values.append((t, v, math.copysign(1.0, v)))
+            elif t in _PLAIN_SCALARS or (t is tuple and all(type(e) in _PLAIN_INDICES
+                                                             for e in v)):
+                values.append((t, v))
+            else:
+                return None
         arrays = tuple((k, a.shape, a.strides, a.dtype, a.device_id, a.producer)
                        for k, a in c.arrays.items())
-        # By type and value, and for floats the sign too: alpha=-0.0 is not alpha=0.0.
-        key = (tuple((type(v), v, math.copysign(1.0, v)) if type(v) is float else (type(v), v)
-                     for v in scalars), arrays)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
+        return tuple(values), arrays
 
     def get(self, key):
         """A copy of the params stored for key, or None."""
