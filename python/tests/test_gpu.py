@@ -1030,9 +1030,12 @@ def test_fast_path_takes_only_plain_cuda_tensors():
     assert _arrays.plain_torch(x.requires_grad_(False).as_subclass(Sub)) is None
     assert _arrays.plain_torch(x.cpu()) is None
     assert _arrays.plain_torch(x.to(torch.complex64)) is None
-    assert _arrays.plain_torch(x.to_sparse()) is None
-    # A subclass still works, through DLPack, and its errors are the same.
-    check(tkern.gelu(x.as_subclass(Sub)), F.gelu(x.double()), "gelu of a Tensor subclass")
+    assert _arrays.plain_torch(x.float().to_sparse()) is None
+    # A subclass still works, through DLPack (tkern allocates outputs only through torch and
+    # CuPy themselves, so out= is needed for a class defined elsewhere).
+    out = torch.empty_like(x)
+    tkern.gelu(x.as_subclass(Sub), out=out)
+    check(out, F.gelu(x.double()), "gelu of a Tensor subclass")
     with pytest.raises(TypeError, match="argument 'x' has dtype float64"):
         tkern.gelu(x.double())
     with pytest.raises(ValueError, match="argument 'x' must be contiguous"):
@@ -1048,6 +1051,7 @@ def test_stream_set_with_torch_cuda_stream_is_read_at_every_call(monkeypatch):
     q = rand(1, 1, 8, 64, dtype=torch.bfloat16)
     a, w = rand(8, 128, dtype=torch.bfloat16), rand(64, 128, dtype=torch.bfloat16)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()  # the inputs are ready for any stream
     expected = []
     for s in (s1, s2, None, s1):
         with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
