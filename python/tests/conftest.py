@@ -1,4 +1,5 @@
-"""Shared test setup: import tkern from this source tree, and small helpers."""
+"""Shared test setup: import tkern from this source tree (or, with TKERN_TEST_INSTALLED=1, the
+installed package, which must then not be the source tree's), and small helpers."""
 
 import ctypes
 import os
@@ -7,8 +8,17 @@ import sys
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PYTHON_DIR = os.path.join(REPO, "python")
 HEADER = os.path.join(REPO, "include", "tkern.h")
-if PYTHON_DIR not in sys.path:
+INSTALLED = os.environ.get("TKERN_TEST_INSTALLED") == "1"
+if not INSTALLED and PYTHON_DIR not in sys.path:
     sys.path.insert(0, PYTHON_DIR)
+
+import tkern  # noqa: E402
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(tkern.__file__))
+SOURCE_TREE = os.path.realpath(PYTHON_DIR) + os.sep
+if INSTALLED and os.path.realpath(PACKAGE_DIR).startswith(SOURCE_TREE):
+    raise RuntimeError(f"TKERN_TEST_INSTALLED=1 but tkern was imported from the source tree "
+                       f"({PACKAGE_DIR}): run pytest outside it, without python/ on the path")
 
 
 class FakeCudaArray:

@@ -7,6 +7,7 @@ most twice that of a naive same-precision implementation plus the rounding near 
 Skipped without torch or without a CUDA GPU; the CuPy cases are skipped without CuPy.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -888,3 +889,231 @@ def test_device_query_variants_and_forcing():
     finally:
         for op in forced:
             tkern.force_variant(op, None)
+
+
+# ------------------------------------------------------- the fast path for torch tensors -------
+class Recorder:
+    """Stands in for tkern._lib.call: records each call's arguments (a params struct by its
+    fields) and, with forward=True, makes the call."""
+
+    def __init__(self, forward=False):
+        from tkern import _lib
+
+        self.real, self.forward, self.calls = _lib.call, forward, []
+
+    def __call__(self, name, *args):
+        self.calls.append((name, [_plain_arg(a) for a in args]))
+        if self.forward:
+            self.real(name, *args)
+
+
+def _plain_arg(arg):
+    struct = getattr(arg, "_obj", None)  # ctypes.byref(struct)
+    if struct is None:
+        return arg
+    if not hasattr(struct, "_fields_"):
+        return type(struct).__name__
+    return {f: (tuple(getattr(struct, f)) if hasattr(getattr(struct, f), "_length_")
+                else getattr(struct, f)) for f, _ in struct._fields_}
+
+
+def _labelled(calls, inputs):
+    """calls with every device pointer replaced by 'name+offset' for the inputs and 'new#i'
+    (in order of appearance) for memory the binding allocated, so that two runs compare."""
+    spans = [(t.data_ptr(), t.data_ptr() + max(t.numel() * t.element_size(), 1), n)
+             for n, t in inputs.items()]
+    fresh = {}
+
+    def label(v):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1 << 32:
+            return v
+        for lo, hi, n in spans:
+            if lo <= v < hi:
+                return f"{n}+{v - lo}"
+        return fresh.setdefault(v, f"new#{len(fresh)}")
+
+    out = []
+    for name, args in calls:
+        out.append((name, [{f: (tuple(map(label, v)) if isinstance(v, tuple) else label(v))
+                            for f, v in a.items()} if isinstance(a, dict) else label(a)
+                           for a in args]))
+    return out
+
+
+def _fast_path_calls():
+    """Calls of every family on plain tensors, Parameters, views with size-1 dimensions and
+    strided rows, outputs allocated by the binding; returns (inputs by name, thunks)."""
+    bf, f16 = torch.bfloat16, torch.float16
+    t = {
+        "x": rand(1, 8, 256, dtype=bf),
+        "w": torch.nn.Parameter(rand(256, dtype=bf)),
+        "b": rand(256, dtype=bf),
+        "res": rand(1, 8, 256, dtype=bf),
+        "wide": rand(8, 1, 600, dtype=bf),
+        "qkv": rand(1, 5, 8 + 2 * 2, 64, dtype=bf),
+        "pos": torch.arange(5, device=DEV, dtype=torch.int32),
+        "cache": rand(64, 64),
+        "q": rand(1, 1, 8, 64, dtype=f16),
+        "kv": rand(1, 16, 2, 2, 64, dtype=f16),
+        "a": rand(1, 3, 128, dtype=f16),
+        "W": torch.nn.Parameter(rand(64, 128, dtype=f16)),
+        "bias": rand(64, dtype=f16),
+        "dy": rand(1, 8, 256, dtype=bf),
+        "f32": rand(8, 256),
+        "rstd": rand(1, 8),
+        "qt": rand(2, 8, 1, 64, dtype=f16),
+    }
+    x, w = t["x"], t["w"]
+    thunks = [
+        lambda: tkern.gelu(x, approximate="tanh"),
+        lambda: tkern.activation(x, "silu", bias=t["b"]),
+        lambda: tkern.activation_backward(t["dy"], x, "relu"),
+        lambda: tkern.glu(t["wide"][:, :, :512], "geglu"),
+        lambda: tkern.glu_backward(t["dy"][..., :128], x, "swiglu"),
+        lambda: tkern.rms_norm(x, w, 1e-6, residual=t["res"], return_rstd=True),
+        lambda: tkern.layer_norm(t["wide"][:, :, :256], w, t["b"], return_stats=True),
+        lambda: tkern.rms_norm_backward(t["dy"], x, t["rstd"], w),
+        lambda: tkern.softmax(t["wide"][..., :300], causal=True, causal_period=4),
+        lambda: tkern.log_softmax(t["f32"], scale=0.5),
+        lambda: tkern.rope(t["qkv"][:, :, :8], t["qkv"][:, :, 8:10], t["pos"].view(1, 5)),
+        lambda: tkern.rope_(t["qkv"][:, :, :8], None, cos_sin_cache=t["cache"]),
+        lambda: tkern.attention(t["q"], t["kv"][:, :, 0], t["kv"][:, :, 1], causal=True,
+                                return_lse=True),
+        lambda: tkern.attention(t["qt"], t["qt"], t["qt"], layout="bhsd", window=(3, 0)),
+        lambda: tkern.gemm(t["a"], t["W"].t(), t["bias"], "gelu"),
+        lambda: tkern.gemm(t["a"], t["W"].t(), out_dtype="float32", alpha=0.5),
+        lambda: tkern.attention_supported(t["q"], t["kv"][:, :, 0], t["kv"][:, :, 1]),
+        lambda: tkern.gemm_supported(t["a"], t["W"].t()),
+    ]
+    return t, thunks
+
+
+def test_fast_path_passes_what_dlpack_passes(monkeypatch):
+    """Plain torch tensors are read directly (data_ptr, shape, stride, device); the result must
+    be exactly what DLPack gives, call by call, at the ctypes layer: first calls (checked),
+    repeated calls (from the caches of checked params), and the DLPack path for everything."""
+    from tkern import _activation, _arrays, _attention, _gemm, _lib, _norm, _rope, _softmax
+
+    plans = [v for m in (_activation, _attention, _gemm, _norm, _rope, _softmax)
+             for v in vars(m).values() if isinstance(v, _arrays.Plans)]
+    assert len(plans) == 7
+    inputs, thunks = _fast_path_calls()
+    runs = {}
+    for what in ("fast, first", "fast, cached", "dlpack"):
+        if what != "fast, cached":
+            for cache in plans:
+                monkeypatch.setattr(cache, "_plans", {})
+        if what == "dlpack":
+            monkeypatch.setattr(_arrays, "plain_torch", lambda obj: None)
+        rec = Recorder()
+        monkeypatch.setattr(_lib, "call", rec)
+        results = [fn() for fn in thunks]
+        runs[what] = _labelled(rec.calls, inputs)
+        del results
+    assert len(runs["dlpack"]) >= len(thunks)
+    for what in ("fast, first", "fast, cached"):
+        for i, (got, ref) in enumerate(zip(runs[what], runs["dlpack"])):
+            assert got == ref, f"call {i} ({ref[0]}), {what}: {got} != DLPack's {ref}"
+        assert len(runs[what]) == len(runs["dlpack"])
+
+
+def test_fast_path_takes_only_plain_cuda_tensors():
+    from tkern import _arrays
+
+    x = rand(4, 64, dtype=torch.bfloat16)
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert _arrays.plain_torch(x) is not None
+    assert _arrays.plain_torch(torch.nn.Parameter(x)) is not None
+    assert _arrays.plain_torch(x.requires_grad_(False).as_subclass(Sub)) is None
+    assert _arrays.plain_torch(x.cpu()) is None
+    assert _arrays.plain_torch(x.to(torch.complex64)) is None
+    assert _arrays.plain_torch(x.float().to_sparse()) is None
+    # A subclass still works, through DLPack (tkern allocates outputs only through torch and
+    # CuPy themselves, so out= is needed for a class defined elsewhere).
+    out = torch.empty_like(x)
+    tkern.gelu(x.as_subclass(Sub), out=out)
+    check(out, F.gelu(x.double()), "gelu of a Tensor subclass")
+    with pytest.raises(TypeError, match="argument 'x' has dtype float64"):
+        tkern.gelu(x.double())
+    with pytest.raises(ValueError, match="argument 'x' must be contiguous"):
+        tkern.gelu(rand(64, 32, dtype=torch.float16).t())
+
+
+def test_stream_set_with_torch_cuda_stream_is_read_at_every_call(monkeypatch):
+    from tkern import _lib
+
+    rec = Recorder(forward=True)
+    monkeypatch.setattr(_lib, "call", rec)
+    x = rand(64, 256, dtype=torch.bfloat16)
+    q = rand(1, 1, 8, 64, dtype=torch.bfloat16)
+    a, w = rand(8, 128, dtype=torch.bfloat16), rand(64, 128, dtype=torch.bfloat16)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()  # the inputs are ready for any stream
+    expected = []
+    for s in (s1, s2, None, s1):
+        with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+            tkern.gelu(x)
+            tkern.attention(q, q, q)
+            tkern.gemm(a, w.t())
+        expected += [(s or torch.cuda.current_stream()).cuda_stream] * 3
+    torch.cuda.synchronize()
+    got = [args[-1] for _, args in rec.calls]
+    assert got == expected, f"streams passed {got}, current streams {expected}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_another_device_than_the_current_one():
+    x = rand(64, 256, dtype=torch.bfloat16).to("cuda:1")
+    assert torch.cuda.current_device() == 0
+    y = tkern.gelu(x)
+    assert y.device == x.device and torch.cuda.current_device() == 0
+    check(y, F.gelu(x.double()), "gelu on device 1 with device 0 current")
+    with pytest.raises(ValueError, match="is on CUDA device 0 but 'x' is on device 1"):
+        tkern.gelu(x, out=torch.empty(64, 256, device=DEV, dtype=torch.bfloat16))
+
+
+def test_cuda_graph_capture_of_a_decode_step():
+    """A sequence of tkern calls captured in a CUDA graph and replayed on new inputs: the way to
+    take the host cost out of a decode step (see docs/python.md)."""
+    torch.manual_seed(7)
+    D, F_, H, KV, HD, S = 256, 512, 4, 2, 64, 40
+    bf = torch.bfloat16
+    w_norm = rand(D, dtype=bf)
+    w_qkv = rand((H + 2 * KV) * HD, D, dtype=bf, scale=D ** -0.5)
+    w_o = rand(D, H * HD, dtype=bf, scale=(H * HD) ** -0.5)
+    w_up = rand(2 * F_, D, dtype=bf, scale=D ** -0.5)
+    w_down = rand(D, F_, dtype=bf, scale=F_ ** -0.5)
+    k_cache = rand(1, S, KV, HD, dtype=bf)
+    v_cache = rand(1, S, KV, HD, dtype=bf)
+    x = rand(1, D, dtype=bf)
+    pos = torch.tensor([S - 1], device=DEV, dtype=torch.int32)
+
+    def step():
+        h = tkern.rms_norm(x, w_norm, 1e-6)
+        qkv = tkern.gemm(h, w_qkv.t()).view(1, H + 2 * KV, HD)
+        q, k = tkern.rope(qkv[:, :H], qkv[:, H:H + KV], pos)
+        k_cache[:, S - 1] = k
+        v_cache[:, S - 1] = qkv[:, H + KV:]
+        o = tkern.attention(q.view(1, 1, H, HD), k_cache, v_cache, causal=True)
+        y = tkern.gemm(o.view(1, H * HD), w_o.t(), c=x)
+        g = tkern.glu(tkern.gemm(tkern.rms_norm(y, w_norm, 1e-6), w_up.t()), "swiglu")
+        return tkern.gemm(g, w_down.t(), c=y)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch asks
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for trial in range(3):
+        x.copy_(rand(1, D, dtype=bf))
+        pos.fill_(S - 1 - trial)
+        graph.replay()
+        replayed = static_out.clone()
+        check(replayed, step(), f"replay {trial} against the eager step")

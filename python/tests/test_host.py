@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import HEADER, PYTHON_DIR, REPO, FakeCudaArray
+from conftest import HEADER, PACKAGE_DIR, PYTHON_DIR, REPO, FakeCudaArray
 
 import tkern
 from tkern import _arrays, _lib, _lifetime
@@ -131,7 +131,7 @@ def _name(t):
 
 
 # ------------------------------------------------------------------------ loading -------
-def _run_python(code, env_update, cwd=None, path=PYTHON_DIR):
+def _run_python(code, env_update, cwd=None, path=os.path.dirname(PACKAGE_DIR)):
     env = {k: v for k, v in os.environ.items() if k != "TKERN_LIBRARY"}
     env.update(env_update)
     env["PYTHONPATH"] = path
@@ -155,7 +155,8 @@ def test_library_loads_from_in_tree_build():
     soname = os.path.join(REPO, "build", "lib", f"libtkern.so.{tkern.EXPECTED_MAJOR}")
     if not os.path.exists(soname):
         pytest.skip(f"no in-tree build at {soname} (built elsewhere with BUILD=...)")
-    r = _run_python("import tkern; print(tkern.load_library()); print(tkern.version())", {})
+    r = _run_python("import tkern; print(tkern.load_library()); print(tkern.version())", {},
+                    path=PYTHON_DIR)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == soname
 
@@ -170,13 +171,22 @@ def test_load_failure_says_what_was_tried(tmp_path):
     assert str(tmp_path / "nope.so") in r.stderr
     # A copy of the package away from the source tree, with nothing on the loader path: both
     # the in-tree location and the loader name are reported.
-    shutil.copytree(os.path.join(PYTHON_DIR, "tkern"), tmp_path / "pkg" / "python" / "tkern")
+    shutil.copytree(PACKAGE_DIR, tmp_path / "pkg" / "python" / "tkern")
     r = _run_python("import tkern; tkern.load_library()", {"LD_LIBRARY_PATH": ""},
                     path=str(tmp_path / "pkg" / "python"))
     if r.returncode == 0:
         pytest.skip("libtkern is installed on the loader path, so loading succeeded")
     assert "in-tree build" in r.stderr and "loader path" in r.stderr
     assert f"libtkern.so.{tkern.EXPECTED_MAJOR}" in r.stderr
+
+
+def test_core_package_never_imports_torch():
+    r = _run_python("import sys, tkern; tkern.load_library(); print('torch' in sys.modules)",
+                    {"TKERN_LIBRARY": tkern.library_path()})
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+    r = _run_python("import tkern.autograd", {})
+    if "No module named 'torch'" not in r.stderr:
+        assert r.returncode == 0, r.stderr
 
 
 def test_major_version_mismatch_is_refused():
@@ -223,7 +233,7 @@ def test_loaded_functions_carry_the_declarations():
 
 def test_every_entry_point_has_a_python_function():
     sources = ""
-    for path in glob.glob(os.path.join(PYTHON_DIR, "tkern", "*.py")):
+    for path in glob.glob(os.path.join(PACKAGE_DIR, "*.py")):
         if not path.endswith("_lib.py"):
             sources += open(path).read()
     # _lib.py calls these three itself (version check, TkernError); every other entry point is
@@ -706,3 +716,48 @@ def test_nothing_is_held_without_a_launch_or_under_capture(fake_launch, monkeypa
     with pytest.raises(tkern.TkernError):
         tkern.gelu(x, out=y, stream=7)
     assert len(_lifetime._pending) == 1
+
+
+# ------------------------------------------------------------- cached checked params ----
+def test_checked_params_are_cached_and_errors_never_are(fake_launch, monkeypatch):
+    """A call whose checks passed leaves its params for the next call with the same scalars and
+    array layouts, which then passes the library the same struct with its own pointers; a call
+    that failed a check leaves nothing, and a scalar that could change (a non-plain object)
+    disables the cache."""
+    from tkern import _attention, _gemm
+
+    monkeypatch.setattr(_gemm._PLANS, "_plans", {})
+    monkeypatch.setattr(_attention._PLANS, "_plans", {})
+    calls = []
+    monkeypatch.setattr(_lib, "call", lambda name, *args: calls.append(
+        {f: getattr(args[0]._obj, f) for f, _ in args[0]._obj._fields_}))
+
+    def gemm(alpha=1.0, b=(128, 32)):
+        a, bb, out = FakeCudaArray((64, 128)), FakeCudaArray(b), FakeCudaArray((64, 32))
+        tkern.gemm(a, bb, activation="gelu", alpha=alpha, out=out)
+        return {"a": ctypes.addressof(a.buffer), "b": ctypes.addressof(bb.buffer),
+                "d": ctypes.addressof(out.buffer)}
+
+    first = gemm()
+    assert len(_gemm._PLANS._plans) == 1
+    second = gemm()
+    assert len(_gemm._PLANS._plans) == 1 and len(calls) == 2
+    for call, ptrs in zip(calls, (first, second)):
+        assert {k: call[k] for k in ptrs} == ptrs
+    assert {k: v for k, v in calls[0].items() if k not in first} == \
+        {k: v for k, v in calls[1].items() if k not in first}
+    gemm(alpha=-0.0)
+    assert len(_gemm._PLANS._plans) == 2 and str(calls[-1]["alpha"]) == "-0.0"
+    for _ in range(2):  # a failed check is never cached
+        with pytest.raises(ValueError, match="do not chain"):
+            gemm(b=(100, 32))
+    assert len(_gemm._PLANS._plans) == 2
+
+    class Scale(float):
+        pass
+
+    q = FakeCudaArray((1, 8, 2, 64))
+    tkern.attention(q, q, q, scale=Scale(0.5), out=FakeCudaArray((1, 8, 2, 64)))
+    assert not _attention._PLANS._plans and calls[-1]["softmax_scale"] == 0.5
+    tkern.attention(q, q, q, window=(3, 0), out=FakeCudaArray((1, 8, 2, 64)))
+    assert len(_attention._PLANS._plans) == 1 and calls[-1]["window_left"] == 3

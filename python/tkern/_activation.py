@@ -1,7 +1,7 @@
 """Activations and gated linear units: tk_activation_*, tk_gelu_*, tk_glu_*."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, enum, ptr
+from ._arrays import FLOATS, Call, Plans, enum, ptr
 
 _ACT_ALIASES = {**_lib.ACTIVATIONS, "identity": 0, "gelu_erf": 1, "swish": 4, "relu2": 6}
 _GLU_ALIASES = {**_lib.GLU_KINDS, "geglu_erf": 1}
@@ -110,15 +110,26 @@ def glu(x, kind="swiglu", layout="gate_first", *, alpha=1.702, limit=7.0, out=No
     Returns out.
     """
     c = Call(stream, x=x, out=out)
-    xa, p = _glu_params(c, kind, layout, alpha, limit)
-    out_shape = xa.shape[:-1] + (p.d,)
-    if out is None:
-        out, oa = c.output("out", None, out_shape, xa.dtype)
-    else:
-        oa = c["out"].check_shape(out_shape).check_dtype((xa.dtype,))
-    p.y_row_stride = oa.rows()[2]
+    key = Plans.key(c, kind, layout, alpha, limit)
+    p = _GLU_PLANS.get(key)
+    if p is None:
+        xa, p = _glu_params(c, kind, layout, alpha, limit)
+        out_shape = xa.shape[:-1] + (p.d,)
+        if out is None:
+            out, oa = c.output("out", None, out_shape, xa.dtype)
+        else:
+            oa = c["out"].check_shape(out_shape).check_dtype((xa.dtype,))
+        p.y_row_stride = oa.rows()[2]
+        _GLU_PLANS.put(key, p)
+    else:  # checked before for this key: only the output is new
+        xa = c["x"]
+        out, oa = (c.output("out", None, xa.shape[:-1] + (p.d,), xa.dtype) if out is None
+                   else (out, c["out"]))
     c.run("tk_glu_fwd", _lib.byref(p), xa.ptr, oa.ptr, c.stream)
     return out
+
+
+_GLU_PLANS = Plans()
 
 
 def swiglu(x, *, out=None, stream=None):

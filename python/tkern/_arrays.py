@@ -4,11 +4,18 @@ __cuda_array_interface__; output allocation and streams through the input's own 
 An Array is a checked description of one argument (pointer, shape, element strides, dtype,
 device) that keeps its producer's memory alive while a call uses it. Call gathers the arguments
 of one libtkern call, the stream and the device, and runs the C function.
+
+Plain torch tensors (exactly torch.Tensor or nn.Parameter, strided, on a CUDA device, of a dtype
+libtkern names) take a fast path: data_ptr(), shape, stride() and the device index are read
+directly, which describes them exactly as DLPack would at a fraction of the cost (the per-call
+cost is what a decode step of small calls pays); everything else, subclasses included, goes
+through DLPack or __cuda_array_interface__.
 """
 
 import contextlib
 import ctypes
 import importlib
+import math
 import sys
 
 from . import _lib, _lifetime
@@ -253,15 +260,89 @@ def as_array(obj, name, stream_arg=None):
         raise TypeError(
             f"argument '{name}' ({type(obj).__module__}.{type(obj).__qualname__}) is not a CUDA "
             "array: it has neither __dlpack__ nor __cuda_array_interface__")
-    for size, stride in zip(a.shape, a.strides):
+    _check_strides(a)
+    a.producer = producer(obj)
+    return a
+
+
+def _check_strides(a):
+    """Gives dimensions of size 0 or 1 the stride 1 (no element is ever reached through it, and
+    producers differ: torch's DLPack export normalises them in some versions, not in others), so
+    that a tensor is passed to libtkern the same way whichever path described it; refuses a
+    stride no allocation can span."""
+    shape, strides = a.shape, a.strides
+    if not shape:
+        return
+    if 1 in shape or 0 in shape:
+        a.strides = strides = tuple([st if size > 1 else 1 for size, st in zip(shape, strides)])
+    if max(strides) * max(shape) < 1 << 62 and min(strides) * max(shape) > -1 << 62:
+        return  # no dimension can reach the bound below: skip the per-dimension loop
+    for size, stride in zip(shape, strides):
         # Seen with CuPy 14: a reversed view's DLPack strides arrive as an unsigned byte stride
         # divided by the item size (2**62 - 4096 for -4096 float32 elements). No allocation
         # spans that; refuse rather than hand the kernel a garbage layout.
         if size > 1 and abs(stride) * (size - 1) >= 1 << 62:
-            raise ValueError(f"argument '{name}' has stride {stride} in a dimension of size "
+            raise ValueError(f"argument '{a.name}' has stride {stride} in a dimension of size "
                              f"{size}, which no CUDA allocation can span (a reversed view whose "
                              "producer exported its strides wrongly?); pass a contiguous copy")
-    a.producer = producer(obj)
+
+
+class _Torch:
+    """What the fast path needs from torch, looked up once torch has been imported (by the
+    caller: tkern never imports it). stream(device_index) is the raw current stream of a device
+    (the cheap internal behind torch.cuda.current_stream(d).cuda_stream), device() the current
+    device; both are read on every call, never cached, since `with torch.cuda.stream(s)` and
+    torch.cuda.set_device change them."""
+
+    def __init__(self, torch):
+        self.types = (torch.Tensor, torch.nn.Parameter)
+        self.strided = torch.strided
+        self.dtypes = {getattr(torch, n): n for n in ITEMSIZE}
+        self.torch_dtypes = {n: t for t, n in self.dtypes.items()}
+        self.stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda device: torch.cuda.current_stream(device).cuda_stream)
+        self.device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+_torch_state = [None]
+
+
+def _torch():
+    """The _Torch tables, or None while torch is not imported."""
+    t = _torch_state[0]
+    if t is None and "torch" in sys.modules:
+        t = _torch_state[0] = _Torch(sys.modules["torch"])
+    return t
+
+
+def plain_torch(obj):
+    """(tables, dtype name, device index) when obj takes the fast path: exactly a torch.Tensor or
+    nn.Parameter, strided, on a CUDA device, of a dtype in the table, without the negative bit
+    (which DLPack refuses to export); else None."""
+    t = _torch()
+    if t is None:
+        return None
+    tp = type(obj)
+    if tp is not t.types[0] and tp is not t.types[1]:
+        return None
+    dtype = t.dtypes.get(obj.dtype)
+    if dtype is None or not obj.is_cuda or obj.layout is not t.strided or obj.is_neg():
+        return None
+    return t, dtype, obj.get_device()
+
+
+def _from_torch(obj, name, dtype, device_index):
+    """The Array of a plain torch tensor (see plain_torch): what DLPack would describe. The tensor
+    itself is kept, so its memory lives as long as the Array."""
+    a = Array()
+    a.obj, a.name, a.producer = obj, name, "torch"
+    a.device_type, a.device_id = _KDL_CUDA, device_index
+    a.dtype = dtype
+    a.shape = tuple(obj.shape)
+    a.strides = tuple(obj.stride())
+    a.ptr = obj.data_ptr()
+    a._keep = (obj,)
+    _check_strides(a)
     return a
 
 
@@ -270,7 +351,7 @@ def current_stream(obj):
     arrays; None for any other producer, which has no such notion."""
     lib = producer(obj)
     if lib == "torch" and getattr(getattr(obj, "device", None), "type", None) == "cuda":
-        return sys.modules["torch"].cuda.current_stream(obj.device).cuda_stream
+        return _torch().stream(obj.get_device())
     if lib == "cupy":
         return sys.modules["cupy"].cuda.get_current_stream().ptr
     return None
@@ -371,27 +452,43 @@ class Call:
             raise TypeError(f"argument '{next(iter(objs))}' is None; a CUDA array is needed")
         ref_name, ref = present[0]
         self.explicit_stream = stream is not None
-        self.stream = stream_handle(stream, ref)
+        self._ref_obj = ref
+        self._plain_ref = plain = plain_torch(ref)
+        self._streams = {}  # device index -> torch's current stream there, read once per call
+        if plain is not None and stream is None:
+            self.stream = self._streams[plain[2]] = plain[0].stream(plain[2])
+        else:
+            self.stream = stream_handle(stream, ref)
         self.arrays = {}
         self._foreign = []
-        # torch exports a tensor through DLPack only while its device is the current one.
-        with _object_device_context(ref):
-            for k, v in present:
-                self._describe(k, v)
-        self.ref = self.arrays[ref_name]
+        for k, v in present:
+            self._describe(k, v, plain if v is ref else plain_torch(v))
+        self.ref = ref_array = self.arrays[ref_name]
         for a in self.arrays.values():
-            self._check_device(a)
+            if a.device_id != ref_array.device_id:
+                self._check_device(a)
 
-    def _describe(self, name, obj):
-        current = current_stream(obj)
+    def _describe(self, name, obj, plain):
+        if plain is not None:
+            tables, dtype, device = plain
+            current = self._streams.get(device)
+            if current is None:
+                current = self._streams[device] = tables.stream(device)
+        else:
+            current = current_stream(obj)
         if current is None and not self.explicit_stream:
             current = self.stream  # no library stream to go by: ours is the one it names
         foreign = current != self.stream
-        # Not foreign: nothing to order (see as_array). Foreign: DLPack's stream convention
-        # (1 is the legacy default stream, 0 is not valid).
-        a = as_array(obj, name, (self.stream or 1) if foreign else None)
-        if foreign:
-            self._foreign.append(a)
+        if plain is not None and not foreign:
+            a = _from_torch(obj, name, dtype, device)
+        else:
+            # Not foreign: nothing to order (see as_array). Foreign: DLPack's stream convention
+            # (1 is the legacy default stream, 0 is not valid). torch exports a tensor through
+            # DLPack only while its device is the current one.
+            with _object_device_context(self._ref_obj):
+                a = as_array(obj, name, (self.stream or 1) if foreign else None)
+            if foreign:
+                self._foreign.append(a)
         self.arrays[name] = a
         return a
 
@@ -410,12 +507,17 @@ class Call:
     def output(self, name, obj, shape, dtype):
         """The output `name`: obj checked for shape, dtype, device and density, or (obj None)
         a new array from the reference input's library. Returns (object, Array)."""
+        if obj is None and self._plain_ref is not None:
+            # new_empty allocates on the reference's device whatever the current one is.
+            plain = self._plain_ref
+            obj = self.ref.obj.new_empty(tuple(shape), dtype=plain[0].torch_dtypes[dtype])
+            return obj, self._describe(name, obj, (plain[0], dtype, plain[2]))
         with device_context(self.ref):
             if obj is None:
                 obj = empty(self.ref, shape, dtype, name)
-                a = self._describe(name, obj)
+                a = self._describe(name, obj, plain_torch(obj))
             else:
-                a = self.arrays.get(name) or self._describe(name, obj)
+                a = self.arrays.get(name) or self._describe(name, obj, plain_torch(obj))
                 a.check_shape(shape).check_dtype((dtype,)).check_contiguous()
         self._check_device(a)
         return obj, a
@@ -423,19 +525,73 @@ class Call:
     def run(self, fn, *args):
         """Calls the C entry point `fn` on the reference input's device; args are passed as
         they are (the stream must be among them). Raises TkernError on failure."""
-        with device_context(self.ref):
-            _lifetime.release_finished()
-            try:
-                _lib.call(fn, *args)
-            except _lib.TkernError as e:
-                # A launch may have been queued before a CUDA failure; nothing was otherwise.
-                if e.status_name == "TK_ERROR_CUDA" and self._foreign:
-                    _lifetime.keep_alive(self.stream, self._foreign)
-                raise
-            if self._foreign:
+        plain = self._plain_ref
+        if plain is not None and plain[0].device() == plain[2]:
+            self._launch(fn, args)  # already on the reference's device: no switch to undo
+        else:
+            with device_context(self.ref):
+                self._launch(fn, args)
+
+    def _launch(self, fn, args):
+        _lifetime.release_finished()
+        try:
+            _lib.call(fn, *args)
+        except _lib.TkernError as e:
+            # A launch may have been queued before a CUDA failure; nothing was otherwise.
+            if e.status_name == "TK_ERROR_CUDA" and self._foreign:
                 _lifetime.keep_alive(self.stream, self._foreign)
+            raise
+        if self._foreign:
+            _lifetime.keep_alive(self.stream, self._foreign)
 
 
 def ptr(a):
     """The device pointer of an optional Array (0 for None)."""
     return 0 if a is None else a.ptr
+
+
+_PLAIN_SCALARS = (int, bool, str, type(None))
+_PLAIN_INDICES = (int, type(None))
+
+
+class Plans:
+    """Validated call descriptions of one function: the params struct its checks produced, keyed
+    on the scalar arguments and every array's shape, strides, dtype, device and library, and
+    reused for a later call with that key with only the pointers changed. None of the checks
+    depends on anything else (a pointer's alignment is the library's to check, at every call).
+    Only a description whose checks all passed is stored: errors are never cached."""
+
+    LIMIT = 512
+
+    def __init__(self):
+        self._plans = {}
+
+    @staticmethod
+    def key(c, *scalars):
+        """The key of Call c with these scalar arguments, or None (nothing is cached) when one is
+        not a plain immutable value (an int, float, str, None, or a tuple of ints and None): an
+        object such as a 0-d tensor could change between calls."""
+        values = []
+        for v in scalars:
+            t = type(v)
+            if t is float:  # the sign too: alpha=-0.0 is not alpha=0.0
+                values.append((t, v, math.copysign(1.0, v)))
+            elif t in _PLAIN_SCALARS or (t is tuple and all(type(e) in _PLAIN_INDICES
+                                                             for e in v)):
+                values.append((t, v))
+            else:
+                return None
+        arrays = tuple((k, a.shape, a.strides, a.dtype, a.device_id, a.producer)
+                       for k, a in c.arrays.items())
+        return tuple(values), arrays
+
+    def get(self, key):
+        """A copy of the params stored for key, or None."""
+        p = None if key is None else self._plans.get(key)
+        return None if p is None else type(p).from_buffer_copy(p)
+
+    def put(self, key, params):
+        if key is not None:
+            if len(self._plans) >= self.LIMIT:
+                self._plans.clear()
+            self._plans[key] = type(params).from_buffer_copy(params)

@@ -3,7 +3,7 @@
 import ctypes
 
 from . import _lib
-from ._arrays import FLOATS, Call, ptr
+from ._arrays import FLOATS, Call, Plans, ptr
 
 # Where batch, sequence, head and head_dim sit in the array's dimensions, per layout.
 _LAYOUTS = {"bshd": ((0, 1, 2, 3), "[batch, seq, heads, head_dim]"),
@@ -16,11 +16,37 @@ def _dims(a, layout):
     return tuple(a.shape[i] for i in order), [a.strides[i] for i in order]
 
 
+_PLANS = Plans()
+
+
 def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse, layout, out,
            lse, stream):
     if layout not in _LAYOUTS:
         raise ValueError(f"argument 'layout' = {layout!r}; accepted: 'bshd', 'bhsd'")
     c = Call(stream, q=q, k=k, v=v, alibi_slopes=alibi_slopes, out=out, lse=lse)
+    key = Plans.key(c, causal, window, softcap, scale, return_lse, layout)
+    p = _PLANS.get(key)
+    if p is None:
+        p, out, lse_obj = _checked(c, causal=causal, window=window, softcap=softcap, scale=scale,
+                                   return_lse=return_lse, layout=layout, out=out, lse=lse)
+        _PLANS.put(key, p)
+        return c, p, out, lse_obj
+    # Checked before for this key: only the outputs and the pointers are new.
+    qa = c["q"]
+    if out is None:
+        out, oa = c.output("out", None, qa.shape, qa.dtype)
+    else:
+        oa = c["out"]
+    lse_obj, la = None, None
+    if return_lse:
+        lse_obj, la = c.output("lse", lse, (p.batch, p.heads_q, p.seqlen_q), "float32")
+    p.q, p.k, p.v, p.o = qa.ptr, c["k"].ptr, c["v"].ptr, oa.ptr
+    p.alibi_slopes, p.lse = ptr(c.get("alibi_slopes")), ptr(la)
+    return c, p, out, lse_obj
+
+
+def _checked(c, *, causal, window, softcap, scale, return_lse, layout, out, lse):
+    """Checks the arguments of Call c and allocates the outputs: (params, out, lse)."""
     qa = c["q"].check_dtype(FLOATS)
     (batch, sq, hq, dim), q_strides = _dims(qa, layout)
     kv = {}
@@ -59,7 +85,7 @@ def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse,
         window_left=left, window_right=right, softcap=softcap or 0.0, alibi_slopes=ptr(aa),
         return_lse=int(bool(return_lse)), lse=ptr(la), q_strides=q_strides,
         k_strides=k_strides, v_strides=v_strides, o_strides=_dims(oa, layout)[1])
-    return c, p, out, lse_obj
+    return p, out, lse_obj
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,

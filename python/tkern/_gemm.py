@@ -2,12 +2,37 @@
 
 from . import _lib
 from ._activation import activation_kind
-from ._arrays import FLOATS, HALVES, Call, ptr
+from ._arrays import FLOATS, HALVES, Call, Plans, ptr
 from ._attention import _supported
+
+
+_PLANS = Plans()
 
 
 def _setup(a, b, bias, activation, c_in, alpha, beta, out_dtype, out, stream):
     c = Call(stream, a=a, b=b, bias=bias, c=c_in, out=out)
+    key = Plans.key(c, activation, alpha, beta, out_dtype)
+    p = _PLANS.get(key)
+    if p is None:
+        p, out = _checked(c, activation, alpha, beta, out_dtype, out)
+        _PLANS.put(key, p)
+        return c, p, out
+    # Checked before for this key: only the output and the pointers are new.
+    aa = c["a"]
+    if out is None:
+        out, oa = c.output("out", None, aa.shape[:-1] + (p.n,),
+                           _DTYPE_NAMES[p.output_dtype])
+    else:
+        oa = c["out"]
+    p.a, p.b, p.c, p.bias, p.d = aa.ptr, c["b"].ptr, ptr(c.get("c")), ptr(c.get("bias")), oa.ptr
+    return c, p, out
+
+
+_DTYPE_NAMES = {v: k for k, v in _lib.DTYPES.items()}
+
+
+def _checked(c, activation, alpha, beta, out_dtype, out):
+    """Checks the arguments of Call c and allocates the output: (params, out)."""
     aa = c["a"].check_dtype(HALVES)
     if aa.ndim < 1:
         raise ValueError("argument 'a' must be [..., k]")
@@ -49,7 +74,7 @@ def _setup(a, b, bias, activation, c_in, alpha, beta, out_dtype, out, stream):
                         bias=ptr(bias_a), d=oa.ptr, ldd=oa.rows()[2],
                         activation=activation_kind(activation, "activation"), alpha=alpha,
                         beta=beta)
-    return c, p, out
+    return p, out
 
 
 def gemm(a, b, bias=None, activation=None, *, c=None, alpha=1.0, beta=None, out_dtype=None,

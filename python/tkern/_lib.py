@@ -148,28 +148,52 @@ class _Params(ctypes.Structure):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls._types = dict(cls.__dict__.get("_fields_", ()))
+        # name -> (ctype of its integers or None, lo, hi, array length or None), for the checks
+        # of __setattr__ at the cost of one dict lookup and a comparison.
+        cls._ranges = {}
+        for name, ctype in cls._types.items():
+            length = ctype._length_ if issubclass(ctype, ctypes.Array) else None
+            base = ctype._type_ if length is not None else ctype
+            lo, hi = _INT_RANGES[base][1:] if base in _INT_RANGES else (None, None)
+            cls._ranges[name] = (base if lo is not None else None, lo, hi, length)
 
     def __init__(self, **fields):
-        super().__init__()
-        self.size = ctypes.sizeof(self)
-        for name, value in {**self.DEFAULTS, **fields}.items():
+        cls = type(self)
+        template = cls.__dict__.get("_template")
+        if template is None:
+            # size and DEFAULTS, checked once; each instance starts as a copy of it.
+            template = cls.__new__(cls)
+            _Params.__setattr__(template, "size", ctypes.sizeof(cls))
+            for name, value in self.DEFAULTS.items():
+                _Params.__setattr__(template, name, value)
+            cls._template = template
+        ctypes.memmove(ctypes.addressof(self), ctypes.addressof(template), ctypes.sizeof(cls))
+        for name, value in fields.items():
             setattr(self, name, value)
 
     def __setattr__(self, name, value):
-        ctype = self._types.get(name)
-        if ctype is None:
+        r = self._ranges.get(name)
+        if r is None:
             raise AttributeError(f"{type(self).__name__} ({_struct_name(type(self))}) has no "
                                  f"field {name!r}; its fields: "
                                  f"{', '.join(f for f, _ in self._fields_)}")
-        if ctype in _INT_RANGES:
+        ctype, lo, hi, length = r
+        if length is not None:
+            if len(value) != length:
+                raise ValueError(f"argument '{name}' needs {length} values, got {len(value)}")
+            for v in value:
+                if not (type(v) is int and lo <= v <= hi):
+                    value = tuple(checked_int(v, ctype, f"argument '{name}[{i}]'")
+                                  for i, v in enumerate(value))
+                    break
+            else:
+                value = tuple(value)
+        elif ctype is not None and not (type(value) is int and lo <= value <= hi):
             value = checked_int(value, ctype, f"argument '{name}'")
-        elif issubclass(ctype, ctypes.Array):
-            if len(value) != ctype._length_:
-                raise ValueError(f"argument '{name}' needs {ctype._length_} values, got "
-                                 f"{len(value)}")
-            value = ctype(*(checked_int(v, ctype._type_, f"argument '{name}[{i}]'")
-                            for i, v in enumerate(value)))
-        super().__setattr__(name, value)
+        _struct_setattr(self, name, value)
+
+
+_struct_setattr = ctypes.Structure.__setattr__
 
 
 class DeviceInfo(_Params):
@@ -373,13 +397,29 @@ def function(name):
     return getattr(lib, name)
 
 
+_prototypes = {}
+
+
+def _prototype(name):
+    """(ctypes function, ((index, ctype, lo, hi) of each integer parameter)) of `name`, built
+    once: the per-call work is then the range comparisons and the call itself."""
+    proto = _prototypes.get(name)
+    if proto is None:
+        ints = tuple((i, ctype) + _INT_RANGES[ctype][1:]
+                     for i, ctype in enumerate(SIGNATURES[name][1]) if ctype in _INT_RANGES)
+        proto = _prototypes[name] = (function(name), ints)
+    return proto
+
+
 def call(name, *args):
     """Calls the entry point `name`; raises TkernError unless it returns TK_SUCCESS, and
     ValueError before the call for an int argument outside its C type's range."""
-    fn = function(name)
-    for i, (arg, ctype) in enumerate(zip(args, SIGNATURES[name][1])):
-        if isinstance(arg, int) and ctype in _INT_RANGES:
-            checked_int(arg, ctype, f"{name}'s argument {i + 1}")
+    fn, ints = _prototype(name)
+    for i, ctype, lo, hi in ints:
+        if i < len(args):
+            arg = args[i]
+            if isinstance(arg, int) and not lo <= arg <= hi:
+                checked_int(arg, ctype, f"{name}'s argument {i + 1}")
     status = fn(*args)
     if status != 0:
         raise TkernError(status, status_name(status), name, last_error())

@@ -3,7 +3,7 @@
 import ctypes
 
 from . import _lib
-from ._arrays import FLOATS, Call, enum, ptr
+from ._arrays import FLOATS, Call, Plans, enum, ptr
 
 
 def _params(c, eps, gemma, weight_names):
@@ -58,13 +58,31 @@ def rms_norm(x, weight=None, eps=1e-6, residual=None, *, gemma=False, out=None,
     Returns y, or (y, rstd) with return_rstd (rstd: float32 [...], for rms_norm_backward).
     """
     c = Call(stream, x=x, weight=weight, residual=residual, out=out)
-    xa, p, _ = _params(c, eps, gemma, ("weight",))
-    ra = _residual(c, xa, p)
-    out, oa = _out_rows(c, "out", out, xa, p)
+    key = Plans.key(c, eps, gemma)
+    p = _RMS_PLANS.get(key)
+    if p is None:
+        xa, p, _ = _params(c, eps, gemma, ("weight",))
+        _residual(c, xa, p)
+        out, oa = _out_rows(c, "out", out, xa, p)
+        _RMS_PLANS.put(key, p)
+    else:
+        xa, out, oa = _planned_out(c, out)
     rstd, sa = _stat(c, "rstd", xa, return_rstd)
-    c.run("tk_rmsnorm_fwd", _lib.byref(p), xa.ptr, ptr(ra), ptr(c.get("weight")), oa.ptr,
-          ptr(sa), c.stream)
+    c.run("tk_rmsnorm_fwd", _lib.byref(p), xa.ptr, ptr(c.get("residual")),
+          ptr(c.get("weight")), oa.ptr, ptr(sa), c.stream)
     return (out, rstd) if return_rstd else out
+
+
+# Checked params of the forward calls (see Plans).
+_RMS_PLANS, _LAYER_PLANS = Plans(), Plans()
+
+
+def _planned_out(c, out):
+    """x's Array and the output of a forward call whose arguments were checked before."""
+    xa = c["x"]
+    if out is None:
+        return (xa,) + c.output("out", None, xa.shape, xa.dtype)
+    return xa, out, c["out"]
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, residual=None, *, out=None,
@@ -77,13 +95,19 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, residual=None, *, out=None,
     return_stats (float32 [...], for layer_norm_backward).
     """
     c = Call(stream, x=x, weight=weight, bias=bias, residual=residual, out=out)
-    xa, p, _ = _params(c, eps, False, ("weight", "bias"))
-    ra = _residual(c, xa, p)
-    out, oa = _out_rows(c, "out", out, xa, p)
+    key = Plans.key(c, eps)
+    p = _LAYER_PLANS.get(key)
+    if p is None:
+        xa, p, _ = _params(c, eps, False, ("weight", "bias"))
+        _residual(c, xa, p)
+        out, oa = _out_rows(c, "out", out, xa, p)
+        _LAYER_PLANS.put(key, p)
+    else:
+        xa, out, oa = _planned_out(c, out)
     mean, ma = _stat(c, "mean", xa, return_stats)
     rstd, sa = _stat(c, "rstd", xa, return_stats)
-    c.run("tk_layernorm_fwd", _lib.byref(p), xa.ptr, ptr(ra), ptr(c.get("weight")),
-          ptr(c.get("bias")), oa.ptr, ptr(ma), ptr(sa), c.stream)
+    c.run("tk_layernorm_fwd", _lib.byref(p), xa.ptr, ptr(c.get("residual")),
+          ptr(c.get("weight")), ptr(c.get("bias")), oa.ptr, ptr(ma), ptr(sa), c.stream)
     return (out, mean, rstd) if return_stats else out
 
 

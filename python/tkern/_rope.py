@@ -1,7 +1,7 @@
 """Rotary position embedding: tk_rope_fwd, tk_rope_bwd."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, enum, ptr
+from ._arrays import FLOATS, Call, Plans, enum, ptr
 
 
 def _heads(a):
@@ -32,7 +32,6 @@ def _cache(c, p):
         if cache.shape[1] != rd or cache.strides[1] != 1:
             raise ValueError(f"argument 'cos_sin_cache' must be [max_position, {rd}] with "
                              f"contiguous rows, but has {cache.describe()}")
-        p.cos_cache, p.sin_cache = cache.ptr, cache.ptr + (rd // 2) * 4
         p.cache_row_stride, p.max_position = cache.strides[0], cache.shape[0]
     elif cos is not None or sin is not None:
         if cos is None or sin is None:
@@ -45,18 +44,28 @@ def _cache(c, p):
         if cos.shape != sin.shape or cos.strides != sin.strides:
             raise ValueError(f"arguments 'cos' and 'sin' must have one shape and row stride: "
                              f"{cos.describe()} vs {sin.describe()}")
-        p.cos_cache, p.sin_cache = cos.ptr, sin.ptr
         p.cache_row_stride, p.max_position = cos.strides[0], cos.shape[0]
 
 
-def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim,
-          position_start, cos, sin, cos_sin_cache, stream):
+def _pointers(c, p):
+    """Sets the pointer fields of p (positions, angle cache) from Call c's arrays."""
+    pa = c.get("positions")
+    if pa is not None:
+        if pa.dtype == "int32":
+            p.positions32 = pa.ptr
+        else:
+            p.positions64 = pa.ptr
+    cache, cos = c.get("cos_sin_cache"), c.get("cos")
+    if cache is not None:
+        rd = p.rotary_dim or p.head_dim
+        p.cos_cache, p.sin_cache = cache.ptr, cache.ptr + (rd // 2) * 4
+    elif cos is not None:
+        p.cos_cache, p.sin_cache = cos.ptr, c["sin"].ptr
+
+
+def _checked(c, names, style, theta, position_start, rotary_dim):
+    """The params of Call c but its pointers and output strides, with every check."""
     qn, kn = names
-    if q is None and k is None:
-        raise TypeError(f"at least one of '{qn}' and '{kn}' must be given")
-    c = Call(stream, **{qn: q, kn: k}, positions=positions, cos=cos, sin=sin,
-             cos_sin_cache=cos_sin_cache,
-             **({} if inplace else {qn + "_out": outs[0], kn + "_out": outs[1]}))
     p = _lib.RopeParams(style=enum(_lib.ROPE_STYLES, style, "style"),
                         theta=theta, position_start=position_start, rotary_dim=rotary_dim or 0)
     shapes, dtype = {}, None
@@ -81,11 +90,27 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
         if pa.numel != p.tokens:
             raise ValueError(f"argument 'positions' has {pa.numel} elements for {p.tokens} "
                              f"tokens (shape {pa.shape})")
-        if pa.dtype == "int32":
-            p.positions32 = pa.ptr
-        else:
-            p.positions64 = pa.ptr
     _cache(c, p)
+    return p
+
+
+_PLANS = Plans()
+
+
+def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim,
+          position_start, cos, sin, cos_sin_cache, stream):
+    qn, kn = names
+    if q is None and k is None:
+        raise TypeError(f"at least one of '{qn}' and '{kn}' must be given")
+    c = Call(stream, **{qn: q, kn: k}, positions=positions, cos=cos, sin=sin,
+             cos_sin_cache=cos_sin_cache,
+             **({} if inplace else {qn + "_out": outs[0], kn + "_out": outs[1]}))
+    key = Plans.key(c, fn, inplace, theta, style, rotary_dim, position_start)
+    p = _PLANS.get(key)
+    checked = p is None  # else checked before for this key: the output strides are in p
+    if checked:
+        p = _checked(c, names, style, theta, position_start, rotary_dim)
+    _pointers(c, p)
     results, ptrs = [], []
     for name, field, obj in ((qn, "q", outs[0]), (kn, "k", outs[1])):
         a = c.get(name)
@@ -96,11 +121,18 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
             results.append(a.obj if obj is None else obj)
             ptrs.append(a.ptr)
         else:
-            o, oa = (c.output(name + "_out", None, a.shape, a.dtype) if obj is None else
-                     (obj, c[name + "_out"].check_shape(a.shape).check_dtype((a.dtype,))))
-            setattr(p, field + "_out_strides", _heads(oa)[3])
+            if obj is None:
+                o, oa = c.output(name + "_out", None, a.shape, a.dtype)
+            else:
+                o, oa = obj, c[name + "_out"]
+                if checked:
+                    oa.check_shape(a.shape).check_dtype((a.dtype,))
+            if checked:
+                setattr(p, field + "_out_strides", _heads(oa)[3])
             results.append(o)
             ptrs.append(oa.ptr)
+    if checked:
+        _PLANS.put(key, p)
     c.run(fn, _lib.byref(p), ptr(c.get(qn)), ptr(c.get(kn)), ptrs[0], ptrs[1], c.stream)
     return tuple(results)
 

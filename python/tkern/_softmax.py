@@ -1,7 +1,7 @@
 """Softmax and log-softmax over rows: tk_softmax_fwd, tk_softmax_bwd."""
 
 from . import _lib
-from ._arrays import FLOATS, Call
+from ._arrays import FLOATS, Call, Plans
 
 
 def _params(c, name, dim, scale, log, causal, causal_offset, causal_period):
@@ -18,13 +18,23 @@ def _params(c, name, dim, scale, log, causal, causal_offset, causal_period):
     return a, p, stride
 
 
+_PLANS = Plans()
+
+
 def _forward(x, dim, scale, log, causal, causal_offset, causal_period, out, stream):
     c = Call(stream, x=x, out=out)
-    xa, p, xstride = _params(c, "x", dim, scale, log, causal, causal_offset, causal_period)
-    p.x_row_stride = xstride
-    out, oa = (c.output("out", None, xa.shape, xa.dtype) if out is None
-               else (out, c["out"].check_shape(xa.shape).check_dtype((xa.dtype,))))
-    p.y_row_stride = oa.rows()[2]
+    key = Plans.key(c, dim, scale, log, causal, causal_offset, causal_period)
+    p = _PLANS.get(key)
+    if p is None:
+        xa, p, xstride = _params(c, "x", dim, scale, log, causal, causal_offset, causal_period)
+        p.x_row_stride = xstride
+        out, oa = (c.output("out", None, xa.shape, xa.dtype) if out is None
+                   else (out, c["out"].check_shape(xa.shape).check_dtype((xa.dtype,))))
+        p.y_row_stride = oa.rows()[2]
+        _PLANS.put(key, p)
+    else:  # checked before for this key: only the output is new
+        xa = c["x"]
+        out, oa = c.output("out", None, xa.shape, xa.dtype) if out is None else (out, c["out"])
     c.run("tk_softmax_fwd", _lib.byref(p), xa.ptr, oa.ptr, c.stream)
     return out
 
