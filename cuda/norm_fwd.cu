@@ -361,29 +361,24 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_fwd_wide(tk_norm_call a) {
     }
 }
 
-template <auto Kernel>
-int64_t grid_for(const tk_device *dev, int threads, int64_t blocks_needed) {
-    const int64_t wave = tk_wave_blocks<Kernel>(dev, threads, 0);
-    return blocks_needed < wave ? blocks_needed : wave;
-}
-
 template <typename T, typename W, int VEC, bool Whole>
 cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, cudaStream_t stream) {
-    if (a->layernorm)
-        a->residual ? norm_fwd_rows<T, W, VEC, true, true, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
-                    : norm_fwd_rows<T, W, VEC, true, false, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
-    else
-        a->residual ? norm_fwd_rows<T, W, VEC, false, true, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
-                    : norm_fwd_rows<T, W, VEC, false, false, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
-    return cudaGetLastError();
+    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, true, true, Whole>
+                                                    : norm_fwd_rows<T, W, VEC, true, false, Whole>)
+                                     : (a->residual ? norm_fwd_rows<T, W, VEC, false, true, Whole>
+                                                    : norm_fwd_rows<T, W, VEC, false, false, Whole>);
+    return tk_launch(kernel, grid, s.threads, 0, stream, *a, s.group, inv_n);
 }
 
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
     if (wide) {
         constexpr auto kernel = norm_fwd_wide<T, W, VEC>;
-        kernel<<<(unsigned)grid_for<kernel>(dev, WIDE_THREADS, a->rows), WIDE_THREADS, 0, stream>>>(*a);
-        return cudaGetLastError();
+        int64_t wave;
+        const cudaError_t err = tk_wave_blocks<kernel>(dev, WIDE_THREADS, 0, &wave);
+        if (err != cudaSuccess)
+            return err;
+        return tk_launch(kernel, (unsigned)(a->rows < wave ? a->rows : wave), WIDE_THREADS, 0, stream, *a);
     }
     constexpr int packs = fwd_packs<VEC>();
     const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
@@ -413,16 +408,11 @@ cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev
 
 extern "C" cudaError_t tk_launch_norm_fwd(const tk_norm_call *a, bool vec, bool wide,
                                           const tk_device *dev, cudaStream_t stream) {
-    switch (a->dtype) {
-    case TK_F32:
-        return vec ? launch<float, float, 4>(a, wide, dev, stream) : launch<float, float, 1>(a, wide, dev, stream);
-    case TK_F16:
-        return vec ? launch_weight<__half, 8>(a, wide, dev, stream) : launch_weight<__half, 1>(a, wide, dev, stream);
-    case TK_BF16:
-        return vec ? launch_weight<__nv_bfloat16, 8>(a, wide, dev, stream)
-                   : launch_weight<__nv_bfloat16, 1>(a, wide, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, wide, dev, stream)
+                   : launch_weight<T, 1>(a, wide, dev, stream);
+    });
 }
 
 static cudaError_t launch_either(const void *call, bool vec, bool wide, const tk_device *dev,

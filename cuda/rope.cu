@@ -349,11 +349,9 @@ cudaError_t launch(const tk_rope_call *a, const tk_device *dev, cudaStream_t str
     if (blocks > INT32_MAX) /* 2^31 blocks of >= 256 units: more bytes than a device holds */
         return cudaErrorInvalidConfiguration;
     if (table)
-        rope_kernel<T, Vec, NeoX, true, PER_THREAD>
-            <<<(unsigned)blocks, THREADS, (size_t)(g.tokens_per_block * half) * 2 * sizeof(float), stream>>>(*a, g);
-    else
-        rope_kernel<T, Vec, NeoX, false, 1><<<(unsigned)blocks, THREADS, 0, stream>>>(*a, g);
-    return cudaGetLastError();
+        return tk_launch(rope_kernel<T, Vec, NeoX, true, PER_THREAD>, (unsigned)blocks, THREADS,
+                         (size_t)(g.tokens_per_block * half) * 2 * sizeof(float), stream, *a, g);
+    return tk_launch(rope_kernel<T, Vec, NeoX, false, 1>, (unsigned)blocks, THREADS, 0, stream, *a, g);
 }
 
 template <typename T, int Vec>
@@ -364,12 +362,10 @@ cudaError_t launch_style(const tk_rope_call *a, const tk_device *dev, cudaStream
 template <bool Wide>
 cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_rope_call *a = static_cast<const tk_rope_call *>(call);
-    switch (a->dtype) {
-    case TK_F32: return launch_style<float, Wide ? 4 : 1>(a, dev, stream);
-    case TK_F16: return launch_style<__half, Wide ? 8 : 1>(a, dev, stream);
-    case TK_BF16: return launch_style<__nv_bfloat16, Wide ? 8 : 1>(a, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return launch_style<T, tk_pack_width<T>(Wide)>(a, dev, stream);
+    });
 }
 
 } // namespace
