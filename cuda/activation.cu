@@ -14,9 +14,8 @@
  *   of f16 / bf16 (unroll_for), so several 16-byte loads per thread are in flight at once.
  * - One block per chunk of 256 threads x 16 elements of a row (tk_row_chunk_shape), not a
  *   persistent grid: with ~30-50 registers per thread up to 8 blocks share an SM, and while some
- *   compute, others load and others store, so the memory system never idles. A persistent grid
- *   that software-pipelined each thread's next loads measured 0.87-0.94 of the copy bandwidth
- *   on an H200 where this layout measured 0.97-1.00 (bf16 16384x4096, ReLU to erf-GELU).
+ *   compute, others load and others store, so the memory system never idles (a persistent,
+ *   software-pipelined grid was slower: docs/kernels/activation.md).
  * - Calls without a bias arrive as one long row; with a bias, the chunk of a row gives each
  *   pack's bias column directly, with no division. Odd sizes leave a short scalar tail.
  * The "scalar" variant is the same kernel with packs of one element: for pointers that are not

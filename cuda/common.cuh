@@ -135,8 +135,7 @@ template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> tk_pac
 
 /* p points to global memory. A 16-byte pack is stored with one explicit st.global.v4: written
  * as a uint4 assignment, nvcc 13 split the stores of kernels that fill a pack element by
- * element into four 4-byte STG (seen in the SASS of the bf16 GELU kernel), and those partial
- * writes cost L2 bandwidth: 0.46 instead of 0.96 of the copy bandwidth on an H200. */
+ * element into four 4-byte STG, whose partial writes cost L2 bandwidth (docs/kernels/activation.md). */
 template <typename T, int N> __device__ __forceinline__ void tk_store_pack(T *p, const tk_pack<T, N> &v) {
     if constexpr (sizeof(T) * N == 16) {
         const uint4 w = *reinterpret_cast<const uint4 *>(&v);

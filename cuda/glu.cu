@@ -28,9 +28,8 @@ namespace {
 
 constexpr int MAX_THREADS = 256;
 
-/* Packs per thread per input half: 16 outputs per thread (4 f32 packs, 2 f16 / bf16 packs).
- * Measured on an H200, bf16 SwiGLU: 16 outputs per thread 0.96 of the copy bandwidth, 8 outputs
- * 0.76 (fewer bytes in flight per thread outweighed the higher occupancy). */
+/* Packs per thread per input half: 16 outputs per thread (4 f32 packs, 2 f16 / bf16 packs); 8
+ * outputs, with fewer bytes in flight per thread, were slower (docs/kernels/activation.md). */
 __host__ __device__ constexpr int unroll_for(int vec) { return vec == 1 ? 4 : 16 / vec; }
 
 /* The activation applied to the gate for each GLU kind (the clamped form is written out). */

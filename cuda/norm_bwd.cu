@@ -18,9 +18,8 @@
  *   (2 x 16 floats) in registers across all rows of its group; the partials leave once per
  *   group, not once per row. Groups = min(one occupancy wave, workspace slots). w' is re-read
  *   per row (L1 hits) to keep registers for the partials. A group loads its next row while it
- *   reduces and stores the current one (0.51 -> 0.72 of the copy bandwidth for bf16 RMSNorm
- *   backward on an H200): with ~120 registers an SM holds 2 blocks of 256 threads, too few
- *   loads in flight when each block waits for its own.
+ *   reduces and stores the current one: with ~120 registers an SM holds 2 blocks of 256
+ *   threads, too few loads in flight when each block waits for its own (docs/kernels/norm.md).
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
  *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
  *   (read-modify-write, overwritten on the group's first row: no memset needed).

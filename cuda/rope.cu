@@ -26,14 +26,12 @@
  *   head. After one barrier each unit reads its Vec cos / sin from the table, rotates and is
  *   stored with 16-byte st.global.v4 (tk_store_pack).
  * - With a cache, a table entry is two dependent loads: the token's position, then the cache
- *   row at it. Issued after the data loads, both round trips followed the data and a block
- *   waited for them with its data already in registers: 0.83 of copy on an H200, against 0.93
- *   for theta. So a thread first loads its first entry's position, waits for it, issues that
- *   entry's cos / sin loads and only then its data loads: the cache row and the data are in
- *   flight together (0.93, experiments/rope_cache_order.cu). Loading only the position first
- *   (0.83), or prefetching into L2 the cache rows of the blocks one to four waves on (0.82-0.86),
- *   did not help. With theta only the position goes first (computing the angles before the data
- *   loads would delay them).
+ *   row at it. Issued after the data loads, both round trips would follow the data, and a block
+ *   would wait for them with its data already in registers. So a thread first loads its first
+ *   entry's position, waits for it, issues that entry's cos / sin loads and only then its data
+ *   loads: the cache row and the data are in flight together (the orders tried are in
+ *   docs/kernels/rope.md). With theta only the position goes first (computing the angles before
+ *   the data loads would delay them).
  * - Registers (80 at most, 3 blocks of 256 per SM): between the loads and the rotation only the
  *   raw packs (keep_packed) and one cursor are alive; step 3 walks the work list again instead
  *   of keeping each unit's addresses (forget), and rotates 4 pairs at a time. Angles are not
@@ -41,8 +39,8 @@
  * - Benchmark shape (40 heads x 8 units of bf16 = 320 units per token): a chunk of 256 x 5 units
  *   is 4 tokens, whose table is 256 (token, pair) entries: one sincos per thread.
  * The former mapping (a thread per (token, unit) walking all 40 heads with its angles in
- * registers, a one-wave persistent grid) used 102-116 registers and measured 0.86-0.88 of the
- * copy bandwidth on an H200.
+ * registers, a one-wave persistent grid) used 102-116 registers and was slower
+ * (docs/kernels/rope.md).
  * rotary_dim / 2 > TABLE_PAIRS (no table fits; a cold path) computes each unit's angles where it
  * is rotated, one unit per thread.
  *
