@@ -14,9 +14,8 @@
  *   of f16 / bf16 (unroll_for), so several 16-byte loads per thread are in flight at once.
  * - One block per chunk of 256 threads x 16 elements of a row (tk_row_chunk_shape), not a
  *   persistent grid: with ~30-50 registers per thread up to 8 blocks share an SM, and while some
- *   compute, others load and others store, so the memory system never idles. A persistent grid
- *   that software-pipelined each thread's next loads measured 0.87-0.94 of the copy bandwidth
- *   on an H200 where this layout measured 0.97-1.00 (bf16 16384x4096, ReLU to erf-GELU).
+ *   compute, others load and others store, so the memory system never idles (a persistent,
+ *   software-pipelined grid was slower: docs/kernels/activation.md).
  * - Calls without a bias arrive as one long row; with a bias, the chunk of a row gives each
  *   pack's bias column directly, with no division. Odd sizes leave a short scalar tail.
  * The "scalar" variant is the same kernel with packs of one element: for pointers that are not
@@ -120,11 +119,9 @@ template <typename T, int Kind, int Vec, bool Backward>
 cudaError_t launch(const tk_activation_call *a, const tk_device *dev, cudaStream_t stream) {
     (void)dev;
     const tk_row_chunks shape = tk_row_chunk_shape(a->rows, a->cols / Vec, unroll_for(Vec), MAX_THREADS);
-    if (a->bias)
-        activation_kernel<T, Kind, Vec, Backward, true><<<shape.grid, shape.threads, 0, stream>>>(*a);
-    else
-        activation_kernel<T, Kind, Vec, Backward, false><<<shape.grid, shape.threads, 0, stream>>>(*a);
-    return cudaGetLastError();
+    return tk_launch(a->bias ? activation_kernel<T, Kind, Vec, Backward, true>
+                             : activation_kernel<T, Kind, Vec, Backward, false>,
+                     shape.grid, shape.threads, 0, stream, *a);
 }
 
 template <typename T, int Vec, bool Backward>
@@ -145,18 +142,11 @@ cudaError_t launch_kind(const tk_activation_call *a, const tk_device *dev, cudaS
 template <bool Wide>
 cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_activation_call *a = static_cast<const tk_activation_call *>(call);
-    switch (a->dtype) {
-    case TK_F32:
-        return a->backward ? launch_kind<float, Wide ? 4 : 1, true>(a, dev, stream)
-                           : launch_kind<float, Wide ? 4 : 1, false>(a, dev, stream);
-    case TK_F16:
-        return a->backward ? launch_kind<__half, Wide ? 8 : 1, true>(a, dev, stream)
-                           : launch_kind<__half, Wide ? 8 : 1, false>(a, dev, stream);
-    case TK_BF16:
-        return a->backward ? launch_kind<__nv_bfloat16, Wide ? 8 : 1, true>(a, dev, stream)
-                           : launch_kind<__nv_bfloat16, Wide ? 8 : 1, false>(a, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        constexpr int Vec = tk_pack_width<T>(Wide);
+        return a->backward ? launch_kind<T, Vec, true>(a, dev, stream) : launch_kind<T, Vec, false>(a, dev, stream);
+    });
 }
 
 } // namespace

@@ -563,14 +563,9 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
                         cudaStream_t stream) {
     using shape = attn_shape<D>;
     constexpr auto kernel = attention_fwd_kernel<T, D, PACKED>;
-    static int smem_opted_in[TK_MAX_DEVICES]; /* per device; a benign race writes the same 1 */
-    if (shape::SMEM_BYTES > 48 * 1024 && !smem_opted_in[dev->ordinal]) {
-        const cudaError_t err = cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shape::SMEM_BYTES);
-        if (err != cudaSuccess)
-            return err;
-        smem_opted_in[dev->ordinal] = 1;
-    }
+    const cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
+    if (err != cudaSuccess)
+        return err;
     attn_params p;
     p.q = c->q;
     p.k = c->k;
@@ -599,8 +594,7 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
     p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
     p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
     const unsigned blocks = (unsigned)((int64_t)p.m_blocks * p.head_tiles * c->batch);
-    kernel<<<blocks, ATTN_THREADS, shape::SMEM_BYTES, stream>>>(p);
-    return cudaGetLastError();
+    return tk_launch(kernel, blocks, ATTN_THREADS, shape::SMEM_BYTES, stream, p);
 }
 
 } // namespace
@@ -609,12 +603,11 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
 template <int D>
 cudaError_t attn_launch_head_dim(const tk_attention_call *c, int heads_per_tile,
                                  const tk_device *dev, cudaStream_t stream) {
-    if (c->dtype == TK_BF16)
-        return heads_per_tile > 1
-                   ? attn_launch<__nv_bfloat16, D, true>(c, heads_per_tile, dev, stream)
-                   : attn_launch<__nv_bfloat16, D, false>(c, 1, dev, stream);
-    return heads_per_tile > 1 ? attn_launch<__half, D, true>(c, heads_per_tile, dev, stream)
-                              : attn_launch<__half, D, false>(c, 1, dev, stream);
+    return tk_dispatch_dtype16(c->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return heads_per_tile > 1 ? attn_launch<T, D, true>(c, heads_per_tile, dev, stream)
+                                  : attn_launch<T, D, false>(c, 1, dev, stream);
+    });
 }
 
 /* The launcher of one head dim. */

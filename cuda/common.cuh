@@ -1,7 +1,7 @@
 /*
  * Device-side helpers shared by every kernel: dtype conversion, 16-byte vector access, warp and
- * block reductions, and occupancy-derived grid sizes. Kept small on purpose: a kernel file
- * should read on its own with this one include.
+ * block reductions; and, through core/launch.cuh, the launch helpers of every launcher. Kept
+ * small on purpose: a kernel file should read on its own with this one include.
  */
 #ifndef TK_COMMON_CUH
 #define TK_COMMON_CUH
@@ -13,7 +13,7 @@
 
 #include <type_traits>
 
-#include "launch.h"
+#include "core/launch.cuh"
 
 /* ---- dtype conversion: every kernel computes in f32 ---- */
 
@@ -31,36 +31,6 @@ template <> __device__ __forceinline__ __half tk_from_float<__half>(float v) {
 }
 template <> __device__ __forceinline__ __nv_bfloat16 tk_from_float<__nv_bfloat16>(float v) {
     return __float2bfloat16_rn(v);
-}
-
-/* ---- 16-byte vectors: the unit of every coalesced access (one LDG.128 / STG.128) ---- */
-
-template <typename T> struct alignas(16) tk_vec {
-    static constexpr int size = 16 / sizeof(T);
-    T v[size];
-};
-
-/* Both pointers must be 16-byte aligned. Plain loads: the caches decide. */
-template <typename T> __device__ __forceinline__ tk_vec<T> tk_load_vec(const T *p) {
-    tk_vec<T> r;
-    *reinterpret_cast<uint4 *>(&r) = *reinterpret_cast<const uint4 *>(p);
-    return r;
-}
-
-/* Streaming load for data read exactly once (evict-first in L1 and L2). */
-template <typename T> __device__ __forceinline__ tk_vec<T> tk_load_vec_stream(const T *p) {
-    tk_vec<T> r;
-    *reinterpret_cast<uint4 *>(&r) = __ldcs(reinterpret_cast<const uint4 *>(p));
-    return r;
-}
-
-template <typename T> __device__ __forceinline__ void tk_store_vec(T *p, const tk_vec<T> &v) {
-    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
-}
-
-/* Streaming store for data not read again by this kernel. */
-template <typename T> __device__ __forceinline__ void tk_store_vec_stream(T *p, const tk_vec<T> &v) {
-    __stcs(reinterpret_cast<uint4 *>(p), *reinterpret_cast<const uint4 *>(&v));
 }
 
 __host__ __device__ __forceinline__ bool tk_aligned16(const void *p) {
@@ -165,8 +135,7 @@ template <typename T, int Vec> __device__ __forceinline__ tk_pack<T, Vec> tk_pac
 
 /* p points to global memory. A 16-byte pack is stored with one explicit st.global.v4: written
  * as a uint4 assignment, nvcc 13 split the stores of kernels that fill a pack element by
- * element into four 4-byte STG (seen in the SASS of the bf16 GELU kernel), and those partial
- * writes cost L2 bandwidth: 0.46 instead of 0.96 of the copy bandwidth on an H200. */
+ * element into four 4-byte STG, whose partial writes cost L2 bandwidth (docs/kernels/activation.md). */
 template <typename T, int N> __device__ __forceinline__ void tk_store_pack(T *p, const tk_pack<T, N> &v) {
     if constexpr (sizeof(T) * N == 16) {
         const uint4 w = *reinterpret_cast<const uint4 *>(&v);
@@ -204,67 +173,6 @@ template <typename T, int Vec, int N> __device__ __forceinline__ void keep_packe
 /* The 32-bit shared-state-space address of a pointer into shared memory, as PTX wants it. */
 __device__ __forceinline__ uint32_t tk_smem_address(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* ---- launch shape ---- */
-
-#define TK_MAX_BLOCK_WARPS 32
-
-/* Resident blocks per SM of `Kernel` at this block size and dynamic shared memory, from the
- * occupancy calculator, cached per device and block size (one cache per kernel instantiation;
- * a race on first fill writes the same value twice). Kernels whose dynamic shared memory varies
- * from call to call must not use the cache: call cudaOccupancyMaxActiveBlocksPerMultiprocessor. */
-template <auto Kernel>
-int tk_blocks_per_sm(const tk_device *dev, int threads, size_t dynamic_smem) {
-    static int cache[TK_MAX_DEVICES][TK_MAX_BLOCK_WARPS + 1];
-    int *slot = &cache[dev->ordinal][threads / 32];
-    int blocks = *slot;
-    if (blocks == 0) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, dynamic_smem) !=
-                cudaSuccess ||
-            blocks < 1)
-            blocks = 1;
-        *slot = blocks;
-    }
-    return blocks;
-}
-
-/* Blocks that fill every SM to its occupancy limit: one full wave. */
-template <auto Kernel>
-int64_t tk_wave_blocks(const tk_device *dev, int threads, size_t dynamic_smem) {
-    return (int64_t)tk_blocks_per_sm<Kernel>(dev, threads, dynamic_smem) * dev->sm_count;
-}
-
-/* Launch shape of the row-chunked elementwise kernels (activation, GLU): blockIdx.x picks a
- * chunk of `threads * unroll` packs within a row, blockIdx.y a row (striding by gridDim.y only
- * past the 65535 rows a grid can hold). The chunk count is chosen first, then the block size is
- * trimmed so that the chunks cover the row with less than one warp of idle threads (a 3584-wide
- * bf16 row is 448 packs: one chunk of 224 threads x 2, not a 256 x 2 chunk with 32 idle
- * threads).
- * Every chunk is its own block, not a persistent grid striding over the tensor: each thread
- * loads its packs, computes and stores once, and the block scheduler keeps every SM full of
- * blocks in all three phases. On an H200 (bf16 16384x4096) this measured 0.97-1.00 of the
- * copy bandwidth for ReLU, SiLU, tanh- and erf-GELU, where a persistent software-pipelined grid
- * measured 0.87-0.94. */
-typedef struct tk_row_chunks {
-    dim3 grid;
-    int threads;
-} tk_row_chunks;
-
-static inline tk_row_chunks tk_row_chunk_shape(int64_t rows, int64_t packs_per_row, int unroll, int max_threads) {
-    const int64_t per_chunk_max = (int64_t)max_threads * unroll;
-    int64_t chunks = (packs_per_row + per_chunk_max - 1) / per_chunk_max;
-    if (chunks < 1)
-        chunks = 1;
-    const int64_t threads_needed = (packs_per_row + chunks * unroll - 1) / (chunks * unroll);
-    int threads = (int)((threads_needed + 31) / 32 * 32);
-    if (threads < 32)
-        threads = 32;
-    int64_t row_blocks = rows < 65535 ? rows : 65535;
-    if (row_blocks < 1)
-        row_blocks = 1;
-    tk_row_chunks shape = {dim3((unsigned)chunks, (unsigned)row_blocks, 1), threads};
-    return shape;
 }
 
 #endif

@@ -521,27 +521,20 @@ bool fast_loads(const tk_gemm_call *c) {
 template <class Cfg, typename In, bool BKn, bool Aligned>
 cudaError_t launch_kernel(const tk_gemm_call *c, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = gemm_kernel<Cfg, In, BKn, Aligned>;
-    static int smem_opted_in[TK_MAX_DEVICES]; /* a race on first use sets the same attribute */
-    if (!smem_opted_in[dev->ordinal]) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES);
-        if (err != cudaSuccess)
-            return err;
-        smem_opted_in[dev->ordinal] = 1;
-    }
-    kernel<<<(unsigned)tile_count<Cfg>(c), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(*c);
-    return cudaGetLastError();
+    const cudaError_t err = tk_opt_in_smem<kernel>(dev, Cfg::SMEM_BYTES);
+    if (err != cudaSuccess)
+        return err;
+    return tk_launch(kernel, (unsigned)tile_count<Cfg>(c), Cfg::THREADS, Cfg::SMEM_BYTES, stream, *c);
 }
 
 template <class Cfg, bool Aligned>
 cudaError_t launch_variant(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
-    const bool kn = c->b_layout == TK_GEMM_B_KN;
-    if (c->input_dtype == TK_F16)
-        return kn ? launch_kernel<Cfg, __half, true, Aligned>(c, dev, stream)
-                  : launch_kernel<Cfg, __half, false, Aligned>(c, dev, stream);
-    return kn ? launch_kernel<Cfg, __nv_bfloat16, true, Aligned>(c, dev, stream)
-              : launch_kernel<Cfg, __nv_bfloat16, false, Aligned>(c, dev, stream);
+    return tk_dispatch_dtype16(c->input_dtype, [&](auto type) {
+        using In = typename decltype(type)::type;
+        return c->b_layout == TK_GEMM_B_KN ? launch_kernel<Cfg, In, true, Aligned>(c, dev, stream)
+                                           : launch_kernel<Cfg, In, false, Aligned>(c, dev, stream);
+    });
 }
 
 } // namespace

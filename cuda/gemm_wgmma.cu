@@ -207,20 +207,14 @@ cudaError_t launch_kernel(const tk_gemm_call *c, const tk_device *dev, cudaStrea
     if (map_err != cudaSuccess)
         return map_err;
     constexpr auto kernel = wgmma_kernel<In, StoreRun>;
-    static int smem_opted_in[TK_MAX_DEVICES]; /* a race on first use sets the same attribute */
-    if (!smem_opted_in[dev->ordinal]) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (err != cudaSuccess)
-            return err;
-        smem_opted_in[dev->ordinal] = 1;
-    }
+    const cudaError_t err = tk_opt_in_smem<kernel>(dev, SMEM_BYTES);
+    if (err != cudaSuccess)
+        return err;
     /* Persistent: the shared memory allows one block of 384 threads per SM, so one block per SM
      * (or per tile, if there are fewer) walks every gridDim.x-th tile. */
     const int64_t tiles = tile_count(c->m, c->n);
     const unsigned blocks = (unsigned)(tiles < c->sm_count ? tiles : c->sm_count);
-    kernel<<<blocks, THREADS, SMEM_BYTES, stream>>>(*c, map_a, map_b);
-    return cudaGetLastError();
+    return tk_launch(kernel, blocks, THREADS, SMEM_BYTES, stream, *c, map_a, map_b);
 }
 
 } // namespace
@@ -239,6 +233,7 @@ extern "C" bool tk_gemm_supports_wgmma_128x256(const void *call) {
 extern "C" cudaError_t tk_launch_gemm_wgmma_128x256(const void *call, const tk_device *dev,
                                                     cudaStream_t stream) {
     const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
-    return c->input_dtype == TK_F16 ? launch_kernel<__half>(c, dev, stream)
-                                    : launch_kernel<__nv_bfloat16>(c, dev, stream);
+    return tk_dispatch_dtype16(c->input_dtype, [&](auto type) {
+        return launch_kernel<typename decltype(type)::type>(c, dev, stream);
+    });
 }

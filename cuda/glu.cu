@@ -28,9 +28,8 @@ namespace {
 
 constexpr int MAX_THREADS = 256;
 
-/* Packs per thread per input half: 16 outputs per thread (4 f32 packs, 2 f16 / bf16 packs).
- * Measured on an H200, bf16 SwiGLU: 16 outputs per thread 0.96 of the copy bandwidth, 8 outputs
- * 0.76 (fewer bytes in flight per thread outweighed the higher occupancy). */
+/* Packs per thread per input half: 16 outputs per thread (4 f32 packs, 2 f16 / bf16 packs); 8
+ * outputs, with fewer bytes in flight per thread, were slower (docs/kernels/activation.md). */
 __host__ __device__ constexpr int unroll_for(int vec) { return vec == 1 ? 4 : 16 / vec; }
 
 /* The activation applied to the gate for each GLU kind (the clamped form is written out). */
@@ -205,11 +204,9 @@ __global__ void __launch_bounds__(MAX_THREADS, Backward ? 2 : 4) glu_kernel(tk_g
 
 template <typename T, int Kind, int Vec, bool Interleaved, bool Backward>
 cudaError_t launch(const tk_glu_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr auto kernel = glu_kernel<T, Kind, Vec, Interleaved, Backward>;
     const tk_row_chunks shape = tk_row_chunk_shape(a->rows, a->d / Vec, unroll_for(Vec), MAX_THREADS);
     (void)dev;
-    kernel<<<shape.grid, shape.threads, 0, stream>>>(*a);
-    return cudaGetLastError();
+    return tk_launch(glu_kernel<T, Kind, Vec, Interleaved, Backward>, shape.grid, shape.threads, 0, stream, *a);
 }
 
 template <typename T, int Vec, bool Interleaved, bool Backward>
@@ -238,12 +235,10 @@ cudaError_t launch_layout(const tk_glu_call *a, const tk_device *dev, cudaStream
 template <bool Wide>
 cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_glu_call *a = static_cast<const tk_glu_call *>(call);
-    switch (a->dtype) {
-    case TK_F32: return launch_layout<float, Wide ? 4 : 1>(a, dev, stream);
-    case TK_F16: return launch_layout<__half, Wide ? 8 : 1>(a, dev, stream);
-    case TK_BF16: return launch_layout<__nv_bfloat16, Wide ? 8 : 1>(a, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return launch_layout<T, tk_pack_width<T>(Wide)>(a, dev, stream);
+    });
 }
 
 } // namespace

@@ -3,7 +3,10 @@
  * Plain C: src/ includes it, and so does every cuda/<family>.h. Nothing here is public.
  *
  * Launchers never validate user input (src/ has done that); they compute a launch shape, launch
- * and return the CUDA error of the launch (cudaGetLastError()), cudaSuccess when all went well.
+ * and return the error of their own CUDA calls (the launch's return value, cudaSuccess when all
+ * went well), through the helpers of cuda/core/launch.cuh. They never read or clear the thread's
+ * last error: a caller's earlier, unrelated error stays the caller's, and a launch that ran is
+ * not reported as failed because of it.
  */
 #ifndef TK_LAUNCH_H
 #define TK_LAUNCH_H

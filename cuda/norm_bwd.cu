@@ -18,9 +18,8 @@
  *   (2 x 16 floats) in registers across all rows of its group; the partials leave once per
  *   group, not once per row. Groups = min(one occupancy wave, workspace slots). w' is re-read
  *   per row (L1 hits) to keep registers for the partials. A group loads its next row while it
- *   reduces and stores the current one (0.51 -> 0.72 of the copy bandwidth for bf16 RMSNorm
- *   backward on an H200): with ~120 registers an SM holds 2 blocks of 256 threads, too few
- *   loads in flight when each block waits for its own.
+ *   reduces and stores the current one: with ~120 registers an SM holds 2 blocks of 256
+ *   threads, too few loads in flight when each block waits for its own (docs/kernels/norm.md).
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
  *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
  *   (read-modify-write, overwritten on the group's first row: no memset needed).
@@ -288,43 +287,48 @@ cudaError_t launch_reduce(const tk_norm_call *a, int64_t used, cudaStream_t stre
     if (a->dw == nullptr && a->db == nullptr)
         return cudaSuccess;
     const dim3 grid((unsigned)((a->cols + REDUCE_COLS - 1) / REDUCE_COLS), 2);
-    norm_reduce_slots<W><<<grid, REDUCE_COLS * REDUCE_LANES, 0, stream>>>(*a, used);
-    return cudaGetLastError();
+    return tk_launch(norm_reduce_slots<W>, grid, REDUCE_COLS * REDUCE_LANES, 0, stream, *a, used);
 }
 
-/* Blocks for `groups_needed` row groups of `groups_per_block`: at most one wave, and with dw /
- * db at most the workspace's slots (min(rows, slots) groups leave partials). */
+/* Blocks for the row groups of `groups_per_block`: at most one wave, and with dw / db at most
+ * the workspace's slots (min(rows, slots) groups leave partials). */
 template <auto Kernel>
-int64_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, int groups_per_block) {
+cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, int groups_per_block,
+                     int64_t *blocks_out) {
+    int64_t wave;
+    const cudaError_t err = tk_wave_blocks<Kernel>(dev, threads, 0, &wave);
+    if (err != cudaSuccess)
+        return err;
     int64_t blocks = (a->rows + groups_per_block - 1) / groups_per_block;
-    const int64_t wave = tk_wave_blocks<Kernel>(dev, threads, 0);
     if (blocks > wave)
         blocks = wave;
     if ((a->dw || a->db) && blocks * groups_per_block > a->workspace_slots && a->workspace_slots < a->rows)
         blocks = a->workspace_slots / groups_per_block;
-    return blocks < 1 ? 1 : blocks;
+    *blocks_out = blocks < 1 ? 1 : blocks;
+    return cudaSuccess;
 }
 
+/* Stage 1 (dx and the partials), then stage 2 (dw / db). */
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
-    int64_t groups;
+    int64_t blocks, groups;
+    cudaError_t err;
     if (wide) {
         constexpr auto kernel = norm_bwd_wide<T, W, VEC>;
-        const int64_t blocks = grid_for<kernel>(a, dev, WIDE_THREADS, 1);
-        kernel<<<(unsigned)blocks, WIDE_THREADS, 0, stream>>>(*a);
+        if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, &blocks)) != cudaSuccess ||
+            (err = tk_launch(kernel, (unsigned)blocks, WIDE_THREADS, 0, stream, *a)) != cudaSuccess)
+            return err;
         groups = blocks;
     } else {
         constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
         constexpr int packs = bwd_packs<VEC>();
         const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
         const int groups_per_block = s.threads / s.group;
-        const int64_t blocks = grid_for<kernel>(a, dev, s.threads, groups_per_block);
-        kernel<<<(unsigned)blocks, s.threads, 0, stream>>>(*a, s.group);
+        if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, &blocks)) != cudaSuccess ||
+            (err = tk_launch(kernel, (unsigned)blocks, s.threads, 0, stream, *a, s.group)) != cudaSuccess)
+            return err;
         groups = blocks * groups_per_block;
     }
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return err;
     return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, stream);
 }
 
@@ -339,14 +343,9 @@ cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev
 
 extern "C" cudaError_t tk_launch_norm_bwd(const tk_norm_call *a, bool vec, bool wide,
                                           const tk_device *dev, cudaStream_t stream) {
-    switch (a->dtype) {
-    case TK_F32:
-        return vec ? launch<float, float, 4>(a, wide, dev, stream) : launch<float, float, 1>(a, wide, dev, stream);
-    case TK_F16:
-        return vec ? launch_weight<__half, 8>(a, wide, dev, stream) : launch_weight<__half, 1>(a, wide, dev, stream);
-    case TK_BF16:
-        return vec ? launch_weight<__nv_bfloat16, 8>(a, wide, dev, stream)
-                   : launch_weight<__nv_bfloat16, 1>(a, wide, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, wide, dev, stream)
+                   : launch_weight<T, 1>(a, wide, dev, stream);
+    });
 }

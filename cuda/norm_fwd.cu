@@ -20,13 +20,11 @@
  *   registers (exact two-pass, no cancellation). LayerNorm and the residual add are template
  *   parameters, so each kernel holds only its own state: 56-80 registers for 16-bit packs,
  *   48-62 for f32 (ptxas -v, sm_90a). A bf16 4096 row is one block of 128 threads x 4 packs.
- *   These kernels are close to the SM's instruction-issue limit, not only to the memory's:
- *   Nsight Compute counted 61 M warp instructions (77% issue-active) for a bf16 LayerNorm of
- *   16384 x 4096 that ran at 0.82 of the copy bandwidth, against 29 M (44%) for a fixed-shape
- *   experiment at 0.97. Hence the per-element work is kept minimal: bf16 pairs unpack per
- *   32-bit word (tk_unpack), shifts instead of divisions, the weight kind (w, 1 + w, none)
- *   and the bias lifted out of the output loop, and rows of exactly 4 packs per thread of one
- *   block run without bounds checks (Whole, below): LayerNorm 0.96 of the copy bandwidth.
+ *   These kernels are close to the SM's instruction-issue limit, not only to the memory's
+ *   (docs/kernels/norm.md has the profile), hence the per-element work is kept minimal: bf16
+ *   pairs unpack per 32-bit word (tk_unpack), shifts instead of divisions, the weight kind
+ *   (w, 1 + w, none) and the bias lifted out of the output loop, and rows of exactly 4 packs
+ *   per thread of one block run without bounds checks (Whole, below).
  * - "wide" kernels (any width, up to 262144): a 512-thread block per row, two passes over the
  *   row: pass 1 reads it (adding and storing the residual) and accumulates per-thread shifted
  *   sums, combined across the block with Chan's formula in a fixed order; pass 2 reads it back
@@ -48,8 +46,8 @@ constexpr int WIDE_UNROLL = 2;
 template <int VEC> constexpr int fwd_packs() { return VEC > 1 ? 4 : TK_NORM_FWD_ELEMS_SCALAR; }
 
 /* Launch bounds: 16-bit rows (<= 256 threads) are capped at 80 registers (3 blocks of 256 per
- * SM), which a standalone H200 experiment found best for LayerNorm (0.97 of the copy bandwidth
- * at 80 against 0.92 at 95); f32 rows (<= 512 threads) at 64, scalars at 128. */
+ * SM), the best cap measured for LayerNorm (docs/kernels/norm.md); f32 rows (<= 512 threads) at
+ * 64, scalars at 128. */
 template <typename T, int VEC> constexpr int rows_max_threads() {
     return VEC > 1 && sizeof(T) == 2 ? TK_NORM_ROWS_MAX_THREADS / 2 : TK_NORM_ROWS_MAX_THREADS;
 }
@@ -77,14 +75,11 @@ __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[
 enum { SCALE_WEIGHT, SCALE_GEMMA, SCALE_NONE };
 
 /* LayerNorm and Residual are template parameters: each of the four kernels carries only its own
- * registers and work (on an H200 a runtime-general kernel at 64 registers measured 0.74 of the
- * copy bandwidth for bf16 RMSNorm where a specialised one at 40 measured 0.90-0.97).
+ * registers and work (a runtime-general kernel was slower: docs/kernels/norm.md).
  * Whole: the launcher found the row to be exactly PACKS packs per thread of one block, so every
  * pack of every thread is inside the row and every block's row inside the tensor. The per-pack
  * bounds checks, their branches and the per-pack address arithmetic they kept from being hoisted
- * then disappear: with the bias test also lifted out of the output loop, the executed path of the
- * bf16 LayerNorm kernel (weight and bias, 4096 wide) went from ~690 to ~460 SASS instructions per
- * thread and row (sm_90a, counted in cuobjdump -sass). */
+ * then disappear (docs/kernels/norm.md counts the instructions saved). */
 template <typename T, typename W, int VEC, bool LayerNorm, bool Residual, bool Whole>
 __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks<T, VEC>())) norm_fwd_rows(tk_norm_call a, int group, float inv_n) {
     constexpr int PACKS = fwd_packs<VEC>();
@@ -361,29 +356,24 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_fwd_wide(tk_norm_call a) {
     }
 }
 
-template <auto Kernel>
-int64_t grid_for(const tk_device *dev, int threads, int64_t blocks_needed) {
-    const int64_t wave = tk_wave_blocks<Kernel>(dev, threads, 0);
-    return blocks_needed < wave ? blocks_needed : wave;
-}
-
 template <typename T, typename W, int VEC, bool Whole>
 cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, cudaStream_t stream) {
-    if (a->layernorm)
-        a->residual ? norm_fwd_rows<T, W, VEC, true, true, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
-                    : norm_fwd_rows<T, W, VEC, true, false, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
-    else
-        a->residual ? norm_fwd_rows<T, W, VEC, false, true, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n)
-                    : norm_fwd_rows<T, W, VEC, false, false, Whole><<<grid, s.threads, 0, stream>>>(*a, s.group, inv_n);
-    return cudaGetLastError();
+    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, true, true, Whole>
+                                                    : norm_fwd_rows<T, W, VEC, true, false, Whole>)
+                                     : (a->residual ? norm_fwd_rows<T, W, VEC, false, true, Whole>
+                                                    : norm_fwd_rows<T, W, VEC, false, false, Whole>);
+    return tk_launch(kernel, grid, s.threads, 0, stream, *a, s.group, inv_n);
 }
 
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
     if (wide) {
         constexpr auto kernel = norm_fwd_wide<T, W, VEC>;
-        kernel<<<(unsigned)grid_for<kernel>(dev, WIDE_THREADS, a->rows), WIDE_THREADS, 0, stream>>>(*a);
-        return cudaGetLastError();
+        int64_t wave;
+        const cudaError_t err = tk_wave_blocks<kernel>(dev, WIDE_THREADS, 0, &wave);
+        if (err != cudaSuccess)
+            return err;
+        return tk_launch(kernel, (unsigned)(a->rows < wave ? a->rows : wave), WIDE_THREADS, 0, stream, *a);
     }
     constexpr int packs = fwd_packs<VEC>();
     const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
@@ -413,16 +403,11 @@ cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev
 
 extern "C" cudaError_t tk_launch_norm_fwd(const tk_norm_call *a, bool vec, bool wide,
                                           const tk_device *dev, cudaStream_t stream) {
-    switch (a->dtype) {
-    case TK_F32:
-        return vec ? launch<float, float, 4>(a, wide, dev, stream) : launch<float, float, 1>(a, wide, dev, stream);
-    case TK_F16:
-        return vec ? launch_weight<__half, 8>(a, wide, dev, stream) : launch_weight<__half, 1>(a, wide, dev, stream);
-    case TK_BF16:
-        return vec ? launch_weight<__nv_bfloat16, 8>(a, wide, dev, stream)
-                   : launch_weight<__nv_bfloat16, 1>(a, wide, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, wide, dev, stream)
+                   : launch_weight<T, 1>(a, wide, dev, stream);
+    });
 }
 
 static cudaError_t launch_either(const void *call, bool vec, bool wide, const tk_device *dev,

@@ -26,14 +26,12 @@
  *   head. After one barrier each unit reads its Vec cos / sin from the table, rotates and is
  *   stored with 16-byte st.global.v4 (tk_store_pack).
  * - With a cache, a table entry is two dependent loads: the token's position, then the cache
- *   row at it. Issued after the data loads, both round trips followed the data and a block
- *   waited for them with its data already in registers: 0.83 of copy on an H200, against 0.93
- *   for theta. So a thread first loads its first entry's position, waits for it, issues that
- *   entry's cos / sin loads and only then its data loads: the cache row and the data are in
- *   flight together (0.93, experiments/rope_cache_order.cu). Loading only the position first
- *   (0.83), or prefetching into L2 the cache rows of the blocks one to four waves on (0.82-0.86),
- *   did not help. With theta only the position goes first (computing the angles before the data
- *   loads would delay them).
+ *   row at it. Issued after the data loads, both round trips would follow the data, and a block
+ *   would wait for them with its data already in registers. So a thread first loads its first
+ *   entry's position, waits for it, issues that entry's cos / sin loads and only then its data
+ *   loads: the cache row and the data are in flight together (the orders tried are in
+ *   docs/kernels/rope.md). With theta only the position goes first (computing the angles before
+ *   the data loads would delay them).
  * - Registers (80 at most, 3 blocks of 256 per SM): between the loads and the rotation only the
  *   raw packs (keep_packed) and one cursor are alive; step 3 walks the work list again instead
  *   of keeping each unit's addresses (forget), and rotates 4 pairs at a time. Angles are not
@@ -41,8 +39,8 @@
  * - Benchmark shape (40 heads x 8 units of bf16 = 320 units per token): a chunk of 256 x 5 units
  *   is 4 tokens, whose table is 256 (token, pair) entries: one sincos per thread.
  * The former mapping (a thread per (token, unit) walking all 40 heads with its angles in
- * registers, a one-wave persistent grid) used 102-116 registers and measured 0.86-0.88 of the
- * copy bandwidth on an H200.
+ * registers, a one-wave persistent grid) used 102-116 registers and was slower
+ * (docs/kernels/rope.md).
  * rotary_dim / 2 > TABLE_PAIRS (no table fits; a cold path) computes each unit's angles where it
  * is rotated, one unit per thread.
  *
@@ -349,11 +347,9 @@ cudaError_t launch(const tk_rope_call *a, const tk_device *dev, cudaStream_t str
     if (blocks > INT32_MAX) /* 2^31 blocks of >= 256 units: more bytes than a device holds */
         return cudaErrorInvalidConfiguration;
     if (table)
-        rope_kernel<T, Vec, NeoX, true, PER_THREAD>
-            <<<(unsigned)blocks, THREADS, (size_t)(g.tokens_per_block * half) * 2 * sizeof(float), stream>>>(*a, g);
-    else
-        rope_kernel<T, Vec, NeoX, false, 1><<<(unsigned)blocks, THREADS, 0, stream>>>(*a, g);
-    return cudaGetLastError();
+        return tk_launch(rope_kernel<T, Vec, NeoX, true, PER_THREAD>, (unsigned)blocks, THREADS,
+                         (size_t)(g.tokens_per_block * half) * 2 * sizeof(float), stream, *a, g);
+    return tk_launch(rope_kernel<T, Vec, NeoX, false, 1>, (unsigned)blocks, THREADS, 0, stream, *a, g);
 }
 
 template <typename T, int Vec>
@@ -364,12 +360,10 @@ cudaError_t launch_style(const tk_rope_call *a, const tk_device *dev, cudaStream
 template <bool Wide>
 cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_rope_call *a = static_cast<const tk_rope_call *>(call);
-    switch (a->dtype) {
-    case TK_F32: return launch_style<float, Wide ? 4 : 1>(a, dev, stream);
-    case TK_F16: return launch_style<__half, Wide ? 8 : 1>(a, dev, stream);
-    case TK_BF16: return launch_style<__nv_bfloat16, Wide ? 8 : 1>(a, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return launch_style<T, tk_pack_width<T>(Wide)>(a, dev, stream);
+    });
 }
 
 } // namespace

@@ -844,8 +844,7 @@ cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
     /* One block per row group, not a one-wave persistent grid (slower, docs/kernels/softmax.md):
      * while some blocks reduce, others of the same SM load. */
     const int64_t blocks = (a->rows + rows_per_block - 1) / rows_per_block;
-    kernel<<<(unsigned)grid_limit(blocks), threads, 0, stream>>>(*a, threads_per_row);
-    return cudaGetLastError();
+    return tk_launch(kernel, (unsigned)grid_limit(blocks), threads, 0, stream, *a, threads_per_row);
 }
 
 template <typename T, int Vec, bool Backward>
@@ -857,13 +856,15 @@ cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaSt
     int64_t blocks = (int64_t)dev->l2_bytes / 2 / row_bytes;
     if (blocks < dev->sm_count)
         blocks = dev->sm_count;
-    const int64_t wave = tk_wave_blocks<kernel>(dev, STREAM_THREADS, 0);
+    int64_t wave;
+    const cudaError_t err = tk_wave_blocks<kernel>(dev, STREAM_THREADS, 0, &wave);
+    if (err != cudaSuccess)
+        return err;
     if (blocks > wave)
         blocks = wave;
     if (blocks > a->rows)
         blocks = a->rows;
-    kernel<<<(unsigned)grid_limit(blocks), STREAM_THREADS, 0, stream>>>(*a);
-    return cudaGetLastError();
+    return tk_launch(kernel, (unsigned)grid_limit(blocks), STREAM_THREADS, 0, stream, *a);
 }
 
 /* Blocks per cluster for a row: the fewest (a power of two) whose slices hold at most
@@ -877,22 +878,20 @@ int pipelined_blocks(int64_t cols, int elem_bytes) {
 }
 
 /* Clusters of `blocks` that fit on the device at once, per instantiation, device and cluster
- * size (the occupancy query is host work that a launch need not repeat; a race on first fill
- * writes the same value twice). */
-template <auto Kernel> int clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int blocks) {
-    static int cache[TK_MAX_DEVICES][4]; /* 1, 2, 4, 8 blocks */
+ * size (the occupancy query is host work that a launch need not repeat). */
+template <auto Kernel>
+cudaError_t clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int blocks, int *clusters) {
+    static tk_device_cache<4> cache; /* 1, 2, 4, 8 blocks */
     int size_index = 0;
     while ((1 << size_index) < blocks)
         size_index++;
-    int *slot = &cache[dev->ordinal][size_index];
-    if (*slot == 0) {
-        int fit = 0;
+    return cache.get(dev, size_index, clusters, [&](int *fit) {
         cfg.gridDim = dim3((unsigned)blocks);
-        if (cudaOccupancyMaxActiveClusters(&fit, Kernel, &cfg) != cudaSuccess || fit < 1)
-            fit = 1;
-        *slot = fit;
-    }
-    return *slot;
+        const cudaError_t err = cudaOccupancyMaxActiveClusters(fit, Kernel, &cfg);
+        if (*fit < 1) /* a cluster that cannot be resident fails at its launch, with that error */
+            *fit = 1;
+        return err;
+    });
 }
 
 /* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS), as
@@ -911,22 +910,27 @@ cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cud
     cluster.val.clusterDim.x = (unsigned)blocks;
     cluster.val.clusterDim.y = 1;
     cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(Threads);
-    cfg.stream = stream;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = blocks > 1 ? 1 : 0; /* one block a row: no cluster */
-    int64_t clusters = blocks > 1 ? clusters_that_fit<kernel>(dev, cfg, blocks)
-                                  : tk_wave_blocks<one_block_kernel>(dev, Threads, 0);
-    if (clusters > a->rows)
-        clusters = a->rows;
+    cudaLaunchConfig_t cfg = tk_launch_config(dim3(), Threads, 0, stream, &cluster, blocks > 1 ? 1 : 0);
+    int64_t fit;
+    if (blocks > 1) { /* st.async is undefined in a cluster of one block: one block a row runs without */
+        int clusters_fit;
+        const cudaError_t err = clusters_that_fit<kernel>(dev, cfg, blocks, &clusters_fit);
+        if (err != cudaSuccess)
+            return err;
+        fit = clusters_fit;
+    } else {
+        const cudaError_t err = tk_wave_blocks<one_block_kernel>(dev, Threads, 0, &fit);
+        if (err != cudaSuccess)
+            return err;
+    }
+    const int64_t clusters = fit < a->rows ? fit : a->rows;
     cfg.gridDim = dim3((unsigned)(clusters * blocks));
-    return cudaLaunchKernelEx(&cfg, blocks > 1 ? kernel : one_block_kernel, *a, slice_packs);
+    return blocks > 1 ? tk_launch(cfg, kernel, *a, slice_packs) : tk_launch(cfg, one_block_kernel, *a, slice_packs);
 }
 
 template <bool Wide, bool Stream, typename T>
 cudaError_t launch_direction(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr int Vec = Wide ? (int)(16 / sizeof(T)) : 1;
+    constexpr int Vec = tk_pack_width<T>(Wide);
     if constexpr (Stream)
         return a->backward ? launch_stream<T, Vec, true>(a, dev, stream) : launch_stream<T, Vec, false>(a, dev, stream);
     if (!a->backward)
@@ -937,12 +941,9 @@ cudaError_t launch_direction(const tk_softmax_call *a, const tk_device *dev, cud
 template <bool Wide, bool Stream>
 cudaError_t launch_dtype(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
-    switch (a->dtype) {
-    case TK_F32: return launch_direction<Wide, Stream, float>(a, dev, stream);
-    case TK_F16: return launch_direction<Wide, Stream, __half>(a, dev, stream);
-    case TK_BF16: return launch_direction<Wide, Stream, __nv_bfloat16>(a, dev, stream);
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        return launch_direction<Wide, Stream, typename decltype(type)::type>(a, dev, stream);
+    });
 }
 
 } // namespace
@@ -959,12 +960,10 @@ extern "C" bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols) {
 
 extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
-    switch (a->dtype) {
-    case TK_F32: return launch_pipelined<float, 4>(a, dev, stream, pipelined_blocks(a->cols, 4));
-    case TK_F16: return launch_pipelined<__half, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
-    case TK_BF16: return launch_pipelined<__nv_bfloat16, 8>(a, dev, stream, pipelined_blocks(a->cols, 2));
-    }
-    return cudaErrorInvalidValue;
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return launch_pipelined<T, tk_pack_width<T>(true)>(a, dev, stream, pipelined_blocks(a->cols, (int)sizeof(T)));
+    });
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream) {

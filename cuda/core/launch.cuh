@@ -1,0 +1,177 @@
+/*
+ * Host-side launch plumbing shared by every launcher: the launch itself, the per-device caches
+ * of launch facts (shared-memory opt-in, occupancy), occupancy-derived grid sizes, and the one
+ * switch from a call's tk_dtype to a kernel's element type. Host-only, header-only.
+ *
+ * Every helper returns the CUDA error of its own runtime call and none reads the thread's last
+ * error: that would also return, and clear, an earlier unrelated error of the caller's (a failed
+ * cudaMalloc is not sticky), failing a launch that ran and losing the caller's error.
+ */
+#ifndef TK_CORE_LAUNCH_CUH
+#define TK_CORE_LAUNCH_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <atomic>
+#include <utility>
+
+#include "../launch.h"
+#include "tkern.h"
+
+/* ---- the launch ---- */
+
+/* The configuration of kernel<<<grid, block, smem, stream>>>, with launch attributes such as a
+ * cluster dimension (`attrs` must outlive the launch call). */
+inline cudaLaunchConfig_t tk_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                           cudaLaunchAttribute *attrs = nullptr, unsigned num_attrs = 0) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attrs;
+    cfg.numAttrs = num_attrs;
+    return cfg;
+}
+
+/* Launches kernel(args...) with `cfg` and returns the launch's own error. */
+template <typename... Params, typename... Args>
+cudaError_t tk_launch(const cudaLaunchConfig_t &cfg, void (*kernel)(Params...), Args &&...args) {
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), returning the launch's own error. */
+template <typename... Params, typename... Args>
+cudaError_t tk_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args &&...args) {
+    return tk_launch(tk_launch_config(grid, block, smem, stream), kernel, std::forward<Args>(args)...);
+}
+
+/* ---- per-device caches ---- */
+
+/* `Slots` ints per device, each computed on first use and 0 until then. The cells are relaxed
+ * atomics: threads racing on a first use compute and store the same value, and nothing else is
+ * published through a cell. Declare one as a function-local static (zero-initialised, no guard). */
+template <int Slots> class tk_device_cache {
+  public:
+    /* Slot `slot` of `dev` into *value, from fill(int *) -> cudaError_t on first use. The value
+     * filled must be non-zero; a failed fill is returned and nothing is cached. */
+    template <typename Fill> cudaError_t get(const tk_device *dev, int slot, int *value, Fill &&fill) {
+        std::atomic<int> &cell = cells_[dev->ordinal][slot];
+        int v = cell.load(std::memory_order_relaxed);
+        if (v == 0) {
+            const cudaError_t err = fill(&v);
+            if (err != cudaSuccess)
+                return err;
+            cell.store(v, std::memory_order_relaxed);
+        }
+        *value = v;
+        return cudaSuccess;
+    }
+
+  private:
+    std::atomic<int> cells_[TK_MAX_DEVICES][Slots];
+};
+
+/* Lets Kernel use `bytes` of dynamic shared memory past the 48 KB every kernel may use. The
+ * attribute belongs to the function on the current device: set once per device. */
+template <auto Kernel> cudaError_t tk_opt_in_smem(const tk_device *dev, int bytes) {
+    static tk_device_cache<1> opted_in;
+    if (bytes <= 48 * 1024)
+        return cudaSuccess;
+    int done;
+    return opted_in.get(dev, 0, &done, [bytes](int *v) {
+        *v = 1;
+        return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    });
+}
+
+/* ---- launch shape ---- */
+
+#define TK_MAX_BLOCK_WARPS 32
+
+/* Resident blocks per SM of `Kernel` at this block size and dynamic shared memory, from the
+ * occupancy calculator, cached per device and block size (one cache per kernel instantiation).
+ * Kernels whose dynamic shared memory varies from call to call must not use the cache: call
+ * cudaOccupancyMaxActiveBlocksPerMultiprocessor. */
+template <auto Kernel>
+cudaError_t tk_blocks_per_sm(const tk_device *dev, int threads, size_t dynamic_smem, int *blocks) {
+    static tk_device_cache<TK_MAX_BLOCK_WARPS + 1> cache;
+    return cache.get(dev, threads / 32, blocks, [&](int *v) {
+        const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, Kernel, threads, dynamic_smem);
+        if (*v < 1) /* a block that cannot be resident fails at its launch, with that error */
+            *v = 1;
+        return err;
+    });
+}
+
+/* Blocks that fill every SM to its occupancy limit: one full wave. */
+template <auto Kernel>
+cudaError_t tk_wave_blocks(const tk_device *dev, int threads, size_t dynamic_smem, int64_t *blocks) {
+    int per_sm = 0;
+    const cudaError_t err = tk_blocks_per_sm<Kernel>(dev, threads, dynamic_smem, &per_sm);
+    *blocks = (int64_t)per_sm * dev->sm_count;
+    return err;
+}
+
+/* Launch shape of the row-chunked elementwise kernels (activation, GLU): blockIdx.x picks a
+ * chunk of `threads * unroll` packs within a row, blockIdx.y a row (striding by gridDim.y only
+ * past the 65535 rows a grid can hold). The chunk count is chosen first, then the block size is
+ * trimmed so that the chunks cover the row with less than one warp of idle threads (a 3584-wide
+ * bf16 row is 448 packs: one chunk of 224 threads x 2, not a 256 x 2 chunk with 32 idle
+ * threads).
+ * Every chunk is its own block, not a persistent grid striding over the tensor: each thread
+ * loads its packs, computes and stores once, and the block scheduler keeps every SM full of
+ * blocks in all three phases (docs/kernels/activation.md has the measurements). */
+typedef struct tk_row_chunks {
+    dim3 grid;
+    int threads;
+} tk_row_chunks;
+
+static inline tk_row_chunks tk_row_chunk_shape(int64_t rows, int64_t packs_per_row, int unroll, int max_threads) {
+    const int64_t per_chunk_max = (int64_t)max_threads * unroll;
+    int64_t chunks = (packs_per_row + per_chunk_max - 1) / per_chunk_max;
+    if (chunks < 1)
+        chunks = 1;
+    const int64_t threads_needed = (packs_per_row + chunks * unroll - 1) / (chunks * unroll);
+    int threads = (int)((threads_needed + 31) / 32 * 32);
+    if (threads < 32)
+        threads = 32;
+    int64_t row_blocks = rows < 65535 ? rows : 65535;
+    if (row_blocks < 1)
+        row_blocks = 1;
+    tk_row_chunks shape = {dim3((unsigned)chunks, (unsigned)row_blocks, 1), threads};
+    return shape;
+}
+
+/* ---- dtype to element type ---- */
+
+/* An element type passed as a value to the functions given to tk_dispatch_dtype:
+ * `using T = typename decltype(type)::type;`. */
+template <typename T> struct tk_type {
+    using type = T;
+};
+
+/* Elements per access of a kernel over T: a 16-byte pack (Wide) or one element. */
+template <typename T> constexpr int tk_pack_width(bool wide) { return wide ? (int)(16 / sizeof(T)) : 1; }
+
+/* Returns f(tk_type<T>{}) for the 16-bit element type T of `dtype` (tensor-core kernels). */
+template <typename F> cudaError_t tk_dispatch_dtype16(int dtype, F &&f) {
+    switch (dtype) {
+    case TK_F16: return f(tk_type<__half>{});
+    case TK_BF16: return f(tk_type<__nv_bfloat16>{});
+    }
+    return cudaErrorInvalidValue; /* src/ admits no other dtype */
+}
+
+/* Returns f(tk_type<T>{}) for the element type T of `dtype`: float, __half or __nv_bfloat16. */
+template <typename F> cudaError_t tk_dispatch_dtype(int dtype, F &&f) {
+    if (dtype == TK_F32)
+        return f(tk_type<float>{});
+    return tk_dispatch_dtype16(dtype, f);
+}
+
+#endif
