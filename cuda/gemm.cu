@@ -26,9 +26,9 @@
  *   right after its last mma), the barrier sits before a K step's last slice (whose fragments are
  *   already loaded, so its mma cover the wait), and a K step's 12 copies per thread are spread
  *   over its first slices instead of delaying one slice's fragment loads (copies and ldmatrix
- *   are volatile asm touching shared memory: they keep their source order). Measured on the
- *   H200: +10-31% over loading each slice's fragments just before its mma with all copies at
- *   the top of the K step.
+ *   are volatile asm touching shared memory: they keep their source order). This schedule
+ *   replaced per-slice fragment loads with all copies at the top of the K step
+ *   (docs/kernels/gemm.md has the measurements).
  * - Shared tiles are rows of 16-byte chunks with the chunk index XOR-swizzled by the row
  *   (tk_swizzle of core/sm80.cuh: chunk ^ (row & 7), or chunk ^ ((row >> 1) & 3) for 64-byte
  *   rows), so the 8 row addresses of every ldmatrix phase and the 8 chunks of every cp.async
@@ -124,9 +124,9 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
         /* What does not depend on the chunk, once: the byte count of an inside row (all of a
          * thread's chunks lie in one column), the rows inside as a 32-bit count and the first
          * chunk's address; chunk j is j row steps further. An outside chunk reads 0 bytes at
-         * the tile origin g, which lies inside the matrix. Measured on the H200: 1-14% faster
-         * than forming each chunk's address and byte count from scratch (the 128x256 main loop:
-         * 409 instead of 419 instructions per K step, 128 of them mma). */
+         * the tile origin g, which lies inside the matrix. Fewer instructions per K step than
+         * forming each chunk's address and byte count from scratch, and faster
+         * (docs/kernels/gemm.md). */
         const int bytes = cols_left >= 8 ? 16 : cols_left > 0 ? (int)cols_left * 2 : 0;
         const int rows_inside = rows_valid < Rows ? (int)(rows_valid > 0 ? rows_valid : 0) : Rows;
         const uint16_t *src0 = g + row0 * ld + chunk * 8;
