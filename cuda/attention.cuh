@@ -22,7 +22,8 @@
  * flight while tile t is computed; one __syncthreads per tile). Per tile and warp:
  *     S (16MT x BN) = Q K^T : D/16 k-steps, A fragments (Q) and B fragments (K) by ldmatrix.x4
  *     online softmax in registers; P repacked from the S accumulators into A fragments (the
- *     C layout of m16n8 equals the A layout of m16n8k16 two n-tiles at a time)
+ *     C layout of m16n8 equals the A layout of m16n8k16 two n-tiles at a time: tk_mma_a_from_acc
+ *     of core/sm80.cuh, which has the fragment layouts)
  *     O (16MT x D) += P V   : BN/16 k-steps, B fragments (V) by ldmatrix.x4.trans
  * Q and K rows are 2D bytes (256 at head dims 80 and 96, whose 10 or 12 chunks the swizzle
  * spreads over 16) with 16-byte chunk c of row r stored at chunk c ^ (r & 7); V rows are
@@ -42,8 +43,8 @@
  * the tensor-core rate. The O and S accumulators take most of the 255 registers a thread may
  * have (2 CTAs x 128 threads per SM; ptxas reports 238 to 254, no spills): that is why head dim
  * 128 takes BN = 32 (BN = 64 spills; so does 96 with BN = 64) and head dim 256 keeps 16 rows
- * per warp. Every shape fits
- * the 99 KB per block of sm_86 / sm_89, so one table serves every sm_80+ device. The Q tile is
+ * per warp. Every shape fits the 99 KB per block of sm_86 / sm_89, so one table serves every
+ * sm_80+ device. The Q tile is
  * re-read from shared memory for every key tile rather than held in registers (that would add
  * 16 * MT * D / 64 registers per thread). Tile loads walk their rows through a pointer the
  * compiler cannot re-associate (attn_opaque): otherwise it precomputes every row's offset once
@@ -72,6 +73,7 @@
 #include "attention.h"
 #include "common.cuh"
 #include "core/math.cuh"
+#include "core/sm80.cuh"
 #include "tkern.h"
 
 namespace {
@@ -129,7 +131,7 @@ struct attn_params {
 template <int ROW_BYTES, bool SWIZZLED>
 __device__ __forceinline__ uint32_t attn_chunk_offset(int row, int chunk) {
     if constexpr (SWIZZLED)
-        return (uint32_t)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
+        return tk_swizzled_offset<ROW_BYTES / 16>(row, chunk);
     else
         return (uint32_t)(row * ROW_BYTES + (chunk << 4));
 }
@@ -140,58 +142,6 @@ __device__ __forceinline__ uint32_t attn_chunk_offset(int row, int chunk) {
 template <typename T> __device__ __forceinline__ const T *attn_opaque(const T *p) {
     asm volatile("" : "+l"(p));
     return p;
-}
-
-/* 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read). */
-__device__ __forceinline__ void attn_cp_async16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void attn_cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void attn_cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void attn_ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void attn_ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* c += a b for one m16n8k16 tile, f32 accumulators. */
-template <typename T>
-__device__ __forceinline__ void attn_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two floats rounded to T, `lo` in the low half (the lower column of an MMA fragment). */
-template <typename T> __device__ __forceinline__ uint32_t attn_pack(float lo, float hi) {
-    uint32_t r;
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        memcpy(&r, &v, 4);
-    } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        memcpy(&r, &v, 4);
-    }
-    return r;
 }
 
 /* ROWS rows of D elements, `row_stride` apart from g, into a shared tile of rows ROW_BYTES
@@ -213,8 +163,8 @@ __device__ __forceinline__ void attn_load_tile(uint32_t s_tile, const T *g, int6
     const T *src = g + row * row_stride + chunk * 8;
 #pragma unroll
     for (int i = 0; i < ROWS / ROWS_PER_PASS; i++) {
-        attn_cp_async16(s_tile + attn_chunk_offset<ROW_BYTES, SWIZZLED>(row, chunk), src,
-                        row < valid_rows);
+        tk_cp_async_16_zfill(s_tile + attn_chunk_offset<ROW_BYTES, SWIZZLED>(row, chunk), src,
+                             row < valid_rows ? 16 : 0);
         row += ROWS_PER_PASS;
         src = attn_opaque(src + ROWS_PER_PASS * row_stride);
     }
@@ -236,8 +186,8 @@ __device__ __forceinline__ void attn_load_q(uint32_t s_tile, const T *g, int64_t
         const int row = idx / CHUNKS, chunk = idx % CHUNKS;
         const int block = row / tile_rows, pos = row - block * tile_rows;
         const T *src = g + block * head_stride + pos * row_stride + chunk * 8;
-        attn_cp_async16(s_tile + attn_chunk_offset<ROW_BYTES, true>(row, chunk), src,
-                        pos < valid_rows);
+        tk_cp_async_16_zfill(s_tile + attn_chunk_offset<ROW_BYTES, true>(row, chunk), src,
+                             pos < valid_rows ? 16 : 0);
     }
 }
 
@@ -295,7 +245,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const T *k = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh;
     const T *v = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh;
 
-    const uint32_t s_q = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t s_q = tk_smem_address(smem);
     const uint32_t s_k = s_q + shape::Q_BYTES;     /* two stages */
     const uint32_t s_v = s_k + 2 * shape::K_BYTES; /* two stages */
 
@@ -310,7 +260,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
         attn_load_tile<T, D, BN, V_ROW_BYTES, false>(s_v, v + n0 * p.v_ss, p.v_ss, p.seqlen_k - n0,
                                                      tid);
     }
-    attn_cp_async_commit();
+    tk_cp_async_commit();
 
     /* ldmatrix.x4: lane l gives the address of row (l & 7) of matrix (l >> 3); all three
      * operands use matrices (rows 0-7, cols 0-7) (rows 8-15, cols 0-7) (rows 0-7, cols 8-15)
@@ -319,8 +269,9 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
      *   Q (A of Q K^T): rows = query rows, cols = k; registers a0 a1 a2 a3
      *   K (B of Q K^T): rows = keys, cols = k; registers b0 of keys 0-7, b0 of keys 8-15, b1, b1
      *   V (B of P V, .trans): rows = keys, cols = d; b0 of d 0-7, b1 of d 0-7, b0, b1 of d 8-15
-     * Q and K are swizzled: every row offset added later is a multiple of 8, so row & 7 ==
-     * lane & 7 and logical chunk 2 * step + (l >> 4) sits at byte
+     * Q and K are swizzled (tk_swizzle of core/sm80.cuh): every row offset added later is a
+     * multiple of 8, so the row's XOR is lane & 7 (written as lrow: taking it from the full row
+     * costs setup instructions) and logical chunk 2 * step + (l >> 4) sits at byte
      * (row * ROW_BYTES + (((l >> 4) ^ (l & 7)) << 4)) ^ (step << 5), where the XOR stays below
      * the row's bits. One value per k-step serves both Q and K. V rows are padded instead, so
      * its d-steps are plain immediate offsets. */
@@ -332,8 +283,9 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const uint32_t v_lane =
         (uint32_t)(((lmat & 1) * 8 + lrow) * V_ROW_BYTES + ((lmat >> 1) << 4));
 
-    /* Accumulator fragment (m16n8, f32): c[0], c[1] at row g, columns 2t, 2t + 1; c[2], c[3]
-     * at row g + 8. This thread's rows: positions warp_m0 + 16 mt + g + 8 half of warp_head. */
+    /* Accumulator fragment (m16n8, f32; core/sm80.cuh): c[0], c[1] at row g, columns 2t, 2t + 1;
+     * c[2], c[3] at row g + 8. This thread's rows: positions warp_m0 + 16 mt + g + 8 half of
+     * warp_head. */
     const int g = lane >> 2, tq = lane & 3;
     const int row_base = warp_m0 + g;
     const float slope = p.alibi_slopes ? p.alibi_slopes[warp_head] : 0.0f;
@@ -356,7 +308,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     for (int t = tile_begin; t < tile_end; t++) {
         const int stage = (t - tile_begin) & 1;
-        attn_cp_async_wait_all();
+        tk_cp_async_wait<0>();
         __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
         if (t + 1 < tile_end) {
             const int n1 = (t + 1) * BN;
@@ -367,7 +319,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
                                                          v + n1 * p.v_ss, p.v_ss, p.seqlen_k - n1,
                                                          tid);
         }
-        attn_cp_async_commit();
+        tk_cp_async_commit();
         const uint32_t s_kt = s_k + stage * shape::K_BYTES;
         const uint32_t s_vt = s_v + stage * shape::V_BYTES;
 
@@ -386,15 +338,15 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                attn_ldsm_x4(s_qw + mt * 16 * ROW_BYTES + lane_ks, a[mt]);
+                tk_ldmatrix_x4<false>(a[mt], s_qw + mt * 16 * ROW_BYTES + lane_ks);
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t b[4];
-                attn_ldsm_x4(s_kt + np * 16 * ROW_BYTES + lane_ks, b);
+                tk_ldmatrix_x4<false>(b, s_kt + np * 16 * ROW_BYTES + lane_ks);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    attn_mma<T>(s[mt][2 * np], a[mt], b[0], b[2]);
-                    attn_mma<T>(s[mt][2 * np + 1], a[mt], b[1], b[3]);
+                    tk_mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[2]);
+                    tk_mma_16816<T>(s[mt][2 * np + 1], a[mt], b[1], b[3]);
                 }
             }
         }
@@ -496,20 +448,16 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
         for (int ps = 0; ps < PSTEPS; ps++) {
             uint32_t a[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = attn_pack<T>(s[mt][2 * ps][0], s[mt][2 * ps][1]);
-                a[mt][1] = attn_pack<T>(s[mt][2 * ps][2], s[mt][2 * ps][3]);
-                a[mt][2] = attn_pack<T>(s[mt][2 * ps + 1][0], s[mt][2 * ps + 1][1]);
-                a[mt][3] = attn_pack<T>(s[mt][2 * ps + 1][2], s[mt][2 * ps + 1][3]);
-            }
+            for (int mt = 0; mt < MT; mt++)
+                tk_mma_a_from_acc<T>(a[mt], s[mt][2 * ps], s[mt][2 * ps + 1]);
 #pragma unroll
             for (int dp = 0; dp < DT / 2; dp++) {
                 uint32_t b[4];
-                attn_ldsm_x4_trans(s_vt + v_lane + ps * 16 * V_ROW_BYTES + dp * 32, b);
+                tk_ldmatrix_x4<true>(b, s_vt + v_lane + ps * 16 * V_ROW_BYTES + dp * 32);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    attn_mma<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
-                    attn_mma<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                    tk_mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    tk_mma_16816<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
                 }
             }
         }
@@ -517,7 +465,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     /* Epilogue: normalise, stage O through this warp's rows of the Q tile (16-byte global
      * stores), write lse. Q may still be in flight when no key tile was visited. */
-    attn_cp_async_wait_all();
+    tk_cp_async_wait<0>();
     __syncthreads();
     /* Output rows: tile row out_r0 + i is position out_m0 + i of head out_head, for i below
      * out_rows; this warp's own head block when packed, the whole tile otherwise. */
@@ -537,7 +485,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
             const int r = warp_row + 16 * mt + 8 * h + g; /* row in the tile */
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
-                const uint32_t val = attn_pack<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+                const uint32_t val =
+                    tk_pack2<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
                 *reinterpret_cast<uint32_t *>(smem + attn_chunk_offset<ROW_BYTES, true>(r, dt) +
                                               4 * tq) = val;
             }

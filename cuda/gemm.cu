@@ -26,13 +26,13 @@
  *   right after its last mma), the barrier sits before a K step's last slice (whose fragments are
  *   already loaded, so its mma cover the wait), and a K step's 12 copies per thread are spread
  *   over its first slices instead of delaying one slice's fragment loads (copies and ldmatrix
- *   are volatile asm touching shared memory: they keep their source order). Measured on the
- *   H200: +10-31% over loading each slice's fragments just before its mma with all copies at
- *   the top of the K step.
+ *   are volatile asm touching shared memory: they keep their source order). This schedule
+ *   replaced per-slice fragment loads with all copies at the top of the K step
+ *   (docs/kernels/gemm.md has the measurements).
  * - Shared tiles are rows of 16-byte chunks with the chunk index XOR-swizzled by the row
- *   (chunk ^ (row & 7), or chunk ^ ((row >> 1) & 3) for 64-byte rows), so the 8 row addresses of
- *   every ldmatrix phase and the 8 chunks of every cp.async phase fall in 8 distinct 16-byte
- *   bank groups: no bank conflicts, no padding.
+ *   (tk_swizzle of core/sm80.cuh: chunk ^ (row & 7), or chunk ^ ((row >> 1) & 3) for 64-byte
+ *   rows), so the 8 row addresses of every ldmatrix phase and the 8 chunks of every cp.async
+ *   phase fall in 8 distinct 16-byte bank groups: no bank conflicts, no padding.
  * - Epilogue: each warp stages its 64 x 64 accumulators as f32 in shared memory (row stride
  *   72 floats, so the float2 writes of a half-warp cover all 32 banks; 18 KiB per warp, reusing
  *   the pipeline's memory once every cp.async has drained), then each lane reads 4 consecutive
@@ -71,6 +71,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "core/sm80.cuh"
 #include "gemm_epilogue.cuh"
 
 namespace {
@@ -101,73 +102,7 @@ using config_128x256 = tile_config<128, 256, 64, 3, 1, true, 3>;
 using config_128x128 = tile_config<128, 128, 32, 4, 2, true, 1>;
 using config_unaligned = tile_config<128, 128, 32, 4, 2, false>;
 
-/* ---- PTX wrappers ---- */
-
-/* 16-byte copy global -> shared; bytes past src_bytes (0..16) are zero-filled. */
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
-/* 16-byte copy global -> shared of a chunk known to lie inside its matrix: no byte count, so
- * the address needs no zero-fill encoding (ptxas folds a byte count into each copy's address). */
-__device__ __forceinline__ void cp_async_16_full(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int Pending> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
-}
-
-__device__ __forceinline__ void st_shared_16(uint32_t dst, const uint32_t (&w)[4]) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]),
-                 "r"(w[2]), "r"(w[3])
-                 : "memory");
-}
-
-template <bool Trans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    if constexpr (Trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
-}
-
-/* d += a b for one 16x8x16 tile; a: 4 registers of 2 inputs, b: 2, d: 4 f32. */
-template <typename In>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-    if constexpr (std::is_same_v<In, __half>)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* ---- shared-memory tiles ---- */
-
-/* The XOR applied to a 16-byte chunk index in `row` of a tile whose rows hold Cpr chunks. It
- * depends only on the row's low 3 bits, so rows 8 apart share it. */
-template <int Cpr> __device__ __forceinline__ int chunk_swizzle(int row) {
-    static_assert(Cpr == 4 || Cpr % 8 == 0, "rows of 64 bytes or multiples of 128 bytes");
-    if constexpr (Cpr == 4)
-        return (row >> 1) & 3;
-    else
-        return row & 7;
-}
 
 /* Copies a Rows x (Cpr * 8) tile of a row-major 16-bit matrix, whose element (0, 0) is at g,
  * into the swizzled shared tile at smem_tile. Elements at row >= rows_valid or column >=
@@ -183,15 +118,15 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
     static_assert(Rows * Cpr % Threads == 0 && Threads % Cpr == 0 && ROW_STEP % 8 == 0,
                   "each thread copies whole chunks at a fixed swizzle");
     const int row0 = threadIdx.x / Cpr, chunk = threadIdx.x % Cpr;
-    const uint32_t dst0 = smem_tile + row0 * Cpr * 16 + ((chunk ^ chunk_swizzle<Cpr>(row0)) << 4);
+    const uint32_t dst0 = smem_tile + row0 * Cpr * 16 + ((chunk ^ tk_swizzle<Cpr>(row0)) << 4);
     const int64_t cols_left = cols_valid - chunk * 8;
     if constexpr (Aligned) {
         /* What does not depend on the chunk, once: the byte count of an inside row (all of a
          * thread's chunks lie in one column), the rows inside as a 32-bit count and the first
          * chunk's address; chunk j is j row steps further. An outside chunk reads 0 bytes at
-         * the tile origin g, which lies inside the matrix. Measured on the H200: 1-14% faster
-         * than forming each chunk's address and byte count from scratch (the 128x256 main loop:
-         * 409 instead of 419 instructions per K step, 128 of them mma). */
+         * the tile origin g, which lies inside the matrix. Fewer instructions per K step than
+         * forming each chunk's address and byte count from scratch, and faster
+         * (docs/kernels/gemm.md). */
         const int bytes = cols_left >= 8 ? 16 : cols_left > 0 ? (int)cols_left * 2 : 0;
         const int rows_inside = rows_valid < Rows ? (int)(rows_valid > 0 ? rows_valid : 0) : Rows;
         const uint16_t *src0 = g + row0 * ld + chunk * 8;
@@ -200,8 +135,8 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
             if (j < j_begin || j >= j_end)
                 continue;
             const bool inside = row0 + j * ROW_STEP < rows_inside && bytes > 0;
-            cp_async_16(dst0 + j * ROW_STEP * Cpr * 16, inside ? src0 + j * ROW_STEP * ld : g,
-                        inside ? bytes : 0);
+            tk_cp_async_16_zfill(dst0 + j * ROW_STEP * Cpr * 16,
+                                 inside ? src0 + j * ROW_STEP * ld : g, inside ? bytes : 0);
         }
     } else {
 #pragma unroll
@@ -218,7 +153,7 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const uint16_t *g,
                 const uint32_t hi = inside && 2 * e + 1 < cols_left ? src[2 * e + 1] : 0u;
                 w[e] = lo | (hi << 16);
             }
-            st_shared_16(dst0 + j * ROW_STEP * Cpr * 16, w);
+            tk_st_shared_16(dst0 + j * ROW_STEP * Cpr * 16, w);
         }
     }
 }
@@ -244,7 +179,7 @@ __device__ __forceinline__ Copies interior_copies_at(const uint16_t *g, int64_t 
     const int row0 = threadIdx.x / Cpr, chunk = threadIdx.x % Cpr;
     Copies c;
     c.src = reinterpret_cast<const char *>(g + row0 * ld + chunk * 8);
-    c.dst = row0 * Cpr * 16 + ((chunk ^ chunk_swizzle<Cpr>(row0)) << 4);
+    c.dst = row0 * Cpr * 16 + ((chunk ^ tk_swizzle<Cpr>(row0)) << 4);
     c.row_step_bytes = static_cast<uint32_t>(Copies::ROW_STEP * ld * 2);
     return c;
 }
@@ -258,8 +193,8 @@ __device__ __forceinline__ void copy_interior(const interior_copies<Rows, Cpr, T
     for (int j = 0; j < ic::CHUNKS; j++) {
         if (j < j_begin || j >= j_end)
             continue;
-        cp_async_16_full(smem_tile + c.dst + j * ic::ROW_STEP * Cpr * 16,
-                         c.src + static_cast<uint64_t>(c.row_step_bytes) * static_cast<uint32_t>(j));
+        tk_cp_async_16(smem_tile + c.dst + j * ic::ROW_STEP * Cpr * 16,
+                       c.src + static_cast<uint64_t>(c.row_step_bytes) * static_cast<uint32_t>(j));
     }
 }
 
@@ -344,16 +279,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
     const int warp_m = warp % Cfg::WARPS_M, warp_n = warp / Cfg::WARPS_M;
     const int a_row = warp_m * WARP_TILE + lane % 16;
     const uint32_t a_lane = a_row * BK * 2;
-    const int a_chunk_hi = lane / 16, a_swz = chunk_swizzle<K_CPR>(a_row);
+    const int a_chunk_hi = lane / 16, a_swz = tk_swizzle<K_CPR>(a_row);
     int b_row, b_chunk_hi, b_swz;
     if constexpr (BKn) {
         b_row = lane % 8 + ((lane / 8) % 2) * 8;                  /* k within the k16 slice */
         b_chunk_hi = lane / 16;
-        b_swz = chunk_swizzle<N_CPR>(b_row);
+        b_swz = tk_swizzle<N_CPR>(b_row);
     } else {
         b_row = warp_n * WARP_TILE + lane % 8 + (lane / 16) * 8;  /* n within the block tile */
         b_chunk_hi = (lane / 8) % 2;
-        b_swz = chunk_swizzle<K_CPR>(b_row);
+        b_swz = tk_swizzle<K_CPR>(b_row);
     }
 
     float acc[MT][NT][4];
@@ -367,7 +302,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
 
     /* The fragments of k16 slice ks of a stage: 4 A tiles of 16x16, 8 B tiles of 16x8. */
     auto load_a_fragment = [&](uint32_t(&af)[4], uint32_t a_stage, int ks, int i) {
-        ldmatrix_x4<false>(af, a_stage + i * 16 * BK * 2 + (((2 * ks + a_chunk_hi) ^ a_swz) << 4));
+        tk_ldmatrix_x4<false>(af,
+                              a_stage + i * 16 * BK * 2 + (((2 * ks + a_chunk_hi) ^ a_swz) << 4));
     };
     auto load_a_fragments = [&](uint32_t(&af)[MT][4], uint32_t a_stage, int ks) {
 #pragma unroll
@@ -378,18 +314,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
 #pragma unroll
         for (int q = 0; q < NT / 2; q++) {
             if constexpr (BKn)
-                ldmatrix_x4<true>(bf[q], b_stage + (ks * 16 + b_row) * BN * 2 +
-                                             (((warp_n * (WARP_TILE / 8) + 2 * q + b_chunk_hi) ^ b_swz) << 4));
+                tk_ldmatrix_x4<true>(
+                    bf[q], b_stage + (ks * 16 + b_row) * BN * 2 +
+                               (((warp_n * (WARP_TILE / 8) + 2 * q + b_chunk_hi) ^ b_swz) << 4));
             else
-                ldmatrix_x4<false>(bf[q], b_stage + (b_row + q * 16) * BK * 2 +
-                                              (((2 * ks + b_chunk_hi) ^ b_swz) << 4));
+                tk_ldmatrix_x4<false>(bf[q], b_stage + (b_row + q * 16) * BK * 2 +
+                                                 (((2 * ks + b_chunk_hi) ^ b_swz) << 4));
         }
     };
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         load_stage(s, s, s < k_tiles);
-        cp_async_commit();
+        tk_cp_async_commit();
     }
 
     /* Both schedules issue every copy without a branch: past the last K step the copies only
@@ -406,7 +343,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
          * of step kt - 1, which every warp finished reading before the previous barrier) are
          * spread over the first COPY_SLICES slices, between that slice's B loads and its mma,
          * and committed before the barrier: the wait there leaves STAGES - 2 groups in flight. */
-        cp_async_wait<STAGES - 2>();
+        tk_cp_async_wait<STAGES - 2>();
         __syncthreads();
         uint32_t a_stage = smem_a + a_lane, b_stage = smem_b;
         uint32_t af[MT][4], bf[2][NT / 2][4];
@@ -416,7 +353,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 if (ks == KS - 1) {
-                    cp_async_wait<STAGES - 2>();
+                    tk_cp_async_wait<STAGES - 2>();
                     __syncthreads();
                     read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
                     a_stage = smem_a + read_stage * Cfg::A_STAGE_BYTES + a_lane;
@@ -430,14 +367,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
                         load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles, ks,
                                    Cfg::COPY_SLICES);
                     if (ks == Cfg::COPY_SLICES - 1)
-                        cp_async_commit();
+                        tk_cp_async_commit();
                 }
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        mma_16816<In>(acc[i][j], af[i], bf[ks % 2][j / 2][(j % 2) * 2],
-                                      bf[ks % 2][j / 2][(j % 2) * 2 + 1]);
+                        tk_mma_16816<In>(acc[i][j], af[i], bf[ks % 2][j / 2][(j % 2) * 2],
+                                         bf[ks % 2][j / 2][(j % 2) * 2 + 1]);
                     load_a_fragment(af[i], a_stage, (ks + 1) % KS, i);
                 }
             }
@@ -457,7 +394,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
          * past it: the barrier), without a branch: past the last K step they only zero-fill a
          * stage nobody reads; then per k16 slice load the fragments and run 32 mma. */
         for (int64_t kt = 0; kt < k_tiles; kt++) {
-            cp_async_wait<STAGES - 2>();
+            tk_cp_async_wait<STAGES - 2>();
             __syncthreads();
             const uint32_t a_stage = smem_a + read_stage * Cfg::A_STAGE_BYTES + a_lane;
             const uint32_t b_stage = smem_b + read_stage * Cfg::B_STAGE_BYTES;
@@ -465,7 +402,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
             load_a_fragments(af, a_stage, 0);
             load_b_fragments(bf, b_stage, 0);
             load_stage(write_stage, kt + STAGES - 1, kt + STAGES - 1 < k_tiles);
-            cp_async_commit();
+            tk_cp_async_commit();
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 if (ks > 0) {
@@ -476,13 +413,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) gemm_kernel(con
                 for (int i = 0; i < MT; i++)
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        mma_16816<In>(acc[i][j], af[i], bf[j / 2][(j % 2) * 2], bf[j / 2][(j % 2) * 2 + 1]);
+                        tk_mma_16816<In>(acc[i][j], af[i], bf[j / 2][(j % 2) * 2],
+                                         bf[j / 2][(j % 2) * 2 + 1]);
             }
             read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
             write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
         }
     }
-    cp_async_wait<0>();
+    tk_cp_async_wait<0>();
     __syncthreads();
 
     /* Epilogue: accumulator (g = lane / 4, t = lane % 4) of mma tile (i, j) holds rows g and
