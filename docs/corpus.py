@@ -39,7 +39,20 @@ def line_of(text, offset):
 
 # ------------------------------------------------------------------------------ tables --
 
-ROW = re.compile(r'\{\s*"(\w+)"\s*,\s*(\d+)\s*,\s*(true|false)\s*,\s*(\w+)\s*,\s*(\w+)\s*\}')
+# The variant tables name compute capabilities as src/runtime.h's TK_CC_* constants (or numbers).
+CC_NAME = re.compile(r"^#define\s+(TK_CC_\w+)\s+(\d+)", re.M)
+
+
+def compute_capability(token):
+    if token.isdigit():
+        return int(token)
+    names = dict(CC_NAME.findall(read("src/runtime.h")))
+    if token not in names:
+        raise SystemExit(f"corpus: unknown compute capability {token} in a variant table")
+    return int(names[token])
+
+
+ROW = re.compile(r'\{\s*"(\w+)"\s*,\s*(\w+)\s*,\s*(true|false)\s*,\s*(\w+)\s*,\s*(\w+)\s*\}')
 TABLE = re.compile(r"static\s+const\s+tk_variant\s+(\w+)\s*\[\s*\]\s*=\s*\{(.*?)\};", re.S)
 OP = re.compile(r'const\s+tk_op\s+\w+\s*=\s*\{\s*"(\w+)"\s*,\s*(\w+)\s*,\s*([^}]*)\}')
 
@@ -61,7 +74,7 @@ def variant_tables():
                 raise CorpusError(f"{rel}: {op_name} counts {count} variants, its table has {len(rows)}")
             for row in rows:
                 variants.append({
-                    "op": op_name, "variant": row.group(1), "min_cc": int(row.group(2)),
+                    "op": op_name, "variant": row.group(1), "min_cc": compute_capability(row.group(2)),
                     "arch_specific": row.group(3) == "true", "launcher": row.group(5),
                     "table": {"file": rel, "line": line_of(text, table.start(2) + row.start())},
                 })
