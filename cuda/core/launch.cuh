@@ -10,6 +10,8 @@
 #ifndef TK_CORE_LAUNCH_CUH
 #define TK_CORE_LAUNCH_CUH
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -76,8 +78,29 @@ template <int Slots> class tk_device_cache {
     std::atomic<int> cells_[TK_MAX_DEVICES][Slots];
 };
 
+/* ---- driver functions ---- */
+
+/* The driver API function `name` of ABI `version` (the PFN_*_v<version> typedef of
+ * cudaTypedefs.h), reached through the runtime's entry-point table so that the library does not
+ * link libcuda; nullptr when the driver lacks it. Callers keep it in a function-local static. */
+template <typename Fn> Fn tk_driver_function(const char *name, int version) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        return nullptr;
+    return reinterpret_cast<Fn>(fn);
+}
+
+/* ---- shared-memory opt-in ---- */
+
 /* Lets Kernel use `bytes` of dynamic shared memory past the 48 KB every kernel may use. The
- * attribute belongs to the function on the current device: set once per device. */
+ * attribute belongs to the function on the current device: set once per device.
+ * Through the driver's cuFuncSetAttribute, not cudaFuncSetAttribute: the runtime call resets the
+ * thread's last error even when it succeeds (CUDA 13 runtime, driver 580), which would lose a
+ * caller's pending error; cudaGetFuncBySymbol and the driver call leave it alone.
+ * cudaErrorNotSupported without the driver function, cudaErrorInvalidValue when the driver
+ * refuses the size. */
 template <auto Kernel> cudaError_t tk_opt_in_smem(const tk_device *dev, int bytes) {
     static tk_device_cache<1> opted_in;
     if (bytes <= 48 * 1024)
@@ -85,7 +108,18 @@ template <auto Kernel> cudaError_t tk_opt_in_smem(const tk_device *dev, int byte
     int done;
     return opted_in.get(dev, 0, &done, [bytes](int *v) {
         *v = 1;
-        return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        static const PFN_cuFuncSetAttribute_v9000 set =
+            tk_driver_function<PFN_cuFuncSetAttribute_v9000>("cuFuncSetAttribute", 9000);
+        if (!set)
+            return cudaErrorNotSupported;
+        cudaFunction_t function;
+        const cudaError_t err = cudaGetFuncBySymbol(&function, reinterpret_cast<const void *>(Kernel));
+        if (err != cudaSuccess)
+            return err;
+        return set(reinterpret_cast<CUfunction>(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes) ==
+                       CUDA_SUCCESS
+                   ? cudaSuccess
+                   : cudaErrorInvalidValue;
     });
 }
 

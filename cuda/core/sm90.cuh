@@ -29,22 +29,9 @@
 
 #include <type_traits>
 
-/* ---- host: tensor maps ---- */
+#include "launch.cuh"
 
-/* cuTensorMapEncodeTiled, reached through the runtime's driver entry point so that the library
- * does not link libcuda; nullptr when the driver lacks it. Looked up once. */
-inline PFN_cuTensorMapEncodeTiled_v12000 tk_tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
-        void *fn = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            return nullptr;
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }();
-    return encode;
-}
+/* ---- host: tensor maps ---- */
 
 /* The tensor map of a row-major rows x cols matrix of `type` at `base` (16-byte aligned; rows
  * row_bytes apart, a multiple of 16 below 2^40), read in boxes of box_rows x box_cols elements
@@ -56,7 +43,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tk_tensor_map_encoder() {
 inline cudaError_t tk_tensor_map_2d(CUtensorMap *map, CUtensorMapDataType type, const void *base, int64_t rows,
                                     int64_t cols, int64_t row_bytes, uint32_t box_rows, uint32_t box_cols,
                                     CUtensorMapSwizzle swizzle) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tk_tensor_map_encoder();
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode =
+        tk_driver_function<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
     if (!encode)
         return cudaErrorNotSupported;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
