@@ -265,16 +265,21 @@ def as_array(obj, name, stream_arg=None):
     return a
 
 
+def _unit_strides(shape, strides):
+    """strides with dimensions of size 0 or 1 given the stride 1: no element is ever reached
+    through them, and producers differ (torch's DLPack export normalises them in some versions,
+    not in others), so a tensor is passed to libtkern the same way whichever path described it."""
+    if 1 in shape or 0 in shape:
+        return tuple([st if size > 1 else 1 for size, st in zip(shape, strides)])
+    return strides
+
+
 def _check_strides(a):
-    """Gives dimensions of size 0 or 1 the stride 1 (no element is ever reached through it, and
-    producers differ: torch's DLPack export normalises them in some versions, not in others), so
-    that a tensor is passed to libtkern the same way whichever path described it; refuses a
-    stride no allocation can span."""
-    shape, strides = a.shape, a.strides
+    """Normalises a's strides (_unit_strides) and refuses a stride no allocation can span."""
+    shape = a.shape
     if not shape:
         return
-    if 1 in shape or 0 in shape:
-        a.strides = strides = tuple([st if size > 1 else 1 for size, st in zip(shape, strides)])
+    a.strides = strides = _unit_strides(shape, a.strides)
     if max(strides) * max(shape) < 1 << 62 and min(strides) * max(shape) > -1 << 62:
         return  # no dimension can reach the bound below: skip the per-dimension loop
     for size, stride in zip(shape, strides):
@@ -333,16 +338,19 @@ def plain_torch(obj):
 
 def _from_torch(obj, name, dtype, device_index):
     """The Array of a plain torch tensor (see plain_torch): what DLPack would describe. The tensor
-    itself is kept, so its memory lives as long as the Array."""
+    itself is kept, so its memory lives as long as the Array. torch checks every view against
+    its storage's bounds, so its strides need only _unit_strides, not _check_strides."""
     a = Array()
-    a.obj, a.name, a.producer = obj, name, "torch"
-    a.device_type, a.device_id = _KDL_CUDA, device_index
+    a.obj = obj
+    a.name = name
+    a.producer = "torch"
+    a.device_type = _KDL_CUDA
+    a.device_id = device_index
     a.dtype = dtype
-    a.shape = tuple(obj.shape)
-    a.strides = tuple(obj.stride())
+    a.shape = shape = tuple(obj.shape)
+    a.strides = _unit_strides(shape, obj.stride())
     a.ptr = obj.data_ptr()
     a._keep = (obj,)
-    _check_strides(a)
     return a
 
 

@@ -416,10 +416,9 @@ def call(name, *args):
     ValueError before the call for an int argument outside its C type's range."""
     fn, ints = _prototype(name)
     for i, ctype, lo, hi in ints:
-        if i < len(args):
-            arg = args[i]
-            if isinstance(arg, int) and not lo <= arg <= hi:
-                checked_int(arg, ctype, f"{name}'s argument {i + 1}")
+        arg = args[i]
+        if isinstance(arg, int) and not lo <= arg <= hi:
+            checked_int(arg, ctype, f"{name}'s argument {i + 1}")
     status = fn(*args)
     if status != 0:
         raise TkernError(status, status_name(status), name, last_error())
