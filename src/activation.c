@@ -13,7 +13,8 @@
 
 /* ------------------------------------------------------------------------ activations ---- */
 
-static bool activation_vec16_supports(tk_call_args call) {
+static bool activation_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_activation_call *a = call;
     const tk_dtype dtype = (tk_dtype)a->dtype;
     /* One-row calls handle a partial last pack in the kernel; longer calls need aligned rows. */
@@ -131,7 +132,8 @@ TK_API tk_status tk_gelu_bwd(tk_gelu_approximation approximate, tk_dtype dtype, 
 
 /* -------------------------------------------------------------------------------- GLU ---- */
 
-static bool glu_vec16_supports(tk_call_args call) {
+static bool glu_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_glu_call *a = call;
     const size_t es = tk_dtype_size((tk_dtype)a->dtype);
     /* Gate and up packs start every 16 bytes: d must keep the second half aligned too. */

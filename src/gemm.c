@@ -158,8 +158,6 @@ static tk_status prepare(const char *fn, const tk_gemm_params *p, tk_gemm_call *
                          const tk_device **dev, const tk_variant **v) {
     TK_TRY(validate(fn, p, call));
     TK_TRY(tk_current_device(fn, dev));
-    call->sm_count = (*dev)->sm_count;
-    call->max_smem_optin = (*dev)->max_smem_optin;
     return tk_select_variant(fn, &tk_op_gemm, *dev, call, v);
 }
 

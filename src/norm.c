@@ -30,14 +30,19 @@ static bool norm_aligned16(const tk_norm_call *a) {
     return true;
 }
 
-static bool norm_vec16_supports(tk_call_args call) {
+static bool norm_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_norm_call *a = call;
     return norm_aligned16(a) && tk_norm_rows_fit(a->cols, pack_elems(a->dtype), a->backward);
 }
 
-static bool norm_wide_vec16_supports(tk_call_args call) { return norm_aligned16(call); }
+static bool norm_wide_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return norm_aligned16(call);
+}
 
-static bool norm_scalar_supports(tk_call_args call) {
+static bool norm_scalar_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_norm_call *a = call;
     return tk_norm_rows_fit(a->cols, 1, a->backward);
 }

@@ -16,7 +16,8 @@ static bool tensor_vec16(const void *p, const int64_t strides[2], size_t elem) {
            tk_stride_keeps_alignment(strides[1], elem);
 }
 
-static bool vec16_supports(tk_call_args call) {
+static bool vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_rope_call *a = call;
     const size_t es = tk_dtype_size((tk_dtype)a->dtype);
     const bool dims_ok = tk_stride_keeps_alignment(a->rotary_dim / 2, es) &&

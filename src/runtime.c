@@ -543,7 +543,7 @@ TK_API tk_status tk_device_query(tk_device_info *info) {
 /* -------------------------------------------------------------------- variant choice ---- */
 
 static bool variant_fits(const tk_variant *v, const tk_device *dev, tk_call_args call) {
-    return tk_variant_compiled_for(v, dev) && (v->supports == NULL || v->supports(call));
+    return tk_variant_compiled_for(v, dev) && (v->supports == NULL || v->supports(call, dev));
 }
 
 const tk_variant *tk_find_variant(const tk_op *op, const tk_device *dev, tk_call_args call) {

@@ -146,8 +146,9 @@ typedef struct tk_variant {
     const char *name;
     int min_cc;             /* lowest compute capability the code needs, e.g. TK_CC_AMPERE */
     bool arch_specific;     /* needs an sm_XYa build for exactly this device (wgmma, setmaxnreg) */
-    /* Whether this variant can run the call (shape, alignment); NULL = any call. */
-    bool (*supports)(tk_call_args call);
+    /* Whether this variant can run the call on this device (shape, alignment, shared memory,
+     * SM count); NULL = any call. Calls carry no device facts: they come from dev. */
+    bool (*supports)(tk_call_args call, const tk_device *dev);
     cudaError_t (*launch)(tk_call_args call, const tk_device *dev, cudaStream_t stream);
 } tk_variant;
 

@@ -28,14 +28,24 @@ static bool regs_fit(const tk_softmax_call *a, bool wide) {
     return a->cols <= tk_softmax_regs_max_cols((int)tk_dtype_size((tk_dtype)a->dtype), wide, a->backward);
 }
 
-static bool vec16_regs_supports(tk_call_args call) { return vec16_fits(call) && regs_fit(call, true); }
-static bool vec16_pipelined_supports(tk_call_args call) {
+static bool vec16_regs_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return vec16_fits(call) && regs_fit(call, true);
+}
+static bool vec16_pipelined_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_softmax_call *a = call;
     return !a->backward && vec16_fits(a) &&
            tk_softmax_pipelined_fits((int)tk_dtype_size((tk_dtype)a->dtype), a->cols);
 }
-static bool vec16_stream_supports(tk_call_args call) { return vec16_fits(call); }
-static bool scalar_regs_supports(tk_call_args call) { return regs_fit(call, false); }
+static bool vec16_stream_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return vec16_fits(call);
+}
+static bool scalar_regs_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return regs_fit(call, false);
+}
 
 static const tk_variant softmax_variants[] = {
     {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
