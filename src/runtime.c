@@ -351,7 +351,7 @@ static void op_names(char *names, size_t size) {
 
 /* Parses one "op=variant" item of TKERN_FORCE_VARIANT; false (and env_forced_error) if bad. */
 static bool parse_env_item(const char *item, size_t len) {
-    char names[160];
+    char names[256]; /* every op's name, or one op's variants */
     const char *eq = memchr(item, '=', len);
     if (!eq) {
         snprintf(env_forced_error, sizeof env_forced_error,
