@@ -24,7 +24,7 @@ extern "C" cudaError_t tk_attention_launch_mma(const void *call, const tk_device
     return launch_head_dim(static_cast<const tk_attention_call *>(call), 1, dev, stream);
 }
 
-extern "C" bool tk_attention_supports_packed(const void *call) {
+extern "C" bool tk_attention_supports_packed(const void *call, const tk_device *) {
     const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
     return (c->heads_q / c->heads_kv) % 2 == 0 && c->window_left >= 0 && c->window_right >= 0;
 }

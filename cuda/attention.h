@@ -36,7 +36,7 @@ cudaError_t tk_attention_launch_mma(const void *call, const tk_device *dev, cuda
  * GQA group (fewer positions per CTA, the same K/V tiles), for calls bounded on both sides by
  * a window, where the CTA's key band is short and its edges cost: heads_q / heads_kv even and
  * window_left, window_right >= 0. */
-bool tk_attention_supports_packed(const void *call);
+bool tk_attention_supports_packed(const void *call, const tk_device *dev);
 cudaError_t tk_attention_launch_mma_packed(const void *call, const tk_device *dev,
                                            cudaStream_t stream);
 

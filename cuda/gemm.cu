@@ -446,9 +446,9 @@ template <class Cfg> int64_t tile_count(const tk_gemm_call *c) {
     return tiles_m > INT32_MAX / tiles_n ? INT64_MAX : tiles_m * tiles_n;
 }
 
-/* Whether Cfg can run the call on its device: shared memory, and a grid of at most 2^31 - 1. */
-template <class Cfg> bool config_fits(const tk_gemm_call *c) {
-    return Cfg::SMEM_BYTES <= c->max_smem_optin && tile_count<Cfg>(c) <= INT32_MAX;
+/* Whether Cfg can run the call on dev: shared memory, and a grid of at most 2^31 - 1. */
+template <class Cfg> bool config_fits(const tk_gemm_call *c, const tk_device *dev) {
+    return Cfg::SMEM_BYTES <= dev->max_smem_optin && tile_count<Cfg>(c) <= INT32_MAX;
 }
 
 /* A and B allow 16-byte cp.async for every chunk: aligned bases, rows a multiple of 8 apart. */
@@ -477,10 +477,10 @@ cudaError_t launch_variant(const void *call, const tk_device *dev, cudaStream_t 
 
 } // namespace
 
-extern "C" bool tk_gemm_supports_mma_128x256(const void *call) {
+extern "C" bool tk_gemm_supports_mma_128x256(const void *call, const tk_device *dev) {
     const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
-    return fast_loads(c) && config_fits<config_128x256>(c) &&
-           tile_count<config_128x256>(c) >= c->sm_count;
+    return fast_loads(c) && config_fits<config_128x256>(c, dev) &&
+           tile_count<config_128x256>(c) >= dev->sm_count;
 }
 
 extern "C" cudaError_t tk_launch_gemm_mma_128x256(const void *call, const tk_device *dev,
@@ -488,9 +488,9 @@ extern "C" cudaError_t tk_launch_gemm_mma_128x256(const void *call, const tk_dev
     return launch_variant<config_128x256, true>(call, dev, stream);
 }
 
-extern "C" bool tk_gemm_supports_mma_128x128(const void *call) {
+extern "C" bool tk_gemm_supports_mma_128x128(const void *call, const tk_device *dev) {
     const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
-    return fast_loads(c) && config_fits<config_128x128>(c);
+    return fast_loads(c) && config_fits<config_128x128>(c, dev);
 }
 
 extern "C" cudaError_t tk_launch_gemm_mma_128x128(const void *call, const tk_device *dev,
@@ -498,8 +498,8 @@ extern "C" cudaError_t tk_launch_gemm_mma_128x128(const void *call, const tk_dev
     return launch_variant<config_128x128, true>(call, dev, stream);
 }
 
-extern "C" bool tk_gemm_supports_mma_unaligned(const void *call) {
-    return config_fits<config_unaligned>(static_cast<const tk_gemm_call *>(call));
+extern "C" bool tk_gemm_supports_mma_unaligned(const void *call, const tk_device *dev) {
+    return config_fits<config_unaligned>(static_cast<const tk_gemm_call *>(call), dev);
 }
 
 extern "C" cudaError_t tk_launch_gemm_mma_unaligned(const void *call, const tk_device *dev,

@@ -213,13 +213,13 @@ cudaError_t launch_kernel(const tk_gemm_call *c, const tk_device *dev, cudaStrea
     /* Persistent: the shared memory allows one block of 384 threads per SM, so one block per SM
      * (or per tile, if there are fewer) walks every gridDim.x-th tile. */
     const int64_t tiles = tile_count(c->m, c->n);
-    const unsigned blocks = (unsigned)(tiles < c->sm_count ? tiles : c->sm_count);
+    const unsigned blocks = (unsigned)(tiles < dev->sm_count ? tiles : dev->sm_count);
     return tk_launch(kernel, blocks, THREADS, SMEM_BYTES, stream, *c, map_a, map_b);
 }
 
 } // namespace
 
-extern "C" bool tk_gemm_supports_wgmma_128x256(const void *call) {
+extern "C" bool tk_gemm_supports_wgmma_128x256(const void *call, const tk_device *dev) {
     const tk_gemm_call *c = static_cast<const tk_gemm_call *>(call);
     /* TMA: 16-byte aligned bases, row strides multiples of 16 bytes below 2^40, int32 box
      * coordinates (K steps up to k + BK). */
@@ -227,7 +227,7 @@ extern "C" bool tk_gemm_supports_wgmma_128x256(const void *call) {
     return c->b_layout == TK_GEMM_B_NK && tk_aligned16(c->a) && tk_aligned16(c->b) &&
            c->lda % 8 == 0 && c->ldb % 8 == 0 && c->lda < max_ld && c->ldb < max_ld &&
            c->m <= INT32_MAX && c->n <= INT32_MAX &&
-           c->k <= INT32_MAX - BK && SMEM_BYTES <= c->max_smem_optin && tile_count(c->m, c->n) <= INT32_MAX;
+           c->k <= INT32_MAX - BK && SMEM_BYTES <= dev->max_smem_optin && tile_count(c->m, c->n) <= INT32_MAX;
 }
 
 extern "C" cudaError_t tk_launch_gemm_wgmma_128x256(const void *call, const tk_device *dev,

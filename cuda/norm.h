@@ -17,7 +17,7 @@ typedef struct tk_norm_call {
     int layernorm;          /* 0 RMSNorm, 1 LayerNorm */
     int dtype;              /* tk_dtype of x, residual, y, dy, dx */
     int weight_dtype;       /* tk_dtype of weight, bias, dw, db: dtype or TK_F32 */
-    bool backward;
+    bool backward;          /* which op built the call: "norm" or "norm_bwd" */
     bool gemma;             /* scale by 1 + weight */
     int64_t rows, cols;
     int64_t x_stride;       /* x, dx */
@@ -66,18 +66,17 @@ static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
     return rows < cap ? rows : cap;
 }
 
-/* "vec16": 16-byte packs, row in registers. "scalar": one element per access. */
-cudaError_t tk_launch_norm_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
-cudaError_t tk_launch_norm_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
-/* "wide_vec16" / "wide_scalar": a block per row, any width, the row read twice. */
-cudaError_t tk_launch_norm_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
-cudaError_t tk_launch_norm_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
-
-/* The per-direction halves, in cuda/norm_fwd.cu and cuda/norm_bwd.cu. */
-cudaError_t tk_launch_norm_fwd(const tk_norm_call *a, bool vec, bool wide, const tk_device *dev,
-                               cudaStream_t stream);
-cudaError_t tk_launch_norm_bwd(const tk_norm_call *a, bool vec, bool wide, const tk_device *dev,
-                               cudaStream_t stream);
+/* Each direction's launchers, in cuda/norm_fwd.cu and cuda/norm_bwd.cu (ops "norm" and
+ * "norm_bwd"). "vec16": 16-byte packs, row in registers. "scalar": one element per access.
+ * "wide_vec16" / "wide_scalar": a block per row, any width, the row read twice. */
+cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_fwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_fwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_bwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_bwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_bwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_bwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

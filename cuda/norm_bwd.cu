@@ -339,13 +339,30 @@ cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev
     return launch<T, T, VEC>(a, wide, dev, stream);
 }
 
-} // namespace
-
-extern "C" cudaError_t tk_launch_norm_bwd(const tk_norm_call *a, bool vec, bool wide,
-                                          const tk_device *dev, cudaStream_t stream) {
+/* 16-byte packs (vec) or elements; the rows kernel or the wide one. */
+cudaError_t launch_variant(const void *call, bool vec, bool wide, const tk_device *dev, cudaStream_t stream) {
+    const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
         return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, wide, dev, stream)
                    : launch_weight<T, 1>(a, wide, dev, stream);
     });
+}
+
+} // namespace
+
+extern "C" cudaError_t tk_launch_norm_bwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, true, false, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_bwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, false, false, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_bwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, true, true, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_bwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, false, true, dev, stream);
 }

@@ -399,10 +399,9 @@ cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev
     return launch<T, T, VEC>(a, wide, dev, stream);
 }
 
-} // namespace
-
-extern "C" cudaError_t tk_launch_norm_fwd(const tk_norm_call *a, bool vec, bool wide,
-                                          const tk_device *dev, cudaStream_t stream) {
+/* 16-byte packs (vec) or elements; the rows kernel or the wide one. */
+cudaError_t launch_variant(const void *call, bool vec, bool wide, const tk_device *dev, cudaStream_t stream) {
+    const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
         return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, wide, dev, stream)
@@ -410,25 +409,20 @@ extern "C" cudaError_t tk_launch_norm_fwd(const tk_norm_call *a, bool vec, bool 
     });
 }
 
-static cudaError_t launch_either(const void *call, bool vec, bool wide, const tk_device *dev,
-                                 cudaStream_t stream) {
-    const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
-    return a->backward ? tk_launch_norm_bwd(a, vec, wide, dev, stream)
-                       : tk_launch_norm_fwd(a, vec, wide, dev, stream);
+} // namespace
+
+extern "C" cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, true, false, dev, stream);
 }
 
-extern "C" cudaError_t tk_launch_norm_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_either(call, true, false, dev, stream);
+extern "C" cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, false, false, dev, stream);
 }
 
-extern "C" cudaError_t tk_launch_norm_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_either(call, false, false, dev, stream);
+extern "C" cudaError_t tk_launch_norm_fwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, true, true, dev, stream);
 }
 
-extern "C" cudaError_t tk_launch_norm_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_either(call, true, true, dev, stream);
-}
-
-extern "C" cudaError_t tk_launch_norm_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_either(call, false, true, dev, stream);
+extern "C" cudaError_t tk_launch_norm_fwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, false, true, dev, stream);
 }

@@ -112,7 +112,8 @@ LIST_KEYS = ("kernel",)
 
 def card_blocks():
     """(op, variant or None) -> fields, from every card's ```corpus blocks. A block without a
-    variant holds what all of its op's variants share; `kernel` may repeat."""
+    variant holds what all of its op's variants share; `kernel` may repeat; `op` may name
+    several ops, comma-separated, that run the same kernels (a forward op and its "_bwd")."""
     blocks = {}
     for path in sorted(glob.glob(os.path.join(ROOT, "docs", "kernels", "*.md"))):
         rel = os.path.relpath(path, ROOT)
@@ -134,10 +135,11 @@ def card_blocks():
                     raise CorpusError(f"{where}: key {k} given twice")
             if "op" not in fields:
                 raise CorpusError(f"{where}: block without an op")
-            ident = (fields["op"][0], fields["variant"][0] if "variant" in fields else None)
-            if ident in blocks:
-                raise CorpusError(f"{where}: a second block for {ident}")
-            blocks[ident] = {"where": where, **fields}
+            for op in (name.strip() for name in fields["op"][0].split(",")):
+                ident = (op, fields["variant"][0] if "variant" in fields else None)
+                if ident in blocks:
+                    raise CorpusError(f"{where}: a second block for {ident}")
+                blocks[ident] = {"where": where, **fields}
     return blocks
 
 
@@ -228,10 +230,15 @@ def bench_rows(path):
     return rows
 
 
+def op_of(bench_op):
+    """The runtime op of a bench op: its family, "<family>_bwd" for a backward row ("rmsnorm bwd")."""
+    return family_of(bench_op) + ("_bwd" if "bwd" in bench_op.split()[1:] else "")
+
+
 def performance(rows, op, variant):
     return [{k: row.get(k) for k in ("op", "shape", "dtype", "ms", "gbps", "tflops", "baseline",
                                      "baseline_ms", "ratio")}
-            for row in rows if family_of(row.get("op", "")) == op and row.get("variant") == variant]
+            for row in rows if op_of(row.get("op", "")) == op and row.get("variant") == variant]
 
 
 def records(bench_path):

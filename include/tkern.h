@@ -126,9 +126,13 @@ TK_API tk_status tk_device_query(tk_device_info *info);
 TK_API const char *tk_last_variant(void);
 
 /* Experimental, for tests and benchmarks: make the calling thread's calls to operation `op`
- * (e.g. "activation", "glu", "attention", "gemm") use the variant called `variant`, or go back
- * to automatic selection when `variant` is NULL. A forced variant that cannot run a call makes
- * that call fail with TK_ERROR_NOT_SUPPORTED instead of falling back. The environment variable
+ * use the variant called `variant`, or go back to automatic selection when `variant` is NULL.
+ * The ops are "activation", "glu", "norm", "softmax" and "rope" (the forward calls of those
+ * families), "activation_bwd", "glu_bwd", "norm_bwd", "softmax_bwd" and "rope_bwd" (their *_bwd
+ * calls), "attention" and "gemm". Forward and backward are forced separately: forcing "norm"
+ * leaves tk_rmsnorm_bwd's choice alone, and a forward-only variant ("vec16_pipelined") is not a
+ * variant of "softmax_bwd". A forced variant that cannot run a call makes that call fail with
+ * TK_ERROR_NOT_SUPPORTED instead of falling back. The environment variable
  * TKERN_FORCE_VARIANT="op=variant[,op=variant...]", read once at first use, does the same for
  * every thread; `variant` NULL also undoes it for the calling thread. An unknown op or variant
  * name there makes every call that reaches the device fail with TK_ERROR_INVALID_VALUE, naming
@@ -244,7 +248,8 @@ TK_API tk_status tk_glu_bwd(const tk_glu_params *p, const void *dy, const void *
  * p->weight_dtype (p->dtype or TK_F32); rstd and mean are dense f32 [rows]. Rows are
  * p->x_row_stride (x, dx), p->residual_row_stride (residual), p->y_row_stride (y, dy) elements
  * apart; 0 means dense (= cols). Elements within a row are contiguous.
- * Variants (op "norm", tk_last_variant / tk_experimental_force_variant), in selection order:
+ * Variants (tk_last_variant; tk_experimental_force_variant op "norm" for the forward calls,
+ * "norm_bwd" for the backward ones, each direction with all four), in selection order:
  * "vec16" (16-byte accesses, row held in registers: needs every row start 16-byte aligned, i.e.
  * 16-byte aligned pointers and cols and strides that are multiples of 16 bytes, and cols <= 8192),
  * "wide_vec16" (the same alignment, any width: a block per row that reads the row twice),
@@ -391,8 +396,8 @@ TK_API tk_status tk_softmax_fwd(const tk_softmax_params *p, const void *x, void 
 
 /* dx from the forward output y and its gradient dy (formulas above; p as in the forward call:
  * y and dy use y_row_stride, dx uses x_row_stride). dx may alias dy or y exactly (same pointer
- * and equal strides); other overlaps are rejected. Same variants and errors as tk_softmax_fwd
- * (NULL y, dy or dx). */
+ * and equal strides); other overlaps are rejected. Same errors as tk_softmax_fwd (NULL y, dy or
+ * dx) and the same variants but "vec16_pipelined", forced with op "softmax_bwd". */
 TK_API tk_status tk_softmax_bwd(const tk_softmax_params *p, const void *y, const void *dy,
                                 void *dx, tk_stream_t stream);
 
@@ -467,7 +472,8 @@ typedef struct tk_rope_params {
  * element. A cache position outside [0, max_position) is not read: that token's rotated
  * elements become NaN. Pointers must be aligned to their element size; 16-byte aligned tensors
  * with strides, rotary_dim / 2 and head_dim - rotary_dim multiples of 16 bytes run faster.
- * Variants (tk_last_variant, force with op "rope"): "vec16" (16-byte accesses) then "scalar".
+ * Variants (tk_last_variant, force with op "rope" for tk_rope_fwd, "rope_bwd" for tk_rope_bwd):
+ * "vec16" (16-byte accesses) then "scalar".
  * Errors: p NULL, q / q_out NULL with heads_q > 0, k / k_out NULL with heads_k > 0, sin_cache
  * NULL with cos_cache set or the reverse (TK_ERROR_NULL_POINTER); p->size too small, unknown
  * dtype or style, tokens or heads < 0, head_dim < 2, rotary_dim odd, < 0 or > head_dim, a stride

@@ -3,7 +3,9 @@
  * cuda/activation.cu and cuda/glu.cu; the math is documented in docs/kernels/activation.md.
  *
  * Variants, best first: "vec16" (16-byte packs; every row start of every tensor 16-byte aligned)
- * and "scalar" (any element-aligned pointer).
+ * and "scalar" (any element-aligned pointer). Each direction's kernel is an instantiation of the
+ * same template, so the forward ops ("activation", "glu") and the backward ones
+ * ("activation_bwd", "glu_bwd") share their family's table; the launchers read the direction.
  */
 #include <math.h>
 #include <stdint.h>
@@ -13,7 +15,8 @@
 
 /* ------------------------------------------------------------------------ activations ---- */
 
-static bool activation_vec16_supports(tk_call_args call) {
+static bool activation_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_activation_call *a = call;
     const tk_dtype dtype = (tk_dtype)a->dtype;
     /* One-row calls handle a partial last pack in the kernel; longer calls need aligned rows. */
@@ -26,7 +29,9 @@ static const tk_variant activation_variants[] = {
     {"vec16", TK_CC_AMPERE, false, activation_vec16_supports, tk_launch_activation_vec16},
     {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_activation_scalar},
 };
-const tk_op tk_op_activation = {"activation", activation_variants, 2};
+const tk_op tk_op_activation = {"activation", activation_variants, TK_VARIANT_COUNT(activation_variants)};
+const tk_op tk_op_activation_bwd = {"activation_bwd", activation_variants,
+                                    TK_VARIANT_COUNT(activation_variants)};
 
 static bool activation_kind_valid(tk_activation kind) {
     return kind >= TK_ACT_NONE && kind <= TK_ACT_RELU_SQUARED;
@@ -77,7 +82,7 @@ static tk_status activation_run(const char *fn, tk_activation kind, tk_dtype dty
     const tk_device *dev;
     TK_TRY(tk_current_device(fn, &dev));
     const tk_variant *v;
-    TK_TRY(tk_select_variant(fn, &tk_op_activation, dev, &call, &v));
+    TK_TRY(tk_select_variant(fn, backward ? &tk_op_activation_bwd : &tk_op_activation, dev, &call, &v));
     return tk_launched(fn, v, v->launch(&call, dev, stream));
 }
 
@@ -131,7 +136,8 @@ TK_API tk_status tk_gelu_bwd(tk_gelu_approximation approximate, tk_dtype dtype, 
 
 /* -------------------------------------------------------------------------------- GLU ---- */
 
-static bool glu_vec16_supports(tk_call_args call) {
+static bool glu_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_glu_call *a = call;
     const size_t es = tk_dtype_size((tk_dtype)a->dtype);
     /* Gate and up packs start every 16 bytes: d must keep the second half aligned too. */
@@ -145,7 +151,8 @@ static const tk_variant glu_variants[] = {
     {"vec16", TK_CC_AMPERE, false, glu_vec16_supports, tk_launch_glu_vec16},
     {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_glu_scalar},
 };
-const tk_op tk_op_glu = {"glu", glu_variants, 2};
+const tk_op tk_op_glu = {"glu", glu_variants, TK_VARIANT_COUNT(glu_variants)};
+const tk_op tk_op_glu_bwd = {"glu_bwd", glu_variants, TK_VARIANT_COUNT(glu_variants)};
 
 static tk_status glu_run(const char *fn, const tk_glu_params *given, const void *dy,
                          const void *x, void *out, bool backward, tk_stream_t stream) {
@@ -229,7 +236,7 @@ static tk_status glu_run(const char *fn, const tk_glu_params *given, const void 
     const tk_device *dev;
     TK_TRY(tk_current_device(fn, &dev));
     const tk_variant *v;
-    TK_TRY(tk_select_variant(fn, &tk_op_glu, dev, &call, &v));
+    TK_TRY(tk_select_variant(fn, backward ? &tk_op_glu_bwd : &tk_op_glu, dev, &call, &v));
     return tk_launched(fn, v, v->launch(&call, dev, stream));
 }
 

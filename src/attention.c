@@ -19,8 +19,7 @@ static const tk_variant attention_variants[] = {
     {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
     {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
 };
-const tk_op tk_op_attention = {"attention", attention_variants,
-                               (int)(sizeof attention_variants / sizeof attention_variants[0])};
+const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT(attention_variants)};
 
 /* Kernel limits: row and key indices, windows and their sums stay in int32. */
 #define MAX_SEQLEN (INT64_C(1) << 30)

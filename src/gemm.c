@@ -14,8 +14,7 @@ static const tk_variant gemm_variants[] = {
     {"mma_128x128", TK_CC_AMPERE, false, tk_gemm_supports_mma_128x128, tk_launch_gemm_mma_128x128},
     {"mma_unaligned", TK_CC_AMPERE, false, tk_gemm_supports_mma_unaligned, tk_launch_gemm_mma_unaligned},
 };
-const tk_op tk_op_gemm = {"gemm", gemm_variants,
-                          (int)(sizeof gemm_variants / sizeof gemm_variants[0])};
+const tk_op tk_op_gemm = {"gemm", gemm_variants, TK_VARIANT_COUNT(gemm_variants)};
 
 /* A row-major matrix operand as the overlap check sees it. */
 typedef struct matrix_span {
@@ -158,8 +157,6 @@ static tk_status prepare(const char *fn, const tk_gemm_params *p, tk_gemm_call *
                          const tk_device **dev, const tk_variant **v) {
     TK_TRY(validate(fn, p, call));
     TK_TRY(tk_current_device(fn, dev));
-    call->sm_count = (*dev)->sm_count;
-    call->max_smem_optin = (*dev)->max_smem_optin;
     return tk_select_variant(fn, &tk_op_gemm, *dev, call, v);
 }
 

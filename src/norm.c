@@ -2,9 +2,10 @@
  * RMSNorm and LayerNorm: argument checks and dispatch. The kernels are in cuda/norm_fwd.cu and
  * cuda/norm_bwd.cu; the math is documented in docs/kernels/norm.md.
  *
- * Variants of op "norm", best first: "vec16" (16-byte packs, row in registers), "wide_vec16"
- * (16-byte packs, any width), "scalar" (any element alignment, row in registers), "wide_scalar"
- * (anything). The "rows" kernels hold rows up to tk_norm_rows_fit's limit (cuda/norm.h).
+ * Variants of op "norm" (forward) and of op "norm_bwd" (backward), best first: "vec16" (16-byte
+ * packs, row in registers), "wide_vec16" (16-byte packs, any width), "scalar" (any element
+ * alignment, row in registers), "wide_scalar" (anything). The "rows" kernels hold rows up to
+ * tk_norm_rows_fit's limit (cuda/norm.h), which differs by direction.
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,25 +31,53 @@ static bool norm_aligned16(const tk_norm_call *a) {
     return true;
 }
 
-static bool norm_vec16_supports(tk_call_args call) {
-    const tk_norm_call *a = call;
-    return norm_aligned16(a) && tk_norm_rows_fit(a->cols, pack_elems(a->dtype), a->backward);
+/* The "rows" variants: the row fits the registers of the direction's kernel. */
+static bool rows_vec16_fit(const tk_norm_call *a, bool backward) {
+    return norm_aligned16(a) && tk_norm_rows_fit(a->cols, pack_elems(a->dtype), backward);
 }
 
-static bool norm_wide_vec16_supports(tk_call_args call) { return norm_aligned16(call); }
+static bool norm_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return rows_vec16_fit(call, false);
+}
 
-static bool norm_scalar_supports(tk_call_args call) {
+static bool norm_bwd_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return rows_vec16_fit(call, true);
+}
+
+static bool norm_wide_vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return norm_aligned16(call);
+}
+
+static bool norm_scalar_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_norm_call *a = call;
-    return tk_norm_rows_fit(a->cols, 1, a->backward);
+    return tk_norm_rows_fit(a->cols, 1, false);
+}
+
+static bool norm_bwd_scalar_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    const tk_norm_call *a = call;
+    return tk_norm_rows_fit(a->cols, 1, true);
 }
 
 static const tk_variant norm_variants[] = {
-    {"vec16", TK_CC_AMPERE, false, norm_vec16_supports, tk_launch_norm_vec16},
-    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_wide_vec16},
-    {"scalar", TK_CC_AMPERE, false, norm_scalar_supports, tk_launch_norm_scalar},
-    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_wide_scalar},
+    {"vec16", TK_CC_AMPERE, false, norm_vec16_supports, tk_launch_norm_fwd_vec16},
+    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_fwd_wide_vec16},
+    {"scalar", TK_CC_AMPERE, false, norm_scalar_supports, tk_launch_norm_fwd_scalar},
+    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_fwd_wide_scalar},
 };
-const tk_op tk_op_norm = {"norm", norm_variants, 4};
+const tk_op tk_op_norm = {"norm", norm_variants, TK_VARIANT_COUNT(norm_variants)};
+
+static const tk_variant norm_bwd_variants[] = {
+    {"vec16", TK_CC_AMPERE, false, norm_bwd_vec16_supports, tk_launch_norm_bwd_vec16},
+    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_bwd_wide_vec16},
+    {"scalar", TK_CC_AMPERE, false, norm_bwd_scalar_supports, tk_launch_norm_bwd_scalar},
+    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_bwd_wide_scalar},
+};
+const tk_op tk_op_norm_bwd = {"norm_bwd", norm_bwd_variants, TK_VARIANT_COUNT(norm_bwd_variants)};
 
 /* ------------------------------------------------------------------------- checks ---- */
 
@@ -146,7 +175,7 @@ static tk_status launch_norm(const char *fn, const tk_norm_call *call, tk_stream
     const tk_device *dev;
     TK_TRY(tk_current_device(fn, &dev));
     const tk_variant *v;
-    TK_TRY(tk_select_variant(fn, &tk_op_norm, dev, call, &v));
+    TK_TRY(tk_select_variant(fn, call->backward ? &tk_op_norm_bwd : &tk_op_norm, dev, call, &v));
     return tk_launched(fn, v, v->launch(call, dev, stream));
 }
 

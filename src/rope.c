@@ -2,7 +2,9 @@
  * Rotary position embedding: argument checks and dispatch. The kernel is in cuda/rope.cu; the
  * conventions are documented in include/tkern.h and docs/kernels/rope.md.
  *
- * Variants, best first: "vec16" (16-byte packs) and "scalar" (one element per access).
+ * Variants, best first: "vec16" (16-byte packs) and "scalar" (one element per access). The
+ * backward is the forward rotated by -angle, the same kernels: ops "rope" and "rope_bwd" share
+ * the table; the launchers read the direction.
  */
 #include <math.h>
 #include <stdint.h>
@@ -16,7 +18,8 @@ static bool tensor_vec16(const void *p, const int64_t strides[2], size_t elem) {
            tk_stride_keeps_alignment(strides[1], elem);
 }
 
-static bool vec16_supports(tk_call_args call) {
+static bool vec16_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_rope_call *a = call;
     const size_t es = tk_dtype_size((tk_dtype)a->dtype);
     const bool dims_ok = tk_stride_keeps_alignment(a->rotary_dim / 2, es) &&
@@ -30,7 +33,8 @@ static const tk_variant rope_variants[] = {
     {"vec16", TK_CC_AMPERE, false, vec16_supports, tk_launch_rope_vec16},
     {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_rope_scalar},
 };
-const tk_op tk_op_rope = {"rope", rope_variants, 2};
+const tk_op tk_op_rope = {"rope", rope_variants, TK_VARIANT_COUNT(rope_variants)};
+const tk_op tk_op_rope_bwd = {"rope_bwd", rope_variants, TK_VARIANT_COUNT(rope_variants)};
 
 /* One tensor as the checks see it. */
 typedef struct rope_tensor {
@@ -230,7 +234,7 @@ static tk_status rope_run(const char *fn, const tk_rope_params *given, const voi
     const tk_device *dev;
     TK_TRY(tk_current_device(fn, &dev));
     const tk_variant *v;
-    TK_TRY(tk_select_variant(fn, &tk_op_rope, dev, &call, &v));
+    TK_TRY(tk_select_variant(fn, backward ? &tk_op_rope_bwd : &tk_op_rope, dev, &call, &v));
     return tk_launched(fn, v, v->launch(&call, dev, stream));
 }
 

@@ -351,7 +351,7 @@ static void op_names(char *names, size_t size) {
 
 /* Parses one "op=variant" item of TKERN_FORCE_VARIANT; false (and env_forced_error) if bad. */
 static bool parse_env_item(const char *item, size_t len) {
-    char names[160];
+    char names[256]; /* every op's name, or one op's variants */
     const char *eq = memchr(item, '=', len);
     if (!eq) {
         snprintf(env_forced_error, sizeof env_forced_error,
@@ -543,7 +543,7 @@ TK_API tk_status tk_device_query(tk_device_info *info) {
 /* -------------------------------------------------------------------- variant choice ---- */
 
 static bool variant_fits(const tk_variant *v, const tk_device *dev, tk_call_args call) {
-    return tk_variant_compiled_for(v, dev) && (v->supports == NULL || v->supports(call));
+    return tk_variant_compiled_for(v, dev) && (v->supports == NULL || v->supports(call, dev));
 }
 
 const tk_variant *tk_find_variant(const tk_op *op, const tk_device *dev, tk_call_args call) {

@@ -146,17 +146,23 @@ typedef struct tk_variant {
     const char *name;
     int min_cc;             /* lowest compute capability the code needs, e.g. TK_CC_AMPERE */
     bool arch_specific;     /* needs an sm_XYa build for exactly this device (wgmma, setmaxnreg) */
-    /* Whether this variant can run the call (shape, alignment); NULL = any call. */
-    bool (*supports)(tk_call_args call);
+    /* Whether this variant can run the call on this device (shape, alignment, shared memory,
+     * SM count); NULL = any call. Calls carry no device facts: they come from dev. */
+    bool (*supports)(tk_call_args call, const tk_device *dev);
     cudaError_t (*launch)(tk_call_args call, const tk_device *dev, cudaStream_t stream);
 } tk_variant;
 
-/* One operation's variants, best first. */
+/* One operation's variants, best first. Forward and backward are separate ops ("norm" and
+ * "norm_bwd"), each listing only the variants that serve its direction; when both directions run
+ * the same variants, the two ops share one table and are still forced separately. */
 typedef struct tk_op {
     const char *name;       /* as used by tk_experimental_force_variant, e.g. "activation" */
     const tk_variant *variants;
     int count;
 } tk_op;
+
+/* The number of variants of a table, for tk_op's count. */
+#define TK_VARIANT_COUNT(table) ((int)(sizeof(table) / sizeof((table)[0])))
 
 /* The first variant of `op` that the device, the compiled architectures and the call allow, or
  * the variant forced for this op (TK_ERROR_NOT_SUPPORTED if it cannot run the call). */

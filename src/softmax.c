@@ -2,10 +2,12 @@
  * Softmax and log-softmax over rows: argument checks and dispatch. The kernels are in
  * cuda/softmax.cu; the math is documented in include/tkern.h and docs/kernels/softmax.md.
  *
- * Variants, best first: "vec16_pipelined" (forward on cc >= 9.0, rows of 64 to 512 KB: the
+ * Variants of op "softmax", best first: "vec16_pipelined" (cc >= 9.0, rows of 64 to 512 KB: the
  * two passes of the stream interleaved, a row split over a thread-block cluster), "vec16_regs"
  * (row in registers, 16-byte packs), "vec16_stream" (any width, two passes), "scalar_regs",
- * "scalar_stream" (one element per access, any alignment).
+ * "scalar_stream" (one element per access, any alignment). Op "softmax_bwd" has the same
+ * variants but "vec16_pipelined", with the backward's register limits; the launchers read the
+ * direction.
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,18 +26,36 @@ static bool vec16_fits(const tk_softmax_call *a) {
            rows_aligned16(a->out, a->rows, a->out_stride, es);
 }
 
-static bool regs_fit(const tk_softmax_call *a, bool wide) {
-    return a->cols <= tk_softmax_regs_max_cols((int)tk_dtype_size((tk_dtype)a->dtype), wide, a->backward);
+/* The row fits the "_regs" kernels' registers in this direction. */
+static bool regs_fit(const tk_softmax_call *a, bool wide, bool backward) {
+    return a->cols <= tk_softmax_regs_max_cols((int)tk_dtype_size((tk_dtype)a->dtype), wide, backward);
 }
 
-static bool vec16_regs_supports(tk_call_args call) { return vec16_fits(call) && regs_fit(call, true); }
-static bool vec16_pipelined_supports(tk_call_args call) {
+static bool vec16_pipelined_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
     const tk_softmax_call *a = call;
-    return !a->backward && vec16_fits(a) &&
-           tk_softmax_pipelined_fits((int)tk_dtype_size((tk_dtype)a->dtype), a->cols);
+    return vec16_fits(a) && tk_softmax_pipelined_fits((int)tk_dtype_size((tk_dtype)a->dtype), a->cols);
 }
-static bool vec16_stream_supports(tk_call_args call) { return vec16_fits(call); }
-static bool scalar_regs_supports(tk_call_args call) { return regs_fit(call, false); }
+static bool vec16_stream_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return vec16_fits(call);
+}
+static bool vec16_regs_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return vec16_fits(call) && regs_fit(call, true, false);
+}
+static bool scalar_regs_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return regs_fit(call, false, false);
+}
+static bool vec16_regs_bwd_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return vec16_fits(call) && regs_fit(call, true, true);
+}
+static bool scalar_regs_bwd_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    return regs_fit(call, false, true);
+}
 
 static const tk_variant softmax_variants[] = {
     {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
@@ -44,7 +64,15 @@ static const tk_variant softmax_variants[] = {
     {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
     {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream},
 };
-const tk_op tk_op_softmax = {"softmax", softmax_variants, 5};
+const tk_op tk_op_softmax = {"softmax", softmax_variants, TK_VARIANT_COUNT(softmax_variants)};
+
+static const tk_variant softmax_bwd_variants[] = {
+    {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_bwd_supports, tk_launch_softmax_vec16_regs},
+    {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
+    {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_bwd_supports, tk_launch_softmax_scalar_regs},
+    {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream},
+};
+const tk_op tk_op_softmax_bwd = {"softmax_bwd", softmax_bwd_variants, TK_VARIANT_COUNT(softmax_bwd_variants)};
 
 /* `out` may replace `in` exactly (same pointer, same stride); any other shared byte is an error. */
 static tk_status check_overlap(const char *fn, const char *out_name, const void *out, int64_t out_stride,
@@ -146,7 +174,7 @@ static tk_status softmax_run(const char *fn, const tk_softmax_params *given, con
     const tk_device *dev;
     TK_TRY(tk_current_device(fn, &dev));
     const tk_variant *v;
-    TK_TRY(tk_select_variant(fn, &tk_op_softmax, dev, &call, &v));
+    TK_TRY(tk_select_variant(fn, backward ? &tk_op_softmax_bwd : &tk_op_softmax, dev, &call, &v));
     return tk_launched(fn, v, v->launch(&call, dev, stream));
 }
 

@@ -11,6 +11,10 @@
 static const tk_dtype DTYPES[] = {TK_F32, TK_F16, TK_BF16};
 static const char *const VARIANTS[] = {"vec16", "scalar"};
 
+/* The op that forces a direction's variants: the *_bwd calls have their own. */
+static const char *act_op(bool backward) { return backward ? "activation_bwd" : "activation"; }
+static const char *glu_op(bool backward) { return backward ? "glu_bwd" : "glu"; }
+
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
 /* Fake "device" buffers: host memory with a sentinel; validation must reject before any use. */
@@ -145,6 +149,12 @@ Test(activation_args, force_variant_names) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("activation", "vec16"), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("activation", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("activation", "fast"), TK_ERROR_INVALID_VALUE, "\"vec16\", \"scalar\"");
+    for (int backward = 0; backward < 2; backward++)
+        for (size_t v = 0; v < sizeof VARIANTS / sizeof VARIANTS[0]; v++) {
+            TK_EXPECT_STATUS(tk_experimental_force_variant(act_op(backward), VARIANTS[v]), TK_SUCCESS, "");
+            TK_EXPECT_STATUS(tk_experimental_force_variant(glu_op(backward), VARIANTS[v]), TK_SUCCESS, "");
+        }
+    TK_EXPECT_STATUS(tk_experimental_force_variant("glu_bwd", "fast"), TK_ERROR_INVALID_VALUE, "of \"glu_bwd\"");
     TK_EXPECT_STATUS(tk_experimental_force_variant("nope", "vec16"), TK_ERROR_INVALID_VALUE, "'op'");
     TK_EXPECT_STATUS(tk_experimental_force_variant(NULL, "vec16"), TK_ERROR_NULL_POINTER, "'op'");
 }
@@ -189,7 +199,7 @@ static void run_act_case(const act_case *c, tk_rng *rng) {
                              : ref_activation(c->kind, v);
     }
     const char *expected = c->variant ? c->variant : c->expect;
-    cr_assert_eq(tk_experimental_force_variant("activation", c->variant), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant(act_op(c->backward), c->variant), TK_SUCCESS);
     tk_status s = c->backward
         ? tk_activation_bwd(c->kind, c->dtype, ddy + off, dx + off, c->bias ? db + off : NULL, dout + off, c->rows, c->cols, NULL)
         : tk_activation_fwd(c->kind, c->dtype, dx + off, c->bias ? db + off : NULL, dout + off, c->rows, c->cols, NULL);
@@ -205,7 +215,7 @@ static void run_act_case(const act_case *c, tk_rng *rng) {
     /* Elements before the offset (outside the tensor) stay untouched. */
     if (!c->in_place && c->offset)
         cr_assert(isnan(tk_test_load(c->dtype, hout, 0)), "%s wrote before its output", what);
-    cr_assert_eq(tk_experimental_force_variant("activation", NULL), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant(act_op(c->backward), NULL), TK_SUCCESS);
     tk_dev_free(dx); tk_dev_free(ddy); tk_dev_free(db);
     if (!c->in_place)
         tk_dev_free(dout);
@@ -350,7 +360,7 @@ static void run_glu_case(const glu_case *c, tk_rng *rng) {
     tk_to_dev(ddy, hdy, (size_t)yn * es);
     if (!c->in_place)
         tk_dev_poison(dout, (size_t)out_n * es);
-    cr_assert_eq(tk_experimental_force_variant("glu", c->variant), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant(glu_op(c->backward), c->variant), TK_SUCCESS);
     tk_status s = c->backward ? tk_glu_bwd(&p, ddy + off, dx + off, dout + off, NULL)
                               : tk_glu_fwd(&p, dx + off, dout + off, NULL);
     char what[256];
@@ -372,7 +382,7 @@ static void run_glu_case(const glu_case *c, tk_rng *rng) {
         cr_assert(fabs(g - ref[i]) <= tk_default_rtol(c->dtype) * (1.0 + fabs(ref[i])),
                   "%s: position %lld got %.8g, reference %.8g", what, (long long)i, g, ref[i]);
     }
-    cr_assert_eq(tk_experimental_force_variant("glu", NULL), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant(glu_op(c->backward), NULL), TK_SUCCESS);
     tk_dev_free(dx); tk_dev_free(ddy);
     if (!c->in_place)
         tk_dev_free(dout);
@@ -452,7 +462,7 @@ Test(activation_gpu, in_place_matches_out_of_place, .timeout = 300) {
                     char what[128];
                     snprintf(what, sizeof what, "kind %d %s variant %s mode %s", k, tk_test_dtype_name(dtype), VARIANTS[v],
                              mode == 0 ? "y = x" : mode == 1 ? "dx = dy" : "dx = x");
-                    cr_assert_eq(tk_experimental_force_variant("activation", VARIANTS[v]), TK_SUCCESS);
+                    cr_assert_eq(tk_experimental_force_variant(act_op(backward), VARIANTS[v]), TK_SUCCESS);
                     TK_EXPECT_STATUS(act_call(backward, (tk_activation)k, dtype, ddy, dx, db, dout, rows, cols), TK_SUCCESS, "");
                     tk_dev_sync();
                     tk_to_host(want, dout, bytes);
@@ -461,7 +471,7 @@ Test(activation_gpu, in_place_matches_out_of_place, .timeout = 300) {
                     cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
                     tk_dev_sync();
                     tk_assert_dev_bytes_equal(target, want, bytes, what);
-                    cr_assert_eq(tk_experimental_force_variant("activation", NULL), TK_SUCCESS);
+                    cr_assert_eq(tk_experimental_force_variant(act_op(backward), NULL), TK_SUCCESS);
                     tk_dev_free(dx); tk_dev_free(ddy); tk_dev_free(db); tk_dev_free(dout);
                     free(hx); free(hdy); free(hb); free(want);
                 }
@@ -500,7 +510,7 @@ Test(glu_gpu, in_place_matches_out_of_place, .timeout = 300) {
                         if (!backward && layout != TK_GLU_GATE_FIRST) {
                             TK_EXPECT_STATUS(tk_glu_fwd(&p, dx, dx, NULL), TK_ERROR_OVERLAP, "'y' overlaps 'x'");
                         } else {
-                            cr_assert_eq(tk_experimental_force_variant("glu", VARIANTS[v]), TK_SUCCESS);
+                            cr_assert_eq(tk_experimental_force_variant(glu_op(backward), VARIANTS[v]), TK_SUCCESS);
                             TK_EXPECT_STATUS(backward ? tk_glu_bwd(&p, ddy, dx, dout, NULL) : tk_glu_fwd(&p, dx, dout, NULL),
                                              TK_SUCCESS, "");
                             tk_dev_sync();
@@ -513,7 +523,7 @@ Test(glu_gpu, in_place_matches_out_of_place, .timeout = 300) {
                             for (int64_t r = 0; r < rows; r++)
                                 tk_assert_dev_bytes_equal(dx + (size_t)(r * stride) * es, want + (size_t)(r * stride) * es,
                                                           row_bytes, what);
-                            cr_assert_eq(tk_experimental_force_variant("glu", NULL), TK_SUCCESS);
+                            cr_assert_eq(tk_experimental_force_variant(glu_op(backward), NULL), TK_SUCCESS);
                         }
                         tk_dev_free(dx); tk_dev_free(ddy); tk_dev_free(dout);
                         free(hx); free(hdy); free(want);

@@ -222,7 +222,7 @@ Test(caller_errors_gpu, norm_backward) {
     for (size_t v = 0; v < sizeof NORM_VARIANTS / sizeof NORM_VARIANTS[0]; v++) {
         char what[64];
         snprintf(what, sizeof what, "tk_rmsnorm_bwd, variant %s", NORM_VARIANTS[v]);
-        force("norm", NORM_VARIANTS[v]);
+        force("norm_bwd", NORM_VARIANTS[v]);
         poison(&dx), poison(&dw);
         provoke_caller_error();
         expect_caller_error_kept(
@@ -230,7 +230,7 @@ Test(caller_errors_gpu, norm_backward) {
         expect_output(&dx, DX, tk_default_rtol(TK_BF16), 1.0, what);
         expect_output(&dw, DW, tk_default_rtol(TK_BF16), sqrt((double)NORM_ROWS) + 1.0, what);
     }
-    force("norm", NULL);
+    force("norm_bwd", NULL);
     tk_dev_free(ws);
     free(X), free(DY), free(W), free(H), free(Y), free(DX), free(DW), free(DB);
     release(&x), release(&dy), release(&w), release(&rstd), release(&dx), release(&dw);
@@ -270,7 +270,7 @@ static void run_softmax(tk_dtype dtype, int64_t rows, int64_t cols, bool backwar
         char what[96];
         snprintf(what, sizeof what, "tk_softmax_%s %s, variant %s", backward ? "bwd" : "fwd",
                  tk_test_dtype_name(dtype), variants[v]);
-        force("softmax", variants[v]);
+        force(backward ? "softmax_bwd" : "softmax", variants[v]);
         poison(&out);
         provoke_caller_error();
         expect_caller_error_kept(backward ? tk_softmax_bwd(&p, x.dev, dy.dev, out.dev, NULL)
@@ -278,7 +278,7 @@ static void run_softmax(tk_dtype dtype, int64_t rows, int64_t cols, bool backwar
                                  what);
         expect_output(&out, ref, tk_default_rtol(dtype), atol, what);
     }
-    force("softmax", NULL);
+    force(backward ? "softmax_bwd" : "softmax", NULL);
     free(X), free(DY), free(Y), free(ref);
     release(&x), release(&dy), release(&out);
 }

@@ -175,10 +175,15 @@ Test(norm_args, empty_is_a_noop_and_workspace_sizes) {
 }
 
 Test(norm_args, force_variant_names) {
-    for (size_t v = 0; v < 4; v++)
+    for (size_t v = 0; v < 4; v++) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("norm", VARIANTS[v]), TK_SUCCESS, "");
+        TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", VARIANTS[v]), TK_SUCCESS, "");
+    }
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm", "fast"), TK_ERROR_INVALID_VALUE, "\"wide_scalar\"");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", "fast"), TK_ERROR_INVALID_VALUE,
+                     "\"fast\" is not a variant of \"norm_bwd\"");
 }
 
 Test(norm_args, no_device_is_reported) {
@@ -443,7 +448,7 @@ static void run_bwd_case(const norm_case *c, tk_rng *rng) {
     unsigned char *first_dw = malloc(dw.bytes), *first_db = malloc(db.bytes), *first_dx = malloc(dx.bytes);
     cr_assert(first_dw && first_db && first_dx);
     host_tensor *out = c->in_place ? &dy : &dx;
-    cr_assert_eq(tk_experimental_force_variant("norm", c->variant), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant("norm_bwd", c->variant), TK_SUCCESS);
     for (int run = 0; run < 2; run++) {
         tk_to_dev(dy.dev, dy.host, dy.bytes);
         if (!c->in_place)
@@ -481,7 +486,7 @@ static void run_bwd_case(const norm_case *c, tk_rng *rng) {
             free(got_dx); free(got_dw); free(got_db);
         }
     }
-    cr_assert_eq(tk_experimental_force_variant("norm", NULL), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant("norm_bwd", NULL), TK_SUCCESS);
     free(first_dx); free(first_dw); free(first_db);
     tensor_free(&x); tensor_free(&dy); tensor_free(&dx); tensor_free(&w); tensor_free(&dw); tensor_free(&db);
     tensor_free(&mean); tensor_free(&rstd);
@@ -642,7 +647,9 @@ Test(norm_gpu, in_place_matches_out_of_place, .timeout = 600) {
                         char what[160];
                         snprintf(what, sizeof what, "%s %lldx%lld dtypes %d/%d variant %s mode %d", layernorm ? "layernorm" : "rmsnorm",
                                  (long long)p.rows, (long long)p.cols, (int)p.dtype, (int)p.weight_dtype, VARIANTS[v], mode);
+                        /* both directions: the backward modes run the forward for their stats */
                         cr_assert_eq(tk_experimental_force_variant("norm", VARIANTS[v]), TK_SUCCESS);
+                        cr_assert_eq(tk_experimental_force_variant("norm_bwd", VARIANTS[v]), TK_SUCCESS);
                         const bool backward = mode >= 2;
                         unsigned char *res = mode == 1 ? in.dev[IN_RESIDUAL] : NULL;
                         norm_inputs_upload(&in);
@@ -683,6 +690,7 @@ Test(norm_gpu, in_place_matches_out_of_place, .timeout = 600) {
                             }
                         }
                         cr_assert_eq(tk_experimental_force_variant("norm", NULL), TK_SUCCESS);
+                        cr_assert_eq(tk_experimental_force_variant("norm_bwd", NULL), TK_SUCCESS);
                         tk_dev_free(out); tk_dev_free(dw); tk_dev_free(db); tk_dev_free(mean); tk_dev_free(rstd); tk_dev_free(ws);
                         free(want); free(want_res); free(want_dw); free(want_db);
                         norm_inputs_free(&in);

@@ -153,6 +153,9 @@ Test(rope_args, force_variant_names) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("rope", "scalar"), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("rope", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("rope", "fast"), TK_ERROR_INVALID_VALUE, "\"vec16\", \"scalar\"");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("rope_bwd", "vec16"), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("rope_bwd", "scalar"), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("rope_bwd", NULL), TK_SUCCESS, "");
 }
 
 /* ------------------------------------------------------------------------ GPU checks ---- */
@@ -351,7 +354,7 @@ static void run_case(const rope_case *c, tk_rng *rng) {
     }
     const size_t off = (size_t)c->misalign * es;
     const size_t qoff = off + (size_t)lq.base * es, koff = off + (size_t)lk.base * es;
-    cr_assert_eq(tk_experimental_force_variant("rope", c->variant), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant(c->backward ? "rope_bwd" : "rope", c->variant), TK_SUCCESS);
     const tk_status s = c->backward
         ? tk_rope_bwd(&p, dq + qoff, dk + koff, dqo + qoff, dko + koff, NULL)
         : tk_rope_fwd(&p, dq + qoff, dk + koff, dqo + qoff, dko + koff, NULL);
@@ -369,7 +372,7 @@ static void run_case(const rope_case *c, tk_rng *rng) {
     tk_to_host(hqo, dqo, (size_t)nq * es);
     if (!packed)
         tk_to_host(hko, dko, (size_t)nk * es);
-    cr_assert_eq(tk_experimental_force_variant("rope", NULL), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant(c->backward ? "rope_bwd" : "rope", NULL), TK_SUCCESS);
     const double rtol = tk_default_rtol(c->dtype);
     for (int which = 0; which < (packed ? 1 : 2); which++) {
         const unsigned char *got = which ? hko : hqo;
@@ -567,7 +570,7 @@ Test(rope_gpu, in_place_matches_out_of_place, .timeout = 300) {
                         snprintf(what, sizeof what, "%s %s variant %s packed %d style %d rotary %lld", backward ? "bwd" : "fwd",
                                  tk_test_dtype_name(dtype), VARIANTS[v], packed, style, (long long)p.rotary_dim);
                         const size_t ko = (size_t)k_offset * es;
-                        cr_assert_eq(tk_experimental_force_variant("rope", VARIANTS[v]), TK_SUCCESS);
+                        cr_assert_eq(tk_experimental_force_variant(backward ? "rope_bwd" : "rope", VARIANTS[v]), TK_SUCCESS);
                         tk_status st = backward ? tk_rope_bwd(&p, in, in + ko, out, out + ko, NULL)
                                                 : tk_rope_fwd(&p, in, in + ko, out, out + ko, NULL);
                         cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
@@ -578,7 +581,7 @@ Test(rope_gpu, in_place_matches_out_of_place, .timeout = 300) {
                         cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
                         tk_dev_sync();
                         tk_assert_dev_bytes_equal(in, want, bytes, what);
-                        cr_assert_eq(tk_experimental_force_variant("rope", NULL), TK_SUCCESS);
+                        cr_assert_eq(tk_experimental_force_variant(backward ? "rope_bwd" : "rope", NULL), TK_SUCCESS);
                         tk_dev_free(in); tk_dev_free(out);
                         free(host); free(want);
                     }

@@ -104,6 +104,28 @@ Test(softmax_args, force_variant_names) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16"), TK_ERROR_INVALID_VALUE, "\"vec16_regs\"");
+    for (size_t v = 0; v < VARIANT_COUNT; v++)
+        if (strcmp(VARIANTS[v], "vec16_pipelined") != 0)
+            TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", VARIANTS[v]), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", NULL), TK_SUCCESS, "");
+}
+
+/* The pipelined kernel is forward only: op "softmax_bwd" has no such variant, and says which it has. */
+Test(softmax_args, backward_rejects_the_forward_only_variant) {
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", "vec16_pipelined"), TK_ERROR_INVALID_VALUE,
+                     "\"vec16_pipelined\" is not a variant of \"softmax_bwd\"");
+    cr_assert(strstr(tk_last_error(), "\"vec16_regs\", \"vec16_stream\", \"scalar_regs\", \"scalar_stream\"") != NULL,
+              "%s", tk_last_error());
+}
+
+/* The directions are forced separately: a forward variant does not leak into the backward op. */
+Test(softmax_args, directions_force_separately) {
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_pipelined"), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", "nope"), TK_ERROR_INVALID_VALUE,
+                     "not a variant of \"softmax_bwd\"");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", "scalar_stream"), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", NULL), TK_SUCCESS, "");
 }
 
 /* TKERN_FORCE_VARIANT is read once per process, at the first library call; Criterion runs each
@@ -122,8 +144,23 @@ static void expect_env_rejected(const char *value, const char *bad_name) {
 
 Test(force_variant_env, unknown_variant_fails_loudly) { expect_env_rejected("softmax=vec16_regz", "\"vec16_regz\""); }
 
+Test(force_variant_env, unknown_backward_variant_fails_loudly) {
+    expect_env_rejected("norm=vec16,norm_bwd=vec16_regz", "\"vec16_regz\" of \"norm_bwd\"");
+}
+
+Test(force_variant_env, forward_only_variant_of_a_backward_op_fails_loudly) {
+    expect_env_rejected("softmax=vec16_pipelined,softmax_bwd=vec16_pipelined", "\"vec16_pipelined\" of \"softmax_bwd\"");
+}
+
 Test(force_variant_env, unknown_op_fails_loudly) {
     expect_env_rejected("glu=scalar,sofmax=vec16_regs", "\"sofmax\"");
+}
+
+/* The message lists every op, the backward ones too, untruncated. */
+Test(force_variant_env, unknown_op_lists_every_op) {
+    expect_env_rejected("norm_bwd=vec16,nope_bwd=x",
+                        "accepted: \"activation\", \"activation_bwd\", \"glu\", \"glu_bwd\", \"norm\", \"norm_bwd\", "
+                        "\"softmax\", \"softmax_bwd\", \"rope\", \"rope_bwd\", \"attention\", \"gemm\"");
 }
 
 Test(force_variant_env, item_without_a_variant_fails_loudly) {
@@ -133,7 +170,7 @@ Test(force_variant_env, item_without_a_variant_fails_loudly) {
 Test(force_variant_env, known_names_pass) {
     if (tk_test_have_device())
         cr_skip_test("a CUDA device is present; force_variant_env/null_undoes_the_variable covers it");
-    cr_assert_eq(setenv("TKERN_FORCE_VARIANT", "softmax=scalar_stream,,glu=scalar", 1), 0);
+    cr_assert_eq(setenv("TKERN_FORCE_VARIANT", "softmax=scalar_stream,,glu=scalar,norm_bwd=wide_scalar,rope_bwd=vec16", 1), 0);
     const tk_softmax_params ok = params(TK_BF16, 4, 64);
     EXPECT_REJECTED(tk_softmax_fwd(&ok, in_buf, out_buf, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
 }
@@ -249,7 +286,8 @@ static void run_case(const sm_case *c, tk_rng *rng) {
     if (!c->in_place)
         tk_dev_poison(d_out, (size_t)out_n * es);
     const size_t off = (size_t)c->misalign * es;
-    cr_assert_eq(tk_experimental_force_variant("softmax", c->variant), TK_SUCCESS);
+    const char *op = c->backward ? "softmax_bwd" : "softmax";
+    cr_assert_eq(tk_experimental_force_variant(op, c->variant), TK_SUCCESS);
     const tk_status s = c->backward ? tk_softmax_bwd(&p, d_in + off, d_dy + off, d_out + off, NULL)
                                     : tk_softmax_fwd(&p, d_in + off, d_out + off, NULL);
     char what[320];
@@ -263,7 +301,7 @@ static void run_case(const sm_case *c, tk_rng *rng) {
     cr_assert_str_eq(tk_last_variant(), c->variant, "%s ran %s", what, tk_last_variant());
     tk_dev_sync();
     tk_to_host(h_out, d_out, (size_t)out_n * es);
-    cr_assert_eq(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS);
+    cr_assert_eq(tk_experimental_force_variant(op, NULL), TK_SUCCESS);
 
     /* Scale of the absolute tolerance: probabilities are checked relative to themselves down to
      * f16's subnormal range, log-probabilities relative to 1 + |ref|, gradients relative to
@@ -457,14 +495,21 @@ Test(softmax_gpu, automatic_choice) {
     }
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_regs"), TK_SUCCESS, "");
     void *buf = tk_dev_alloc(1 << 20);
+    tk_dev_poison(buf, 1 << 20);
     tk_softmax_params p = params(TK_BF16, 1, 100000);
     TK_EXPECT_STATUS(tk_softmax_fwd(&p, buf, buf, NULL), TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_regs\"");
-    /* the pipelined kernel is forward only */
-    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_pipelined"), TK_SUCCESS, "");
+    /* Forcing the forward op leaves the backward's automatic choice; forcing "softmax_bwd" a
+     * variant that cannot run the call fails. */
     p = params(TK_F32, 1, 65540);
-    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, (unsigned char *)buf + 262160, (unsigned char *)buf + 524320, NULL),
-                     TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_pipelined\"");
+    unsigned char *dy = (unsigned char *)buf + 262160, *dx = (unsigned char *)buf + 524320;
+    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, dy, dx, NULL), TK_SUCCESS, "");
+    cr_assert_str_eq(tk_last_variant(), "vec16_stream");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", "vec16_regs"), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_softmax_bwd(&p, buf, dy, dx, NULL), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"vec16_regs\" of \"softmax_bwd\"");
     tk_experimental_force_variant("softmax", NULL);
+    tk_experimental_force_variant("softmax_bwd", NULL);
+    tk_dev_sync();
     tk_dev_free(buf);
 }
 
@@ -496,8 +541,14 @@ Test(softmax_gpu, in_place_matches_out_of_place, .timeout = 300) {
                     snprintf(what, sizeof what, "%lldx%lld %s variant %s log %d mode %s", (long long)p.rows,
                              (long long)p.cols, tk_test_dtype_name(dtype), VARIANTS[v], p.log,
                              mode == 0 ? "y = x" : mode == 1 ? "dx = y" : "dx = dy");
-                    cr_assert_eq(tk_experimental_force_variant("softmax", VARIANTS[v]), TK_SUCCESS);
-                    tk_status st = backward ? tk_softmax_bwd(&p, din, ddy, dout, NULL) : tk_softmax_fwd(&p, din, dout, NULL);
+                    /* vec16_pipelined is forward only: op "softmax_bwd" has no such variant */
+                    const bool has_variant = !(backward && strcmp(VARIANTS[v], "vec16_pipelined") == 0);
+                    const char *op = backward ? "softmax_bwd" : "softmax";
+                    tk_status st = TK_ERROR_NOT_SUPPORTED;
+                    if (has_variant) {
+                        cr_assert_eq(tk_experimental_force_variant(op, VARIANTS[v]), TK_SUCCESS);
+                        st = backward ? tk_softmax_bwd(&p, din, ddy, dout, NULL) : tk_softmax_fwd(&p, din, dout, NULL);
+                    }
                     if (st != TK_ERROR_NOT_SUPPORTED) { /* variants that do not take the shape are skipped */
                         cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
                         tk_dev_sync();
@@ -509,7 +560,7 @@ Test(softmax_gpu, in_place_matches_out_of_place, .timeout = 300) {
                         tk_dev_sync();
                         tk_assert_dev_bytes_equal(target, want, bytes, what);
                     }
-                    cr_assert_eq(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS);
+                    cr_assert_eq(tk_experimental_force_variant(op, NULL), TK_SUCCESS);
                     tk_dev_free(din); tk_dev_free(ddy); tk_dev_free(dout);
                     free(hin); free(hdy); free(want);
                 }

@@ -49,6 +49,8 @@ def corpus(tmp_path_factory):
          "gbps": 2800.0, "tflops": 0.0, "baseline": "copy", "baseline_ms": 0.48, "ratio": 0.96},
         {"op": "add+rmsnorm", "shape": "16384x4096", "dtype": "bf16", "variant": "vec16", "ms": 0.2,
          "gbps": 2700.0, "tflops": 0.0, "baseline": "copy", "baseline_ms": 0.18, "ratio": 0.9},
+        {"op": "rmsnorm bwd", "shape": "16384x4096", "dtype": "bf16", "variant": "vec16", "ms": 0.4,
+         "gbps": 2500.0, "tflops": 0.0, "baseline": "copy", "baseline_ms": 0.32, "ratio": 0.8},
     ]
     bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp / "corpus.jsonl"
@@ -98,6 +100,7 @@ def test_architectures_follow_the_table(corpus):
     by = {(r["op"], r["variant"]): r for r in corpus}
     assert by[("gemm", "wgmma_128x256")]["architectures"] == ["sm_90a"]
     assert "sm_80" not in by[("softmax", "vec16_pipelined")]["architectures"]
+    assert ("softmax_bwd", "vec16_pipelined") not in by
     assert "sm_80" in by[("gemm", "mma_128x128")]["architectures"]
 
 
@@ -105,6 +108,7 @@ def test_bench_rows_land_on_their_variant(corpus):
     by = {(r["op"], r["variant"]): r for r in corpus}
     assert [p["ratio"] for p in by[("glu", "vec16")]["performance"]] == [0.96]
     assert [p["ratio"] for p in by[("norm", "vec16")]["performance"]] == [0.9]
+    assert [p["ratio"] for p in by[("norm_bwd", "vec16")]["performance"]] == [0.8]
     assert by[("activation", "vec16")]["performance"] == []
     assert by[("glu", "scalar")]["performance"] == []
 
@@ -115,7 +119,7 @@ def test_a_variant_without_a_card_block_fails(tmp_path):
     shutil.copy(os.path.join(REPO, "Makefile"), tmp_path / "Makefile")
     card = tmp_path / "docs" / "kernels" / "rope.md"
     text = card.read_text(encoding="utf-8")
-    block = re.search(r"```corpus\nop: rope\nvariant: scalar\n.*?```\n", text, re.S)
+    block = re.search(r"```corpus\nop: rope, rope_bwd\nvariant: scalar\n.*?```\n", text, re.S)
     assert block
     card.write_text(text.replace(block.group(0), ""), encoding="utf-8")
     result = run_corpus(str(tmp_path), tmp_path / "out.jsonl")

@@ -869,12 +869,20 @@ def test_device_query_variants_and_forcing():
     assert info["device"] == torch.cuda.current_device()
     x = rand(64, 4096, dtype=torch.bfloat16)
     w = rand(4096, dtype=torch.bfloat16)
+    dy = rand(64, 4096, dtype=torch.bfloat16)
+    y = torch.softmax(x.double(), -1).to(torch.bfloat16)
+    yd, dyd = y.double(), dy.double()
+    # Forward and backward are separate ops; scalar_regs holds backward rows of up to 2048 only.
     forced = {
         "softmax": (["vec16_regs", "vec16_stream", "scalar_regs", "scalar_stream"],
                     lambda: tkern.softmax(x), torch.softmax(x.double(), -1)),
+        "softmax_bwd": (["vec16_regs", "vec16_stream", "scalar_stream"],
+                        lambda: tkern.softmax_backward(y, dy), yd * (dyd - (dyd * yd).sum(-1, keepdim=True))),
         "norm": (["vec16", "wide_vec16", "scalar", "wide_scalar"],
                  lambda: tkern.rms_norm(x, w, 1e-6), rms_ref(x.double(), w.double(), 1e-6)),
         "activation": (["vec16", "scalar"], lambda: tkern.gelu(x), F.gelu(x.double())),
+        "activation_bwd": (["vec16", "scalar"], lambda: tkern.gelu_backward(dy, x),
+                           act_grad(F.gelu, x.double(), dyd)),
     }
     try:
         for op, (variants, run, ref) in forced.items():
