@@ -88,8 +88,9 @@ def last_variant():
 
 def force_variant(op, variant):
     """Experimental, for tests and benchmarks: make this thread's calls of operation `op`
-    ("activation", "glu", "norm", "softmax", "rope", "attention", "gemm") use the kernel
-    variant named `variant`, or automatic selection again with variant=None. Raises TkernError
-    for an unknown op or variant."""
+    ("activation", "glu", "norm", "softmax", "rope", "attention", "gemm", and the backward ops
+    "activation_bwd", "glu_bwd", "norm_bwd", "softmax_bwd", "rope_bwd", forced separately) use
+    the kernel variant named `variant`, or automatic selection again with variant=None. Raises
+    TkernError for an unknown op or variant."""
     _lib.call("tk_experimental_force_variant", op.encode(),
               None if variant is None else variant.encode())
