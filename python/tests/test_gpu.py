@@ -1002,27 +1002,66 @@ def test_fast_path_passes_what_dlpack_passes(monkeypatch):
     repeated calls (from the caches of checked params), and the DLPack path for everything."""
     from tkern import _activation, _arrays, _attention, _gemm, _lib, _norm, _rope, _softmax
 
-    plans = [v for m in (_activation, _attention, _gemm, _norm, _rope, _softmax)
-             for v in vars(m).values() if isinstance(v, _arrays.Plans)]
-    assert len(plans) == 7
+    modules = (_activation, _attention, _gemm, _norm, _rope, _softmax)
+    caches = [v for m in modules for v in vars(m).values()
+              if isinstance(v, (_arrays.Plans, _arrays.Lane))]
+    assert len(caches) == 7 + 8
     inputs, thunks = _fast_path_calls()
-    runs = {}
+    runs, replayed = {}, {}
     for what in ("fast, first", "fast, cached", "dlpack"):
         if what != "fast, cached":
-            for cache in plans:
+            for cache in caches:
                 monkeypatch.setattr(cache, "_plans", {})
         if what == "dlpack":
             monkeypatch.setattr(_arrays, "plain_torch", lambda obj: None)
-        rec = Recorder()
+            monkeypatch.setattr(_arrays.Lane, "find", lambda self, *args: (None, None, None))
+        rec, replays = Recorder(), []
         monkeypatch.setattr(_lib, "call", rec)
+        monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
+                                                                  rec(name, *args)))
         results = [fn() for fn in thunks]
-        runs[what] = _labelled(rec.calls, inputs)
+        runs[what], replayed[what] = _labelled(rec.calls, inputs), replays
         del results
     assert len(runs["dlpack"]) >= len(thunks)
     for what in ("fast, first", "fast, cached"):
         for i, (got, ref) in enumerate(zip(runs[what], runs["dlpack"])):
             assert got == ref, f"call {i} ({ref[0]}), {what}: {got} != DLPack's {ref}"
         assert len(runs[what]) == len(runs["dlpack"])
+    # The repeated calls of the functions with a fast lane were replays.
+    assert replayed["fast, first"] == []
+    assert set(replayed["fast, cached"]) == {
+        "tk_gelu_fwd", "tk_glu_fwd", "tk_rmsnorm_fwd", "tk_layernorm_fwd", "tk_softmax_fwd",
+        "tk_attention_fwd", "tk_gemm"}, replayed["fast, cached"]
+
+
+def test_lane_replays_only_calls_checked_before(monkeypatch):
+    """A replay needs an earlier successful call with the same dtypes, shapes, strides, device
+    and scalars, no output and no stream; anything else takes the full path, and an error is
+    raised again, never stored."""
+    from tkern import _activation, _lib
+
+    monkeypatch.setattr(_activation._GELU_LANE, "_plans", {})
+    replays = []
+    real = _lib.replay
+    monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
+                                                              real(name, *args)))
+    x = rand(64, 256, dtype=torch.bfloat16)
+    tkern.gelu(x)
+    assert replays == []
+    check(tkern.gelu(x), F.gelu(x.double()), "gelu, replayed")
+    assert replays == ["tk_gelu_fwd"]
+    x2 = rand(64, 256, dtype=torch.bfloat16)
+    check(tkern.gelu(x2), F.gelu(x2.double()), "gelu of other data, replayed")
+    assert len(replays) == 2
+    tkern.gelu(rand(64, 128, dtype=torch.bfloat16))  # another shape
+    tkern.gelu(x, approximate="tanh")  # another scalar
+    tkern.gelu(x, out=torch.empty_like(x))  # an output given
+    tkern.gelu(x, stream=torch.cuda.current_stream())  # a stream given
+    transposed = rand(256, 64, dtype=torch.bfloat16).t()  # x's shape, other strides
+    for _ in range(2):
+        with pytest.raises(ValueError, match="argument 'x' must be contiguous"):
+            tkern.gelu(transposed)
+    assert len(replays) == 2
 
 
 def test_fast_path_takes_only_plain_cuda_tensors():
@@ -1055,6 +1094,7 @@ def test_stream_set_with_torch_cuda_stream_is_read_at_every_call(monkeypatch):
 
     rec = Recorder(forward=True)
     monkeypatch.setattr(_lib, "call", rec)
+    monkeypatch.setattr(_lib, "replay", rec)
     x = rand(64, 256, dtype=torch.bfloat16)
     q = rand(1, 1, 8, 64, dtype=torch.bfloat16)
     a, w = rand(8, 128, dtype=torch.bfloat16), rand(64, 128, dtype=torch.bfloat16)

@@ -304,6 +304,7 @@ class _Torch:
         self.strided = torch.strided
         self.dtypes = {getattr(torch, n): n for n in ITEMSIZE}
         self.torch_dtypes = {n: t for t, n in self.dtypes.items()}
+        self.empty_like = torch.empty_like
         self.stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
             lambda device: torch.cuda.current_stream(device).cuda_stream)
         self.device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
@@ -352,6 +353,16 @@ def _from_torch(obj, name, dtype, device_index):
     a.ptr = obj.data_ptr()
     a._keep = (obj,)
     return a
+
+
+def torch_output(tables, ref, shape, dtype):
+    """A new dense tensor of `shape` and dtype name `dtype` on plain torch tensor ref's device
+    (whatever the current one is): empty_like(ref) when that is what it describes (a contiguous
+    ref of that shape and dtype; the cheaper call), else ref.new_empty."""
+    torch_dtype = tables.torch_dtypes[dtype]
+    if ref.dtype is torch_dtype and ref.shape == shape and ref.is_contiguous():
+        return tables.empty_like(ref)
+    return ref.new_empty(shape, dtype=torch_dtype)
 
 
 def current_stream(obj):
@@ -516,9 +527,8 @@ class Call:
         """The output `name`: obj checked for shape, dtype, device and density, or (obj None)
         a new array from the reference input's library. Returns (object, Array)."""
         if obj is None and self._plain_ref is not None:
-            # new_empty allocates on the reference's device whatever the current one is.
             plain = self._plain_ref
-            obj = self.ref.obj.new_empty(tuple(shape), dtype=plain[0].torch_dtypes[dtype])
+            obj = torch_output(plain[0], self.ref.obj, tuple(shape), dtype)
             return obj, self._describe(name, obj, (plain[0], dtype, plain[2]))
         with device_context(self.ref):
             if obj is None:
@@ -562,6 +572,22 @@ _PLAIN_SCALARS = (int, bool, str, type(None))
 _PLAIN_INDICES = (int, type(None))
 
 
+def _scalars_key(scalars):
+    """The scalar arguments as a key, or None when one is not a plain immutable value (an int,
+    float, str, None, or a tuple of ints and None): an object such as a 0-d tensor could change
+    between calls."""
+    values = []
+    for v in scalars:
+        t = type(v)
+        if t is float:  # the sign too: alpha=-0.0 is not alpha=0.0
+            values.append((t, v, math.copysign(1.0, v)))
+        elif t in _PLAIN_SCALARS or (t is tuple and all(type(e) in _PLAIN_INDICES for e in v)):
+            values.append((t, v))
+        else:
+            return None
+    return tuple(values)
+
+
 class Plans:
     """Validated call descriptions of one function: the params struct its checks produced, keyed
     on the scalar arguments and every array's shape, strides, dtype, device and library, and
@@ -577,21 +603,13 @@ class Plans:
     @staticmethod
     def key(c, *scalars):
         """The key of Call c with these scalar arguments, or None (nothing is cached) when one is
-        not a plain immutable value (an int, float, str, None, or a tuple of ints and None): an
-        object such as a 0-d tensor could change between calls."""
-        values = []
-        for v in scalars:
-            t = type(v)
-            if t is float:  # the sign too: alpha=-0.0 is not alpha=0.0
-                values.append((t, v, math.copysign(1.0, v)))
-            elif t in _PLAIN_SCALARS or (t is tuple and all(type(e) in _PLAIN_INDICES
-                                                             for e in v)):
-                values.append((t, v))
-            else:
-                return None
+        not a plain immutable value (see _scalars_key)."""
+        values = _scalars_key(scalars)
+        if values is None:
+            return None
         arrays = tuple((k, a.shape, a.strides, a.dtype, a.device_id, a.producer)
                        for k, a in c.arrays.items())
-        return tuple(values), arrays
+        return values, arrays
 
     def get(self, key):
         """A copy of the params stored for key, or None."""
@@ -603,3 +621,80 @@ class Plans:
             if len(self._plans) >= self.LIMIT:
                 self._plans.clear()
             self._plans[key] = type(params).from_buffer_copy(params)
+
+
+class Lane:
+    """The fast lane of one function: its calls on plain torch tensors, replayed.
+
+    A call whose arrays are all plain torch tensors (see plain_torch) on the current device,
+    with no output and no stream given (how a model's forward calls), is keyed on each
+    tensor's dtype, shape, strides, device and negative bit and on the scalar arguments. The
+    first call with a key takes the function's full path, which checks everything and then
+    stores its plan under the key (the params struct and the other constant arguments); a
+    later call with that key replays the plan: it allocates the outputs, reads the tensors'
+    pointers and torch's current stream, and calls libtkern, which checks the pointers as on
+    every call. No check of the full path depends on anything but the key (see Plans), and
+    only plans of calls that succeeded are stored. Every other call takes the full path.
+    """
+
+    LIMIT = 512
+    _MISS = (None, None, None)
+
+    def __init__(self):
+        self._plans = {}
+
+    def find(self, stream, outs, tensors, scalars):
+        """(plan, stream handle, key) of a call with these output arguments (the lane takes
+        calls that give none), array arguments (None for an absent one) and scalar arguments:
+        the stored plan and torch's current stream on a hit; (None, None, key) on a miss, key
+        to be passed to put() once the full path succeeded (None when the call cannot take the
+        lane)."""
+        t = _torch()
+        if t is None or stream is not None or outs.count(None) != len(outs):
+            return self._MISS
+        parts, device = [], None
+        for x in tensors:
+            if x is None:
+                parts.append(None)
+                continue
+            tp = type(x)
+            if ((tp is not t.types[0] and tp is not t.types[1]) or not x.is_cuda
+                    or x.layout is not t.strided):
+                return self._MISS
+            d = x.get_device()
+            if device is None:
+                device = d
+            elif d != device:
+                return self._MISS
+            parts.append((x.dtype, x.shape, x.stride(), x.is_neg()))
+        values = _scalars_key(scalars)
+        if device is None or values is None or t.device() != device:
+            return self._MISS
+        key = (device, tuple(parts), values)
+        plan = self._plans.get(key)
+        if plan is None:
+            return None, None, key
+        return plan, t.stream(device), key
+
+    def put(self, key, plan):
+        if key is not None:
+            if len(self._plans) >= self.LIMIT:
+                self._plans.clear()
+            self._plans[key] = plan
+
+    @staticmethod
+    def run(fn, *args):
+        """Calls the C entry point `fn` for a replay (on the current device, which find()
+        checked is the tensors')."""
+        _lifetime.release_finished()
+        _lib.replay(fn, *args)
+
+    @staticmethod
+    def output(ref, shape, dtype):
+        """An output of a replay, allocated as the full path allocates it (torch_output)."""
+        return torch_output(_torch(), ref, shape, dtype)
+
+    @staticmethod
+    def ptr(t):
+        """The data pointer of an optional tensor (0 for None)."""
+        return 0 if t is None else t.data_ptr()

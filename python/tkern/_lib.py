@@ -76,6 +76,7 @@ STATUS = {
     "TK_ERROR_INTERNAL": 400,
 }
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}          # tk_dtype
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 ACTIVATIONS = {                                                  # tk_activation
     "none": 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3, "silu": 4, "relu": 5,
     "relu_squared": 6,
@@ -420,6 +421,14 @@ def call(name, *args):
         if isinstance(arg, int) and not lo <= arg <= hi:
             checked_int(arg, ctype, f"{name}'s argument {i + 1}")
     status = fn(*args)
+    if status != 0:
+        raise TkernError(status, status_name(status), name, last_error())
+
+
+def replay(name, *args):
+    """call() without its integer range checks, for a replayed call (_arrays.Lane): its
+    integers come from a plan whose call passed them, its pointers and stream from torch."""
+    status = _prototype(name)[0](*args)
     if status != 0:
         raise TkernError(status, status_name(status), name, last_error())
 

@@ -3,7 +3,7 @@
 import ctypes
 
 from . import _lib
-from ._arrays import FLOATS, Call, Plans, enum, ptr
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
 
 
 def _params(c, eps, gemma, weight_names):
@@ -57,6 +57,15 @@ def rms_norm(x, weight=None, eps=1e-6, residual=None, *, gemma=False, out=None,
     contiguous, rows may be strided; weight: [n] of x's dtype or float32 (None: 1).
     Returns y, or (y, rstd) with return_rstd (rstd: float32 [...], for rms_norm_backward).
     """
+    lane, s, lane_key = _RMS_LANE.find(stream, (out,), (x, weight, residual),
+                                       (eps, gemma, return_rstd))
+    if lane is not None:
+        p, dtype, stat_shape = lane
+        y = Lane.output(x, x.shape, dtype)
+        rstd = Lane.output(x, stat_shape, "float32") if return_rstd else None
+        Lane.run("tk_rmsnorm_fwd", _lib.byref(p), x.data_ptr(), Lane.ptr(residual),
+                 Lane.ptr(weight), y.data_ptr(), Lane.ptr(rstd), s)
+        return (y, rstd) if return_rstd else y
     c = Call(stream, x=x, weight=weight, residual=residual, out=out)
     key = Plans.key(c, eps, gemma)
     p = _RMS_PLANS.get(key)
@@ -70,11 +79,13 @@ def rms_norm(x, weight=None, eps=1e-6, residual=None, *, gemma=False, out=None,
     rstd, sa = _stat(c, "rstd", xa, return_rstd)
     c.run("tk_rmsnorm_fwd", _lib.byref(p), xa.ptr, ptr(c.get("residual")),
           ptr(c.get("weight")), oa.ptr, ptr(sa), c.stream)
+    _RMS_LANE.put(lane_key, (p, xa.dtype, xa.shape[:-1]))
     return (out, rstd) if return_rstd else out
 
 
-# Checked params of the forward calls (see Plans).
+# Checked params of the forward calls (see Plans) and their replays (see Lane).
 _RMS_PLANS, _LAYER_PLANS = Plans(), Plans()
+_RMS_LANE, _LAYER_LANE = Lane(), Lane()
 
 
 def _planned_out(c, out):
@@ -94,6 +105,16 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, residual=None, *, out=None,
     layouts as rms_norm; bias has weight's dtype. Returns y, or (y, mean, rstd) with
     return_stats (float32 [...], for layer_norm_backward).
     """
+    lane, s, lane_key = _LAYER_LANE.find(stream, (out,), (x, weight, bias, residual),
+                                         (eps, return_stats))
+    if lane is not None:
+        p, dtype, stat_shape = lane
+        y = Lane.output(x, x.shape, dtype)
+        mean, rstd = ((Lane.output(x, stat_shape, "float32"), Lane.output(x, stat_shape, "float32"))
+                      if return_stats else (None, None))
+        Lane.run("tk_layernorm_fwd", _lib.byref(p), x.data_ptr(), Lane.ptr(residual),
+                 Lane.ptr(weight), Lane.ptr(bias), y.data_ptr(), Lane.ptr(mean), Lane.ptr(rstd), s)
+        return (y, mean, rstd) if return_stats else y
     c = Call(stream, x=x, weight=weight, bias=bias, residual=residual, out=out)
     key = Plans.key(c, eps)
     p = _LAYER_PLANS.get(key)
@@ -108,6 +129,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, residual=None, *, out=None,
     rstd, sa = _stat(c, "rstd", xa, return_stats)
     c.run("tk_layernorm_fwd", _lib.byref(p), xa.ptr, ptr(c.get("residual")),
           ptr(c.get("weight")), ptr(c.get("bias")), oa.ptr, ptr(ma), ptr(sa), c.stream)
+    _LAYER_LANE.put(lane_key, (p, xa.dtype, xa.shape[:-1]))
     return (out, mean, rstd) if return_stats else out
 
 
