@@ -7,7 +7,11 @@ norms and softmax 16384 x 4096, RoPE Llama-3-8B-like (16384 tokens, 32/8 heads, 
 attention B4 H32/8 S4096 D128 (causal, and a 1024-key sliding window), GEMM 8192^3 bf16.
 
 Timing: CUDA events around `--inner` back-to-back calls (so Python launch overhead overlaps the
-GPU work, as in a real model), median of `--reps` such repetitions after `--warmup` calls;
+GPU work, as in a real model), median of `--reps` such repetitions after `--warmup` calls; the
+`memory` table (norms and softmax against Quack and Liger, which are used when importable) and
+the `flash` table (attention against FlashAttention-4 and SDPA's cuDNN and FlashAttention-2
+backends, at the shapes of docs/kernels/attention.md) replay those calls from a CUDA graph, so
+no column pays its host cost;
 every tensor is far larger than L2 except the GEMM / attention operands, which are
 compute-bound. Each op's section is independent: a failure prints an error row and the script
 goes on. torch.compile gets a total budget (--compile-budget seconds); past it, or when it
@@ -55,6 +59,11 @@ def parse_args():
                          "before the remaining ops skip it")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile and Flex")
     ap.add_argument("--only", help="comma-separated substrings of op names to run")
+    ap.add_argument("--tables", default="ops,attention,memory,flash",
+                    help="comma-separated tables to print: ops (vs eager and torch.compile), "
+                         "attention (vs SDPA and Flex), memory (memory-bound ops vs Quack and "
+                         "Liger, CUDA-graph timed), flash (attention vs FlashAttention-4 and "
+                         "cuDNN, CUDA-graph timed)")
     return ap.parse_args()
 
 
@@ -78,6 +87,44 @@ def bench(fn):
         end.synchronize()
         times.append(start.elapsed_time(end) / ARGS.inner)
     return statistics.median(times)
+
+
+def graph_bench(fn):
+    """Median milliseconds per call of fn, replayed from a CUDA graph of --inner calls: the
+    host cost of every column (ours, torch's, the peers' Python layers) is out alike. fn is
+    warmed up (and any JIT compilation done) outside the capture."""
+    for _ in range(ARGS.warmup):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(ARGS.inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(ARGS.reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / ARGS.inner)
+    del graph
+    return statistics.median(times)
+
+
+def graph_timed(candidate):
+    """graph_bench of a callable, or the reason string, or 'n/a' when it fails."""
+    if candidate is None:
+        return "n/a"
+    if isinstance(candidate, str):
+        return candidate
+    try:
+        return graph_bench(candidate)
+    except Exception as e:  # noqa: BLE001
+        print(f"  failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return "n/a"
 
 
 def compiled(fn, *args):
@@ -361,6 +408,203 @@ def attention_rows():
     return rows
 
 
+# ------------------------------------------------------------- memory-bound vs peers --------
+def peer(module, attr):
+    """A peer library's function, or None when the library is not importable here."""
+    try:
+        mod = __import__(module, fromlist=[attr])
+        return getattr(mod, attr)
+    except Exception as e:  # noqa: BLE001 - a missing or broken peer is a column of n/a
+        print(f"  {module}.{attr} unavailable: {type(e).__name__}: {str(e)[:120]}")
+        return None
+
+
+def memory_rows():
+    """Rows of the memory-bound table: (op, shape, bytes moved, {column: callable or str}).
+    Every column is CUDA-graph timed; 'copy' is a device-to-device copy of the same bytes."""
+    q_rms = peer("quack.rmsnorm", "rmsnorm_fwd")
+    q_ln = peer("quack.rmsnorm", "layernorm_fwd")
+    q_sm = peer("quack.softmax", "softmax_fwd")
+    l_rms = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction")
+    l_add = peer("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
+    l_ln = peer("liger_kernel.ops.layer_norm", "LigerLayerNormFunction")
+    l_sm = peer("liger_kernel.ops.softmax", "LigerSoftmaxFunction")
+
+    def rmsnorm(m, n):
+        x, w = rnd(m, n), rnd(n)
+        y = torch.empty_like(x)
+        eager = lambda t, ww: F.rms_norm(t, (n,), ww, 1e-6)  # noqa: E731
+        return 2 * x.nbytes, {
+            "tkern": lambda: tkern.rms_norm(x, w, 1e-6, out=y),
+            "Quack": q_rms and (lambda: q_rms(x, w, eps=1e-6)),
+            "Liger": l_rms and (lambda: l_rms.apply(x, w, 1e-6, 0.0, "llama", False)),
+            "torch.compile": compiled(eager, x, w)}
+
+    def add_rmsnorm(m, n):
+        x, r, w = rnd(m, n), rnd(m, n), rnd(n)
+        y = torch.empty_like(x)
+        eager = lambda t, res, ww: (F.rms_norm(t + res, (n,), ww, 1e-6), t + res)  # noqa: E731
+        return 4 * x.nbytes, {
+            "tkern": lambda: tkern.rms_norm(x, w, 1e-6, residual=r, out=y),
+            "Quack": q_rms and (lambda: q_rms(x, w, residual=r, eps=1e-6)),
+            "Liger": l_add and (lambda: l_add.apply(x, r, w, 1e-6)),
+            "torch.compile": compiled(eager, x, r, w)}
+
+    def layernorm(m, n):
+        x, w, b = rnd(m, n), rnd(n), rnd(n)
+        wf, bf = w.float(), b.float()  # Quack's layer norm takes f32 parameters
+        y = torch.empty_like(x)
+        eager = lambda t, ww, bb: F.layer_norm(t, (n,), ww, bb, 1e-5)  # noqa: E731
+        return 2 * x.nbytes, {
+            "tkern": lambda: tkern.layer_norm(x, w, b, 1e-5, out=y),
+            "Quack": q_ln and (lambda: q_ln(x, wf, bf, eps=1e-5)),
+            "Liger": l_ln and (lambda: l_ln.apply(x, w, b, 1e-5)),
+            "torch.compile": compiled(eager, x, w, b)}
+
+    def softmax(m, n):
+        x = rnd(m, n)
+        y = torch.empty_like(x)
+        eager = lambda t: torch.softmax(t, -1)  # noqa: E731
+        return 2 * x.nbytes, {
+            "tkern": lambda: tkern.softmax(x, out=y),
+            "Quack": q_sm and (lambda: q_sm(x)),
+            "Liger": l_sm and (lambda: l_sm.apply(x)),
+            "torch.compile": compiled(eager, x)}
+
+    def copy(m, n):
+        x = rnd(m, n)
+        y = torch.empty_like(x)
+        return 2 * x.nbytes, {"tkern": lambda: y.copy_(x)}
+
+    return [("copy", 16384, 4096, copy),
+            ("rms_norm", 16384, 4096, rmsnorm), ("rms_norm", 4096, 16384, rmsnorm),
+            ("rms_norm", 1024, 65536, rmsnorm),
+            ("add + rms_norm", 16384, 4096, add_rmsnorm),
+            ("layer_norm", 16384, 4096, layernorm), ("layer_norm", 4096, 16384, layernorm),
+            ("softmax", 16384, 4096, softmax), ("softmax", 4096, 131072, softmax),
+            ("softmax", 32768, 32768, softmax)]
+
+
+def memory_table():
+    cols = ["tkern", "Quack", "Liger", "torch.compile"]
+    out = ["| op (bf16) | shape | " + " | ".join(f"{c} GB/s" for c in cols) +
+           " | tkern / best other | tkern / copy |",
+           "| --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: |"]
+    copy_gbs = None
+    for name, m, n, setup in memory_rows():
+        shape = f"{m}x{n}"
+        if ARGS.only and not any(s in name for s in ARGS.only.split(",")):
+            continue
+        print(f"{name} {shape}", flush=True)
+        try:
+            nbytes, fns = setup(m, n)
+            gbs = {c: (lambda ms: nbytes / ms / 1e6 if isinstance(ms, float) else ms)(
+                graph_timed(fns.get(c) or "-")) for c in cols}
+            if name == "copy":
+                copy_gbs = gbs["tkern"]
+                out.append(f"| device copy | {shape} | {copy_gbs:.0f} | | | | | 1.00 |")
+            else:
+                ours = gbs["tkern"]
+                others = [v for c, v in gbs.items() if c != "tkern" and isinstance(v, float)]
+                best = f"{ours / max(others):.2f}" if others and isinstance(ours, float) else "-"
+                vs_copy = f"{ours / copy_gbs:.2f}" if copy_gbs and isinstance(ours, float) else "-"
+                out.append(f"| {name} | {shape} | " + " | ".join(
+                    f"{v:.0f}" if isinstance(v, float) else str(v) for v in gbs.values()) +
+                    f" | {best} | {vs_copy} |")
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            out.append(f"| {name} | {shape} | error: {type(e).__name__}: {str(e)[:200]} | | | | | |")
+        finally:
+            torch.cuda.empty_cache()
+        print("  " + out[-1], flush=True)
+    return out
+
+
+# ---------------------------------------------------- attention vs FlashAttention-4 --------
+FLASH_SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim, masks ("dense", "causal", window)
+    (4, 4096, 32, 8, 128, ("dense", "causal", 1024)),
+    (1, 16384, 32, 8, 128, ("dense", "causal", 1024, 4096)),
+    (8, 2048, 16, 16, 64, ("dense", "causal")),
+]
+
+
+def attention_reference(qh, kh, vh, causal, window):
+    """f32 SDPA (math) of [B, H, S, D] inputs with K/V expanded over the GQA group, causal with
+    an optional window of W keys; None when the score matrix would pass 2^31 elements."""
+    B, HQ, S, _ = qh.shape
+    if B * HQ * S * S > 2 ** 31:
+        return None
+    group = HQ // kh.shape[1]
+    mask = None
+    if causal:
+        i = torch.arange(S, device=DEV)
+        mask = (i.view(-1, 1) >= i.view(1, -1)) & (i.view(-1, 1) - i.view(1, -1) < (window or S))
+    return F.scaled_dot_product_attention(qh.float(), kh.repeat_interleave(group, 1).float(),
+                                          vh.repeat_interleave(group, 1).float(), attn_mask=mask)
+
+
+def flash_table():
+    """TFLOP/s of visible work, CUDA-graph timed: tkern (and the variant it ran), FlashAttention-4,
+    SDPA's cuDNN and flash (FlashAttention-2) backends. Windows are causal with W keys."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    fa4 = peer("flash_attn.cute.interface", "flash_attn_func")
+    cols = ["tkern", "FA4", "cuDNN", "FA2"]
+    out = ["| shape | mask | tkern variant | " + " | ".join(f"{c} TFLOP/s" for c in cols) +
+           " | tkern / best other | max diff |",
+           "| --- | --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: |"]
+    for B, S, HQ, HKV, D, masks in FLASH_SHAPES:
+        shape = f"B{B} H{HQ}/{HKV} S{S} D{D}"
+        q, k, v = rnd(B, S, HQ, D), rnd(B, S, HKV, D), rnd(B, S, HKV, D)
+        o = torch.empty_like(q)
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        for mask in masks:
+            label = mask if isinstance(mask, str) else f"window {mask}"
+            if ARGS.only and not any(s in f"attention {label}" for s in ARGS.only.split(",")):
+                continue
+            print(f"attention {shape} {label}", flush=True)
+            causal = mask != "dense"
+            window = mask if isinstance(mask, int) else None
+            visible = sum(min(i + 1, window or S) if causal else S for i in range(S))
+            flops = 4 * B * HQ * D * visible
+            win = None if window is None else (window - 1, 0)
+
+            def sdpa(backend):
+                if window is not None:
+                    return "no windows"
+
+                def call():
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal,
+                                                              enable_gqa=HQ != HKV)
+                return call
+            fns = {"tkern": lambda: tkern.attention(q, k, v, causal=causal, window=win, out=o),
+                   "FA4": fa4 and (lambda: fa4(q, k, v, causal=causal,
+                                               window_size=win or (None, None))),
+                   "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
+                   "FA2": sdpa(SDPBackend.FLASH_ATTENTION)}
+            try:
+                ref = attention_reference(qh, kh, vh, causal, window)
+                diff = max_diff(fns["tkern"]().transpose(1, 2), ref) if ref is not None else "-"
+                del ref
+                variant = tkern.last_variant()
+                tf = {c: (lambda ms: flops / ms / 1e9 if isinstance(ms, float) else ms)(
+                    graph_timed(fns[c] or "n/a")) for c in cols}
+                ours = tf["tkern"]
+                others = [x for c, x in tf.items() if c != "tkern" and isinstance(x, float)]
+                best = f"{ours / max(others):.2f}" if others and isinstance(ours, float) else "-"
+                out.append(f"| {shape} | {label} | {variant} | " + " | ".join(
+                    f"{x:.0f}" if isinstance(x, float) else str(x) for x in tf.values()) +
+                    f" | {best} | {diff if isinstance(diff, str) else f'{diff:.3g}'} |")
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                out.append(f"| {shape} | {label} | error: {type(e).__name__}: {str(e)[:200]} "
+                           "| | | | | | |")
+            finally:
+                torch.cuda.empty_cache()
+            print("  " + out[-1], flush=True)
+    return out
+
+
 # ----------------------------------------------------------------------------- main --------
 def fmt(v):
     return f"{v:.3f}" if isinstance(v, float) else str(v)
@@ -370,23 +614,7 @@ def ratio(base, ours):
     return f"{base / ours:.2f}x" if isinstance(base, float) and isinstance(ours, float) else "-"
 
 
-def main():
-    global ARGS
-    ARGS = parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_vs_torch.py needs a CUDA GPU (torch.cuda.is_available() is False)")
-    started = time.time()
-    gpu = torch.cuda.get_device_name()
-    header = [
-        f"Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; "
-        f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); libtkern "
-        f"{'.'.join(map(str, tkern.version()))} ({tkern.library_path()}).",
-        f"Median of {ARGS.reps} x {ARGS.inner} back-to-back calls (CUDA events) after "
-        f"{ARGS.warmup} warm-up calls. Ratios > 1 mean libtkern is faster. "
-        "'max diff' is the largest |tkern - eager| over the output. Attention: * = K/V "
-        "expanded to heads_q because the backend refused enable_gqa; 'best torch' is the "
-        "fastest of the torch columns.",
-    ]
+def ops_table():
     table = ["| op | shape | tkern ms | tkern throughput | eager ms | compile ms | "
              "eager / tkern | compile / tkern | max diff |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -413,7 +641,10 @@ def main():
         finally:
             torch.cuda.empty_cache()
         print("  " + table[-1], flush=True)
+    return table
 
+
+def attention_table():
     attn = ["| op | shape | tkern ms | tkern TFLOP/s | SDPA default ms | SDPA flash ms | "
             "SDPA cuDNN ms | FlexAttention ms | best torch / tkern | max diff |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -436,12 +667,40 @@ def main():
         traceback.print_exc()
         attn.append(f"| attention | - | error: {type(e).__name__}: {e} | | | | | | | |")
     torch.cuda.empty_cache()
+    return attn
 
+
+def main():
+    global ARGS
+    ARGS = parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_vs_torch.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    started = time.time()
+    gpu = torch.cuda.get_device_name()
+    header = [
+        f"Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; "
+        f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); libtkern "
+        f"{'.'.join(map(str, tkern.version()))} ({tkern.library_path()}).",
+        f"Median of {ARGS.reps} x {ARGS.inner} back-to-back calls (CUDA events) after "
+        f"{ARGS.warmup} warm-up calls. Ratios > 1 mean libtkern is faster. "
+        "'max diff' is the largest |tkern - eager| over the output (attention: against an "
+        "f32 SDPA). Attention: * = K/V expanded to heads_q because the backend refused "
+        "enable_gqa; 'best torch' is the fastest of the torch columns. The memory and flash "
+        "tables replay every column from a CUDA graph (host cost out alike); peers that do "
+        "not import show n/a.",
+    ]
+    tables = {"ops": ops_table, "attention": attention_table, "memory": memory_table,
+              "flash": flash_table}
+    printed = []
+    for name in ARGS.tables.split(","):
+        if name not in tables:
+            sys.exit(f"--tables: unknown table {name!r} (known: {', '.join(tables)})")
+        printed += ["", *tables[name]()]
     report = "\n".join(["## libtkern vs PyTorch (benchmarks/python/bench_vs_torch.py)", ""]
-                       + header + ["", *table, "", *attn, "",
-                                   f"Whole run: {time.time() - started:.0f} s, of which "
-                                   f"{COMPILE_SPENT[0]:.0f} s in torch.compile and "
-                                   f"{FLEX_SPENT[0]:.0f} s in FlexAttention."]) + "\n"
+                       + header + printed
+                       + ["", f"Whole run: {time.time() - started:.0f} s, of which "
+                              f"{COMPILE_SPENT[0]:.0f} s in torch.compile and "
+                              f"{FLEX_SPENT[0]:.0f} s in FlexAttention."]) + "\n"
     print()
     print(report)
     if ARGS.out:
