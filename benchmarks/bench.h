@@ -51,6 +51,19 @@ void bench_settle(int idle_ms);
  * reads and writes bytes_moved in total, the same traffic as the op it is compared with). */
 double bench_copy_ms(bench_ctx *ctx, size_t bytes_moved);
 
+/* Median time in ms of launching an empty kernel (one warp), timed as every row is: the floor
+ * under any call, whatever it does. Measured once per run, on first use. */
+double bench_launch_floor_ms(bench_ctx *ctx);
+
+/* Calls of at most this many tokens (rows) are decode-sized: their time is launch latency,
+ * not bandwidth. */
+#define BENCH_DECODE_TOKENS 64
+
+/* The baseline of a memory-bound row: a copy of the same bytes ("copy"), or for a decode-sized
+ * call the launch floor ("launch": ratio 0.5 = twice the time of an empty kernel). Returns its
+ * name and sets *baseline_ms. */
+const char *bench_memory_baseline(bench_ctx *ctx, int64_t tokens, double bytes, double *baseline_ms);
+
 /* One table row. Set bytes for a memory-bound op (GB/s is printed), flops for a compute-bound
  * op (TFLOP/s is printed); baseline_ms <= 0 prints no ratio. */
 typedef struct bench_row {

@@ -23,6 +23,7 @@ struct bench_ctx {
     std::vector<void *> buffers;
     void *copy_src, *copy_dst; /* grown on demand for copy baselines */
     size_t copy_bytes;
+    double launch_floor_ms; /* 0 until bench_launch_floor_ms measures it */
     volatile int *release;       /* pinned, mapped: the host's "go" for hold_stream */
     const int *release_on_device;
 };
@@ -111,6 +112,28 @@ static void run_copy(void *arg, cudaStream_t stream) {
     copy_arg *c = static_cast<copy_arg *>(arg);
     bench_check_cuda(cudaMemcpyAsync(c->ctx->copy_dst, c->ctx->copy_src, c->bytes, cudaMemcpyDeviceToDevice, stream),
                      "copy baseline");
+}
+
+__global__ void empty_kernel() {}
+
+static void run_empty(void *, cudaStream_t stream) {
+    empty_kernel<<<1, 32, 0, stream>>>();
+    bench_check_cuda(cudaGetLastError(), "empty kernel launch");
+}
+
+extern "C" double bench_launch_floor_ms(bench_ctx *ctx) {
+    if (ctx->launch_floor_ms == 0)
+        ctx->launch_floor_ms = bench_time_ms(ctx, run_empty, NULL);
+    return ctx->launch_floor_ms;
+}
+
+extern "C" const char *bench_memory_baseline(bench_ctx *ctx, int64_t tokens, double bytes, double *baseline_ms) {
+    if (tokens <= BENCH_DECODE_TOKENS) {
+        *baseline_ms = bench_launch_floor_ms(ctx);
+        return "launch";
+    }
+    *baseline_ms = bench_copy_ms(ctx, (size_t)bytes);
+    return "copy";
 }
 
 extern "C" double bench_copy_ms(bench_ctx *ctx, size_t bytes_moved) {
@@ -265,7 +288,9 @@ extern "C" int bench_main(int argc, char **argv, const char *const *names, const
     cudaRuntimeGetVersion(&runtime);
     printf("libtkern %d on %s (cc %d, %d SMs, L2 %d MB), CUDA runtime %d; median of %d runs, L2 flushed\n",
            tk_version(), prop.name, info.compute_capability, info.sm_count, info.l2_bytes >> 20, runtime, ctx.reps);
-    printf("ratio = baseline time / our time, baseline measured in the same run (copy = device-to-device copy of the same bytes)\n\n");
+    printf("ratio = baseline time / our time, baseline measured in the same run (copy = device-to-device copy of the "
+           "same bytes; launch = an empty kernel, for calls of <= %d tokens)\n\n",
+           BENCH_DECODE_TOKENS);
     printf("%-28s %-22s %-5s %-12s %12s %15s  %s\n", "op", "shape", "dtype", "variant", "time", "rate", "vs baseline");
     for (int f = 0; f < count; f++)
         if (bench_selected(&ctx, names[f])) {

@@ -3,7 +3,8 @@
  * Bytes that must move: each row tensor read or written once (x, y; residual read and written
  * for add+RMSNorm; dy, x, dx backward) plus the weight / bias vectors and, backward, the stats.
  * The dw / db partial sums stay in L2 and are not counted. Rows: bf16 16384 x 4096
- * shapes, then f16 / f32 rows and a wide-row (wide_vec16) case.
+ * shapes, then f16 / f32 rows and a wide-row (wide_vec16) case, then decode-sized calls (1 and 64
+ * rows), timed against the launch floor instead (bench_memory_baseline).
  */
 #include <stdio.h>
 
@@ -70,7 +71,9 @@ void bench_one(bench_ctx *ctx, const char *op, bool layernorm, bool residual, bo
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
     char dtypes[32];
     snprintf(dtypes, sizeof dtypes, "%s%s", op, weight_dtype != dtype ? " (f32 w)" : "");
-    bench_row row = {dtypes, shape, dtype, tk_last_variant(), ms, bytes, 0, "copy", bench_copy_ms(ctx, (size_t)bytes)};
+    double base_ms;
+    const char *base = bench_memory_baseline(ctx, rows, bytes, &base_ms);
+    bench_row row = {dtypes, shape, dtype, tk_last_variant(), ms, bytes, 0, base, base_ms};
     bench_report(ctx, &row);
     bench_free_all(ctx);
 }
@@ -88,4 +91,8 @@ extern "C" void bench_norm(bench_ctx *ctx) {
     bench_one(ctx, "rmsnorm fwd", false, false, false, TK_BF16, TK_BF16, 4096, 16384);
     bench_one(ctx, "rmsnorm bwd", false, false, true, TK_BF16, TK_BF16, 16384, 4096);
     bench_one(ctx, "layernorm bwd", true, false, true, TK_BF16, TK_F32, 16384, 4096);
+    /* Decode-sized: one token and a batch of 64, against the launch floor. */
+    bench_one(ctx, "rmsnorm fwd", false, false, false, TK_BF16, TK_BF16, 1, 4096);
+    bench_one(ctx, "add+rmsnorm fwd", false, true, false, TK_BF16, TK_BF16, 64, 4096);
+    bench_one(ctx, "layernorm fwd", true, false, false, TK_BF16, TK_BF16, 64, 4096);
 }

@@ -4,7 +4,8 @@
  * once. The stream variant's second read of a row (from L2 when it hits) is not counted: the
  * ratio shows what that second read costs. Rows: bf16 16384 x 4096 and 4096 x 131072
  * (a vocabulary), log-softmax, f32 vocabulary rows (f32 logits), a causal attention-score
- * matrix, backward, f32.
+ * matrix, backward, f32; then decode-sized sampling rows (1 and 64 f32 vocabulary rows), timed
+ * against the launch floor instead (bench_memory_baseline).
  */
 #include <stdio.h>
 
@@ -47,7 +48,9 @@ void bench_one(bench_ctx *ctx, const char *op, tk_dtype dtype, int64_t rows, int
     const double ms = bench_time_ms(ctx, run_softmax, &a);
     char shape[48];
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
-    bench_row row = {op, shape, dtype, tk_last_variant(), ms, bytes, 0.0, "copy", bench_copy_ms(ctx, (size_t)bytes)};
+    double base_ms;
+    const char *base = bench_memory_baseline(ctx, rows, bytes, &base_ms);
+    bench_row row = {op, shape, dtype, tk_last_variant(), ms, bytes, 0.0, base, base_ms};
     bench_report(ctx, &row);
     bench_free_all(ctx);
 }
@@ -64,4 +67,7 @@ extern "C" void bench_softmax(bench_ctx *ctx) {
     bench_one(ctx, "softmax fwd", TK_BF16, 65536, 1024, 0, 0, false);
     bench_one(ctx, "softmax bwd", TK_BF16, 16384, 4096, 0, 0, true);
     bench_one(ctx, "log_softmax bwd", TK_BF16, 4096, 131072, 1, 0, true);
+    /* Decode-sized: sampling distributions over a vocabulary, against the launch floor. */
+    bench_one(ctx, "softmax fwd", TK_F32, 1, 131072, 0, 0, false);
+    bench_one(ctx, "softmax fwd", TK_F32, 64, 131072, 0, 0, false);
 }
