@@ -1005,7 +1005,7 @@ def test_fast_path_passes_what_dlpack_passes(monkeypatch):
     modules = (_activation, _attention, _gemm, _norm, _rope, _softmax)
     caches = [v for m in modules for v in vars(m).values()
               if isinstance(v, (_arrays.Plans, _arrays.Lane))]
-    assert len(caches) == 7 + 8
+    assert len(caches) == 7 + 9
     inputs, thunks = _fast_path_calls()
     runs, replayed = {}, {}
     for what in ("fast, first", "fast, cached", "dlpack"):
@@ -1031,7 +1031,7 @@ def test_fast_path_passes_what_dlpack_passes(monkeypatch):
     assert replayed["fast, first"] == []
     assert set(replayed["fast, cached"]) == {
         "tk_gelu_fwd", "tk_glu_fwd", "tk_rmsnorm_fwd", "tk_layernorm_fwd", "tk_softmax_fwd",
-        "tk_attention_fwd", "tk_gemm"}, replayed["fast, cached"]
+        "tk_rope_fwd", "tk_attention_fwd", "tk_gemm"}, replayed["fast, cached"]
 
 
 def test_lane_replays_only_calls_checked_before(monkeypatch):
@@ -1062,6 +1062,37 @@ def test_lane_replays_only_calls_checked_before(monkeypatch):
         with pytest.raises(ValueError, match="argument 'x' must be contiguous"):
             tkern.gelu(transposed)
     assert len(replays) == 2
+
+
+def test_rope_lane_reads_every_calls_positions_cache_and_outputs(monkeypatch):
+    """RoPE's params hold pointers (positions, the cos / sin cache): a replay must take this
+    call's, in place and out of place, and never leave them in the stored params."""
+    from tkern import _lib, _rope
+
+    monkeypatch.setattr(_rope._LANE, "_plans", {})
+    monkeypatch.setattr(_rope._PLANS, "_plans", {})
+    replays = []
+    real = _lib.replay
+    monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
+                                                              real(name, *args)))
+    T, rd = 16, 32
+    inv = 10000.0 ** (-2.0 * torch.arange(rd // 2, device=DEV, dtype=torch.float64) / rd)
+    for i in range(3):
+        q, k = rand(T, 4, 64, dtype=torch.bfloat16), rand(T, 2, 64, dtype=torch.bfloat16)
+        pos = torch.randperm(256, device=DEV)[:T]
+        ang = (torch.arange(256, device=DEV, dtype=torch.float64) + i).unsqueeze(-1) * inv
+        cache = torch.cat([torch.cos(ang), torch.sin(ang)], -1).float()
+        qo, ko = tkern.rope(q, k, pos, rotary_dim=rd, cos_sin_cache=cache)
+        check(qo, rope_ref(q.double(), pos, rd, "neox", cache=cache), f"rope q, call {i}")
+        check(ko, rope_ref(k.double(), pos, rd, "neox", cache=cache), f"rope k, call {i}")
+        q2 = q.clone()
+        assert tkern.rope_(q2, None, pos, rotary_dim=rd, cos=cache[:, :rd // 2],
+                           sin=cache[:, rd // 2:])[0] is q2
+        check(q2, rope_ref(q.double(), pos, rd, "neox", cache=cache), f"rope_ q, call {i}")
+    assert replays == ["tk_rope_fwd"] * 4  # every call but the first of each key
+    for plan in _rope._LANE._plans.values():
+        p = plan[0]
+        assert (p.positions32, p.positions64, p.cos_cache, p.sin_cache) == (0, 0, 0, 0)
 
 
 def test_fast_path_takes_only_plain_cuda_tensors():
@@ -1098,6 +1129,7 @@ def test_stream_set_with_torch_cuda_stream_is_read_at_every_call(monkeypatch):
     x = rand(64, 256, dtype=torch.bfloat16)
     q = rand(1, 1, 8, 64, dtype=torch.bfloat16)
     a, w = rand(8, 128, dtype=torch.bfloat16), rand(64, 128, dtype=torch.bfloat16)
+    r, pos = rand(8, 4, 64, dtype=torch.bfloat16), torch.arange(8, device=DEV)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     torch.cuda.synchronize()  # the inputs are ready for any stream
     expected = []
@@ -1106,7 +1138,8 @@ def test_stream_set_with_torch_cuda_stream_is_read_at_every_call(monkeypatch):
             tkern.gelu(x)
             tkern.attention(q, q, q)
             tkern.gemm(a, w.t())
-        expected += [(s or torch.cuda.current_stream()).cuda_stream] * 3
+            tkern.rope(r, r, pos)
+        expected += [(s or torch.cuda.current_stream()).cuda_stream] * 4
     torch.cuda.synchronize()
     got = [args[-1] for _, args in rec.calls]
     assert got == expected, f"streams passed {got}, current streams {expected}"

@@ -1,7 +1,7 @@
 """Rotary position embedding: tk_rope_fwd, tk_rope_bwd."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, Plans, enum, ptr
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
 
 
 def _heads(a):
@@ -94,7 +94,28 @@ def _checked(c, names, style, theta, position_start, rotary_dim):
     return p
 
 
-_PLANS = Plans()
+_PLANS, _LANE = Plans(), Lane()
+
+
+def _replay(fn, plan, q, k, positions, cos, sin, cos_sin_cache, inplace, stream):
+    """A call of the lane (see Lane): a copy of the plan's params, which hold no pointers (calls,
+    of any thread, never write them), with this call's pointers set as _pointers sets them."""
+    checked, dtype, positions_field, sin_offset = plan
+    p = _lib.RopeParams.from_buffer_copy(checked)
+    if positions is not None:
+        setattr(p, positions_field, positions.data_ptr())
+    if cos_sin_cache is not None:
+        p.cos_cache = cos_sin_cache.data_ptr()
+        p.sin_cache = p.cos_cache + sin_offset
+    elif cos is not None:
+        p.cos_cache, p.sin_cache = cos.data_ptr(), sin.data_ptr()
+    if inplace:
+        q_out, k_out = q, k
+    else:
+        q_out = None if q is None else Lane.output(q, q.shape, dtype)
+        k_out = None if k is None else Lane.output(k, k.shape, dtype)
+    Lane.run(fn, _lib.byref(p), Lane.ptr(q), Lane.ptr(k), Lane.ptr(q_out), Lane.ptr(k_out), stream)
+    return q_out, k_out
 
 
 def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim,
@@ -102,6 +123,11 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
     qn, kn = names
     if q is None and k is None:
         raise TypeError(f"at least one of '{qn}' and '{kn}' must be given")
+    lane, s, lane_key = _LANE.find(stream, () if inplace else outs,
+                                   (q, k, positions, cos, sin, cos_sin_cache),
+                                   (fn, inplace, theta, style, rotary_dim, position_start))
+    if lane is not None:
+        return _replay(fn, lane, q, k, positions, cos, sin, cos_sin_cache, inplace, s)
     c = Call(stream, **{qn: q, kn: k}, positions=positions, cos=cos, sin=sin,
              cos_sin_cache=cos_sin_cache,
              **({} if inplace else {qn + "_out": outs[0], kn + "_out": outs[1]}))
@@ -110,7 +136,6 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
     checked = p is None  # else checked before for this key: the output strides are in p
     if checked:
         p = _checked(c, names, style, theta, position_start, rotary_dim)
-    _pointers(c, p)
     results, ptrs = [], []
     for name, field, obj in ((qn, "q", outs[0]), (kn, "k", outs[1])):
         a = c.get(name)
@@ -133,7 +158,14 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
             ptrs.append(oa.ptr)
     if checked:
         _PLANS.put(key, p)
+    # The lane's plan, taken before this call's pointers are set (see _replay).
+    first, pa = c.get(qn) if c.get(qn) is not None else c[kn], c.get("positions")
+    plan = (_lib.RopeParams.from_buffer_copy(p), first.dtype,
+            "positions32" if pa is not None and pa.dtype == "int32" else "positions64",
+            ((p.rotary_dim or p.head_dim) // 2) * 4)
+    _pointers(c, p)
     c.run(fn, _lib.byref(p), ptr(c.get(qn)), ptr(c.get(kn)), ptrs[0], ptrs[1], c.stream)
+    _LANE.put(lane_key, plan)
     return tuple(results)
 
 
