@@ -51,7 +51,7 @@ constexpr int STAGE_BYTES = 2 * KV_BYTES;
 constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
 constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
 constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024; /* + alignment to 1024 */
-constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+constexpr float LOG2E = 1.4426950408889634f;
 static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 
 struct sm90_params {
@@ -68,6 +68,7 @@ struct sm90_params {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24; /* 2 x 128 x 240 + 128 x 24 <= 64 Ki */
+constexpr float LN2 = 0.6931471805599453f;
 
 /* cp.async.bulk.tensor.4d: the box of `map` at (c0, c1, c2, c3) into dst, counted on bar. */
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
@@ -237,32 +238,32 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t q_wg = s_q + 2 * warpgroup * Q_HALF_BYTES;
     const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
 
-    float o[2][8][4]; /* head-dim half, n8 slice, accumulator */
+    /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's 16 n8 slices, two 64-column
+     * halves of 8 for the P V instructions. */
+    float o[1][16][4];
 #pragma unroll
-    for (int h = 0; h < 2; h++)
+    for (int j = 0; j < 16; j++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[h][j][e] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+        for (int e = 0; e < 4; e++)
+            o[0][j][e] = 0.0f;
+    float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
 
     tk_mbarrier_wait(q_full, 0);
     tk_stage_ring<STAGES> ring = {0, 0};
     for (int t = tile_begin; t < tile_end; t++) {
         const uint32_t k_tile = s_kv + ring.stage * STAGE_BYTES, v_tile = k_tile + KV_BYTES;
-        float s[16][4];
+        float s[1][16][4];
         tk_mbarrier_wait(ring.barrier(k_full), ring.phase);
         tk_wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
-            wgmma_ss_64x128<T>(s, tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
+            wgmma_ss_64x128<T>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
                                tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
         }
         tk_wgmma_commit();
         tk_wgmma_wait<0>();
-        pin(s);
+        pin(s[0]);
 
         const int n0 = t * BN;
         const int col0 = n0 + 2 * tq;
@@ -275,25 +276,17 @@ __global__ void __launch_bounds__(THREADS, 1)
                              (p.window_right >= 0 && n0 + BN - 1 > wm0 + shift + p.window_right);
         if (partial)
             attn_mask_scores(s, row0, col0, shift, p.window_left, p.window_right, p.seqlen_k);
-        float alpha[2];
-        attn_online_softmax(s, row_max, row_sum, p.exp_scale, alpha);
+        attn_online_softmax(s, row_max, row_sum, p.exp_scale, o);
 
         /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk and 2kk + 1. */
         uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = tk_pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = tk_pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = tk_pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = tk_pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pa[kk][0] = tk_pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
+            pa[kk][1] = tk_pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
+            pa[kk][2] = tk_pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+            pa[kk][3] = tk_pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    o[h][j][e] *= alpha[e >> 1];
 
         tk_mbarrier_wait(ring.barrier(v_full), ring.phase);
         tk_wgmma_fence();
@@ -301,11 +294,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                wgmma_rs_64x64<T>(o[h], pa[kk], desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk], desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
         tk_wgmma_commit();
         tk_wgmma_wait<0>();
         pin(o[0]);
-        pin(o[1]);
         if (lane == 0)
             tk_mbarrier_arrive(ring.barrier(kv_empty));
         ring.next();
@@ -316,7 +308,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float sum = row_sum[r];
+        float sum = row_sum[0][r];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -328,9 +320,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
-                    tk_pack2<T>(o[h][j][2 * r] * inv, o[h][j][2 * r + 1] * inv);
+                    tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
         if (p.lse && tq == 0)
-            p.lse[lse_row0 + i] = sum > 0.0f ? (row_max[r] * p.exp_scale + __log2f(sum)) * LN2 : -INFINITY;
+            p.lse[lse_row0 + i] = sum > 0.0f ? (row_max[0][r] * p.exp_scale + __log2f(sum)) * LN2 : -INFINITY;
     }
 #endif
 }
