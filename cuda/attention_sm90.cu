@@ -281,12 +281,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk and 2kk + 1. */
         uint32_t pa[BN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = tk_pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
-            pa[kk][1] = tk_pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
-            pa[kk][2] = tk_pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-            pa[kk][3] = tk_pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-        }
+        for (int kk = 0; kk < BN / 16; kk++)
+            tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
 
         tk_mbarrier_wait(ring.barrier(v_full), ring.phase);
         tk_wgmma_fence();
@@ -294,7 +290,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk], desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
+                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
         tk_wgmma_commit();
         tk_wgmma_wait<0>();
         pin(o[0]);
