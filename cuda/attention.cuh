@@ -71,6 +71,7 @@
 #include <type_traits>
 
 #include "attention.h"
+#include "attention_softmax.cuh"
 #include "common.cuh"
 #include "core/math.cuh"
 #include "core/sm80.cuh"
@@ -353,95 +354,18 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
         const int n0 = t * BN;
         const int col_base = n0 + 2 * tq;
-        if (p.transform) { /* scores to natural-log units: softcap, then ALiBi */
-            if (p.softcap > 0.0f) {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * p.softcap_in);
-            } else {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            s[mt][nt][e] *= p.scale;
-            }
-            if (p.alibi_slopes) {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int i = row_base + 16 * mt + 8 * (e >> 1);
-                            const int j = col_base + 8 * nt + (e & 1);
-                            s[mt][nt][e] -= slope * (float)abs(i + shift - j);
-                        }
-            }
-        }
+        if (p.transform) /* scores to natural-log units: softcap, then ALiBi */
+            attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope,
+                                  row_base, col_base, shift);
         /* Uniform: can any pair of this tile be invisible? */
         const bool partial =
             n0 + BN > p.seqlen_k ||
             (p.window_left >= 0 && n0 < m0 + q_rows - 1 + shift - p.window_left) ||
             (p.window_right >= 0 && n0 + BN - 1 > m0 + shift + p.window_right);
-        if (partial) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int i = row_base + 16 * mt + 8 * h;
-                    const int lo = p.window_left >= 0 ? i + shift - p.window_left : 0;
-                    const int hi = p.window_right >= 0 ? min(p.seqlen_k - 1, i + shift + p.window_right)
-                                                       : p.seqlen_k - 1;
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int j = col_base + 8 * nt + e;
-                            if (j < lo || j > hi)
-                                s[mt][nt][2 * h + e] = -INFINITY;
-                        }
-                }
-        }
+        if (partial)
+            attn_mask_scores(s, row_base, col_base, shift, p.window_left, p.window_right, p.seqlen_k);
 
-        /* Online softmax; the 4 threads of a quad share a row. */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float mx = row_max[mt][h];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                /* A row that has seen only masked keys keeps max -inf; exponentiate against 0
-                 * so that its p are exp2(-inf) = 0 rather than NaN. */
-                const float m_use = mx == -INFINITY ? 0.0f : mx;
-                const float alpha = tk_exp2_approx((row_max[mt][h] - m_use) * p.exp_scale);
-                const float base = m_use * p.exp_scale;
-                row_max[mt][h] = mx;
-                float sum = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float pe = tk_exp2_approx(fmaf(s[mt][nt][2 * h + e], p.exp_scale, -base));
-                        s[mt][nt][2 * h + e] = pe;
-                        sum += pe;
-                    }
-                row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++) {
-                    o[mt][dt][2 * h] *= alpha;
-                    o[mt][dt][2 * h + 1] *= alpha;
-                }
-            }
+        attn_online_softmax(s, row_max, row_sum, p.exp_scale, o);
 
         /* O += P V */
 #pragma unroll

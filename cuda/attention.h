@@ -28,6 +28,12 @@ typedef struct tk_attention_call {
     float softcap;                /* 0 = off */
 } tk_attention_call;
 
+/* "wgmma_sm90": FlashAttention-3 style on sm_90a (TMA, mbarrier ring, a producer warp and two
+ * consumer warpgroups, wgmma with P from registers): head dim 128, every mask and option;
+ * cuda/attention_sm90.cu. */
+bool tk_attention_supports_sm90(const void *call, const tk_device *dev);
+cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream);
+
 /* "mma_sm80": FlashAttention-2 style, ldmatrix + mma.sync m16n8k16, cp.async double buffer.
  * Any sm_80+ device; one query head per CTA. */
 cudaError_t tk_attention_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);

@@ -3,10 +3,11 @@
  * kernel itself in cuda/attention.cuh); the conventions are in include/tkern.h and the design in
  * docs/kernels/attention.md.
  *
- * Variants, best first: "mma_sm80_packed" (calls with a window bounded on both sides and an
- * even GQA group: 2 or 4 query heads of one group share a CTA), then "mma_sm80"
- * (FlashAttention-2 style, ldmatrix + mma.sync, sm_80 and newer; every call). A Hopper variant
- * (wgmma / TMA) will go first in the table.
+ * Variants, best first: "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation, wgmma;
+ * arch-specific, only cc 9.0 devices with an sm_90a binary; head dim 128), "mma_sm80_packed"
+ * (calls with a window bounded on both sides and an even GQA group: 2 or 4 query heads of one
+ * group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix + mma.sync, sm_80 and
+ * newer; every call).
  */
 #include <math.h>
 #include <stdint.h>
@@ -16,6 +17,7 @@
 #include "../cuda/attention.h"
 
 static const tk_variant attention_variants[] = {
+    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90},
     {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
     {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
 };

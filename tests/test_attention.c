@@ -12,8 +12,12 @@
 #include "support/tk_test.h"
 #include "ref/attention_ref.h"
 
-#define VARIANT_COUNT 2
-static const char *const VARIANTS[VARIANT_COUNT] = {"mma_sm80_packed", "mma_sm80"};
+#define VARIANT_COUNT 3
+static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_sm90", "mma_sm80_packed", "mma_sm80"};
+/* The variants from PORTABLE on give the same bits for the same call (their key tiles differ
+ * only by tiles that leave a row's state unchanged); "wgmma_sm90" sums other key tiles and is
+ * held to the reference alone. */
+#define PORTABLE 1
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -266,6 +270,23 @@ static bool packed_claims(const attn_case *c) {
     return (c->heads_q / c->heads_kv) % 2 == 0 && left_bounded && right_bounded;
 }
 
+/* Whether "wgmma_sm90" runs on this machine: a cc 9.0 device and a build with its code (the
+ * runtime's rule for min_cc 900; the library's builds for sm_90 include sm_90a). */
+static bool sm90_runs_here(void) {
+    static int runs = -1;
+    if (runs < 0) {
+        tk_device_info info = TK_DEVICE_INFO_INIT;
+        cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+        runs = info.compute_capability == 900 && tk_build_runs_variant(900, info.compute_capability);
+    }
+    return runs == 1;
+}
+
+/* Whether "wgmma_sm90" claims the case: head dim 128 on a machine where it runs. */
+static bool sm90_claims(const attn_case *c) {
+    return c->head_dim == 128 && sm90_runs_here();
+}
+
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
  * (caller frees) so that cases can be compared bit for bit. A forced variant that does not
  * claim the case must say so through tk_attention_supported (NULL is returned). */
@@ -334,15 +355,16 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     p.alibi_slopes = c->alibi ? dslopes : NULL;
 
     cr_assert_eq(tk_experimental_force_variant("attention", variant), TK_SUCCESS);
-    const bool packed = packed_claims(c);
-    const bool claimed = variant == NULL || strcmp(variant, "mma_sm80_packed") != 0 || packed;
+    const bool packed = packed_claims(c), sm90 = sm90_claims(c);
+    const bool claimed = variant == NULL || strcmp(variant, "mma_sm80") == 0 ||
+                         (strcmp(variant, "mma_sm80_packed") == 0 && packed) ||
+                         (strcmp(variant, "wgmma_sm90") == 0 && sm90);
     tk_attention_params query = p; /* the mask the sliding entry point runs */
     if (c->sliding)
         query.causal = 1, query.window_right = 0;
     const char *named = NULL;
     TK_EXPECT_STATUS(tk_attention_supported(&query, &named),
-                     claimed ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
-                     "forced variant \"mma_sm80_packed\"");
+                     claimed ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED, "forced variant");
     if (!claimed) {
         cr_assert_null(named, "%s: tk_attention_supported named a variant", what);
         cr_assert_eq(tk_experimental_force_variant("attention", NULL), TK_SUCCESS);
@@ -351,7 +373,7 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
         tk_dev_free(dslopes);
         return NULL;
     }
-    const char *expected = variant ? variant : packed ? "mma_sm80_packed" : "mma_sm80";
+    const char *expected = variant ? variant : sm90 ? "wgmma_sm90" : packed ? "mma_sm80_packed" : "mma_sm80";
     cr_assert_str_eq(named, expected, "%s: tk_attention_supported named %s", what, named);
     const tk_status s = c->sliding ? tk_attention_sliding_fwd(&p, c->window_left, NULL)
                                    : tk_attention_fwd(&p, NULL);
@@ -424,7 +446,7 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
 }
 
 /* Every variant forced (the automatic choice runs in the tests that pass variant NULL). Where
- * both run, their o must agree bit for bit: a warp's rows are the same consecutive positions of
+ * both portable variants run, their o must agree bit for bit: a warp's rows are the same consecutive positions of
  * one head whether its CTA holds one head or several, and the key tiles only the wider one-head
  * CTA visits hold none of those rows' visible keys, which leaves their state unchanged. */
 static void run_case_all_variants(const attn_case *c, uint64_t seed) {
@@ -436,10 +458,10 @@ static void run_case_all_variants(const attn_case *c, uint64_t seed) {
                          tk_test_dtype_size(c->dtype);
     char what[320];
     case_name(c, NULL, what, sizeof what);
-    for (int v = 1; v < VARIANT_COUNT; v++)
-        if (o[0] && o[v])
-            cr_assert(memcmp(o[0], o[v], bytes) == 0, "%s: variants %s and %s differ", what,
-                      VARIANTS[0], VARIANTS[v]);
+    for (int v = PORTABLE + 1; v < VARIANT_COUNT; v++)
+        if (o[PORTABLE] && o[v])
+            cr_assert(memcmp(o[PORTABLE], o[v], bytes) == 0, "%s: variants %s and %s differ", what,
+                      VARIANTS[PORTABLE], VARIANTS[v]);
     for (int v = 0; v < VARIANT_COUNT; v++)
         free(o[v]);
 }
@@ -642,7 +664,7 @@ Test(attention_gpu, supported_names_the_variant) {
     window.causal = 1, window.window_left = 4;
     TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
     cr_assert_str_eq(name, "mma_sm80_packed");
-    for (int v = 0; v < VARIANT_COUNT; v++) {
+    for (int v = PORTABLE; v < VARIANT_COUNT; v++) {
         cr_assert_eq(tk_experimental_force_variant("attention", VARIANTS[v]), TK_SUCCESS);
         TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
         cr_assert_str_eq(name, VARIANTS[v]);
@@ -650,5 +672,14 @@ Test(attention_gpu, supported_names_the_variant) {
     cr_assert_eq(tk_experimental_force_variant("attention", "mma_sm80_packed"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"mma_sm80_packed\"");
+    /* Head dim 128: the Hopper variant first where it runs, and only at that head dim. */
+    cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90"), TK_SUCCESS);
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"wgmma_sm90\"");
     tk_experimental_force_variant("attention", NULL);
+    tk_attention_params d128 = window; /* 8 positions: o [1, 8, 2, 128] stays clear of lse */
+    d128.head_dim = 128;
+    d128.seqlen_q = d128.seqlen_k = 8;
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_SUCCESS, "");
+    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
 }

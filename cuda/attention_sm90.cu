@@ -1,0 +1,403 @@
+/*
+ * Attention forward on Hopper (variant "wgmma_sm90", sm_90a only): the FlashAttention-3
+ * structure on the device layer of core/sm90.cuh, head dim 128, f16 and bf16, every mask and
+ * option of the portable kernel (attention.cuh: its header has the math and the mask
+ * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
+ *
+ * Block: three warpgroups (384 threads, one block per SM), BM = 128 query rows of one
+ * (batch, query head), key tiles of BN = 128 keys:
+ * - Producer (warpgroup 2, one thread, 24 registers after setmaxnreg): the Q tile once onto
+ *   q_full, then per key tile: waits for the stage's kv_empty, and issues the TMA copies of the
+ *   K tile (counted on k_full) and of the V tile (v_full) into the stage. Tensor maps are 4D
+ *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
+ *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
+ * - Consumers (warpgroups 0 and 1, 240 registers): warpgroup c owns query rows 64c .. 64c + 63.
+ *   Per key tile: wait k_full; S = Q K^T by 8 wgmma m64n128k16 (both operands K-major from
+ *   shared memory, 128-byte swizzle as TMA writes it); commit + wait; transform, mask, online
+ *   softmax in registers (64 S accumulators per thread: each warp's 16 rows are an m16 slab in
+ *   the mma.sync accumulator layout, so attention_softmax.cuh applies as is); P packed to the
+ *   input dtype in place of the A register fragment (the m64 A fragment of wgmma is that of
+ *   mma.sync m16n8k16 per warp); O rescaled by alpha; wait v_full; O += P V by 16 wgmma
+ *   m64n64k16 with A from registers and V as an N-major B operand (transpose bit; one 64-wide
+ *   half of the head dim per instruction, so one 128-byte swizzle atom spans N); commit + wait;
+ *   one arrival per warp on the stage's kv_empty (count 8).
+ * - Shared memory: Q 32 KiB + 2 stages x (K 32 KiB + V 32 KiB) = 160 KiB, each 64-column half
+ *   of a tile one TMA box of 128-byte rows.
+ * Key tiles are skipped as in attention.cuh (only the tiles meeting the block's visible key
+ * range), the per-element mask runs only on tiles that can hold a masked pair, and the grid
+ * runs query tiles last to first (longest first under a causal mask).
+ *
+ * Not yet here (see docs/kernels/attention.md): intra-warpgroup pipelining (softmax of tile j
+ * while Q K^T of tile j + 1 runs) and ping-pong of the two consumers; head dims other than 128.
+ */
+#include "attention.h"
+
+#include "attention_softmax.cuh"
+#include "common.cuh"
+#include "core/sm80.cuh"
+#include "core/sm90.cuh"
+#include "tkern.h"
+
+namespace {
+
+constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int HALF = 64;                   /* head-dim columns per 128-byte swizzled row */
+constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 KiB */
+constexpr int KV_BYTES = BN * D * 2;
+constexpr int STAGE_BYTES = 2 * KV_BYTES;
+constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
+constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
+constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024; /* + alignment to 1024 */
+constexpr float LOG2E = 1.4426950408889634f;
+static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
+
+struct sm90_params {
+    void *o;
+    float *lse;
+    const float *alibi_slopes;
+    int64_t o_sb, o_ss, o_sh;
+    int seqlen_q, seqlen_k, heads_q, group, m_blocks, batch;
+    int window_left, window_right;
+    int transform; /* softcap or ALiBi: scores are rewritten in natural-log units */
+    float scale, softcap, softcap_in, exp_scale;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24; /* 2 x 128 x 240 + 128 x 24 <= 64 Ki */
+constexpr float LN2 = 0.6931471805599453f;
+
+/* cp.async.bulk.tensor.4d: the box of `map` at (c0, c1, c2, c3) into dst, counted on bar. */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+
+/* The descriptor of an N-major B operand (V: keys x head dim, head dim contiguous) in the
+ * 128-byte swizzle, N = 64 (one swizzle atom wide): 8-key groups 1024 bytes apart. With one
+ * atom along N the leading offset is not used; it is set to the same 1024 bytes. */
+__device__ __forceinline__ uint64_t desc_n_major_sw128(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(1024 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+#define ATTN_REGS_64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define ATTN_OPS_16 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define ATTN_REGS_32 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define ATTN_OPS_8 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+
+/* S (=)+= Q K^T: wgmma m64n128k16, A and B K-major from shared memory; d[j][e] in the
+ * accumulator layout of core/sm90.cuh (n8 slice j). */
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_64x128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#define WGMMA_SS(TYPE)                                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" ATTN_REGS_64          \
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
+                 : ATTN_OPS_16                                                                           \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    if constexpr (std::is_same_v<T, __half>)
+        WGMMA_SS("f16");
+    else
+        WGMMA_SS("bf16");
+#undef WGMMA_SS
+}
+
+/* O += P V for one 64-column half of O: wgmma m64n64k16, A (P) from registers in the mma.sync
+ * m16n8k16 A layout per warp, B (V) N-major from shared memory (transpose bit). */
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_64x64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#define WGMMA_RS(TYPE)                                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" ATTN_REGS_32           \
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                        \
+                 : ATTN_OPS_8                                                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+    if constexpr (std::is_same_v<T, __half>)
+        WGMMA_RS("f16");
+    else
+        WGMMA_RS("bf16");
+#undef WGMMA_RS
+}
+
+#undef ATTN_REGS_64
+#undef ATTN_OPS_16
+#undef ATTN_REGS_32
+#undef ATTN_OPS_8
+
+/* Keeps the compiler from moving accesses to accumulators across a wgmma wait (the asm of the
+ * wait does not name them); emits nothing. */
+template <int NT> __device__ __forceinline__ void pin(float (&d)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS, 1)
+    attention_sm90_kernel(const __grid_constant__ sm90_params p, const __grid_constant__ CUtensorMap map_q,
+                          const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
+    const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
+    const uint32_t q_full = s_q + PIPE_BYTES;
+    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
+
+    /* Block -> (query head, batch, query tile), heads fastest and query tiles last to first
+     * slowest, as attention.cuh: the longest CTAs of a causal grid start first. */
+    unsigned block = blockIdx.x;
+    const int head = (int)(block % (unsigned)p.heads_q);
+    block /= (unsigned)p.heads_q;
+    const int batch = (int)(block % (unsigned)p.batch);
+    const int m0 = (p.m_blocks - 1 - (int)(block / (unsigned)p.batch)) * BM;
+    const int head_kv = head / p.group;
+    const int q_rows = min(BM, p.seqlen_q - m0);
+    const int shift = p.seqlen_k - p.seqlen_q;
+
+    int key_lo = 0, key_hi = p.seqlen_k - 1;
+    if (p.window_left >= 0)
+        key_lo = max(0, m0 + shift - p.window_left);
+    if (p.window_right >= 0)
+        key_hi = min(key_hi, m0 + q_rows - 1 + shift + p.window_right);
+    const int tile_begin = key_lo / BN;
+    const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
+
+    if (threadIdx.x == 0) {
+        tk_mbarrier_init(q_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            tk_mbarrier_init(k_full + 8 * s, 1);             /* the producer's expect_tx */
+            tk_mbarrier_init(v_full + 8 * s, 1);
+            tk_mbarrier_init(kv_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
+        }
+        tk_fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup == CONSUMERS) {
+        tk_setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == CONSUMERS * 128) {
+            tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
+            for (int c = 0; c < CONSUMERS; c++)
+                for (int h = 0; h < 2; h++)
+                    tma_load_4d(s_q + (2 * c + h) * Q_HALF_BYTES, &map_q, h * HALF, m0 + 64 * c, head, batch,
+                                q_full);
+            tk_stage_ring<STAGES> ring = {0, 0};
+            for (int t = tile_begin; t < tile_end; t++) {
+                /* The first round finds every stage free (parity phase ^ 1). */
+                tk_mbarrier_wait(ring.barrier(kv_empty), ring.phase ^ 1);
+                const uint32_t k_dst = s_kv + ring.stage * STAGE_BYTES, v_dst = k_dst + KV_BYTES;
+                tk_mbarrier_arrive_expect_tx(ring.barrier(k_full), KV_BYTES);
+                for (int h = 0; h < 2; h++)
+                    tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, batch,
+                                ring.barrier(k_full));
+                tk_mbarrier_arrive_expect_tx(ring.barrier(v_full), KV_BYTES);
+                for (int h = 0; h < 2; h++)
+                    tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, batch,
+                                ring.barrier(v_full));
+                ring.next();
+            }
+        }
+        return;
+    }
+
+    tk_setmaxnreg_inc<CONSUMER_REGS>();
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, tq = lane % 4;
+    const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
+    const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
+    const uint32_t q_wg = s_q + 2 * warpgroup * Q_HALF_BYTES;
+    const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
+
+    /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's 16 n8 slices, two 64-column
+     * halves of 8 for the P V instructions. */
+    float o[1][16][4];
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            o[0][j][e] = 0.0f;
+    float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
+
+    tk_mbarrier_wait(q_full, 0);
+    tk_stage_ring<STAGES> ring = {0, 0};
+    for (int t = tile_begin; t < tile_end; t++) {
+        const uint32_t k_tile = s_kv + ring.stage * STAGE_BYTES, v_tile = k_tile + KV_BYTES;
+        float s[1][16][4];
+        tk_mbarrier_wait(ring.barrier(k_full), ring.phase);
+        tk_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
+            wgmma_ss_64x128<T>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
+                               tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
+        }
+        tk_wgmma_commit();
+        tk_wgmma_wait<0>();
+        pin(s[0]);
+
+        const int n0 = t * BN;
+        const int col0 = n0 + 2 * tq;
+        if (p.transform)
+            attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
+                                  col0, shift);
+        /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
+        const bool partial = n0 + BN > p.seqlen_k ||
+                             (p.window_left >= 0 && n0 < wm0 + 63 + shift - p.window_left) ||
+                             (p.window_right >= 0 && n0 + BN - 1 > wm0 + shift + p.window_right);
+        if (partial)
+            attn_mask_scores(s, row0, col0, shift, p.window_left, p.window_right, p.seqlen_k);
+        attn_online_softmax(s, row_max, row_sum, p.exp_scale, o);
+
+        /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk and 2kk + 1. */
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+
+        tk_mbarrier_wait(ring.barrier(v_full), ring.phase);
+        tk_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
+                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+        tk_wgmma_commit();
+        tk_wgmma_wait<0>();
+        pin(o[0]);
+        if (lane == 0)
+            tk_mbarrier_arrive(ring.barrier(kv_empty));
+        ring.next();
+    }
+
+    /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
+    T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh;
+    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = row_sum[0][r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int i = row0 + 8 * r;
+        if (i >= p.seqlen_q)
+            continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
+                    tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+        if (p.lse && tq == 0)
+            p.lse[lse_row0 + i] = sum > 0.0f ? (row_max[0][r] * p.exp_scale + __log2f(sum)) * LN2 : -INFINITY;
+    }
+#endif
+}
+
+/* ---- host side ---- */
+
+/* The 4D tensor map (head dim, position, head, batch) of Q, K or V, read in boxes of
+ * box_rows positions x 64 head-dim columns of one head in the 128-byte swizzle. Strides of
+ * dimensions of extent 1 are never used; they are given as 16 bytes, which TMA accepts. */
+cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int batch, int seqlen, int heads,
+                      const int64_t stride[3], uint32_t box_rows) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode =
+        tk_driver_function<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
+    if (!encode)
+        return cudaErrorNotSupported;
+    const CUtensorMapDataType type =
+        dtype == TK_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
+    const cuuint64_t strides[3] = {seqlen > 1 ? (cuuint64_t)stride[1] * 2 : 16,
+                                   heads > 1 ? (cuuint64_t)stride[2] * 2 : 16,
+                                   batch > 1 ? (cuuint64_t)stride[0] * 2 : 16};
+    const cuuint32_t box[4] = {HALF, box_rows, 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    return encode(map, type, 4, const_cast<void *>(base), dims, strides, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? cudaSuccess
+               : cudaErrorInvalidValue;
+}
+
+template <typename T> cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+    CUtensorMap map_q, map_k, map_v;
+    cudaError_t err = encode_4d(&map_q, c->dtype, c->q, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
+    if (err == cudaSuccess)
+        err = encode_4d(&map_k, c->dtype, c->k, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, BN);
+    if (err == cudaSuccess)
+        err = encode_4d(&map_v, c->dtype, c->v, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, BN);
+    if (err != cudaSuccess)
+        return err;
+    constexpr auto kernel = attention_sm90_kernel<T>;
+    err = tk_opt_in_smem<kernel>(dev, SMEM_BYTES);
+    if (err != cudaSuccess)
+        return err;
+    sm90_params p;
+    p.o = c->o;
+    p.lse = c->lse;
+    p.alibi_slopes = c->alibi_slopes;
+    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
+    p.seqlen_q = c->seqlen_q;
+    p.seqlen_k = c->seqlen_k;
+    p.heads_q = c->heads_q;
+    p.group = c->heads_q / c->heads_kv;
+    p.m_blocks = (c->seqlen_q + BM - 1) / BM;
+    p.batch = c->batch;
+    p.window_left = c->window_left;
+    p.window_right = c->window_right;
+    p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
+    p.scale = c->scale;
+    p.softcap = c->softcap;
+    p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
+    p.exp_scale = p.transform ? LOG2E : c->scale * LOG2E;
+    const unsigned blocks = (unsigned)((int64_t)p.m_blocks * c->heads_q * c->batch);
+    return tk_launch(kernel, blocks, THREADS, SMEM_BYTES, stream, p, map_q, map_k, map_v);
+}
+
+} // namespace
+
+extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *dev) {
+    const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
+    /* TMA: strides below 2^40 bytes (src/attention.c has checked the 16-byte alignment). */
+    const int64_t max_stride = (int64_t)1 << 39;
+    for (int d = 0; d < 3; d++)
+        if (c->q_stride[d] >= max_stride || c->k_stride[d] >= max_stride || c->v_stride[d] >= max_stride)
+            return false;
+    return c->head_dim == D && SMEM_BYTES <= dev->max_smem_optin;
+}
+
+extern "C" cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
+    const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
+    return tk_dispatch_dtype16(c->dtype, [&](auto type) { return launch_sm90<typename decltype(type)::type>(c, dev, stream); });
+}

@@ -1,0 +1,120 @@
+/*
+ * The score transform, mask and online softmax of the attention forward, on a warp's MT m16
+ * slabs of scores in the tensor cores' accumulator layout: s[mt][nt][e] is row row0 + 16 mt +
+ * 8 (e >> 1) (row0 = the warp's first row + lane / 4), key column col0 + 8 nt + (e & 1) (col0 =
+ * the tile's first key + 2 (lane % 4)); o[mt][dt][e] the same rows. That layout is the one of mma.sync m16n8 (attention.cuh) and of each warp's
+ * 16 rows of wgmma m64nN (attention_sm90.cu), so both kernels share these steps; the math and
+ * the mask convention are those of attention.cuh's header (tkern.h has the contract).
+ */
+#ifndef TK_ATTENTION_SOFTMAX_CUH
+#define TK_ATTENTION_SOFTMAX_CUH
+
+#include "core/math.cuh"
+
+namespace {
+
+/* Scores to natural-log units where a transform is on: softcap * tanh(s * softcap_in), else
+ * s * scale; then minus slope * |i + shift - j| with ALiBi. s[mt] is the slab of rows
+ * row0 + 16 mt (+ 8). */
+template <int MT, int NT>
+__device__ __forceinline__ void attn_transform_scores(float (&s)[MT][NT][4], float softcap, float softcap_in,
+                                                      float scale, bool alibi, float slope, int row0,
+                                                      int col0, int shift) {
+    if (softcap > 0.0f) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nt][e] = softcap * tanhf(s[mt][nt][e] * softcap_in);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nt][e] *= scale;
+    }
+    if (alibi) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = row0 + 16 * mt + 8 * (e >> 1);
+                    const int j = col0 + 8 * nt + (e & 1);
+                    s[mt][nt][e] -= slope * (float)abs(i + shift - j);
+                }
+    }
+}
+
+/* -inf where key j is not visible from row i: j < i + shift - window_left, j > i + shift +
+ * window_right (a window of -1 is unbounded) or j >= seqlen_k. */
+template <int MT, int NT>
+__device__ __forceinline__ void attn_mask_scores(float (&s)[MT][NT][4], int row0, int col0, int shift,
+                                                 int window_left, int window_right, int seqlen_k) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = row0 + 16 * mt + 8 * h;
+            const int lo = window_left >= 0 ? i + shift - window_left : 0;
+            const int hi = window_right >= 0 ? min(seqlen_k - 1, i + shift + window_right) : seqlen_k - 1;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int j = col0 + 8 * nt + e;
+                    if (j < lo || j > hi)
+                        s[mt][nt][2 * h + e] = -INFINITY;
+                }
+        }
+}
+
+/* One key tile of the online softmax (the 4 threads of a quad share a row): per row the
+ * running max and this thread's partial sum move on, s becomes p = exp2(s exp_scale - m
+ * exp_scale), and the row's output accumulators o (DT n8 slices) are scaled by alpha. */
+template <int MT, int NT, int DT>
+__device__ __forceinline__ void attn_online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
+                                                    float (&row_sum)[MT][2], float exp_scale,
+                                                    float (&o)[MT][DT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = row_max[mt][h];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            /* A row that has seen only masked keys keeps max -inf; exponentiate against 0
+             * so that its p are exp2(-inf) = 0 rather than NaN. */
+            const float m_use = mx == -INFINITY ? 0.0f : mx;
+            const float alpha = tk_exp2_approx((row_max[mt][h] - m_use) * exp_scale);
+            const float base = m_use * exp_scale;
+            row_max[mt][h] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float pe = tk_exp2_approx(fmaf(s[mt][nt][2 * h + e], exp_scale, -base));
+                    s[mt][nt][2 * h + e] = pe;
+                    sum += pe;
+                }
+            row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                o[mt][dt][2 * h] *= alpha;
+                o[mt][dt][2 * h + 1] *= alpha;
+            }
+        }
+}
+
+} // namespace
+
+#endif
