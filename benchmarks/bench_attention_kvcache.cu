@@ -84,9 +84,10 @@ void decode_row(bench_ctx *ctx, const char *shape, const std::vector<int32_t> &l
     p.workspace_bytes = ws;
     const double ms = bench_time_ms(ctx, run_kvcache, &a);
     const double bytes = (double)keys * row_elems * 2 /* bytes */ * 2 /* K and V */;
-    char op[64];
-    snprintf(op, sizeof op, "kvcache decode %s", page_size ? (page_size == 16 ? "page16" : "page64") : "contig");
-    bench_row row = {op, shape, TK_BF16, tk_last_variant(), ms, bytes, 0.0, "copy",
+    char full_shape[64];
+    snprintf(full_shape, sizeof full_shape, "%s %s", page_size ? (page_size == 16 ? "page16" : "page64") : "contig",
+             shape);
+    bench_row row = {"attention_kvcache decode", full_shape, TK_BF16, tk_last_variant(), ms, bytes, 0.0, "copy",
                      bench_copy_ms(ctx, (size_t)bytes)};
     bench_report(ctx, &row);
     bench_free_all(ctx);
@@ -97,14 +98,14 @@ void decode_row(bench_ctx *ctx, const char *shape, const std::vector<int32_t> &l
 extern "C" void bench_attention_kvcache(bench_ctx *ctx) {
     const int pages[3] = {0, 16, 64};
     for (int pg : pages) {
-        decode_row(ctx, "B64 Hq32/8 D128 K8192", std::vector<int32_t>(64, 8192), pg);
-        decode_row(ctx, "B8 Hq32/8 D128 K32768", std::vector<int32_t>(8, 32768), pg);
-        decode_row(ctx, "B1 Hq32/8 D128 K131072", std::vector<int32_t>(1, 131072), pg);
+        decode_row(ctx, "B64 K8192", std::vector<int32_t>(64, 8192), pg);
+        decode_row(ctx, "B8 K32768", std::vector<int32_t>(8, 32768), pg);
+        decode_row(ctx, "B1 K131072", std::vector<int32_t>(1, 131072), pg);
     }
     /* Lengths spread 1 .. 32768 (log-uniform, seeded). */
     std::vector<int32_t> spread(64);
     srand(11);
     for (size_t b = 0; b < spread.size(); b++)
         spread[b] = std::max(1, (int)(32768.0 * pow(2.0, -15.0 * rand() / RAND_MAX)));
-    decode_row(ctx, "B64 varied 1..32768", spread, 16);
+    decode_row(ctx, "B64 K1..32768", spread, 16);
 }
