@@ -35,6 +35,10 @@
  * shuffle. Any page size works; keys outside the CTA's visible range, past the sequence, or on a
  * page outside [0, num_pages) are zero-filled, not read.
  *
+ * Appending (k_new, v_new) is a small kernel before the attention, one 16-byte chunk per thread,
+ * on the same stream: the attention's loads see the new rows, and the attention kernel itself
+ * only adds the appended count to each sequence's length.
+ *
  * The number of splits (when the caller leaves it to the library) fills the device's resident
  * CTAs: FlashAttention's heuristic, the smallest count within 85 % of the best wave efficiency.
  */
@@ -49,6 +53,7 @@ constexpr int KVC_KEYS = 16;  /* keys per warp tile: one k16 step of P V */
 constexpr int KVC_MAX_SPLITS = 1024;
 constexpr int KVC_MIN_SPLIT_KEYS = 256;
 constexpr int KVC_COMBINE_THREADS = 128;
+constexpr int KVC_APPEND_THREADS = 256;
 
 template <int D> struct kvc_config;
 template <> struct kvc_config<64> { static constexpr int WARPS = 4, STAGES = 4; };
@@ -69,8 +74,10 @@ template <int D> struct kvc_shape {
 };
 
 struct kvc_params {
-    const void *q, *k, *v;
+    const void *q;
+    void *k, *v;
     void *o;
+    const void *k_new, *v_new; /* NULL: nothing appended */
     float *lse;
     const float *alibi_slopes;
     const int32_t *cu_seqlens_q, *seqlens_k, *block_table;
@@ -79,6 +86,7 @@ struct kvc_params {
     int64_t bt_stride;
     int64_t q_sb, q_ss, q_sh, o_sb, o_ss, o_sh;
     int64_t k_sp, k_ss, k_sh, v_sp, v_ss, v_sh;
+    int64_t kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh;
     int batch, seqlen_q, total_q, tokens, heads_q, heads_kv, group;
     int page_size, num_pages, capacity;
     int row_chunks, splits;
@@ -97,6 +105,12 @@ __device__ __forceinline__ void kvc_queries(const kvc_params &p, int b, int *cou
         *first = b * p.seqlen_q;
         *count = p.seqlen_q;
     }
+}
+
+/* Sequence b's keys: seqlens_k[b] clamped to the capacity, plus the appended queries' keys. */
+__device__ __forceinline__ int kvc_seqlen_k(const kvc_params &p, int b, int seqlen_q) {
+    const int cached = min(max(p.seqlens_k[b], 0), p.capacity);
+    return p.k_new ? min(cached + seqlen_q, p.capacity) : cached;
 }
 
 /* Where key j (visible to the CTA, in [lo, hi]) lives: page and row in it; page -1 = not read. */
@@ -152,7 +166,7 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     const int row0 = chunk * KVC_ROWS;
     if (row0 >= rows)
         return;
-    const int seqlen_k = min(max(p.seqlens_k[b], 0), p.capacity);
+    const int seqlen_k = kvc_seqlen_k(p, b, seqlen_q);
     const int shift = seqlen_k - seqlen_q;
 
     /* Keys any row of the chunk sees, its 16-key tiles, and this split's share of them. */
@@ -385,6 +399,40 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     }
 }
 
+/* The append: thread = one 16-byte chunk of one new key and value row, (sequence, position,
+ * head, chunk) from the slowest index to the fastest; rows past the capacity, on a page
+ * outside the pool or for a token outside [0, tokens) are dropped. */
+template <typename T, int D>
+__global__ void __launch_bounds__(KVC_APPEND_THREADS) kvcache_append_kernel(const kvc_params p) {
+    constexpr int CHUNKS = D / 8;
+    const int64_t idx = (int64_t)blockIdx.x * KVC_APPEND_THREADS + threadIdx.x;
+    const int chunk = (int)(idx % CHUNKS);
+    int64_t rest = idx / CHUNKS;
+    const int head = (int)(rest % p.heads_kv);
+    rest /= p.heads_kv;
+    const int pos = (int)(rest % p.seqlen_q);
+    const int b = (int)(rest / p.seqlen_q);
+    if (b >= p.batch)
+        return;
+    int seqlen_q, token0;
+    kvc_queries(p, b, &seqlen_q, &token0);
+    const int token = token0 + pos;
+    const int j = min(max(p.seqlens_k[b], 0), p.capacity) + pos;
+    if (pos >= seqlen_q || token < 0 || token >= p.tokens || j >= p.capacity)
+        return;
+    const int slot = j / p.page_size;
+    const int page = p.block_table ? p.block_table[b * p.bt_stride + slot] : b;
+    if (page < 0 || page >= p.num_pages)
+        return;
+    const int in_page = j - slot * p.page_size;
+    const int64_t kn = (p.cu_seqlens_q ? (int64_t)token * p.kn_ss : b * p.kn_sb + pos * p.kn_ss) + head * p.kn_sh;
+    const int64_t vn = (p.cu_seqlens_q ? (int64_t)token * p.vn_ss : b * p.vn_sb + pos * p.vn_ss) + head * p.vn_sh;
+    T *k = static_cast<T *>(p.k) + page * p.k_sp + in_page * p.k_ss + head * p.k_sh + chunk * 8;
+    T *v = static_cast<T *>(p.v) + page * p.v_sp + in_page * p.v_ss + head * p.v_sh + chunk * 8;
+    *reinterpret_cast<uint4 *>(k) = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.k_new) + kn + chunk * 8);
+    *reinterpret_cast<uint4 *>(v) = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.v_new) + vn + chunk * 8);
+}
+
 /* The split merge: one warp per (token, query head). */
 template <typename T, int D>
 __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(const kvc_params p) {
@@ -450,6 +498,9 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_
         return err;
     kvc_params p;
     p.q = c->q, p.k = c->k, p.v = c->v, p.o = c->o;
+    p.k_new = c->k_new, p.v_new = c->v_new;
+    p.kn_sb = c->k_new_stride[0], p.kn_ss = c->k_new_stride[1], p.kn_sh = c->k_new_stride[2];
+    p.vn_sb = c->v_new_stride[0], p.vn_ss = c->v_new_stride[1], p.vn_sh = c->v_new_stride[2];
     p.lse = c->lse;
     p.alibi_slopes = c->alibi_slopes;
     p.cu_seqlens_q = c->cu_seqlens_q;
@@ -482,6 +533,14 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_
     const int64_t part_rows = (int64_t)splits * p.tokens * p.heads_q;
     p.part_o = static_cast<float *>(c->workspace);
     p.part_lse = splits > 1 ? p.part_o + part_rows * D : NULL;
+    if (c->k_new) {
+        const int64_t chunks = (int64_t)c->batch * c->seqlen_q * c->heads_kv * (D / 8);
+        err = tk_launch(kvcache_append_kernel<T, D>,
+                        (unsigned)((chunks + KVC_APPEND_THREADS - 1) / KVC_APPEND_THREADS),
+                        KVC_APPEND_THREADS, 0, stream, p);
+        if (err != cudaSuccess)
+            return err;
+    }
     const unsigned blocks = (unsigned)((int64_t)p.row_chunks * c->batch * c->heads_kv * splits);
     err = tk_launch(kernel, blocks, shape::THREADS, shape::SMEM_BYTES, stream, p);
     if (err != cudaSuccess || splits == 1)

@@ -19,8 +19,10 @@ extern "C" {
 typedef struct tk_attention_kvcache_call {
     int dtype;                    /* tk_dtype: TK_F16 or TK_BF16 */
     int head_dim;                 /* 64, 128 or 256 */
-    const void *q, *k, *v;
+    const void *q;
+    void *k, *v;                  /* written where k_new / v_new are appended */
     void *o;
+    const void *k_new, *v_new;    /* NULL: nothing appended */
     float *lse;                   /* NULL: not written */
     const float *alibi_slopes;    /* NULL: no ALiBi */
     const int32_t *cu_seqlens_q;  /* NULL: every sequence has seqlen_q queries */
@@ -30,6 +32,7 @@ typedef struct tk_attention_kvcache_call {
     int batch, seqlen_q, total_q, heads_q, heads_kv;
     int page_size, pages_per_seq, num_pages; /* capacity = pages_per_seq * page_size keys */
     int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* batch/page, position, head */
+    int64_t k_new_stride[3], v_new_stride[3];                    /* batch, sequence, head */
     int window_left, window_right; /* -1 = unbounded */
     float scale;                  /* softmax scale, > 0 */
     float softcap;                /* 0 = off */
@@ -44,9 +47,10 @@ int tk_attention_kvcache_splits(const tk_attention_kvcache_call *c, const tk_dev
 /* Workspace bytes for `splits` ranges: f32 partial outputs and lse of every (token, head). */
 size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, int splits);
 
-/* "decode_sm80": one CTA per (sequence, key/value head, 16 query rows, key range), each warp
- * streaming its own 16-key K/V tiles through a cp.async ring and multiplying them with
- * mma.sync; then the split merge when there are splits. Any sm_80+ device. */
+/* "decode_sm80": the append of k_new / v_new when given; then one CTA per (sequence, key/value
+ * head, 16 query rows, key range), each warp streaming its own 16-key K/V tiles through a
+ * cp.async ring and multiplying them with mma.sync; then the split merge when there are
+ * splits. Any sm_80+ device. */
 cudaError_t tk_attention_kvcache_launch_decode(const void *call, const tk_device *dev,
                                                cudaStream_t stream);
 

@@ -622,6 +622,13 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char
  *                          device; pages may be shared and in any order
  *   seqlens_k int32 [batch] on the device, 0 <= seqlens_k[b] <= the capacity (max_seqlen_k, or
  *   max_pages_per_seq * page_size); a sequence with no keys gets o = 0, lse = -inf.
+ * Appending (k_new and v_new set): one new key and value per query token, [batch, seqlen_q,
+ * heads_kv, head_dim] or [total_q, heads_kv, head_dim] as q, are first written to the cache at
+ * positions seqlens_k[b] .. seqlens_k[b] + seqlen_q(b) - 1 (crossing pages as the table says),
+ * then attended with seqlen_k(b) = seqlens_k[b] + seqlen_q(b) (the mask uses the new length).
+ * seqlens_k itself is not updated: the caller adds seqlen_q(b) for the next step. Rows that
+ * would pass the capacity are not written. k_new / v_new must not overlap the caches, and the
+ * caches, written then, must not overlap each other or any other tensor of the call.
  *
  * Split-KV: each (sequence, key/value head) is cut into num_splits ranges of keys, computed in
  * parallel into f32 partial outputs with their lse, then merged by a second kernel (o = sum_s
@@ -644,8 +651,8 @@ typedef struct tk_attention_kvcache_params {
     size_t size;               /* sizeof(tk_attention_kvcache_params), set by the INIT macro */
     tk_dtype dtype;            /* TK_F16 or TK_BF16 */
     const void *q;
-    const void *k_cache;
-    const void *v_cache;
+    void *k_cache;             /* written only where k_new is appended */
+    void *v_cache;             /* written only where v_new is appended */
     void *o;
     int64_t batch;             /* >= 0; 0 is a no-op (pointers not checked) */
     int64_t seqlen_q;          /* >= 1: queries per sequence, or the longest with cu_seqlens_q */
@@ -676,16 +683,21 @@ typedef struct tk_attention_kvcache_params {
     int64_t num_splits;        /* 0 = library's choice; else 1 .. 1024 */
     void *workspace;           /* tk_attention_kvcache_workspace_size bytes, or NULL when 0 */
     size_t workspace_bytes;    /* the workspace's size */
+    const void *k_new;         /* NULL, or keys to append, in q's token layout with heads_kv */
+    const void *v_new;         /* with k_new: the values to append */
+    int64_t k_new_strides[4];  /* as q_strides; all 0 = dense */
+    int64_t v_new_strides[4];
 } tk_attention_kvcache_params;
 #define TK_ATTENTION_KVCACHE_PARAMS_INIT                                                         \
     {sizeof(tk_attention_kvcache_params), TK_BF16, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, NULL,  \
      0, 0, 0, 0, NULL, 0, 0, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},      \
-     0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL, 0, NULL, 0}
+     0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, {0, 0, 0, 0}, {0, 0, 0, 0}}
 
 /* Attention of the new queries over the cache, as described above: writes o (and lse). Work and
  * traffic are proportional to the visible keys: pages outside a window are not read.
  * Errors (nothing is written): p NULL; q, k_cache, v_cache, o, seqlens_k NULL (batch > 0); lse
- * NULL with return_lse = 1; workspace NULL when one is needed (TK_ERROR_NULL_POINTER); p->size
+ * NULL with return_lse = 1; workspace NULL when one is needed; one of k_new / v_new without the
+ * other (TK_ERROR_NULL_POINTER); p->size
  * wrong, batch < 0, seqlen_q, heads, max_seqlen_k, num_pages, page_size or max_pages_per_seq <
  * 1 where used, total_q < 0, heads_q % heads_kv != 0, a stride < 0, a block_table_stride
  * smaller than max_pages_per_seq, o strides that make rows overlap, a window, scale, softcap,

@@ -21,7 +21,7 @@ const tk_op tk_op_attention_kvcache = {"attention_kvcache", kvcache_variants,
                                        TK_VARIANT_COUNT(kvcache_variants)};
 
 /* The size of tk_attention_kvcache_params in its first released layout (see runtime.h). */
-#define KVCACHE_PARAMS_SIZE_0_1 368
+#define KVCACHE_PARAMS_SIZE_0_1 448
 _Static_assert(sizeof(tk_attention_kvcache_params) >= KVCACHE_PARAMS_SIZE_0_1,
                "tk_attention_kvcache_params only grows");
 
@@ -29,6 +29,7 @@ _Static_assert(sizeof(tk_attention_kvcache_params) >= KVCACHE_PARAMS_SIZE_0_1,
 #define MAX_SEQLEN (INT64_C(1) << 30)
 #define MAX_SPLITS 1024
 #define QUERY_ROWS_PER_CTA 16
+#define APPEND_THREADS 256
 
 /* One [dim0, dim1, heads, head_dim] tensor as the checks see it. */
 typedef struct tensor {
@@ -214,11 +215,11 @@ static tensor flat(const char *name, const void *ptr, int64_t count) {
     return t;
 }
 
-/* Validates *p (no CUDA call except the device query behind the split count) and resolves it
- * into *call; *work = false for a no-op. */
-/* The tensors a workspace must not meet: q, k, v, o and lse. */
-#define CALL_TENSORS 5
+/* The tensors a workspace must not meet: q, k, v, o, lse, k_new and v_new. */
+#define CALL_TENSORS 7
 
+/* Validates *p (no CUDA call) and resolves it into *call; tensors[] receives the spans the
+ * workspace is checked against; *work = false for a no-op. */
 static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
                          tk_attention_kvcache_call *call, tensor tensors[CALL_TENSORS],
                          bool *work) {
@@ -237,10 +238,21 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
         k.dims[0] = p->num_pages, k.dims[1] = p->page_size;
     tensor v = k;
     v.name = "p->v_cache", v.strides_name = "p->v_strides", v.ptr = p->v_cache;
+    const bool append = p->k_new != NULL || p->v_new != NULL;
+    /* k_new and v_new: q's token layout with heads_kv (NULL pointers when not appending). */
+    tensor kn = q;
+    kn.name = "p->k_new", kn.strides_name = "p->k_new_strides", kn.ptr = p->k_new;
+    kn.dims[2] = p->heads_kv;
+    tensor vn = kn;
+    vn.name = "p->v_new", vn.strides_name = "p->v_new_strides", vn.ptr = p->v_new;
     TK_TRY(resolve_tensor(fn, &q, p->q_strides, elem, false));
-    TK_TRY(resolve_tensor(fn, &k, p->k_strides, elem, false));
-    TK_TRY(resolve_tensor(fn, &v, p->v_strides, elem, false));
+    TK_TRY(resolve_tensor(fn, &k, p->k_strides, elem, append));
+    TK_TRY(resolve_tensor(fn, &v, p->v_strides, elem, append));
     TK_TRY(resolve_tensor(fn, &o, p->o_strides, elem, true));
+    if (append) {
+        TK_TRY(resolve_tensor(fn, &kn, p->k_new_strides, elem, false));
+        TK_TRY(resolve_tensor(fn, &vn, p->v_new_strides, elem, false));
+    }
     *work = has_work(p);
     if (!*work)
         return TK_SUCCESS;
@@ -254,10 +266,18 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
         return tk_fail(TK_ERROR_NULL_POINTER, fn,
                        "p->lse is NULL but p->return_lse = 1; pass a device buffer of heads_q * "
                        "tokens floats");
+    if (append && (p->k_new == NULL || p->v_new == NULL))
+        return tk_fail(TK_ERROR_NULL_POINTER, fn,
+                       "%s is NULL but %s is set; appending takes both (or neither)",
+                       p->k_new ? "p->v_new" : "p->k_new", p->k_new ? "p->k_new" : "p->v_new");
     TK_TRY(check_vector_alignment(fn, &q, elem));
     TK_TRY(check_vector_alignment(fn, &k, elem));
     TK_TRY(check_vector_alignment(fn, &v, elem));
     TK_TRY(check_vector_alignment(fn, &o, elem));
+    if (append) {
+        TK_TRY(check_vector_alignment(fn, &kn, elem));
+        TK_TRY(check_vector_alignment(fn, &vn, elem));
+    }
     const int64_t tokens = varlen ? p->total_q : p->batch * p->seqlen_q;
     const int64_t bt_stride = p->block_table_stride ? p->block_table_stride : p->max_pages_per_seq;
     const tensor lse = flat("p->lse", p->return_lse ? p->lse : NULL, tokens * p->heads_q);
@@ -269,20 +289,31 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     const tensor *small[] = {&lse, &alibi, &seqlens, &cu, &table};
     for (int i = 0; i < 5; i++)
         TK_TRY(tk_check_aligned(fn, small[i]->name, small[i]->ptr, 4));
-    const tensor *inputs[] = {&q, &k, &v, &alibi, &seqlens, &cu, &table};
-    for (int i = 0; i < 7; i++) {
+    const tensor *inputs[] = {&q, &k, &v, &alibi, &seqlens, &cu, &table, &kn, &vn};
+    for (int i = 0; i < 9; i++) {
         TK_TRY(check_no_overlap(fn, &o, inputs[i]));
         if (lse.ptr)
             TK_TRY(check_no_overlap(fn, &lse, inputs[i]));
     }
     TK_TRY(check_no_overlap(fn, &o, &lse));
+    if (append) { /* the caches are written: they meet nothing else, not even each other */
+        const tensor *others[] = {&q, &alibi, &seqlens, &cu, &table, &kn, &vn, &o, &lse};
+        for (int i = 0; i < 9; i++) {
+            TK_TRY(check_no_overlap(fn, &k, others[i]));
+            TK_TRY(check_no_overlap(fn, &v, others[i]));
+        }
+        TK_TRY(check_no_overlap(fn, &k, &v));
+    }
     tensors[0] = q, tensors[1] = k, tensors[2] = v, tensors[3] = o, tensors[4] = lse;
+    tensors[5] = kn, tensors[6] = vn;
 
     fill_sizes(p, call);
     call->q = p->q;
     call->k = p->k_cache;
     call->v = p->v_cache;
     call->o = p->o;
+    call->k_new = append ? p->k_new : NULL;
+    call->v_new = append ? p->v_new : NULL;
     call->lse = lse.ptr ? p->lse : NULL;
     call->alibi_slopes = p->alibi_slopes;
     call->seqlens_k = p->seqlens_k;
@@ -292,6 +323,8 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
         call->k_stride[i] = k.strides[i];
         call->v_stride[i] = v.strides[i];
         call->o_stride[i] = o.strides[i];
+        call->k_new_stride[i] = kn.strides[i];
+        call->v_new_stride[i] = vn.strides[i];
     }
     call->window_left = p->window_left >= MAX_SEQLEN ? -1 : (int)p->window_left;
     const int64_t right = p->causal ? 0 : p->window_right;
@@ -306,14 +339,22 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
 static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, const tk_device *dev,
                              size_t *workspace_bytes) {
     call->num_splits = tk_attention_kvcache_splits(call, dev);
-    const int64_t group = call->heads_q / call->heads_kv;
-    const int64_t chunks = ((int64_t)call->seqlen_q * group + QUERY_ROWS_PER_CTA - 1) / QUERY_ROWS_PER_CTA;
-    const int64_t per_split = chunks * call->batch * call->heads_kv;
-    if (per_split > INT32_MAX / call->num_splits)
+    /* Grid sizes in double: their int64 products could overflow for absurd (valid) sizes. */
+    const double group = (double)(call->heads_q / call->heads_kv);
+    const double chunks = ceil((double)call->seqlen_q * group / QUERY_ROWS_PER_CTA);
+    const double blocks = chunks * call->batch * call->heads_kv * call->num_splits;
+    if (blocks > INT32_MAX)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
                        "batch * heads_kv * ceil(seqlen_q * heads_q / heads_kv / 16) * splits = "
-                       "%lld * %d exceeds the grid limit 2^31 - 1",
-                       (long long)per_split, call->num_splits);
+                       "%.0f exceeds the grid limit 2^31 - 1",
+                       blocks);
+    const double append_blocks =
+        (double)call->batch * call->seqlen_q * call->heads_kv * (call->head_dim / 8) / APPEND_THREADS;
+    if (call->k_new && append_blocks > INT32_MAX)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "batch * seqlen_q * heads_kv * head_dim / 8 = %.0f chunks to append exceed "
+                       "the grid limit",
+                       append_blocks * APPEND_THREADS);
     *workspace_bytes = tk_attention_kvcache_workspace_bytes(call, call->num_splits);
     return TK_SUCCESS;
 }

@@ -23,7 +23,7 @@
 static unsigned char in_buf[65536] __attribute__((aligned(16)));
 static unsigned char out_buf[8192] __attribute__((aligned(16)));
 enum { Q_AT = 0, K_AT = 1024, V_AT = 17408, TABLE_AT = 33792, SEQLENS_AT = 33824,
-       CU_AT = 33840, ALIBI_AT = 33856, LSE_AT = 1024 };
+       CU_AT = 33840, ALIBI_AT = 33856, KNEW_AT = 34816, VNEW_AT = 35840, LSE_AT = 1024 };
 
 static void reset_buffers(void) {
     tk_fill_sentinel(in_buf, sizeof in_buf);
@@ -148,6 +148,32 @@ Test(attention_kvcache_args, rejects_bad_arguments) {
     REJECT(lse = (float *)(in_buf + TABLE_AT), TK_ERROR_OVERLAP, "'p->lse' overlaps 'p->block_table'", false);
     REJECT(lse = (float *)(in_buf + SEQLENS_AT), TK_ERROR_OVERLAP, "'p->lse' overlaps 'p->seqlens_k'", false);
     REJECT(lse = (float *)(out_buf + 256), TK_ERROR_OVERLAP, "'p->o' overlaps 'p->lse'", false);
+    /* Appending: both arrays, aligned, and the caches (now written) apart from everything. */
+    tk_attention_kvcache_params app = ok;
+    app.k_new = in_buf + KNEW_AT, app.v_new = in_buf + VNEW_AT;
+    {
+        tk_attention_kvcache_params p = app;
+        p.v_new = NULL;
+        expect_rejected(&p, TK_ERROR_NULL_POINTER, "p->v_new is NULL but p->k_new is set", false);
+        p = app;
+        p.k_new = NULL;
+        expect_rejected(&p, TK_ERROR_NULL_POINTER, "p->k_new is NULL but p->v_new is set", false);
+        p = app;
+        p.k_new = in_buf + KNEW_AT + 4;
+        expect_rejected(&p, TK_ERROR_MISALIGNED, "'p->k_new'", false);
+        p = app;
+        p.v_new_strides[3] = 2;
+        expect_rejected(&p, TK_ERROR_NOT_SUPPORTED, "p->v_new_strides[3]", false);
+        p = app;
+        p.k_new = in_buf + K_AT + 512;
+        expect_rejected(&p, TK_ERROR_OVERLAP, "'p->k_cache' overlaps 'p->k_new'", false);
+        p = app;
+        p.v_cache = p.k_cache;
+        expect_rejected(&p, TK_ERROR_OVERLAP, "'p->k_cache' overlaps 'p->v_cache'", false);
+        p = app; /* a cache written twice through its own strides */
+        p.k_strides[0] = 0, p.k_strides[1] = 128, p.k_strides[2] = 64, p.k_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->k_strides", false);
+    }
 }
 
 /* The params size rule (tk_read_params): older sizes than the first layout and unknown non-zero
@@ -238,6 +264,7 @@ typedef struct kv_case {
     float softcap;
     bool alibi, lse;
     int64_t num_splits;
+    bool append;               /* k_new / v_new: one new key per query, appended first */
 } kv_case;
 
 static void kv_case_name(const kv_case *c, char *out, size_t size) {
@@ -247,12 +274,13 @@ static void kv_case_name(const kv_case *c, char *out, size_t size) {
                       c->varlen ? c->q_lens[b] : (int)c->seqlen_q, c->k_lens[b]);
     snprintf(out, size,
              "%s B%lld H%lld/%lld D%lld q/k [%s] cap %lld page %lld%s causal %d window (%lld, "
-             "%lld) softcap %g%s%s splits %lld",
+             "%lld) softcap %g%s%s splits %lld%s",
              tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->heads_q,
              (long long)c->heads_kv, (long long)c->head_dim, lens, (long long)c->capacity,
              (long long)c->page_size, c->padded ? " padded" : "", c->causal,
              (long long)c->window_left, (long long)c->window_right, (double)c->softcap,
-             c->alibi ? " alibi" : "", c->lse ? " lse" : "", (long long)c->num_splits);
+             c->alibi ? " alibi" : "", c->lse ? " lse" : "", (long long)c->num_splits,
+             c->append ? " append" : "");
 }
 
 /* FlashAttention's representation term (tests/test_attention.c). */
@@ -300,6 +328,13 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     }
     const int64_t tokens = cu[c->batch];
     p.seqlen_q = c->varlen ? max_q : c->seqlen_q;
+    /* Keys each sequence attends to: the cache, plus its queries' keys when appending (up to
+     * the capacity). */
+    int32_t k_after[MAX_BATCH] = {0};
+    for (int64_t b = 0; b < c->batch; b++) {
+        const int64_t n = c->k_lens[b] + (c->append ? cu[b + 1] - cu[b] : 0);
+        k_after[b] = (int32_t)(n < c->capacity ? n : c->capacity);
+    }
     p.total_q = c->varlen ? tokens : 0;
     const int64_t nq = tokens * hq * d;
 
@@ -332,7 +367,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
         for (int64_t b = 0; b < c->batch; b++)
             for (int64_t i = 0; i < pages_per_seq; i++)
                 table[b * pages_per_seq + i] =
-                    i * c->page_size < c->k_lens[b] ? perm[b * pages_per_seq + i] : -1;
+                    i * c->page_size < k_after[b] ? perm[b * pages_per_seq + i] : -1;
         free(perm);
         p.block_table = NULL; /* set to the device copy below */
         p.num_pages = num_pages;
@@ -356,6 +391,11 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     tk_fill_uniform(&rng, c->dtype, hqb, nq, -1.0, 1.0);
     tk_fill_uniform(&rng, c->dtype, hk, nk, -1.0, 1.0);
     tk_fill_uniform(&rng, c->dtype, hv, nk, -1.0, 1.0);
+    const int64_t n_new = c->append ? tokens * hkv * d : 0; /* dense [tokens, heads_kv, D] */
+    void *hkn = malloc((size_t)(n_new > 0 ? n_new : 1) * es), *hvn = malloc((size_t)(n_new > 0 ? n_new : 1) * es);
+    cr_assert(hkn && hvn);
+    tk_fill_uniform(&rng, c->dtype, hkn, n_new, -1.0, 1.0);
+    tk_fill_uniform(&rng, c->dtype, hvn, n_new, -1.0, 1.0);
     for (int64_t h = 0; h < hq; h++)
         hslopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)hq);
 
@@ -384,6 +424,15 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     p.seqlens_k = dlens;
     p.cu_seqlens_q = c->varlen ? dcu : NULL;
     p.block_table = dtable;
+    void *dkn = NULL, *dvn = NULL;
+    if (c->append) {
+        dkn = tk_dev_alloc((size_t)(n_new > 0 ? n_new : 1) * es);
+        dvn = tk_dev_alloc((size_t)(n_new > 0 ? n_new : 1) * es);
+        tk_to_dev(dkn, hkn, (size_t)n_new * es);
+        tk_to_dev(dvn, hvn, (size_t)n_new * es);
+        p.k_new = dkn;
+        p.v_new = dvn;
+    }
 
     size_t ws_bytes = 0;
     cr_assert_eq(tk_attention_kvcache_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s: %s", what,
@@ -406,11 +455,28 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     tk_attention_kvcache_params ref = p;
     memcpy(ref.k_strides, st, sizeof st);
     memcpy(ref.v_strides, st, sizeof st);
+    const ref_kvcache_inputs keys = {&ref, NULL, NULL, NULL, k_after, c->varlen ? cu : NULL, table, NULL};
+    if (c->append) { /* the appended rows, on the host; then the caches must match bit for bit */
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t t = cu[b]; t < cu[b + 1]; t++) {
+                const int64_t j = c->k_lens[b] + t - cu[b];
+                if (j >= c->capacity)
+                    continue;
+                for (int64_t h = 0; h < hkv; h++) {
+                    const int64_t kat = ref_kvcache_key_offset(&keys, b, j, h, false);
+                    const int64_t vat = ref_kvcache_key_offset(&keys, b, j, h, true);
+                    memcpy((char *)hk + kat * (int64_t)es, (char *)hkn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
+                    memcpy((char *)hv + vat * (int64_t)es, (char *)hvn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
+                }
+            }
+        tk_assert_dev_bytes_equal(dk, hk, (size_t)nk * es, "k_cache after the append");
+        tk_assert_dev_bytes_equal(dv, hv, (size_t)nk * es, "v_cache after the append");
+    }
     ref.q_strides[0] = c->seqlen_q * hq * d, ref.q_strides[1] = hq * d, ref.q_strides[2] = d,
     ref.q_strides[3] = 1;
     double *q64 = to_double(c->dtype, hqb, nq), *k64 = to_double(c->dtype, hk, nk);
     double *v64 = to_double(c->dtype, hv, nk);
-    const ref_kvcache_inputs in = {&ref, q64, k64, v64, c->k_lens, c->varlen ? cu : NULL, table,
+    const ref_kvcache_inputs in = {&ref, q64, k64, v64, k_after, c->varlen ? cu : NULL, table,
                                    c->alibi ? hslopes : NULL};
     double *exact = malloc((size_t)d * sizeof(double)), *naive = malloc((size_t)d * sizeof(double));
     cr_assert(exact && naive);
@@ -457,7 +523,9 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
               (long long)lse_bad, lse_err);
 
     free(q64); free(k64); free(v64); free(exact); free(naive); free(table);
-    free(hqb); free(hk); free(hv); free(ho); free(hlse); free(hslopes);
+    free(hqb); free(hk); free(hv); free(ho); free(hlse); free(hslopes); free(hkn); free(hvn);
+    if (dkn)
+        tk_dev_free(dkn), tk_dev_free(dvn);
     tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dout); tk_dev_free(dlse);
     tk_dev_free(dslopes); tk_dev_free(dlens); tk_dev_free(dcu);
     if (dtable)
@@ -596,6 +664,31 @@ Test(attention_kvcache_gpu, chunked_prefill_on_a_paged_cache) {
     c.heads_q = 4, c.heads_kv = 2;
     c.causal = 1;
     run_kv_case(&c, 800);
+}
+
+/* Appends of 1 and 3 keys that cross a page (lengths page - 1 and page - 2 +3), into empty
+ * caches, past the capacity (dropped), varlen with empty sequences; then attention over the
+ * new lengths. */
+Test(attention_kvcache_gpu, appends_crossing_pages) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[6] = {0, 15, 14, 63, 64, 298};
+    const int64_t pages[3] = {16, 0, 5};
+    for (int i = 0; i < 3; i++) {
+        kv_case c = decode_case(TK_BF16, 128, 6, lens, 300, pages[i]);
+        c.append = true;
+        c.seqlen_q = i == 0 ? 1 : 3;
+        c.causal = 1;
+        c.num_splits = i == 2 ? 3 : 0;
+        run_kv_case(&c, 1000 + (uint64_t)i);
+    }
+    kv_case c = decode_case(TK_F16, 64, 6, lens, 300, 16);
+    c.append = true;
+    c.varlen = true;
+    const int32_t q_lens[6] = {2, 0, 3, 1, 0, 4};
+    memcpy(c.q_lens, q_lens, sizeof q_lens);
+    c.causal = 1;
+    c.window_left = 7;
+    run_kv_case(&c, 1010);
 }
 
 Test(attention_kvcache_gpu, long_cache_splits_automatically) {
