@@ -619,7 +619,8 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char
  *   block_table != NULL:   paged [num_pages, page_size, heads_kv, head_dim]: key j of sequence b
  *                          at k_cache[block_table[b * block_table_stride + j / page_size],
  *                          j % page_size]; block_table int32 [batch, max_pages_per_seq] on the
- *                          device; pages may be shared and in any order
+ *                          device; pages in any order, shared by sequences (a prefix) but
+ *                          not where an append below writes
  *   seqlens_k int32 [batch] on the device, 0 <= seqlens_k[b] <= the capacity (max_seqlen_k, or
  *   max_pages_per_seq * page_size); a sequence with no keys gets o = 0, lse = -inf.
  * Appending (k_new and v_new set): one new key and value per query token, [batch, seqlen_q,
