@@ -560,17 +560,39 @@ cudaError_t kvc_launch_head_dim(const tk_attention_kvcache_call *c, int splits,
     });
 }
 
-/* Resident CTAs per SM of the head dim's kernel (its shared memory bounds it). */
-int kvc_blocks_per_sm(const tk_attention_kvcache_call *c, const tk_device *dev) {
-    int smem = 0, threads = 0;
-    switch (c->head_dim) {
-    case 64: smem = kvc_shape<64>::SMEM_BYTES, threads = kvc_shape<64>::THREADS; break;
-    case 128: smem = kvc_shape<128>::SMEM_BYTES, threads = kvc_shape<128>::THREADS; break;
-    default: smem = kvc_shape<256>::SMEM_BYTES, threads = kvc_shape<256>::THREADS; break;
-    }
-    const int by_smem = dev->smem_per_sm / (smem + 1024); /* 1 KB reserved per CTA */
-    const int by_threads = dev->max_threads_per_sm / threads;
-    return max(1, min(by_smem, by_threads));
+/* Resident CTAs per SM of the decode kernel as the driver reports it for this device (shared
+ * memory opted in first, so the query sees the size the launch uses); cached per device. */
+template <int D> int kvc_blocks_per_sm(const tk_attention_kvcache_call *c, const tk_device *dev) {
+    static tk_device_cache<1> cache;
+    int blocks = 1;
+    const cudaError_t err = cache.get(dev, 0, &blocks, [c, dev](int *v) {
+        return tk_dispatch_dtype16(c->dtype, [&](auto type) {
+            using T = typename decltype(type)::type;
+            using shape = kvc_shape<D>;
+            constexpr auto kernel = kvcache_decode_kernel<T, D>;
+            const cudaError_t e = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
+            if (e != cudaSuccess)
+                return e;
+            const cudaError_t q =
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, kernel, shape::THREADS, shape::SMEM_BYTES);
+            *v = max(1, *v);
+            return q;
+        });
+    });
+    return err == cudaSuccess ? blocks : 1;
+}
+
+/* Busy fraction of the slots over the waves n CTAs take. */
+double kvc_wave_fill(int64_t n, int64_t slots) {
+    const double waves = (double)n / (double)slots;
+    return waves / ceil(waves);
+}
+
+int kvc_resident_slots(const tk_attention_kvcache_call *c, const tk_device *dev) {
+    const int per_sm = c->head_dim == 64    ? kvc_blocks_per_sm<64>(c, dev)
+                       : c->head_dim == 128 ? kvc_blocks_per_sm<128>(c, dev)
+                                            : kvc_blocks_per_sm<256>(c, dev);
+    return per_sm * dev->sm_count;
 }
 
 } // namespace
@@ -579,23 +601,20 @@ extern "C" int tk_attention_kvcache_splits(const tk_attention_kvcache_call *c, c
     if (c->num_splits > 0)
         return c->num_splits;
     const int64_t ctas = (int64_t)c->batch * c->heads_kv * kvc_row_chunks(c);
-    const int64_t slots = (int64_t)kvc_blocks_per_sm(c, dev) * dev->sm_count;
+    const int64_t slots = kvc_resident_slots(c, dev);
     const int64_t capacity = (int64_t)c->pages_per_seq * c->page_size;
     const int64_t max_splits = min((int64_t)KVC_MAX_SPLITS, max((int64_t)1, capacity / KVC_MIN_SPLIT_KEYS));
-    if (ctas >= slots * 4 / 5 || max_splits == 1)
-        return 1;
-    double efficiency[129];
+    /* A launch of n CTAs on `slots` resident slots runs ceil(n / slots) waves; the last one's
+     * idle slots are lost bandwidth. Take the fewest splits whose wave fill is within 5 % of the
+     * best any split count up to eight waves reaches: more splits only add partials to merge. */
+    const int limit = (int)min(max_splits, max((int64_t)1, 8 * slots / max(ctas, (int64_t)1)));
     double best = 0.0;
-    const int limit = (int)min(max_splits, (int64_t)128);
-    for (int s = 1; s <= limit; s++) {
-        const double waves = (double)(ctas * s) / (double)slots;
-        efficiency[s] = waves / ceil(waves);
-        best = fmax(best, efficiency[s]);
-    }
     for (int s = 1; s <= limit; s++)
-        if (efficiency[s] >= 0.85 * best)
+        best = fmax(best, kvc_wave_fill(ctas * s, slots));
+    for (int s = 1; s < limit; s++)
+        if (kvc_wave_fill(ctas * s, slots) >= 0.95 * best)
             return s;
-    return 1;
+    return limit;
 }
 
 extern "C" size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, int splits) {

@@ -328,21 +328,23 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     }
     const int64_t tokens = cu[c->batch];
     p.seqlen_q = c->varlen ? max_q : c->seqlen_q;
-    /* Keys each sequence attends to: the cache, plus its queries' keys when appending (up to
-     * the capacity). */
-    int32_t k_after[MAX_BATCH] = {0};
-    for (int64_t b = 0; b < c->batch; b++) {
-        const int64_t n = c->k_lens[b] + (c->append ? cu[b + 1] - cu[b] : 0);
-        k_after[b] = (int32_t)(n < c->capacity ? n : c->capacity);
-    }
-    p.total_q = c->varlen ? tokens : 0;
-    const int64_t nq = tokens * hq * d;
-
     /* The cache: pages (or sequences) of `rows` slots; paged caches get spare pages and a
      * shuffled table whose entries past each sequence's keys are -1 (never read). */
     const bool paged = c->page_size > 0;
     const int64_t rows = paged ? c->page_size : c->capacity;
     const int64_t pages_per_seq = paged ? (c->capacity + c->page_size - 1) / c->page_size : 1;
+    /* What a sequence can hold is its whole pages' worth: appends fill the last page. */
+    const int64_t held = paged ? pages_per_seq * c->page_size : c->capacity;
+    /* Keys each sequence attends to: the cache, plus its queries' keys when appending (up to
+     * what the sequence holds). */
+    int32_t k_after[MAX_BATCH] = {0};
+    for (int64_t b = 0; b < c->batch; b++) {
+        const int64_t n = c->k_lens[b] + (c->append ? cu[b + 1] - cu[b] : 0);
+        k_after[b] = (int32_t)(n < held ? n : held);
+    }
+    p.total_q = c->varlen ? tokens : 0;
+    const int64_t nq = tokens * hq * d;
+
     const int64_t num_pages = paged ? c->batch * pages_per_seq + 3 : c->batch;
     int64_t st[4];
     st[3] = 1;
@@ -460,7 +462,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
         for (int64_t b = 0; b < c->batch; b++)
             for (int64_t t = cu[b]; t < cu[b + 1]; t++) {
                 const int64_t j = c->k_lens[b] + t - cu[b];
-                if (j >= c->capacity)
+                if (j >= held)
                     continue;
                 for (int64_t h = 0; h < hkv; h++) {
                     const int64_t kat = ref_kvcache_key_offset(&keys, b, j, h, false);
