@@ -700,6 +700,17 @@ Test(attention_kvcache_gpu, long_cache_splits_automatically) {
     run_kv_case(&c, 900);
 }
 
+/* The automatic split count follows the capacity, so lengths spread from empty to full leave
+ * most splits of the short sequences without keys (and splits shorter than a page). */
+Test(attention_kvcache_gpu, automatic_splits_with_lengths_spread_widely) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[8] = {0, 1, 8191, 17, 0, 300, 4096, 2};
+    for (int i = 0; i < 2; i++) {
+        kv_case c = decode_case(TK_BF16, 128, 8, lens, 8192, i == 0 ? 16 : 0);
+        run_kv_case(&c, 1100 + (uint64_t)i);
+    }
+}
+
 /* Device-side lengths and pages the host cannot check: out-of-range values must not fault. */
 Test(attention_kvcache_gpu, bad_device_side_values_do_not_fault) {
     TK_REQUIRE_GPU();
