@@ -21,6 +21,7 @@ FAMILIES = [
     ("softmax", ("softmax", "log_softmax")),
     ("rope", ("rope",)),
     ("attention", ("attention",)),
+    ("attention_kvcache", ("attention_kvcache",)),
     ("gemm", ("gemm", "gemm+bias", "gemm+bias+gelu")),
 ]
 

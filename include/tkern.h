@@ -598,6 +598,134 @@ TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t 
 TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char **variant_name);
 
 /* ---------------------------------------------------------------------------------------------
+ * Attention over a KV cache, for serving (docs/kernels/attention_kvcache.md)
+ *
+ * Token generation and chunked prefill: each sequence b of a batch has seqlen_q(b) new queries
+ * and a cache of seqlen_k(b) = seqlens_k[b] keys and values (read on the device). The math, the
+ * mask conventions (bottom-right per sequence: shift = seqlen_k(b) - seqlen_q(b)), windows,
+ * softcap, ALiBi, GQA / MQA and lse are exactly those of tk_attention_fwd above, per sequence.
+ *
+ * Queries and outputs (x_strides[4] as in tk_attention_params: {batch, sequence, head,
+ * head_dim}, all 0 = dense, strides[3] = 1):
+ *   cu_seqlens_q == NULL:  q, o [batch, seqlen_q, heads_q, head_dim]; every sequence has seqlen_q
+ *                          queries; lse [batch, heads_q, seqlen_q]
+ *   cu_seqlens_q != NULL:  q, o [total_q, heads_q, head_dim] (the sequence stride, strides[1],
+ *                          steps tokens; strides[0] is ignored); sequence b's queries are tokens
+ *                          cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (int32 [batch + 1] on the
+ *                          device, non-decreasing, cu_seqlens_q[0] = 0, cu_seqlens_q[batch] =
+ *                          total_q); seqlen_q is then the largest seqlen_q(b) (it sizes the
+ *                          grid); lse [heads_q, total_q]
+ * The cache (k_cache and v_cache, each with its own strides, dims in this order):
+ *   block_table == NULL:   contiguous [batch, max_seqlen_k, heads_kv, head_dim]: key j of
+ *                          sequence b at k_cache[b, j]
+ *   block_table != NULL:   paged [num_pages, page_size, heads_kv, head_dim]: key j of sequence b
+ *                          at k_cache[block_table[b * block_table_stride + j / page_size],
+ *                          j % page_size]; block_table int32 [batch, max_pages_per_seq] on the
+ *                          device; pages in any order, shared by sequences (a prefix) but
+ *                          not where an append below writes
+ *   seqlens_k int32 [batch] on the device, 0 <= seqlens_k[b] <= the capacity (max_seqlen_k, or
+ *   max_pages_per_seq * page_size); a sequence with no keys gets o = 0, lse = -inf.
+ * Appending (k_new and v_new set): one new key and value per query token, [batch, seqlen_q,
+ * heads_kv, head_dim] or [total_q, heads_kv, head_dim] as q, are first written to the cache at
+ * positions seqlens_k[b] .. seqlens_k[b] + seqlen_q(b) - 1 (crossing pages as the table says),
+ * then attended with seqlen_k(b) = seqlens_k[b] + seqlen_q(b) (the mask uses the new length).
+ * seqlens_k itself is not updated: the caller adds seqlen_q(b) for the next step. Rows that
+ * would pass the capacity are not written. k_new / v_new must not overlap the caches, and the
+ * caches, written then, must not overlap each other or any other tensor of the call.
+ *
+ * Split-KV: each (sequence, key/value head) is cut into num_splits ranges of keys, computed in
+ * parallel into f32 partial outputs with their lse, then merged by a second kernel (o = sum_s
+ * exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s)). num_splits = 0 lets the library choose from
+ * batch, heads, the capacity and the device. The partials live in a caller's workspace of
+ * tk_attention_kvcache_workspace_size bytes (0 when the call needs no split).
+ *
+ * What the host cannot check, since it lives on the device: seqlens_k, cu_seqlens_q and the
+ * block table's entries. The kernels clamp them so that no access leaves the tensors described
+ * by the host-side sizes (a length past the capacity counts as the capacity, a page outside
+ * [0, num_pages) reads as zeros, a token outside [0, total_q) is not written) but the results of
+ * such a call are undefined.
+ *
+ * dtype TK_F16 or TK_BF16; head_dim 64, 128 or 256; pointers 16-byte aligned and strides
+ * multiples of 8 elements as in tk_attention_fwd; lse, alibi_slopes, the int32 arrays 4-byte
+ * aligned; the workspace 16-byte aligned. Initialise with TK_ATTENTION_KVCACHE_PARAMS_INIT; fields
+ * are only ever appended.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tk_attention_kvcache_params {
+    size_t size;               /* sizeof(tk_attention_kvcache_params), set by the INIT macro */
+    tk_dtype dtype;            /* TK_F16 or TK_BF16 */
+    const void *q;
+    void *k_cache;             /* written only where k_new is appended */
+    void *v_cache;             /* written only where v_new is appended */
+    void *o;
+    int64_t batch;             /* >= 0; 0 is a no-op (pointers not checked) */
+    int64_t seqlen_q;          /* >= 1: queries per sequence, or the longest with cu_seqlens_q */
+    const int32_t *cu_seqlens_q; /* NULL, or [batch + 1] on the device (varlen queries) */
+    int64_t total_q;           /* with cu_seqlens_q: tokens of q and o, >= 0 */
+    const int32_t *seqlens_k;  /* [batch] on the device: keys in each sequence's cache */
+    int64_t heads_q;           /* >= 1, a multiple of heads_kv */
+    int64_t heads_kv;          /* >= 1 */
+    int64_t head_dim;          /* 64, 128 or 256 */
+    int64_t max_seqlen_k;      /* contiguous cache: positions per sequence, >= 1 */
+    const int32_t *block_table;/* NULL = contiguous cache; else [batch, max_pages_per_seq] */
+    int64_t block_table_stride;/* int32 elements between sequences' rows; 0 = max_pages_per_seq */
+    int64_t num_pages;         /* paged: pages in k_cache and v_cache, >= 1 */
+    int64_t page_size;         /* paged: keys per page, >= 1 */
+    int64_t max_pages_per_seq; /* paged: >= 1 */
+    int64_t q_strides[4];      /* {batch, seq, head, dim}; all 0 = dense */
+    int64_t k_strides[4];      /* {batch or page, position in it, head, dim}; all 0 = dense */
+    int64_t v_strides[4];
+    int64_t o_strides[4];
+    float softmax_scale;       /* > 0; 0 = 1 / sqrt(head_dim) */
+    int causal;                /* 0 or 1; 1 is window_right = 0 */
+    int64_t window_left;       /* >= -1; -1 = unbounded */
+    int64_t window_right;      /* >= -1; -1 = unbounded; with causal = 1 only -1 or 0 */
+    float softcap;             /* >= 0; 0 = off */
+    const float *alibi_slopes; /* NULL = no ALiBi; else [heads_q] */
+    int return_lse;            /* 0 or 1: write lse */
+    float *lse;                /* required when return_lse = 1 */
+    int64_t num_splits;        /* 0 = library's choice; else 1 .. 1024 */
+    void *workspace;           /* tk_attention_kvcache_workspace_size bytes, or NULL when 0 */
+    size_t workspace_bytes;    /* the workspace's size */
+    const void *k_new;         /* NULL, or keys to append, in q's token layout with heads_kv */
+    const void *v_new;         /* with k_new: the values to append */
+    int64_t k_new_strides[4];  /* as q_strides; all 0 = dense */
+    int64_t v_new_strides[4];
+} tk_attention_kvcache_params;
+#define TK_ATTENTION_KVCACHE_PARAMS_INIT                                                         \
+    {sizeof(tk_attention_kvcache_params), TK_BF16, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, NULL,  \
+     0, 0, 0, 0, NULL, 0, 0, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},      \
+     0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, {0, 0, 0, 0}, {0, 0, 0, 0}}
+
+/* Attention of the new queries over the cache, as described above: writes o (and lse). Work and
+ * traffic are proportional to the visible keys: pages outside a window are not read.
+ * Errors (nothing is written): p NULL; q, k_cache, v_cache, o, seqlens_k NULL (batch > 0); lse
+ * NULL with return_lse = 1; workspace NULL when one is needed; one of k_new / v_new without the
+ * other (TK_ERROR_NULL_POINTER); p->size
+ * wrong, batch < 0, seqlen_q, heads, max_seqlen_k, num_pages, page_size or max_pages_per_seq <
+ * 1 where used, total_q < 0, heads_q % heads_kv != 0, a stride < 0, a block_table_stride
+ * smaller than max_pages_per_seq, o strides that make rows overlap, a window, scale, softcap,
+ * flag or num_splits out of range, a workspace smaller than needed (TK_ERROR_INVALID_VALUE);
+ * head_dim other than 64, 128, 256, dtype TK_F32, strides[3] != 1, sizes past the kernel's
+ * limits (2^30 keys or queries per sequence) (TK_ERROR_NOT_SUPPORTED); unaligned pointers or
+ * strides (TK_ERROR_MISALIGNED); overlapping outputs (TK_ERROR_OVERLAP). */
+TK_API tk_status tk_attention_kvcache_fwd(const tk_attention_kvcache_params *p,
+                                          tk_stream_t stream);
+
+/* *bytes = the workspace tk_attention_kvcache_fwd(p) needs on the calling thread's current
+ * device (0 when it runs without splits); p's pointers are not read. Errors as
+ * tk_attention_kvcache_fwd's for p's sizes and flags. */
+TK_API tk_status tk_attention_kvcache_workspace_size(const tk_attention_kvcache_params *p,
+                                                     size_t *bytes);
+
+/* Whether tk_attention_kvcache_fwd(p) would run on the calling thread's current device, as
+ * tk_attention_supported: the status that call would return and the variant's name ("" for a
+ * call with nothing to do, NULL on failure). Variants (tk_last_variant,
+ * tk_experimental_force_variant op "attention_kvcache"): "decode_sm80" (every supported call, on
+ * compute capability 8.0 and newer). */
+TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_params *p,
+                                                const char **variant_name);
+
+/* ---------------------------------------------------------------------------------------------
  * GEMM with a fused epilogue (docs/kernels/gemm.md)
  * ------------------------------------------------------------------------------------------- */
 

@@ -1,0 +1,61 @@
+/* Launcher of the KV-cache attention kernels (cuda/attention_kvcache.cu), called by
+ * src/attention_kvcache.c after validation. Internal. */
+#ifndef TK_CUDA_ATTENTION_KVCACHE_H
+#define TK_CUDA_ATTENTION_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "launch.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One call, resolved: strides explicit, the scale set, causal folded into window_right = 0. A
+ * contiguous cache is a paged one whose page is the sequence: block_table NULL, page_size =
+ * max_seqlen_k, page strides = batch strides. Every index fits in int32 except element
+ * offsets, which the kernels compute in int64. */
+typedef struct tk_attention_kvcache_call {
+    int dtype;                    /* tk_dtype: TK_F16 or TK_BF16 */
+    int head_dim;                 /* 64, 128 or 256 */
+    const void *q;
+    void *k, *v;                  /* written where k_new / v_new are appended */
+    void *o;
+    const void *k_new, *v_new;    /* NULL: nothing appended */
+    float *lse;                   /* NULL: not written */
+    const float *alibi_slopes;    /* NULL: no ALiBi */
+    const int32_t *cu_seqlens_q;  /* NULL: every sequence has seqlen_q queries */
+    const int32_t *seqlens_k;
+    const int32_t *block_table;   /* NULL: sequence b's page is b */
+    int64_t block_table_stride;
+    int batch, seqlen_q, total_q, heads_q, heads_kv;
+    int page_size, pages_per_seq, num_pages; /* capacity = pages_per_seq * page_size keys */
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* batch/page, position, head */
+    int64_t k_new_stride[3], v_new_stride[3];                    /* batch, sequence, head */
+    int window_left, window_right; /* -1 = unbounded */
+    float scale;                  /* softmax scale, > 0 */
+    float softcap;                /* 0 = off */
+    int num_splits;               /* 1 .. 1024, or 0: chosen by tk_attention_kvcache_splits */
+    void *workspace;              /* partial outputs and lse when the splits are > 1 */
+} tk_attention_kvcache_call;
+
+/* The number of key ranges the call runs with on this device: c->num_splits when set, else
+ * the choice that fills the device's resident CTAs best (at least 256 keys per range). */
+int tk_attention_kvcache_splits(const tk_attention_kvcache_call *c, const tk_device *dev);
+
+/* Workspace bytes for `splits` ranges: f32 partial outputs and lse of every (token, head). */
+size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, int splits);
+
+/* "decode_sm80": the append of k_new / v_new when given; then one CTA per (sequence, key/value
+ * head, 16 query rows, key range), each warp streaming its own 16-key K/V tiles through a
+ * cp.async ring and multiplying them with mma.sync; then the split merge when there are
+ * splits. Any sm_80+ device. */
+cudaError_t tk_attention_kvcache_launch_decode(const void *call, const tk_device *dev,
+                                               cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

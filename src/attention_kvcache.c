@@ -1,0 +1,454 @@
+/*
+ * Attention over a KV cache: argument checks, the split count and dispatch. The kernels are in
+ * cuda/attention_kvcache.cu; the conventions are in include/tkern.h and the design in
+ * docs/kernels/attention_kvcache.md.
+ *
+ * Variants: "decode_sm80" (mma.sync, cp.async, sm_80 and newer; every call). The host sees the
+ * sizes of every tensor but not the device-side lengths, query offsets or page numbers; those the
+ * kernels clamp (tkern.h says how).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "runtime.h"
+#include "../cuda/attention_kvcache.h"
+
+static const tk_variant kvcache_variants[] = {
+    {"decode_sm80", TK_CC_AMPERE, false, NULL, tk_attention_kvcache_launch_decode},
+};
+const tk_op tk_op_attention_kvcache = {"attention_kvcache", kvcache_variants,
+                                       TK_VARIANT_COUNT(kvcache_variants)};
+
+/* The size of tk_attention_kvcache_params in its first released layout (see runtime.h). */
+#define KVCACHE_PARAMS_SIZE_0_1 448
+_Static_assert(sizeof(tk_attention_kvcache_params) >= KVCACHE_PARAMS_SIZE_0_1,
+               "tk_attention_kvcache_params only grows");
+
+/* Kernel limits: positions, keys and rows of a GQA group stay in int32 with room for sums. */
+#define MAX_SEQLEN (INT64_C(1) << 30)
+#define MAX_SPLITS 1024
+#define QUERY_ROWS_PER_CTA 16
+#define APPEND_THREADS 256
+
+/* One [dim0, dim1, heads, head_dim] tensor as the checks see it. */
+typedef struct tensor {
+    const char *name;
+    const char *strides_name;
+    const void *ptr;
+    int64_t dims[4];
+    int64_t strides[4];
+    size_t bytes;
+} tensor;
+
+/* Resolves given strides (all 0 = dense) into t->strides, checks them and t's byte span; an
+ * output must also not write an element twice. */
+static tk_status resolve_tensor(const char *fn, tensor *t, const int64_t given[4], size_t elem,
+                                bool output) {
+    if (given[0] == 0 && given[1] == 0 && given[2] == 0 && given[3] == 0) {
+        t->strides[3] = 1;
+        t->strides[2] = t->dims[3];
+        TK_TRY(tk_mul_checked(fn, "heads * head_dim", t->dims[2], t->dims[3], &t->strides[1]));
+        TK_TRY(tk_mul_checked(fn, "positions * heads * head_dim", t->dims[1], t->strides[1],
+                              &t->strides[0]));
+    } else {
+        for (int d = 0; d < 4; d++) {
+            if (given[d] < 0)
+                return tk_fail(TK_ERROR_INVALID_VALUE, fn, "%s[%d] = %lld is negative",
+                               t->strides_name, d, (long long)given[d]);
+            t->strides[d] = given[d];
+        }
+        if (given[3] != 1)
+            return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                           "%s[3] (head_dim stride) = %lld; head_dim must be contiguous (stride "
+                           "1), or all four strides 0 for a dense tensor",
+                           t->strides_name, (long long)given[3]);
+    }
+    const tk_layout l = {3, {t->dims[0], t->dims[1], t->dims[2]},
+                         {t->strides[0], t->strides[1], t->strides[2]}, t->dims[3]};
+    TK_TRY(tk_layout_bytes(fn, t->name, &l, elem, &t->bytes));
+    return output ? tk_check_disjoint(fn, t->name, t->strides_name, &l) : TK_SUCCESS;
+}
+
+/* 16-byte aligned base, strides in whole 16-byte chunks where a dimension has > 1 element. */
+static tk_status check_vector_alignment(const char *fn, const tensor *t, size_t elem) {
+    TK_TRY(tk_check_aligned(fn, t->name, t->ptr, 16));
+    for (int d = 0; d < 3; d++)
+        if (t->dims[d] > 1 && !tk_stride_keeps_alignment(t->strides[d], elem))
+            return tk_fail(TK_ERROR_MISALIGNED, fn,
+                           "%s[%d] = %lld is not a multiple of 8 elements (16 bytes); the "
+                           "kernels move rows in 16-byte chunks",
+                           t->strides_name, d, (long long)t->strides[d]);
+    return TK_SUCCESS;
+}
+
+static tk_status check_at_least(const char *fn, const char *name, int64_t value, int64_t least) {
+    if (value >= least)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->%s = %lld must be at least %lld", name,
+                   (long long)value, (long long)least);
+}
+
+static tk_status check_flag(const char *fn, const char *name, int value) {
+    if (value == 0 || value == 1)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->%s = %d; accepted: 0 or 1", name, value);
+}
+
+static tk_status check_limit(const char *fn, const char *what, int64_t value, int64_t limit) {
+    if (value <= limit)
+        return TK_SUCCESS;
+    return tk_fail(TK_ERROR_NOT_SUPPORTED, fn, "%s = %lld exceeds the kernel's limit %lld", what,
+                   (long long)value, (long long)limit);
+}
+
+/* Scalars, sizes and flags: everything tk_attention_kvcache_workspace_size needs too. */
+static tk_status check_sizes(const char *fn, const tk_attention_kvcache_params *p) {
+    TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
+    if (p->dtype != TK_F16 && p->dtype != TK_BF16)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->dtype = %s is not supported; accepted: TK_F16, TK_BF16",
+                       tk_dtype_name(p->dtype));
+    TK_TRY(check_at_least(fn, "batch", p->batch, 0));
+    TK_TRY(check_at_least(fn, "seqlen_q", p->seqlen_q, 1));
+    TK_TRY(check_at_least(fn, "heads_q", p->heads_q, 1));
+    TK_TRY(check_at_least(fn, "heads_kv", p->heads_kv, 1));
+    if (p->heads_q % p->heads_kv != 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->heads_q = %lld is not a multiple of p->heads_kv = %lld (each key/value "
+                       "head serves heads_q / heads_kv query heads)",
+                       (long long)p->heads_q, (long long)p->heads_kv);
+    TK_TRY(check_at_least(fn, "head_dim", p->head_dim, 1));
+    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->head_dim = %lld is not supported; accepted: 64, 128, 256",
+                       (long long)p->head_dim);
+    if (p->cu_seqlens_q)
+        TK_TRY(check_at_least(fn, "total_q", p->total_q, 0));
+    if (p->block_table) {
+        TK_TRY(check_at_least(fn, "num_pages", p->num_pages, 1));
+        TK_TRY(check_at_least(fn, "page_size", p->page_size, 1));
+        TK_TRY(check_at_least(fn, "max_pages_per_seq", p->max_pages_per_seq, 1));
+        if (p->block_table_stride != 0 && p->block_table_stride < p->max_pages_per_seq)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "p->block_table_stride = %lld is smaller than p->max_pages_per_seq = "
+                           "%lld (0 means max_pages_per_seq)",
+                           (long long)p->block_table_stride, (long long)p->max_pages_per_seq);
+    } else {
+        TK_TRY(check_at_least(fn, "max_seqlen_k", p->max_seqlen_k, 1));
+    }
+    if (!(p->softmax_scale >= 0.0f) || isinf(p->softmax_scale))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->softmax_scale = %g; accepted: a finite value > 0, or 0 for "
+                       "1 / sqrt(head_dim)",
+                       (double)p->softmax_scale);
+    TK_TRY(check_flag(fn, "causal", p->causal));
+    TK_TRY(check_at_least(fn, "window_left", p->window_left, -1));
+    TK_TRY(check_at_least(fn, "window_right", p->window_right, -1));
+    if (p->causal && p->window_right > 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->window_right = %lld contradicts p->causal = 1 (causal means "
+                       "window_right = 0)",
+                       (long long)p->window_right);
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->softcap = %g; accepted: 0 (off) or a finite value > 0",
+                       (double)p->softcap);
+    TK_TRY(check_flag(fn, "return_lse", p->return_lse));
+    if (p->num_splits < 0 || p->num_splits > MAX_SPLITS)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->num_splits = %lld; accepted: 0 (the library chooses) or 1 .. %d",
+                       (long long)p->num_splits, MAX_SPLITS);
+    /* Limits that keep the kernels' indices in int32. */
+    const int64_t group = p->heads_q / p->heads_kv;
+    TK_TRY(check_limit(fn, "p->seqlen_q", p->seqlen_q, MAX_SEQLEN));
+    TK_TRY(check_limit(fn, "p->seqlen_q * heads_q / heads_kv (query rows of a GQA group)",
+                       p->seqlen_q * (group < MAX_SEQLEN ? group : MAX_SEQLEN), MAX_SEQLEN));
+    TK_TRY(check_limit(fn, "p->batch", p->batch, INT32_MAX - 1));
+    TK_TRY(check_limit(fn, "p->heads_q", p->heads_q, INT32_MAX));
+    TK_TRY(check_limit(fn, "p->total_q", p->total_q, INT32_MAX));
+    TK_TRY(check_limit(fn, "tokens (p->batch * p->seqlen_q)",
+                       p->cu_seqlens_q ? 0 : p->batch * p->seqlen_q, INT32_MAX));
+    if (p->block_table) {
+        TK_TRY(check_limit(fn, "p->num_pages", p->num_pages, INT32_MAX));
+        TK_TRY(check_limit(fn, "p->page_size", p->page_size, MAX_SEQLEN));
+        TK_TRY(check_limit(fn, "p->max_pages_per_seq", p->max_pages_per_seq, MAX_SEQLEN));
+        TK_TRY(check_limit(fn, "cache capacity (p->max_pages_per_seq * p->page_size)",
+                           p->max_pages_per_seq * p->page_size, MAX_SEQLEN));
+    } else {
+        TK_TRY(check_limit(fn, "p->max_seqlen_k", p->max_seqlen_k, MAX_SEQLEN));
+    }
+    return TK_SUCCESS;
+}
+
+/* The call's sizes, as the launchers take them (pointers and strides filled by prepare). */
+static void fill_sizes(const tk_attention_kvcache_params *p, tk_attention_kvcache_call *call) {
+    memset(call, 0, sizeof *call);
+    call->dtype = (int)p->dtype;
+    call->head_dim = (int)p->head_dim;
+    call->batch = (int)p->batch;
+    call->seqlen_q = (int)p->seqlen_q;
+    call->total_q = p->cu_seqlens_q ? (int)p->total_q : 0;
+    call->cu_seqlens_q = p->cu_seqlens_q;
+    call->heads_q = (int)p->heads_q;
+    call->heads_kv = (int)p->heads_kv;
+    call->block_table = p->block_table;
+    call->page_size = (int)(p->block_table ? p->page_size : p->max_seqlen_k);
+    call->pages_per_seq = p->block_table ? (int)p->max_pages_per_seq : 1;
+    call->num_pages = p->block_table ? (int)p->num_pages : (int)p->batch;
+    call->num_splits = (int)p->num_splits;
+}
+
+/* Whether the call has work: sequences, and tokens to write. */
+static bool has_work(const tk_attention_kvcache_params *p) {
+    return p->batch > 0 && (!p->cu_seqlens_q || p->total_q > 0);
+}
+
+static tk_status check_no_overlap(const char *fn, const tensor *out, const tensor *in) {
+    return tk_check_overlap(fn, out->name, out->ptr, out->bytes, in->name, in->ptr, in->bytes,
+                            false);
+}
+
+/* A dense array of `count` int32 or f32 values as a tensor (for the overlap checks). */
+static tensor flat(const char *name, const void *ptr, int64_t count) {
+    tensor t = {name, name, ptr, {1, 1, 1, count}, {0, 0, 0, 1}, (size_t)count * 4};
+    return t;
+}
+
+/* The tensors a workspace must not meet: q, k, v, o, lse, k_new and v_new. */
+#define CALL_TENSORS 7
+
+/* Validates *p (no CUDA call) and resolves it into *call; tensors[] receives the spans the
+ * workspace is checked against; *work = false for a no-op. */
+static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
+                         tk_attention_kvcache_call *call, tensor tensors[CALL_TENSORS],
+                         bool *work) {
+    TK_TRY(check_sizes(fn, p));
+    const size_t elem = tk_dtype_size(p->dtype);
+    const bool varlen = p->cu_seqlens_q != NULL, paged = p->block_table != NULL;
+    const int64_t d = p->head_dim;
+    tensor q = {"p->q", "p->q_strides", p->q, {p->batch, p->seqlen_q, p->heads_q, d}, {0}, 0};
+    tensor o = {"p->o", "p->o_strides", p->o, {p->batch, p->seqlen_q, p->heads_q, d}, {0}, 0};
+    if (varlen) { /* [total_q, heads_q, head_dim]: the batch stride is not used */
+        q.dims[0] = o.dims[0] = 1;
+        q.dims[1] = o.dims[1] = p->total_q;
+    }
+    tensor k = {"p->k_cache", "p->k_strides", p->k_cache, {p->batch, p->max_seqlen_k, p->heads_kv, d}, {0}, 0};
+    if (paged)
+        k.dims[0] = p->num_pages, k.dims[1] = p->page_size;
+    tensor v = k;
+    v.name = "p->v_cache", v.strides_name = "p->v_strides", v.ptr = p->v_cache;
+    const bool append = p->k_new != NULL || p->v_new != NULL;
+    /* k_new and v_new: q's token layout with heads_kv (NULL pointers when not appending). */
+    tensor kn = q;
+    kn.name = "p->k_new", kn.strides_name = "p->k_new_strides", kn.ptr = p->k_new;
+    kn.dims[2] = p->heads_kv;
+    tensor vn = kn;
+    vn.name = "p->v_new", vn.strides_name = "p->v_new_strides", vn.ptr = p->v_new;
+    TK_TRY(resolve_tensor(fn, &q, p->q_strides, elem, false));
+    TK_TRY(resolve_tensor(fn, &k, p->k_strides, elem, append));
+    TK_TRY(resolve_tensor(fn, &v, p->v_strides, elem, append));
+    TK_TRY(resolve_tensor(fn, &o, p->o_strides, elem, true));
+    if (append) {
+        TK_TRY(resolve_tensor(fn, &kn, p->k_new_strides, elem, false));
+        TK_TRY(resolve_tensor(fn, &vn, p->v_new_strides, elem, false));
+    }
+    *work = has_work(p);
+    if (!*work)
+        return TK_SUCCESS;
+
+    TK_TRY(tk_check_not_null(fn, "p->q", p->q));
+    TK_TRY(tk_check_not_null(fn, "p->k_cache", p->k_cache));
+    TK_TRY(tk_check_not_null(fn, "p->v_cache", p->v_cache));
+    TK_TRY(tk_check_not_null(fn, "p->o", p->o));
+    TK_TRY(tk_check_not_null(fn, "p->seqlens_k", p->seqlens_k));
+    if (p->return_lse && p->lse == NULL)
+        return tk_fail(TK_ERROR_NULL_POINTER, fn,
+                       "p->lse is NULL but p->return_lse = 1; pass a device buffer of heads_q * "
+                       "tokens floats");
+    if (append && (p->k_new == NULL || p->v_new == NULL))
+        return tk_fail(TK_ERROR_NULL_POINTER, fn,
+                       "%s is NULL but %s is set; appending takes both (or neither)",
+                       p->k_new ? "p->v_new" : "p->k_new", p->k_new ? "p->k_new" : "p->v_new");
+    TK_TRY(check_vector_alignment(fn, &q, elem));
+    TK_TRY(check_vector_alignment(fn, &k, elem));
+    TK_TRY(check_vector_alignment(fn, &v, elem));
+    TK_TRY(check_vector_alignment(fn, &o, elem));
+    if (append) {
+        TK_TRY(check_vector_alignment(fn, &kn, elem));
+        TK_TRY(check_vector_alignment(fn, &vn, elem));
+    }
+    const int64_t tokens = varlen ? p->total_q : p->batch * p->seqlen_q;
+    const int64_t bt_stride = p->block_table_stride ? p->block_table_stride : p->max_pages_per_seq;
+    const tensor lse = flat("p->lse", p->return_lse ? p->lse : NULL, tokens * p->heads_q);
+    const tensor alibi = flat("p->alibi_slopes", p->alibi_slopes, p->heads_q);
+    const tensor seqlens = flat("p->seqlens_k", p->seqlens_k, p->batch);
+    const tensor cu = flat("p->cu_seqlens_q", p->cu_seqlens_q, p->batch + 1);
+    const tensor table = flat("p->block_table", p->block_table,
+                              paged ? (p->batch - 1) * bt_stride + p->max_pages_per_seq : 0);
+    const tensor *small[] = {&lse, &alibi, &seqlens, &cu, &table};
+    for (int i = 0; i < 5; i++)
+        TK_TRY(tk_check_aligned(fn, small[i]->name, small[i]->ptr, 4));
+    const tensor *inputs[] = {&q, &k, &v, &alibi, &seqlens, &cu, &table, &kn, &vn};
+    for (int i = 0; i < 9; i++) {
+        TK_TRY(check_no_overlap(fn, &o, inputs[i]));
+        if (lse.ptr)
+            TK_TRY(check_no_overlap(fn, &lse, inputs[i]));
+    }
+    TK_TRY(check_no_overlap(fn, &o, &lse));
+    if (append) { /* the caches are written: they meet nothing else, not even each other */
+        const tensor *others[] = {&q, &alibi, &seqlens, &cu, &table, &kn, &vn, &o, &lse};
+        for (int i = 0; i < 9; i++) {
+            TK_TRY(check_no_overlap(fn, &k, others[i]));
+            TK_TRY(check_no_overlap(fn, &v, others[i]));
+        }
+        TK_TRY(check_no_overlap(fn, &k, &v));
+    }
+    tensors[0] = q, tensors[1] = k, tensors[2] = v, tensors[3] = o, tensors[4] = lse;
+    tensors[5] = kn, tensors[6] = vn;
+
+    fill_sizes(p, call);
+    call->q = p->q;
+    call->k = p->k_cache;
+    call->v = p->v_cache;
+    call->o = p->o;
+    call->k_new = append ? p->k_new : NULL;
+    call->v_new = append ? p->v_new : NULL;
+    call->lse = lse.ptr ? p->lse : NULL;
+    call->alibi_slopes = p->alibi_slopes;
+    call->seqlens_k = p->seqlens_k;
+    call->block_table_stride = bt_stride;
+    for (int i = 0; i < 3; i++) {
+        call->q_stride[i] = q.strides[i];
+        call->k_stride[i] = k.strides[i];
+        call->v_stride[i] = v.strides[i];
+        call->o_stride[i] = o.strides[i];
+        call->k_new_stride[i] = kn.strides[i];
+        call->v_new_stride[i] = vn.strides[i];
+    }
+    call->window_left = p->window_left >= MAX_SEQLEN ? -1 : (int)p->window_left;
+    const int64_t right = p->causal ? 0 : p->window_right;
+    call->window_right = right >= MAX_SEQLEN ? -1 : (int)right;
+    call->scale = p->softmax_scale > 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
+    call->softcap = p->softcap;
+    call->workspace = p->workspace;
+    return TK_SUCCESS;
+}
+
+/* The split count on this device, the workspace it needs and the grid it makes. */
+static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, const tk_device *dev,
+                             size_t *workspace_bytes) {
+    call->num_splits = tk_attention_kvcache_splits(call, dev);
+    /* Grid sizes in double: their int64 products could overflow for absurd (valid) sizes. */
+    const double group = (double)(call->heads_q / call->heads_kv);
+    const double chunks = ceil((double)call->seqlen_q * group / QUERY_ROWS_PER_CTA);
+    const double blocks = chunks * call->batch * call->heads_kv * call->num_splits;
+    if (blocks > INT32_MAX)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "batch * heads_kv * ceil(seqlen_q * heads_q / heads_kv / 16) * splits = "
+                       "%.0f exceeds the grid limit 2^31 - 1",
+                       blocks);
+    const double append_blocks =
+        (double)call->batch * call->seqlen_q * call->heads_kv * (call->head_dim / 8) / APPEND_THREADS;
+    if (call->k_new && append_blocks > INT32_MAX)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "batch * seqlen_q * heads_kv * head_dim / 8 = %.0f chunks to append exceed "
+                       "the grid limit",
+                       append_blocks * APPEND_THREADS);
+    *workspace_bytes = tk_attention_kvcache_workspace_bytes(call, call->num_splits);
+    return TK_SUCCESS;
+}
+
+static tk_status check_workspace(const char *fn, const tk_attention_kvcache_params *p,
+                                 size_t needed, const tensor tensors[CALL_TENSORS]) {
+    if (needed == 0)
+        return TK_SUCCESS;
+    if (p->workspace == NULL)
+        return tk_fail(TK_ERROR_NULL_POINTER, fn,
+                       "p->workspace is NULL but the call runs with splits and needs %zu bytes "
+                       "(tk_attention_kvcache_workspace_size)",
+                       needed);
+    if (p->workspace_bytes < needed)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->workspace_bytes = %zu is smaller than the %zu bytes the call needs "
+                       "(tk_attention_kvcache_workspace_size)",
+                       p->workspace_bytes, needed);
+    TK_TRY(tk_check_aligned(fn, "p->workspace", p->workspace, 16));
+    const tensor ws = {"p->workspace", "p->workspace", p->workspace, {0}, {0}, needed};
+    for (int i = 0; i < CALL_TENSORS; i++)
+        TK_TRY(check_no_overlap(fn, &ws, &tensors[i]));
+    return TK_SUCCESS;
+}
+
+/* The caller's *given into *local by the params rule (tk_read_params). */
+static tk_status read_params(const char *fn, const tk_attention_kvcache_params *given,
+                             tk_attention_kvcache_params *local) {
+    return TK_READ_PARAMS(fn, "p", given, local, tk_attention_kvcache_params,
+                          TK_ATTENTION_KVCACHE_PARAMS_INIT, KVCACHE_PARAMS_SIZE_0_1);
+}
+
+/* Everything but the launch: the caller's params read and validated, the device, the splits,
+ * the workspace and the variant. */
+static tk_status plan(const char *fn, const tk_attention_kvcache_params *given,
+                      tk_attention_kvcache_call *call, const tk_device **dev,
+                      const tk_variant **v, bool *work) {
+    tk_attention_kvcache_params p;
+    TK_TRY(read_params(fn, given, &p));
+    tensor tensors[CALL_TENSORS];
+    TK_TRY(prepare(fn, &p, call, tensors, work));
+    if (!*work)
+        return TK_SUCCESS;
+    TK_TRY(tk_current_device(fn, dev));
+    size_t needed = 0;
+    TK_TRY(plan_splits(fn, call, *dev, &needed));
+    TK_TRY(check_workspace(fn, &p, needed, tensors));
+    return tk_select_variant(fn, &tk_op_attention_kvcache, *dev, call, v);
+}
+
+TK_API tk_status tk_attention_kvcache_fwd(const tk_attention_kvcache_params *given,
+                                          tk_stream_t stream) {
+    static const char fn[] = "tk_attention_kvcache_fwd";
+    tk_begin_call();
+    tk_attention_kvcache_call call;
+    const tk_device *dev = NULL;
+    const tk_variant *v = NULL;
+    bool work = false;
+    TK_TRY(plan(fn, given, &call, &dev, &v, &work));
+    if (!work)
+        return TK_SUCCESS;
+    return tk_launched(fn, v, v->launch(&call, dev, stream));
+}
+
+TK_API tk_status tk_attention_kvcache_workspace_size(const tk_attention_kvcache_params *given,
+                                                     size_t *bytes) {
+    static const char fn[] = "tk_attention_kvcache_workspace_size";
+    tk_begin_call();
+    TK_TRY(tk_check_not_null(fn, "bytes", bytes));
+    *bytes = 0;
+    tk_attention_kvcache_params p;
+    TK_TRY(read_params(fn, given, &p));
+    TK_TRY(check_sizes(fn, &p));
+    if (!has_work(&p))
+        return TK_SUCCESS;
+    tk_attention_kvcache_call call;
+    fill_sizes(&p, &call);
+    const tk_device *dev;
+    TK_TRY(tk_current_device(fn, &dev));
+    return plan_splits(fn, &call, dev, bytes);
+}
+
+TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_params *given,
+                                                const char **variant_name) {
+    static const char fn[] = "tk_attention_kvcache_supported";
+    tk_begin_call();
+    if (variant_name)
+        *variant_name = NULL;
+    tk_attention_kvcache_call call;
+    const tk_device *dev = NULL;
+    const tk_variant *v = NULL;
+    bool work = false;
+    TK_TRY(plan(fn, given, &call, &dev, &v, &work));
+    if (variant_name)
+        *variant_name = work ? v->name : "";
+    return TK_SUCCESS;
+}

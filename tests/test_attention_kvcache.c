@@ -1,0 +1,751 @@
+/* Attention over a KV cache: bad input on the host (runs everywhere), then contiguous and paged
+ * caches (every page size, pages shuffled), sequence lengths 0, 1 and page boundaries +-1,
+ * variable-length queries with empty sequences, windows shorter and longer than the cache,
+ * every split count (more splits than pages included), GQA groups 1 to 8, head dims 64, 128,
+ * 256, softcap, ALiBi and lse against the fp64 reference on the GPU. Accuracy follows
+ * FlashAttention's rule, as tests/test_attention.c: the largest error of o at most twice that
+ * of a naive same-precision implementation plus twice the representation error near 0.3; lse
+ * is f32 and held to the f32 tolerance. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/tk_test.h"
+#include "ref/attention_kvcache_ref.h"
+
+/* ------------------------------------------------------------------ bad input (host) ---- */
+
+/* Fake "device" buffers: host memory with a sentinel; validation must reject before any use.
+ * A valid call: q [2, 1, 4, 64] at in_buf, a paged cache of 4 pages of 16 keys, 2 heads, for k
+ * and v, block table [2, 2], seqlens_k [2], cu_seqlens_q [3], alibi [4] after them; o [2, 1, 4,
+ * 64] at out_buf, lse [2, 4, 1] after it. */
+static unsigned char in_buf[65536] __attribute__((aligned(16)));
+static unsigned char out_buf[8192] __attribute__((aligned(16)));
+enum { Q_AT = 0, K_AT = 1024, V_AT = 17408, TABLE_AT = 33792, SEQLENS_AT = 33824,
+       CU_AT = 33840, ALIBI_AT = 33856, KNEW_AT = 34816, VNEW_AT = 35840, LSE_AT = 1024 };
+
+static void reset_buffers(void) {
+    tk_fill_sentinel(in_buf, sizeof in_buf);
+    tk_fill_sentinel(out_buf, sizeof out_buf);
+}
+
+static tk_attention_kvcache_params host_params(void) {
+    tk_attention_kvcache_params p = TK_ATTENTION_KVCACHE_PARAMS_INIT;
+    p.dtype = TK_BF16;
+    p.batch = 2;
+    p.seqlen_q = 1;
+    p.heads_q = 4;
+    p.heads_kv = 2;
+    p.head_dim = 64;
+    p.q = in_buf + Q_AT;
+    p.k_cache = in_buf + K_AT;
+    p.v_cache = in_buf + V_AT;
+    p.block_table = (const int32_t *)(in_buf + TABLE_AT);
+    p.num_pages = 4;
+    p.page_size = 16;
+    p.max_pages_per_seq = 2;
+    p.seqlens_k = (const int32_t *)(in_buf + SEQLENS_AT);
+    p.alibi_slopes = (const float *)(in_buf + ALIBI_AT);
+    p.o = out_buf;
+    p.return_lse = 1;
+    p.lse = (float *)(out_buf + LSE_AT);
+    p.num_splits = 1;
+    return p;
+}
+
+/* Rejected by tk_attention_kvcache_fwd and tk_attention_kvcache_supported alike (and by
+ * tk_attention_kvcache_workspace_size when the fault is in a size); nothing written. */
+static void expect_rejected(const tk_attention_kvcache_params *p, tk_status status,
+                            const char *needle, bool sizes) {
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(p, NULL), status, needle);
+    const char *name = "untouched";
+    TK_EXPECT_STATUS(tk_attention_kvcache_supported(p, &name), status, needle);
+    cr_assert_null(name, "%s: tk_attention_kvcache_supported named a variant on failure", needle);
+    if (sizes) {
+        size_t bytes = 7;
+        TK_EXPECT_STATUS(tk_attention_kvcache_workspace_size(p, &bytes), status, needle);
+        cr_assert_eq(bytes, 0, "%s: workspace size not cleared on failure", needle);
+    }
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf), "%s: an output was written", needle);
+    cr_assert(tk_is_sentinel(in_buf, sizeof in_buf), "%s: an input was written", needle);
+}
+
+#define REJECT(field_assignment, status, needle, sizes) \
+    do {                                                \
+        tk_attention_kvcache_params p_ = ok;            \
+        p_.field_assignment;                            \
+        expect_rejected(&p_, status, needle, sizes);    \
+    } while (0)
+
+Test(attention_kvcache_args, rejects_bad_arguments) {
+    const tk_attention_kvcache_params ok = host_params();
+    expect_rejected(NULL, TK_ERROR_NULL_POINTER, "'p'", true);
+    REJECT(size = 8, TK_ERROR_INVALID_VALUE, "p->size", true);
+    REJECT(dtype = TK_F32, TK_ERROR_NOT_SUPPORTED, "p->dtype", true);
+    REJECT(dtype = (tk_dtype)9, TK_ERROR_INVALID_VALUE, "p->dtype", true);
+    REJECT(batch = -1, TK_ERROR_INVALID_VALUE, "p->batch", true);
+    REJECT(seqlen_q = 0, TK_ERROR_INVALID_VALUE, "p->seqlen_q", true);
+    REJECT(heads_q = 0, TK_ERROR_INVALID_VALUE, "p->heads_q", true);
+    REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 4 is not a multiple of p->heads_kv", true);
+    REJECT(head_dim = 80, TK_ERROR_NOT_SUPPORTED, "accepted: 64, 128, 256", true);
+    REJECT(head_dim = 0, TK_ERROR_INVALID_VALUE, "p->head_dim", true);
+    REJECT(num_pages = 0, TK_ERROR_INVALID_VALUE, "p->num_pages", true);
+    REJECT(page_size = 0, TK_ERROR_INVALID_VALUE, "p->page_size", true);
+    REJECT(max_pages_per_seq = 0, TK_ERROR_INVALID_VALUE, "p->max_pages_per_seq", true);
+    REJECT(block_table_stride = 1, TK_ERROR_INVALID_VALUE, "p->block_table_stride", true);
+    REJECT(page_size = INT64_C(1) << 31, TK_ERROR_NOT_SUPPORTED, "p->page_size", true);
+    REJECT(max_pages_per_seq = INT64_C(1) << 27, TK_ERROR_NOT_SUPPORTED, "cache capacity", true);
+    REJECT(seqlen_q = (INT64_C(1) << 30) + 1, TK_ERROR_NOT_SUPPORTED, "p->seqlen_q", true);
+    REJECT(num_splits = -1, TK_ERROR_INVALID_VALUE, "p->num_splits", true);
+    REJECT(num_splits = 1025, TK_ERROR_INVALID_VALUE, "p->num_splits", true);
+    REJECT(softmax_scale = NAN, TK_ERROR_INVALID_VALUE, "p->softmax_scale", true);
+    REJECT(softcap = -1.0f, TK_ERROR_INVALID_VALUE, "p->softcap", true);
+    REJECT(causal = 2, TK_ERROR_INVALID_VALUE, "p->causal", true);
+    REJECT(window_left = -2, TK_ERROR_INVALID_VALUE, "p->window_left", true);
+    REJECT(window_right = -3, TK_ERROR_INVALID_VALUE, "p->window_right", true);
+    REJECT(return_lse = 3, TK_ERROR_INVALID_VALUE, "p->return_lse", true);
+    {
+        tk_attention_kvcache_params p = ok;
+        p.causal = 1, p.window_right = 2;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "contradicts p->causal", true);
+        p = ok; /* a contiguous cache needs its capacity */
+        p.block_table = NULL;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->max_seqlen_k", true);
+        p = ok; /* varlen queries need their token count */
+        p.cu_seqlens_q = (const int32_t *)(in_buf + CU_AT), p.total_q = -1;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->total_q", true);
+    }
+    REJECT(q = NULL, TK_ERROR_NULL_POINTER, "'p->q'", false);
+    REJECT(k_cache = NULL, TK_ERROR_NULL_POINTER, "'p->k_cache'", false);
+    REJECT(v_cache = NULL, TK_ERROR_NULL_POINTER, "'p->v_cache'", false);
+    REJECT(o = NULL, TK_ERROR_NULL_POINTER, "'p->o'", false);
+    REJECT(seqlens_k = NULL, TK_ERROR_NULL_POINTER, "'p->seqlens_k'", false);
+    REJECT(lse = NULL, TK_ERROR_NULL_POINTER, "p->lse is NULL but p->return_lse = 1", false);
+    REJECT(q_strides[3] = 2, TK_ERROR_NOT_SUPPORTED, "p->q_strides[3]", false);
+    REJECT(k_strides[1] = -64, TK_ERROR_INVALID_VALUE, "p->k_strides[1]", false);
+    REJECT(q = in_buf + 2, TK_ERROR_MISALIGNED, "'p->q'", false);
+    REJECT(v_cache = in_buf + V_AT + 8, TK_ERROR_MISALIGNED, "'p->v_cache'", false);
+    REJECT(o = out_buf + 4, TK_ERROR_MISALIGNED, "'p->o'", false);
+    REJECT(block_table = (const int32_t *)(in_buf + TABLE_AT + 2), TK_ERROR_MISALIGNED,
+           "'p->block_table'", false);
+    REJECT(seqlens_k = (const int32_t *)(in_buf + SEQLENS_AT + 1), TK_ERROR_MISALIGNED,
+           "'p->seqlens_k'", false);
+    REJECT(lse = (float *)(out_buf + LSE_AT + 2), TK_ERROR_MISALIGNED, "'p->lse'", false);
+    {
+        tk_attention_kvcache_params p = ok; /* a page stride of 68 elements */
+        p.k_strides[0] = 16 * 136, p.k_strides[1] = 136, p.k_strides[2] = 68, p.k_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_MISALIGNED, "p->k_strides[2]", false);
+        p = ok; /* every row of o at one address */
+        p.o_strides[0] = 0, p.o_strides[1] = 0, p.o_strides[2] = 0, p.o_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->o_strides", false);
+        p = ok; /* a page stride whose extent overflows */
+        p.k_strides[0] = INT64_MAX / 2, p.k_strides[1] = 128, p.k_strides[2] = 64, p.k_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "overflows", false);
+    }
+    REJECT(o = in_buf + K_AT, TK_ERROR_OVERLAP, "'p->o' overlaps 'p->k_cache'", false);
+    REJECT(lse = (float *)(in_buf + TABLE_AT), TK_ERROR_OVERLAP, "'p->lse' overlaps 'p->block_table'", false);
+    REJECT(lse = (float *)(in_buf + SEQLENS_AT), TK_ERROR_OVERLAP, "'p->lse' overlaps 'p->seqlens_k'", false);
+    REJECT(lse = (float *)(out_buf + 256), TK_ERROR_OVERLAP, "'p->o' overlaps 'p->lse'", false);
+    /* Appending: both arrays, aligned, and the caches (now written) apart from everything. */
+    tk_attention_kvcache_params app = ok;
+    app.k_new = in_buf + KNEW_AT, app.v_new = in_buf + VNEW_AT;
+    {
+        tk_attention_kvcache_params p = app;
+        p.v_new = NULL;
+        expect_rejected(&p, TK_ERROR_NULL_POINTER, "p->v_new is NULL but p->k_new is set", false);
+        p = app;
+        p.k_new = NULL;
+        expect_rejected(&p, TK_ERROR_NULL_POINTER, "p->k_new is NULL but p->v_new is set", false);
+        p = app;
+        p.k_new = in_buf + KNEW_AT + 4;
+        expect_rejected(&p, TK_ERROR_MISALIGNED, "'p->k_new'", false);
+        p = app;
+        p.v_new_strides[3] = 2;
+        expect_rejected(&p, TK_ERROR_NOT_SUPPORTED, "p->v_new_strides[3]", false);
+        p = app;
+        p.k_new = in_buf + K_AT + 512;
+        expect_rejected(&p, TK_ERROR_OVERLAP, "'p->k_cache' overlaps 'p->k_new'", false);
+        p = app;
+        p.v_cache = p.k_cache;
+        expect_rejected(&p, TK_ERROR_OVERLAP, "'p->k_cache' overlaps 'p->v_cache'", false);
+        p = app; /* a cache written twice through its own strides */
+        p.k_strides[0] = 0, p.k_strides[1] = 128, p.k_strides[2] = 64, p.k_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->k_strides", false);
+    }
+}
+
+/* The params size rule (tk_read_params): older sizes than the first layout and unknown non-zero
+ * tails are rejected naming the size; a longer struct with a zero tail is accepted. */
+Test(attention_kvcache_args, params_size_rule) {
+    static unsigned char params_buf[sizeof(tk_attention_kvcache_params) + 64] __attribute__((aligned(16)));
+    const tk_attention_kvcache_params ok = host_params();
+    const size_t n = sizeof ok;
+    const struct { size_t size; int tail_at; } rejected[] = {{0, -1}, {n - 1, -1}, {n + 1, 0}, {n + 64, 63}};
+    for (size_t i = 0; i < sizeof rejected / sizeof rejected[0]; i++) {
+        memset(params_buf, 0, sizeof params_buf);
+        memcpy(params_buf, &ok, n);
+        memcpy(params_buf, &rejected[i].size, sizeof(size_t));
+        if (rejected[i].tail_at >= 0)
+            params_buf[n + (size_t)rejected[i].tail_at] = 0x7f;
+        expect_rejected((const tk_attention_kvcache_params *)params_buf, TK_ERROR_INVALID_VALUE,
+                        "p->size", true);
+    }
+    if (tk_test_have_device())
+        return; /* host buffers cannot stand in for a valid call on a GPU machine */
+    memset(params_buf, 0, sizeof params_buf);
+    memcpy(params_buf, &ok, n);
+    const size_t longer = n + 64;
+    memcpy(params_buf, &longer, sizeof longer);
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd((const tk_attention_kvcache_params *)params_buf, NULL),
+                     TK_ERROR_NO_DEVICE, "no usable CUDA device");
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+}
+
+Test(attention_kvcache_args, empty_calls_are_noops) {
+    tk_attention_kvcache_params p = TK_ATTENTION_KVCACHE_PARAMS_INIT;
+    p.seqlen_q = 1;
+    p.heads_q = p.heads_kv = 1;
+    p.head_dim = 128;
+    p.max_seqlen_k = 16;
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_SUCCESS, "");
+    const char *name = NULL;
+    TK_EXPECT_STATUS(tk_attention_kvcache_supported(&p, &name), TK_SUCCESS, "");
+    cr_assert_str_eq(name, "");
+    size_t bytes = 7;
+    TK_EXPECT_STATUS(tk_attention_kvcache_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, 0);
+    /* Sequences, but no query token. */
+    p.batch = 3;
+    p.cu_seqlens_q = (const int32_t *)(in_buf + CU_AT);
+    p.total_q = 0;
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_SUCCESS, "");
+    cr_assert_str_empty(tk_last_error());
+}
+
+Test(attention_kvcache_args, no_device_is_reported) {
+    if (tk_test_have_device())
+        cr_skip_test("a CUDA device is present; this test covers machines without one");
+    const tk_attention_kvcache_params ok = host_params();
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&ok, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
+    size_t bytes = 7;
+    TK_EXPECT_STATUS(tk_attention_kvcache_workspace_size(&ok, &bytes), TK_ERROR_NO_DEVICE,
+                     "no usable CUDA device");
+    TK_EXPECT_STATUS(tk_attention_kvcache_workspace_size(&ok, NULL), TK_ERROR_NULL_POINTER, "'bytes'");
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+}
+
+Test(attention_kvcache_args, force_variant_names) {
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_kvcache", "decode_sm80"), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_kvcache", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_kvcache", "flash3"),
+                     TK_ERROR_INVALID_VALUE, "\"decode_sm80\"");
+}
+
+/* ------------------------------------------------------------------------ GPU checks ---- */
+
+#define MAX_BATCH 8
+
+typedef struct kv_case {
+    tk_dtype dtype;
+    int64_t batch, heads_q, heads_kv, head_dim;
+    int64_t seqlen_q;          /* every sequence's queries (varlen = false) */
+    bool varlen;
+    int32_t q_lens[MAX_BATCH]; /* varlen: queries of each sequence (0 allowed) */
+    int32_t k_lens[MAX_BATCH]; /* keys of each sequence's cache */
+    int64_t capacity;          /* keys per sequence the cache can hold */
+    int64_t page_size;         /* 0: contiguous cache */
+    bool padded;               /* cache as [page, head, slot, D] with rows padded by 8 */
+    int causal;
+    int64_t window_left, window_right;
+    float softcap;
+    bool alibi, lse;
+    int64_t num_splits;
+    bool append;               /* k_new / v_new: one new key per query, appended first */
+} kv_case;
+
+static void kv_case_name(const kv_case *c, char *out, size_t size) {
+    char lens[160] = "";
+    for (int64_t b = 0, n = 0; b < c->batch && n < (int64_t)sizeof lens - 24; b++)
+        n += snprintf(lens + n, sizeof lens - (size_t)n, "%s%d/%d", b ? "," : "",
+                      c->varlen ? c->q_lens[b] : (int)c->seqlen_q, c->k_lens[b]);
+    snprintf(out, size,
+             "%s B%lld H%lld/%lld D%lld q/k [%s] cap %lld page %lld%s causal %d window (%lld, "
+             "%lld) softcap %g%s%s splits %lld%s",
+             tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->heads_q,
+             (long long)c->heads_kv, (long long)c->head_dim, lens, (long long)c->capacity,
+             (long long)c->page_size, c->padded ? " padded" : "", c->causal,
+             (long long)c->window_left, (long long)c->window_right, (double)c->softcap,
+             c->alibi ? " alibi" : "", c->lse ? " lse" : "", (long long)c->num_splits,
+             c->append ? " append" : "");
+}
+
+/* FlashAttention's representation term (tests/test_attention.c). */
+static double representation_term(tk_dtype dtype, double exact) {
+    const double r = tk_test_round(dtype, exact);
+    return 2.0 * fabs(tk_test_round(dtype, tk_test_round(dtype, r + 0.3) - 0.3) - r);
+}
+
+static double *to_double(tk_dtype dtype, const void *host, int64_t n) {
+    double *r = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    cr_assert(r != NULL);
+    for (int64_t i = 0; i < n; i++)
+        r[i] = tk_test_load(dtype, host, i);
+    return r;
+}
+
+/* Runs one case on inputs drawn from `seed` and checks o and lse against the reference. */
+static void run_kv_case(const kv_case *c, uint64_t seed) {
+    char what[512];
+    kv_case_name(c, what, sizeof what);
+    tk_rng rng = tk_rng_seeded(seed);
+    const int64_t d = c->head_dim, hq = c->heads_q, hkv = c->heads_kv;
+    const size_t es = tk_test_dtype_size(c->dtype);
+
+    tk_attention_kvcache_params p = TK_ATTENTION_KVCACHE_PARAMS_INIT;
+    p.dtype = c->dtype;
+    p.batch = c->batch;
+    p.heads_q = hq;
+    p.heads_kv = hkv;
+    p.head_dim = d;
+    p.causal = c->causal;
+    p.window_left = c->window_left;
+    p.window_right = c->window_right;
+    p.softcap = c->softcap;
+    p.return_lse = c->lse;
+    p.num_splits = c->num_splits;
+
+    /* Queries: cu_seqlens from the lengths, or seqlen_q each. */
+    int32_t cu[MAX_BATCH + 1] = {0};
+    int64_t max_q = 1;
+    for (int64_t b = 0; b < c->batch; b++) {
+        const int32_t n = c->varlen ? c->q_lens[b] : (int32_t)c->seqlen_q;
+        cu[b + 1] = cu[b] + n;
+        max_q = n > max_q ? n : max_q;
+    }
+    const int64_t tokens = cu[c->batch];
+    p.seqlen_q = c->varlen ? max_q : c->seqlen_q;
+    /* The cache: pages (or sequences) of `rows` slots; paged caches get spare pages and a
+     * shuffled table whose entries past each sequence's keys are -1 (never read). */
+    const bool paged = c->page_size > 0;
+    const int64_t rows = paged ? c->page_size : c->capacity;
+    const int64_t pages_per_seq = paged ? (c->capacity + c->page_size - 1) / c->page_size : 1;
+    /* What a sequence can hold is its whole pages' worth: appends fill the last page. */
+    const int64_t held = paged ? pages_per_seq * c->page_size : c->capacity;
+    /* Keys each sequence attends to: the cache, plus its queries' keys when appending (up to
+     * what the sequence holds). */
+    int32_t k_after[MAX_BATCH] = {0};
+    for (int64_t b = 0; b < c->batch; b++) {
+        const int64_t n = c->k_lens[b] + (c->append ? cu[b + 1] - cu[b] : 0);
+        k_after[b] = (int32_t)(n < held ? n : held);
+    }
+    p.total_q = c->varlen ? tokens : 0;
+    const int64_t nq = tokens * hq * d;
+
+    const int64_t num_pages = paged ? c->batch * pages_per_seq + 3 : c->batch;
+    int64_t st[4];
+    st[3] = 1;
+    if (c->padded) {
+        st[1] = d + 8, st[2] = rows * st[1], st[0] = hkv * st[2] + 64;
+    } else {
+        st[2] = d, st[1] = hkv * d, st[0] = rows * hkv * d;
+    }
+    const int64_t nk = num_pages * st[0];
+    int32_t *table = NULL;
+    if (paged) {
+        int32_t *perm = malloc((size_t)num_pages * sizeof(int32_t));
+        table = malloc((size_t)(c->batch * pages_per_seq) * sizeof(int32_t));
+        cr_assert(perm && table);
+        for (int64_t i = 0; i < num_pages; i++)
+            perm[i] = (int32_t)i;
+        for (int64_t i = num_pages - 1; i > 0; i--) {
+            const int64_t j = (int64_t)tk_rng_uniform(&rng, 0.0, (double)(i + 1)) % (i + 1);
+            const int32_t t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t i = 0; i < pages_per_seq; i++)
+                table[b * pages_per_seq + i] =
+                    i * c->page_size < k_after[b] ? perm[b * pages_per_seq + i] : -1;
+        free(perm);
+        p.block_table = NULL; /* set to the device copy below */
+        p.num_pages = num_pages;
+        p.page_size = c->page_size;
+        p.max_pages_per_seq = pages_per_seq;
+    } else {
+        p.max_seqlen_k = c->capacity;
+    }
+    if (c->padded) {
+        memcpy(p.k_strides, st, sizeof st);
+        memcpy(p.v_strides, st, sizeof st);
+    }
+
+    void *hqb = malloc((size_t)(nq > 0 ? nq : 1) * es), *hk = malloc((size_t)nk * es);
+    void *hv = malloc((size_t)nk * es);
+    uint16_t *ho = malloc((size_t)(nq > 0 ? nq : 1) * es);
+    const int64_t n_lse = tokens * hq;
+    float *hlse = malloc((size_t)(n_lse > 0 ? n_lse : 1) * sizeof(float));
+    float *hslopes = malloc((size_t)hq * sizeof(float));
+    cr_assert(hqb && hk && hv && ho && hlse && hslopes);
+    tk_fill_uniform(&rng, c->dtype, hqb, nq, -1.0, 1.0);
+    tk_fill_uniform(&rng, c->dtype, hk, nk, -1.0, 1.0);
+    tk_fill_uniform(&rng, c->dtype, hv, nk, -1.0, 1.0);
+    const int64_t n_new = c->append ? tokens * hkv * d : 0; /* dense [tokens, heads_kv, D] */
+    void *hkn = malloc((size_t)(n_new > 0 ? n_new : 1) * es), *hvn = malloc((size_t)(n_new > 0 ? n_new : 1) * es);
+    cr_assert(hkn && hvn);
+    tk_fill_uniform(&rng, c->dtype, hkn, n_new, -1.0, 1.0);
+    tk_fill_uniform(&rng, c->dtype, hvn, n_new, -1.0, 1.0);
+    for (int64_t h = 0; h < hq; h++)
+        hslopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)hq);
+
+    void *dq = tk_dev_alloc((size_t)(nq > 0 ? nq : 1) * es), *dk = tk_dev_alloc((size_t)nk * es);
+    void *dv = tk_dev_alloc((size_t)nk * es), *dout = tk_dev_alloc((size_t)(nq > 0 ? nq : 1) * es);
+    void *dlse = tk_dev_alloc((size_t)(n_lse > 0 ? n_lse : 1) * sizeof(float));
+    void *dslopes = tk_dev_alloc((size_t)hq * sizeof(float));
+    void *dlens = tk_dev_alloc(MAX_BATCH * sizeof(int32_t)), *dcu = tk_dev_alloc(sizeof cu);
+    void *dtable = paged ? tk_dev_alloc((size_t)(c->batch * pages_per_seq) * sizeof(int32_t)) : NULL;
+    tk_to_dev(dq, hqb, (size_t)nq * es);
+    tk_to_dev(dk, hk, (size_t)nk * es);
+    tk_to_dev(dv, hv, (size_t)nk * es);
+    tk_to_dev(dslopes, hslopes, (size_t)hq * sizeof(float));
+    tk_to_dev(dlens, c->k_lens, MAX_BATCH * sizeof(int32_t));
+    tk_to_dev(dcu, cu, sizeof cu);
+    if (paged)
+        tk_to_dev(dtable, table, (size_t)(c->batch * pages_per_seq) * sizeof(int32_t));
+    tk_dev_poison(dout, (size_t)(nq > 0 ? nq : 1) * es);
+    tk_dev_poison(dlse, (size_t)(n_lse > 0 ? n_lse : 1) * sizeof(float));
+    p.q = dq;
+    p.k_cache = dk;
+    p.v_cache = dv;
+    p.o = dout;
+    p.lse = dlse;
+    p.alibi_slopes = c->alibi ? dslopes : NULL;
+    p.seqlens_k = dlens;
+    p.cu_seqlens_q = c->varlen ? dcu : NULL;
+    p.block_table = dtable;
+    void *dkn = NULL, *dvn = NULL;
+    if (c->append) {
+        dkn = tk_dev_alloc((size_t)(n_new > 0 ? n_new : 1) * es);
+        dvn = tk_dev_alloc((size_t)(n_new > 0 ? n_new : 1) * es);
+        tk_to_dev(dkn, hkn, (size_t)n_new * es);
+        tk_to_dev(dvn, hvn, (size_t)n_new * es);
+        p.k_new = dkn;
+        p.v_new = dvn;
+    }
+
+    size_t ws_bytes = 0;
+    cr_assert_eq(tk_attention_kvcache_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s: %s", what,
+                 tk_last_error());
+    void *dws = ws_bytes ? tk_dev_alloc(ws_bytes) : NULL;
+    if (dws)
+        tk_dev_poison(dws, ws_bytes);
+    p.workspace = dws;
+    p.workspace_bytes = ws_bytes;
+    const char *named = NULL;
+    TK_EXPECT_STATUS(tk_attention_kvcache_supported(&p, &named), TK_SUCCESS, "");
+    cr_assert_str_eq(named, tokens > 0 ? "decode_sm80" : "");
+    const tk_status s = tk_attention_kvcache_fwd(&p, NULL);
+    cr_assert_eq(s, TK_SUCCESS, "%s: %s", what, tk_last_error());
+    tk_dev_sync();
+    tk_to_host(ho, dout, (size_t)nq * es);
+    tk_to_host(hlse, dlse, (size_t)n_lse * sizeof(float));
+
+    /* The reference reads the caches through the call's strides. */
+    tk_attention_kvcache_params ref = p;
+    memcpy(ref.k_strides, st, sizeof st);
+    memcpy(ref.v_strides, st, sizeof st);
+    const ref_kvcache_inputs keys = {&ref, NULL, NULL, NULL, k_after, c->varlen ? cu : NULL, table, NULL};
+    if (c->append) { /* the appended rows, on the host; then the caches must match bit for bit */
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t t = cu[b]; t < cu[b + 1]; t++) {
+                const int64_t j = c->k_lens[b] + t - cu[b];
+                if (j >= held)
+                    continue;
+                for (int64_t h = 0; h < hkv; h++) {
+                    const int64_t kat = ref_kvcache_key_offset(&keys, b, j, h, false);
+                    const int64_t vat = ref_kvcache_key_offset(&keys, b, j, h, true);
+                    memcpy((char *)hk + kat * (int64_t)es, (char *)hkn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
+                    memcpy((char *)hv + vat * (int64_t)es, (char *)hvn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
+                }
+            }
+        tk_assert_dev_bytes_equal(dk, hk, (size_t)nk * es, "k_cache after the append");
+        tk_assert_dev_bytes_equal(dv, hv, (size_t)nk * es, "v_cache after the append");
+    }
+    ref.q_strides[0] = c->seqlen_q * hq * d, ref.q_strides[1] = hq * d, ref.q_strides[2] = d,
+    ref.q_strides[3] = 1;
+    double *q64 = to_double(c->dtype, hqb, nq), *k64 = to_double(c->dtype, hk, nk);
+    double *v64 = to_double(c->dtype, hv, nk);
+    const ref_kvcache_inputs in = {&ref, q64, k64, v64, k_after, c->varlen ? cu : NULL, table,
+                                   c->alibi ? hslopes : NULL};
+    double *exact = malloc((size_t)d * sizeof(double)), *naive = malloc((size_t)d * sizeof(double));
+    cr_assert(exact && naive);
+    double err = 0.0, err_naive = 0.0, atol = 0.0, lse_err = 0.0;
+    int64_t bad = 0, first_bad = -1, worst = -1, lse_bad = 0;
+    for (int64_t b = 0; b < c->batch; b++) {
+        int64_t first;
+        const int64_t sq = ref_kvcache_seqlen_q(&in, b, &first);
+        for (int64_t i = 0; i < sq; i++)
+            for (int64_t h = 0; h < hq; h++) {
+                double lse_exact, lse_naive;
+                ref_kvcache_row(&in, b, i, h, false, exact, &lse_exact);
+                ref_kvcache_row(&in, b, i, h, true, naive, &lse_naive);
+                const int64_t row = ((first + i) * hq + h) * d;
+                for (int64_t e = 0; e < d; e++) {
+                    const double g = tk_test_load(c->dtype, ho, row + e);
+                    if (!isfinite(g)) {
+                        if (bad++ == 0)
+                            first_bad = row + e;
+                        continue;
+                    }
+                    if (fabs(g - exact[e]) > err)
+                        err = fabs(g - exact[e]), worst = row + e;
+                    err_naive = fmax(err_naive, fabs(naive[e] - exact[e]));
+                    atol = fmax(atol, representation_term(c->dtype, exact[e]));
+                }
+                const float got = hlse[c->varlen ? h * tokens + first + i : (b * hq + h) * c->seqlen_q + i];
+                if (!c->lse)
+                    lse_bad += !isnan(got);
+                else if (isinf(lse_exact))
+                    lse_bad += !(isinf(got) && got < 0);
+                else if (!isfinite(got) || fabs(got - lse_exact) > tk_default_rtol(TK_F32) * (1.0 + fabs(lse_exact)))
+                    lse_bad++;
+                else
+                    lse_err = fmax(lse_err, fabs(got - lse_exact));
+            }
+    }
+    cr_assert(bad == 0, "%s: %lld non-finite outputs (first at element %lld)", what,
+              (long long)bad, (long long)first_bad);
+    cr_assert(err <= 2.0 * err_naive + atol,
+              "%s: max |o - ref| = %.3g at element %lld > 2 x naive %s error %.3g + %.3g", what,
+              err, (long long)worst, tk_test_dtype_name(c->dtype), err_naive, atol);
+    cr_assert(lse_bad == 0, "%s: %lld lse values wrong (max error of the good ones %.3g)", what,
+              (long long)lse_bad, lse_err);
+
+    free(q64); free(k64); free(v64); free(exact); free(naive); free(table);
+    free(hqb); free(hk); free(hv); free(ho); free(hlse); free(hslopes); free(hkn); free(hvn);
+    if (dkn)
+        tk_dev_free(dkn), tk_dev_free(dvn);
+    tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dout); tk_dev_free(dlse);
+    tk_dev_free(dslopes); tk_dev_free(dlens); tk_dev_free(dcu);
+    if (dtable)
+        tk_dev_free(dtable);
+    if (dws)
+        tk_dev_free(dws);
+}
+
+/* A decode case: one query per sequence, GQA 32/8, no mask options. */
+static kv_case decode_case(tk_dtype dtype, int64_t head_dim, int64_t batch, const int32_t *k_lens,
+                           int64_t capacity, int64_t page_size) {
+    kv_case c = {0};
+    c.dtype = dtype;
+    c.batch = batch;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.head_dim = head_dim;
+    c.seqlen_q = 1;
+    for (int64_t b = 0; b < batch; b++)
+        c.k_lens[b] = k_lens[b];
+    c.capacity = capacity;
+    c.page_size = page_size;
+    c.window_left = c.window_right = -1;
+    c.lse = true;
+    return c;
+}
+
+/* Lengths 0, 1, a page boundary -1, +0, +1 (for page size 16 and 64 alike) and a long one. */
+static const int32_t EDGE_LENS[6] = {0, 1, 63, 64, 65, 300};
+
+Test(attention_kvcache_gpu, contiguous_every_head_dim_and_dtype) {
+    TK_REQUIRE_GPU();
+    const int64_t dims[3] = {64, 128, 256};
+    const tk_dtype dtypes[2] = {TK_BF16, TK_F16};
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < 3; i++) {
+            kv_case c = decode_case(dtypes[t], dims[i], 6, EDGE_LENS, 320, 0);
+            run_kv_case(&c, 100 + (uint64_t)(t * 3 + i));
+        }
+}
+
+Test(attention_kvcache_gpu, paged_every_page_size_shuffled) {
+    TK_REQUIRE_GPU();
+    const int64_t sizes[8] = {1, 3, 8, 16, 17, 32, 64, 256};
+    for (int i = 0; i < 8; i++) {
+        const int64_t ps = sizes[i];
+        const int32_t lens[6] = {0, 1, (int32_t)ps - 1 > 0 ? (int32_t)ps - 1 : 2, (int32_t)ps,
+                                 (int32_t)ps + 1, (int32_t)(3 * ps + 1)};
+        kv_case c = decode_case(TK_BF16, 128, 6, lens, 3 * ps + 2, ps);
+        run_kv_case(&c, 200 + (uint64_t)i);
+        c.padded = true;
+        c.head_dim = 64;
+        run_kv_case(&c, 220 + (uint64_t)i);
+    }
+}
+
+Test(attention_kvcache_gpu, gqa_groups_1_to_8) {
+    TK_REQUIRE_GPU();
+    for (int64_t g = 1; g <= 8; g++) {
+        kv_case c = decode_case(TK_BF16, 128, 6, EDGE_LENS, 300, 16);
+        c.heads_kv = 2;
+        c.heads_q = 2 * g;
+        c.seqlen_q = g == 3 ? 7 : 2; /* 21 rows of a group of 3: two row chunks */
+        c.causal = 1;
+        run_kv_case(&c, 300 + (uint64_t)g);
+    }
+}
+
+Test(attention_kvcache_gpu, every_split_count) {
+    TK_REQUIRE_GPU();
+    const int64_t splits[9] = {0, 1, 2, 3, 5, 8, 19, 40, 1024}; /* 40 and 1024: more than pages */
+    for (int i = 0; i < 9; i++) {
+        kv_case c = decode_case(TK_BF16, 128, 6, EDGE_LENS, 320, 16);
+        c.num_splits = splits[i];
+        c.lse = i % 2 == 0;
+        run_kv_case(&c, 400 + (uint64_t)i);
+        c.page_size = 0;
+        c.alibi = true;
+        run_kv_case(&c, 420 + (uint64_t)i);
+    }
+}
+
+Test(attention_kvcache_gpu, windows_shorter_and_longer_than_the_cache) {
+    TK_REQUIRE_GPU();
+    const int64_t lefts[5] = {0, 5, 40, 299, 5000};
+    for (int i = 0; i < 5; i++) {
+        kv_case c = decode_case(TK_BF16, 128, 6, EDGE_LENS, 300, 16);
+        c.seqlen_q = 3;
+        c.causal = 1;
+        c.window_left = lefts[i];
+        c.num_splits = i % 2 ? 3 : 0;
+        run_kv_case(&c, 500 + (uint64_t)i);
+        c.causal = 0; /* a two-sided window that reaches past the last key */
+        c.window_right = lefts[i] / 2;
+        run_kv_case(&c, 510 + (uint64_t)i);
+    }
+}
+
+Test(attention_kvcache_gpu, varlen_queries_with_empty_sequences) {
+    TK_REQUIRE_GPU();
+    kv_case c = decode_case(TK_BF16, 128, 6, EDGE_LENS, 320, 16);
+    c.varlen = true;
+    const int32_t q_lens[6] = {0, 1, 40, 3, 0, 37};
+    const int32_t k_lens[6] = {5, 1, 64, 0, 10, 300};
+    memcpy(c.q_lens, q_lens, sizeof q_lens);
+    memcpy(c.k_lens, k_lens, sizeof k_lens);
+    c.causal = 1; /* rows of query 40 against 1 .. 64 keys: some rows see nothing */
+    for (int64_t splits = 0; splits <= 4; splits += 2) {
+        c.num_splits = splits;
+        run_kv_case(&c, 600 + (uint64_t)splits);
+    }
+    c.page_size = 0;
+    c.causal = 0;
+    c.window_left = 20, c.window_right = 3;
+    run_kv_case(&c, 610);
+}
+
+Test(attention_kvcache_gpu, softcap_alibi_scale) {
+    TK_REQUIRE_GPU();
+    kv_case c = decode_case(TK_F16, 256, 6, EDGE_LENS, 300, 64);
+    c.softcap = 1.5f;
+    c.alibi = true;
+    run_kv_case(&c, 700);
+    c.head_dim = 64;
+    c.num_splits = 4;
+    c.seqlen_q = 5;
+    c.causal = 1;
+    run_kv_case(&c, 701);
+}
+
+Test(attention_kvcache_gpu, chunked_prefill_on_a_paged_cache) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[2] = {300, 177};
+    kv_case c = decode_case(TK_BF16, 128, 2, lens, 320, 16);
+    c.seqlen_q = 100;
+    c.heads_q = 4, c.heads_kv = 2;
+    c.causal = 1;
+    run_kv_case(&c, 800);
+}
+
+/* Appends of 1 and 3 keys that cross a page (lengths page - 1 and page - 2 +3), into empty
+ * caches, past the capacity (dropped), varlen with empty sequences; then attention over the
+ * new lengths. */
+Test(attention_kvcache_gpu, appends_crossing_pages) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[6] = {0, 15, 14, 63, 64, 298};
+    const int64_t pages[3] = {16, 0, 5};
+    for (int i = 0; i < 3; i++) {
+        kv_case c = decode_case(TK_BF16, 128, 6, lens, 300, pages[i]);
+        c.append = true;
+        c.seqlen_q = i == 0 ? 1 : 3;
+        c.causal = 1;
+        c.num_splits = i == 2 ? 3 : 0;
+        run_kv_case(&c, 1000 + (uint64_t)i);
+    }
+    kv_case c = decode_case(TK_F16, 64, 6, lens, 300, 16);
+    c.append = true;
+    c.varlen = true;
+    const int32_t q_lens[6] = {2, 0, 3, 1, 0, 4};
+    memcpy(c.q_lens, q_lens, sizeof q_lens);
+    c.causal = 1;
+    c.window_left = 7;
+    run_kv_case(&c, 1010);
+}
+
+Test(attention_kvcache_gpu, long_cache_splits_automatically) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[1] = {20000};
+    kv_case c = decode_case(TK_BF16, 128, 1, lens, 20000, 64);
+    run_kv_case(&c, 900);
+}
+
+/* The automatic split count follows the capacity, so lengths spread from empty to full leave
+ * most splits of the short sequences without keys (and splits shorter than a page). */
+Test(attention_kvcache_gpu, automatic_splits_with_lengths_spread_widely) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[8] = {0, 1, 8191, 17, 0, 300, 4096, 2};
+    for (int i = 0; i < 2; i++) {
+        kv_case c = decode_case(TK_BF16, 128, 8, lens, 8192, i == 0 ? 16 : 0);
+        run_kv_case(&c, 1100 + (uint64_t)i);
+    }
+}
+
+/* Device-side lengths and pages the host cannot check: out-of-range values must not fault. */
+Test(attention_kvcache_gpu, bad_device_side_values_do_not_fault) {
+    TK_REQUIRE_GPU();
+    tk_attention_kvcache_params p = TK_ATTENTION_KVCACHE_PARAMS_INIT;
+    p.batch = 2, p.seqlen_q = 1, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 64;
+    p.num_pages = 2, p.page_size = 16, p.max_pages_per_seq = 2;
+    const size_t cache = 2 * 16 * 2 * 64 * 2, q_bytes = 2 * 4 * 64 * 2;
+    const int32_t table[4] = {-5, 1, 7, 0}, lens[2] = {1000, -3};
+    void *dk = tk_dev_alloc(cache), *dq = tk_dev_alloc(q_bytes), *dout = tk_dev_alloc(q_bytes);
+    void *dtable = tk_dev_alloc(sizeof table), *dlens = tk_dev_alloc(sizeof lens);
+    void *zeros = calloc(cache, 1);
+    cr_assert(zeros != NULL);
+    tk_to_dev(dk, zeros, cache);
+    tk_to_dev(dq, zeros, q_bytes);
+    free(zeros);
+    tk_to_dev(dtable, table, sizeof table);
+    tk_to_dev(dlens, lens, sizeof lens);
+    p.q = dq, p.k_cache = dk, p.v_cache = dk, p.o = dout;
+    p.block_table = dtable, p.seqlens_k = dlens;
+    for (int64_t splits = 1; splits <= 3; splits += 2) {
+        p.num_splits = splits;
+        size_t bytes = 0;
+        cr_assert_eq(tk_attention_kvcache_workspace_size(&p, &bytes), TK_SUCCESS);
+        void *ws = bytes ? tk_dev_alloc(bytes) : NULL;
+        p.workspace = ws, p.workspace_bytes = bytes;
+        cr_assert_eq(tk_attention_kvcache_fwd(&p, NULL), TK_SUCCESS, "%s", tk_last_error());
+        tk_dev_sync();
+        if (ws)
+            tk_dev_free(ws);
+    }
+    /* A workspace missing or too small is refused. */
+    p.num_splits = 3;
+    p.workspace = NULL;
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_ERROR_NULL_POINTER, "p->workspace");
+    p.workspace = dk, p.workspace_bytes = 4;
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_ERROR_INVALID_VALUE, "p->workspace_bytes");
+    tk_dev_free(dk); tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dtable); tk_dev_free(dlens);
+}
