@@ -555,6 +555,132 @@ def test_attention_strided_views_supported_query_and_errors():
         tkern.attention(q, rand(B, S, H, 128, dtype=torch.float16), v)
 
 
+# ------------------------------------------------------------------ attention over a KV cache --
+def paged(full, page_size, table=None, spare=3):
+    """full [B, capacity, H, D] scattered into shuffled pages: (pages [num_pages, page_size, H,
+    D], block_table int32 [B, capacity / page_size]); `spare` random pages belong to no
+    sequence. A given table places a second cache (the values) in the same pages."""
+    B, cap = full.shape[:2]
+    per_seq = cap // page_size
+    if table is None:
+        table = torch.randperm(B * per_seq + spare, device=DEV)[:B * per_seq].view(B, per_seq)
+        table = table.to(torch.int32)
+    pages = rand(B * per_seq + spare, page_size, *full.shape[2:], dtype=full.dtype)
+    pages[table.long().flatten()] = full.reshape(B * per_seq, page_size, *full.shape[2:])
+    return pages, table
+
+
+def unpaged(pages, table):
+    """The [B, capacity, H, D] view of a paged cache, for comparing what was written."""
+    B, per_seq = table.shape
+    return pages[table.long().flatten()].reshape(B, per_seq * pages.shape[1], *pages.shape[2:])
+
+
+KVCACHE_CASES = [
+    dict(B=3, Sq=1, Hq=8, Hkv=2, D=128, lens=[1, 77, 300]),
+    dict(B=2, Sq=1, Hq=4, Hkv=1, D=64, lens=[513, 1000], causal=True, window=(127, 0)),
+    dict(B=2, Sq=4, Hq=4, Hkv=4, D=256, lens=[4, 250], causal=True, softcap=30.0),
+    dict(B=4, Sq=3, Hq=16, Hkv=2, D=128, lens=[3, 64, 65, 1023], causal=True, num_splits=1),
+    dict(B=1, Sq=1, Hq=8, Hkv=8, D=64, lens=[4096], num_splits=16, scale=0.2),
+]
+
+
+def test_attention_kvcache_contiguous_and_paged_against_fp64_reference():
+    for dtype in (torch.float16, torch.bfloat16):
+        for case in KVCACHE_CASES:
+            c = dict(case)
+            B, Sq, Hq, Hkv, D, lens = (c.pop(n) for n in ("B", "Sq", "Hq", "Hkv", "D", "lens"))
+            splits = c.pop("num_splits", 0)
+            cap = (max(lens) + 63) // 64 * 64
+            q = rand(B, Sq, Hq, D, dtype=dtype)
+            k = rand(B, cap, Hkv, D, dtype=dtype)
+            v = rand(B, cap, Hkv, D, dtype=dtype)
+            seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+            for page_size in (None, 16, 64):
+                what = (f"attention_kvcache {NAMES[dtype]} page_size={page_size} B{B} Sq{Sq} "
+                        f"H{Hq}/{Hkv} D{D} lens={lens} splits={splits} {c}")
+                if page_size is None:
+                    kc, vc, table = k, v, None
+                else:
+                    kc, table = paged(k, page_size)
+                    vc, _ = paged(v, page_size, table)
+                kc0, vc0 = kc.clone(), vc.clone()
+                o, lse = tkern.attention_kvcache(q, kc, vc, seqlens, block_table=table,
+                                                 return_lse=True, num_splits=splits, **c)
+                assert o.shape == q.shape and lse.shape == (B, Hq, Sq), what
+                assert torch.equal(kc, kc0) and torch.equal(vc, vc0), f"{what}: cache written"
+                for b, n in enumerate(lens):
+                    check_attention(o[b:b + 1], q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n],
+                                    f"{what} sequence {b}", lse=lse[b:b + 1], **c)
+
+
+def test_attention_kvcache_varlen_chunked_prefill_appends_then_attends():
+    B, Hq, Hkv, D, cap = 3, 8, 2, 128, 128
+    q_lens, lens = [1, 5, 17], [10, 0, 40]
+    starts, total = [0, 1, 6, 23], 23
+    cu = torch.tensor(starts, dtype=torch.int32, device=DEV)
+    for dtype in (torch.float16, torch.bfloat16):
+        for page_size in (None, 16):
+            for window in (None, (7, 0)):
+                what = f"attention_kvcache append {NAMES[dtype]} page_size={page_size} {window}"
+                q = rand(total, Hq, D, dtype=dtype)
+                k_new, v_new = rand(total, Hkv, D, dtype=dtype), rand(total, Hkv, D, dtype=dtype)
+                k, v = rand(B, cap, Hkv, D, dtype=dtype), rand(B, cap, Hkv, D, dtype=dtype)
+                k_after, v_after = k.clone(), v.clone()
+                for b in range(B):
+                    rows = slice(lens[b], lens[b] + q_lens[b])
+                    k_after[b, rows] = k_new[starts[b]:starts[b + 1]]
+                    v_after[b, rows] = v_new[starts[b]:starts[b + 1]]
+                if page_size is None:
+                    kc, vc, table = k.clone(), v.clone(), None
+                else:
+                    kc, table = paged(k, page_size)
+                    vc, _ = paged(v, page_size, table)
+                spare = kc.clone(), vc.clone()
+                seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+                o, lse = tkern.attention_kvcache(
+                    q, kc, vc, seqlens, block_table=table, cu_seqlens_q=cu,
+                    max_seqlen_q=max(q_lens), k_new=k_new, v_new=v_new, causal=True,
+                    window=window, return_lse=True)
+                assert o.shape == q.shape and lse.shape == (Hq, total), what
+                assert seqlens.tolist() == lens, f"{what}: cache_seqlens was updated"
+                if page_size is None:
+                    assert torch.equal(kc, k_after) and torch.equal(vc, v_after), what
+                else:
+                    assert torch.equal(unpaged(kc, table), k_after), f"{what}: k pages"
+                    assert torch.equal(unpaged(vc, table), v_after), f"{what}: v pages"
+                    unused = torch.ones(kc.shape[0], dtype=torch.bool, device=DEV)
+                    unused[table.long().flatten()] = False
+                    assert torch.equal(kc[unused], spare[0][unused]), f"{what}: spare pages"
+                    assert torch.equal(vc[unused], spare[1][unused]), f"{what}: spare pages"
+                for b in range(B):
+                    tokens, n = slice(starts[b], starts[b + 1]), lens[b] + q_lens[b]
+                    check_attention(o[tokens].unsqueeze(0), q[tokens].unsqueeze(0),
+                                    k_after[b:b + 1, :n], v_after[b:b + 1, :n],
+                                    f"{what} sequence {b}", lse=lse[:, tokens].unsqueeze(0),
+                                    causal=True, window=window)
+
+
+def test_attention_kvcache_empty_sequence_supported_query_and_errors():
+    q = rand(2, 1, 4, 64, dtype=torch.bfloat16)
+    k, v = rand(2, 64, 2, 64, dtype=torch.bfloat16), rand(2, 64, 2, 64, dtype=torch.bfloat16)
+    seqlens = torch.tensor([0, 33], dtype=torch.int32, device=DEV)
+    o, lse = tkern.attention_kvcache(q, k, v, seqlens, return_lse=True)
+    assert torch.equal(o[0], torch.zeros_like(o[0])), "a sequence with no keys gets o = 0"
+    assert bool(torch.isneginf(lse[0]).all()), "a sequence with no keys gets lse = -inf"
+    check_attention(o[1:], q[1:], k[1:, :33], v[1:, :33], "attention_kvcache next to an empty "
+                    "sequence", lse=lse[1:])
+    ok, variant = tkern.attention_kvcache_supported(q, k, v, seqlens)
+    assert ok and variant == "decode_sm80", variant
+    bad = rand(2, 1, 4, 96, dtype=torch.bfloat16)
+    kbad = rand(2, 64, 2, 96, dtype=torch.bfloat16)
+    ok, reason = tkern.attention_kvcache_supported(bad, kbad, kbad, seqlens)
+    assert not ok and reason.startswith("TK_ERROR_NOT_SUPPORTED") and "head_dim" in reason
+    with pytest.raises(tkern.TkernError, match="TK_ERROR_INVALID_VALUE") as e:
+        tkern.attention_kvcache(q, k, v, seqlens, num_splits=2000)
+    assert "num_splits" in e.value.message, e.value.message
+
+
 # ------------------------------------------------------------------------------ gemm -------
 def test_gemm_layouts_epilogues_and_dtypes():
     for dtype in (torch.float16, torch.bfloat16):

@@ -538,6 +538,13 @@ def test_every_family_builds_parameters_the_library_accepts():
                                                   out=f(2, 8, 64, 64)),
         "sliding_window_attention": lambda: tkern.sliding_window_attention(
             f(1, 64, 4, 64), f(1, 64, 4, 64), f(1, 64, 4, 64), 15, out=f(1, 64, 4, 64)),
+        "attention_kvcache": lambda: tkern.attention_kvcache(
+            f(2, 1, 8, 128), f(2, 256, 2, 128), f(2, 256, 2, 128), f(2, t="<i4"),
+            causal=True, return_lse=True, out=f(2, 1, 8, 128), lse=f(2, 8, 1, t=F4)),
+        "attention_kvcache paged varlen append": lambda: tkern.attention_kvcache(
+            f(7, 4, 64), f(9, 16, 4, 64), f(9, 16, 4, 64), f(3, t="<i4"),
+            block_table=f(3, 3, t="<i4"), cu_seqlens_q=f(4, t="<i4"), max_seqlen_q=5,
+            k_new=f(7, 4, 64), v_new=f(7, 4, 64), window=(15, 0), out=f(7, 4, 64)),
         "gemm": lambda: tkern.gemm(f(64, 128), f(128, 32), f(32), "gelu", out=f(64, 32)),
         "gemm W^T": lambda: tkern.gemm(f(64, 128), f(128, 32, strides=(2, 256)), c=f(64, 32, t=F4),
                                        out_dtype="float32", out=f(64, 32, t=F4)),
@@ -631,6 +638,50 @@ def test_params_reject_unknown_field_names():
     q = FakeCudaArray((1, 8, 2, 64))
     with pytest.raises(TypeError, match="unexpected arguments: windw"):
         tkern.attention_supported(q, q, q, windw=(1, 0))
+    with pytest.raises(TypeError, match="unexpected arguments: causl"):
+        tkern.attention_kvcache_supported(q, q, q, FakeCudaArray((1,), "<i4"), causl=True)
+
+
+def test_attention_kvcache_argument_errors_are_the_librarys():
+    """What the header's sizes say is checked by libtkern, whose message surfaces unchanged;
+    the binding checks only what it alone knows: shapes against each other and int32 arrays."""
+    def f(*shape, t="<f2"):
+        return FakeCudaArray(shape, t)
+
+    lens = f(2, t="<i4")
+    cases = {
+        ("TK_ERROR_NOT_SUPPORTED", "p->head_dim = 96 is not supported; accepted: 64, 128, 256"):
+            (f(2, 1, 4, 96), f(2, 32, 2, 96), f(2, 32, 2, 96), dict(out=f(2, 1, 4, 96))),
+        ("TK_ERROR_INVALID_VALUE", "p->heads_q = 3 is not a multiple of p->heads_kv = 2"):
+            (f(2, 1, 3, 64), f(2, 32, 2, 64), f(2, 32, 2, 64), dict(out=f(2, 1, 3, 64))),
+        ("TK_ERROR_NOT_SUPPORTED", "p->dtype = TK_F32 is not supported"):
+            (f(2, 1, 4, 64, t="<f4"), f(2, 32, 2, 64, t="<f4"), f(2, 32, 2, 64, t="<f4"),
+             dict(out=f(2, 1, 4, 64, t="<f4"))),
+    }
+    for (status, message), (q, k, v, kw) in cases.items():
+        with pytest.raises(tkern.TkernError) as e:
+            tkern.attention_kvcache(q, k, v, lens, **kw)
+        assert e.value.status_name == status and message in e.value.message, str(e.value)
+        ok, reason = tkern.attention_kvcache_supported(q, k, v, lens, **kw)
+        assert not ok and reason.startswith(status + ": ") and message in reason, reason
+    q, k, out = f(2, 1, 4, 64), f(2, 32, 2, 64), f(2, 1, 4, 64)
+    binding = {
+        "argument 'cache_seqlens' has dtype int64": lambda: tkern.attention_kvcache(
+            q, k, k, f(2, t="<i8"), out=out),
+        r"argument 'cache_seqlens' has shape \(3,\), expected \(2,\)":
+            lambda: tkern.attention_kvcache(q, k, k, f(3, t="<i4"), out=out),
+        r"argument 'v_cache' has shape \(2, 16, 2, 64\)": lambda: tkern.attention_kvcache(
+            q, k, f(2, 16, 2, 64), lens, out=out),
+        r"argument 'k_new' has shape \(2, 1, 4, 64\), expected \(2, 1, 2, 64\)":
+            lambda: tkern.attention_kvcache(q, k, k, lens, k_new=q, v_new=q, out=out),
+        "argument 'q' must be 3-D": lambda: tkern.attention_kvcache(
+            q, k, k, lens, cu_seqlens_q=f(3, t="<i4"), out=out),
+        r"argument 'block_table' must be \[batch = 2": lambda: tkern.attention_kvcache(
+            q, k, k, lens, block_table=f(3, 4, t="<i4"), out=out),
+    }
+    for message, fn in binding.items():
+        with pytest.raises((TypeError, ValueError), match=message):
+            fn()
 
 
 # ------------------------------------------------------------- lifetimes on streams -----

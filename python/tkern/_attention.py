@@ -19,6 +19,20 @@ def _dims(a, layout):
 _PLANS = Plans()
 
 
+def alibi_and_window(c, heads_q, window):
+    """The checked alibi_slopes Array of Call c (or None) and window's (left, right)."""
+    aa = c.get("alibi_slopes")
+    if aa is not None:
+        aa.check_dtype(("float32",)).check_shape((heads_q,)).check_contiguous()
+    if window is None:
+        window = (-1, -1)
+    if len(window) != 2:
+        raise ValueError(f"argument 'window' = {window!r}; expected (left, right), -1 or None "
+                         "for unbounded")
+    left, right = (-1 if w is None else w for w in window)
+    return aa, left, right
+
+
 def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse, layout, out,
            lse, stream):
     if layout not in _LAYOUTS:
@@ -62,15 +76,7 @@ def _checked(c, *, causal, window, softcap, scale, return_lse, layout, out, lse)
                          f"and {c['v'].shape}")
     (_, sk, hkv, _), k_strides = kv["k"]
     v_strides = kv["v"][1]
-    aa = c.get("alibi_slopes")
-    if aa is not None:
-        aa.check_dtype(("float32",)).check_shape((hq,)).check_contiguous()
-    if window is None:
-        window = (-1, -1)
-    if len(window) != 2:
-        raise ValueError(f"argument 'window' = {window!r}; expected (left, right), -1 or None "
-                         "for unbounded")
-    left, right = (-1 if w is None else w for w in window)
+    aa, left, right = alibi_and_window(c, hq, window)
     if out is None:
         out, oa = c.output("out", None, qa.shape, qa.dtype)
     else:

@@ -57,6 +57,9 @@ SIGNATURES = {
     "tk_attention_fwd": (_status, [_ptr, _ptr]),
     "tk_attention_sliding_fwd": (_status, [_ptr, _i64, _ptr]),
     "tk_attention_supported": (_status, [_ptr, _strp]),
+    "tk_attention_kvcache_fwd": (_status, [_ptr, _ptr]),
+    "tk_attention_kvcache_workspace_size": (_status, [_ptr, _ptr]),
+    "tk_attention_kvcache_supported": (_status, [_ptr, _strp]),
     # gemm
     "tk_gemm": (_status, [_ptr, _ptr]),
     "tk_gemm_supported": (_status, [_ptr, _strp]),
@@ -245,6 +248,23 @@ class AttentionParams(_Params):
     DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
 
 
+class AttentionKvcacheParams(_Params):
+    _fields_ = [("size", _size), ("dtype", _i32), ("q", _ptr), ("k_cache", _ptr),
+                ("v_cache", _ptr), ("o", _ptr), ("batch", _i64), ("seqlen_q", _i64),
+                ("cu_seqlens_q", _ptr), ("total_q", _i64), ("seqlens_k", _ptr),
+                ("heads_q", _i64), ("heads_kv", _i64), ("head_dim", _i64),
+                ("max_seqlen_k", _i64), ("block_table", _ptr), ("block_table_stride", _i64),
+                ("num_pages", _i64), ("page_size", _i64), ("max_pages_per_seq", _i64),
+                ("q_strides", _i64 * 4), ("k_strides", _i64 * 4), ("v_strides", _i64 * 4),
+                ("o_strides", _i64 * 4), ("softmax_scale", _f32), ("causal", _i32),
+                ("window_left", _i64), ("window_right", _i64), ("softcap", _f32),
+                ("alibi_slopes", _ptr), ("return_lse", _i32), ("lse", _ptr),
+                ("num_splits", _i64), ("workspace", _ptr), ("workspace_bytes", _size),
+                ("k_new", _ptr), ("v_new", _ptr), ("k_new_strides", _i64 * 4),
+                ("v_new_strides", _i64 * 4)]
+    DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
+
+
 class GemmParams(_Params):
     _fields_ = [("size", _size), ("m", _i64), ("n", _i64), ("k", _i64), ("input_dtype", _i32),
                 ("output_dtype", _i32), ("b_layout", _i32), ("a", _ptr), ("lda", _i64),
@@ -263,6 +283,7 @@ STRUCTS = {
     "tk_softmax_params": SoftmaxParams,
     "tk_rope_params": RopeParams,
     "tk_attention_params": AttentionParams,
+    "tk_attention_kvcache_params": AttentionKvcacheParams,
     "tk_gemm_params": GemmParams,
 }
 
