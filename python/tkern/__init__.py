@@ -21,6 +21,7 @@ from ._lib import LibraryNotFoundError, TkernError
 from ._activation import (activation, activation_backward, gelu, gelu_backward, glu,
                          glu_backward, swiglu)
 from ._attention import attention, attention_supported, sliding_window_attention
+from ._attention_bwd import attention_backward
 from ._gemm import gemm, gemm_supported
 from ._norm import (layer_norm, layer_norm_backward, norm_backward_workspace_size, rms_norm,
                    rms_norm_backward)
@@ -37,7 +38,7 @@ __all__ = [
     "swiglu", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward",
     "norm_backward_workspace_size", "softmax", "log_softmax", "softmax_backward", "rope",
     "rope_", "rope_backward", "attention", "sliding_window_attention", "attention_supported",
-    "gemm", "gemm_supported",
+    "gemm", "gemm_supported", "attention_backward",
 ]
 
 
