@@ -94,6 +94,17 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dq(const attn_bwd_param
         dq[e] = tk_from_float<T>(p.dq_acc[r * D + e]);
 }
 
+/* a[0] += x, a[1] += y (a 8-byte aligned): one vector reduction on sm_90 and newer, which halves
+ * the atomic traffic of dQ, two elsewhere. */
+__device__ __forceinline__ void attn_bwd_red2(float *a, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(a), make_float2(x, y));
+#else
+    atomicAdd(a, x);
+    atomicAdd(a + 1, y);
+#endif
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_params p) {
     using shape = attn_bwd_shape<D>;
@@ -324,10 +335,9 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
                 if (m0 + r < p.seqlen_q)
 #pragma unroll
                     for (int nt = 0; nt < WDT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++)
-                            atomicAdd(acc + r * D + warp * WD + 8 * nt + 2 * tq + e,
-                                      dq[mq][nt][2 * hh + e] * p.scale);
+                        attn_bwd_red2(acc + r * D + warp * WD + 8 * nt + 2 * tq,
+                                      dq[mq][nt][2 * hh] * p.scale,
+                                      dq[mq][nt][2 * hh + 1] * p.scale);
             }
     }
 
