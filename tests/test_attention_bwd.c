@@ -169,33 +169,9 @@ static void case_name(const bwd_case *c, char *out, size_t size) {
 }
 
 /* Strides of a [batch, seq, heads, head_dim] tensor in the case's layout, and its element
- * count (BHSD rows padded by 8 elements, batches by 64). */
+ * count (ref_attention_layout). */
 static int64_t layout_strides(const bwd_case *c, int64_t seq, int64_t heads, int64_t st[4]) {
-    const int64_t d = c->head_dim;
-    st[3] = 1;
-    if (c->bhsd) {
-        st[1] = d + 8;
-        st[2] = seq * st[1];
-        st[0] = heads * st[2] + 64;
-    } else {
-        st[2] = d;
-        st[1] = heads * d;
-        st[0] = seq * heads * d;
-    }
-    return c->batch * st[0];
-}
-
-static double representation_term(tk_dtype dtype, double exact) {
-    const double r = tk_test_round(dtype, exact);
-    return 2.0 * fabs(tk_test_round(dtype, tk_test_round(dtype, r + 0.3) - 0.3) - r);
-}
-
-static double *to_double(tk_dtype dtype, const void *host, int64_t n) {
-    double *r = malloc((size_t)n * sizeof(double));
-    cr_assert(r != NULL);
-    for (int64_t i = 0; i < n; i++)
-        r[i] = tk_test_load(dtype, host, i);
-    return r;
+    return ref_attention_layout(c->bhsd, c->batch, seq, heads, c->head_dim, st);
 }
 
 /* One gradient: got (the layout's strides st) against exact and naive (dense). seen(s, h) says
@@ -225,7 +201,7 @@ static void check_gradient(const bwd_case *c, const tk_attention_params *ref, co
                         nonzero += g != 0.0;
                     err = fmax(err, fabs(g - exact[i]));
                     err_naive = fmax(err_naive, fabs(naive[i] - exact[i]));
-                    atol = fmax(atol, representation_term(c->dtype, exact[i]));
+                    atol = fmax(atol, ref_attention_representation_term(c->dtype, exact[i]));
                 }
         }
     cr_assert(bad == 0, "%s: %lld non-finite %s values", what, (long long)bad, name);
@@ -324,8 +300,8 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     tk_to_host(hdk, gk, (size_t)nk * es);
     tk_to_host(hdv, gv, (size_t)nk * es);
 
-    double *q64 = to_double(c->dtype, hq, nq), *k64 = to_double(c->dtype, hk, nk);
-    double *v64 = to_double(c->dtype, hv, nk), *do64 = to_double(c->dtype, hdo, nq);
+    double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
+    double *v64 = ref_to_double(c->dtype, hv, nk), *do64 = ref_to_double(c->dtype, hdo, nq);
     const size_t dense_q = (size_t)(c->batch * c->seqlen_q * c->heads_q * c->head_dim);
     const size_t dense_k = (size_t)(c->batch * c->seqlen_k * c->heads_kv * c->head_dim);
     double *eq = malloc(dense_q * sizeof(double)), *nq64 = malloc(dense_q * sizeof(double));
