@@ -9,13 +9,15 @@ from ._attention import _LAYOUTS, _dims
 
 def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, softcap=0.0,
                        scale=None, alibi_slopes=None, layout="bshd", dq=None, dk=None, dv=None,
-                       stream=None):
+                       workspace=None, stream=None):
     """Gradients (dq, dk, dv) of attention(q, k, v, ...) for the output gradient dout.
 
     out and lse are attention's outputs for the same call (return_lse=True); every option means
     what it means in attention (same layouts, masks, softcap, scale, ALiBi). dout is laid out
     like out, dq like q, dk and dv like k and v (GQA: summed over each group). head_dim 64 or
     128. dq is accumulated with float32 atomics, so its last bits may vary from run to run.
+    workspace: a uint8 array of tk_attention_bwd_workspace_size bytes (at least 1), allocated
+    here when None.
     """
     if layout not in _LAYOUTS:
         raise ValueError(f"argument 'layout' = {layout!r}; accepted: 'bshd', 'bhsd'")
@@ -46,7 +48,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, so
         alibi_slopes=ptr(c.get("alibi_slopes")))
     nbytes = ctypes.c_size_t()
     _lib.call("tk_attention_bwd_workspace_size", _lib.byref(p), _lib.byref(nbytes))
-    _, wsa = c.output("workspace", None, (max(nbytes.value, 1),), "uint8")
+    _, wsa = c.output("workspace", workspace, (max(nbytes.value, 1),), "uint8")
     p.workspace, p.workspace_bytes = wsa.ptr, nbytes.value
     c.run("tk_attention_bwd", _lib.byref(p), c.stream)
     return grads["dq"][0], grads["dk"][0], grads["dv"][0]
