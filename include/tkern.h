@@ -129,9 +129,9 @@ TK_API const char *tk_last_variant(void);
  * use the variant called `variant`, or go back to automatic selection when `variant` is NULL.
  * The ops are "activation", "glu", "norm", "softmax" and "rope" (the forward calls of those
  * families), "activation_bwd", "glu_bwd", "norm_bwd", "softmax_bwd" and "rope_bwd" (their *_bwd
- * calls), "attention" and "gemm". Forward and backward are forced separately: forcing "norm"
- * leaves tk_rmsnorm_bwd's choice alone, and a forward-only variant ("vec16_pipelined") is not a
- * variant of "softmax_bwd". A forced variant that cannot run a call makes that call fail with
+ * calls), "attention", "attention_bwd", "attention_kvcache" and "gemm". Forward and backward are
+ * forced separately: forcing "norm" leaves tk_rmsnorm_bwd's choice alone, and a forward-only
+ * variant ("vec16_pipelined") is not a variant of "softmax_bwd". A forced variant that cannot run a call makes that call fail with
  * TK_ERROR_NOT_SUPPORTED instead of falling back. The environment variable
  * TKERN_FORCE_VARIANT="op=variant[,op=variant...]", read once at first use, does the same for
  * every thread; `variant` NULL also undoes it for the calling thread. An unknown op or variant
@@ -724,6 +724,86 @@ TK_API tk_status tk_attention_kvcache_workspace_size(const tk_attention_kvcache_
  * compute capability 8.0 and newer). */
 TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_params *p,
                                                 const char **variant_name);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention backward (docs/kernels/attention_bwd.md)
+ *
+ * Gradients of tk_attention_fwd for the same call: with P_ij = exp(s_ij - lse_i) (the forward's
+ * probabilities, recomputed from its natural-log lse), dO the gradient of o and
+ * D_i = sum_d dO_id O_id:
+ *     dV_j = sum_i P_ij dO_i
+ *     dS_ij = P_ij (dO_i . v_j - D_i) * ds_ij/dx_ij     (x_ij = q_i . k_j; ds/dx = scale, or
+ *                                                        scale * (1 - tanh^2) with softcap)
+ *     dQ_i = sum_j dS_ij k_j,   dK_j = sum_i dS_ij q_i
+ * summed over the heads_q / heads_kv query heads of each key/value head (GQA, MQA) for dK, dV.
+ * Rows that see no key get dQ = 0; keys that no row sees get dK = dV = 0.
+ *
+ * Fields mean what they mean in tk_attention_params (same mask, scale, softcap, ALiBi, stride
+ * and alignment rules, same errors); o and lse are the forward's outputs for q, k, v (lse as
+ * written with return_lse = 1), dout is dO, laid out like o. dq is laid out like q, dk and dv
+ * like k and v; each is written whole, must not overlap any input, the workspace or another
+ * gradient, and no two of its elements may share an address. workspace: device memory of
+ * workspace_bytes >= tk_attention_bwd_workspace_size(p), 16-byte aligned, overwritten.
+ * head_dim: 64 or 128 (others TK_ERROR_NOT_SUPPORTED for now).
+ * Initialise with TK_ATTENTION_BWD_PARAMS_INIT; fields are only ever appended.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tk_attention_bwd_params {
+    size_t size;              /* sizeof(tk_attention_bwd_params), set by the INIT macro */
+    tk_dtype dtype;           /* TK_F16 or TK_BF16 */
+    const void *q;
+    const void *k;
+    const void *v;
+    const void *o;            /* the forward's output */
+    const float *lse;         /* the forward's lse [batch, heads_q, seqlen_q], f32, dense */
+    const void *dout;         /* dO, [batch, seqlen_q, heads_q, head_dim] */
+    void *dq;                 /* written: [batch, seqlen_q, heads_q, head_dim] */
+    void *dk;                 /* written: [batch, seqlen_k, heads_kv, head_dim] */
+    void *dv;                 /* written: [batch, seqlen_k, heads_kv, head_dim] */
+    int64_t batch;            /* >= 0; 0 is a no-op (pointers not checked) */
+    int64_t seqlen_q;
+    int64_t seqlen_k;
+    int64_t heads_q;
+    int64_t heads_kv;
+    int64_t head_dim;         /* 64 or 128 */
+    int64_t q_strides[4];     /* {batch, seq, head, dim}; all 0 = dense [B, S, H, D] */
+    int64_t k_strides[4];
+    int64_t v_strides[4];
+    int64_t o_strides[4];
+    int64_t dout_strides[4];
+    int64_t dq_strides[4];
+    int64_t dk_strides[4];
+    int64_t dv_strides[4];
+    float softmax_scale;      /* > 0; 0 = 1 / sqrt(head_dim) */
+    int causal;               /* 0 or 1 */
+    int64_t window_left;      /* >= -1 */
+    int64_t window_right;     /* >= -1 */
+    float softcap;            /* >= 0; 0 = off */
+    const float *alibi_slopes;/* NULL = no ALiBi */
+    void *workspace;          /* tk_attention_bwd_workspace_size bytes, 16-byte aligned */
+    size_t workspace_bytes;
+} tk_attention_bwd_params;
+#define TK_ATTENTION_BWD_PARAMS_INIT                                                              \
+    {sizeof(tk_attention_bwd_params), TK_BF16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,   \
+     NULL, 0, 0, 0, 0, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},              \
+     {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f, 0, -1, -1, 0.0f, NULL, NULL, 0}
+
+/* Bytes of workspace tk_attention_bwd needs for *p (only the sizes are read; 0 for batch 0):
+ * 4 * batch * heads_q * seqlen_q * (head_dim + 1) rounded up to 16 bytes, the row sums D and
+ * an f32 dQ accumulator. Errors: p or bytes NULL (TK_ERROR_NULL_POINTER); p->size or the sizes
+ * invalid as in tk_attention_bwd. */
+TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *p, size_t *bytes);
+
+/* Attention backward as described above: writes dq, dk, dv. Work is proportional to the
+ * visible (i, j) pairs, as in the forward. dq is accumulated with f32 atomics, so its last bits
+ * may differ from run to run; dk and dv are deterministic.
+ * Errors (nothing is written): those of tk_attention_fwd for the shared fields; o, lse, dout,
+ * dq, dk, dv or workspace NULL (TK_ERROR_NULL_POINTER); workspace_bytes too small, or a
+ * gradient whose strides make elements overlap (TK_ERROR_INVALID_VALUE); head_dim other than 64
+ * or 128 (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED); a
+ * gradient overlapping an input, the workspace or another gradient (TK_ERROR_OVERLAP).
+ * Variants (tk_last_variant, tk_experimental_force_variant op "attention_bwd"): "mma_sm80",
+ * compute capability 8.0 and newer. */
+TK_API tk_status tk_attention_bwd(const tk_attention_bwd_params *p, tk_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * GEMM with a fused epilogue (docs/kernels/gemm.md)

@@ -1,5 +1,5 @@
 /*
- * Attention forward: argument checks and dispatch. The kernels are in cuda/attention*.cu (the
+ * Attention forward and backward: argument checks and dispatch. The kernels are in cuda/attention*.cu (the
  * kernel itself in cuda/attention.cuh); the conventions are in include/tkern.h and the design in
  * docs/kernels/attention.md.
  *
@@ -15,6 +15,7 @@
 
 #include "runtime.h"
 #include "../cuda/attention.h"
+#include "../cuda/attention_bwd.h"
 
 static const tk_variant attention_variants[] = {
     {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90},
@@ -22,6 +23,12 @@ static const tk_variant attention_variants[] = {
     {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
 };
 const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT(attention_variants)};
+
+static const tk_variant attention_bwd_variants[] = {
+    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_bwd_launch_mma},
+};
+const tk_op tk_op_attention_bwd = {"attention_bwd", attention_bwd_variants,
+                                   TK_VARIANT_COUNT(attention_bwd_variants)};
 
 /* Kernel limits: row and key indices, windows and their sums stay in int32. */
 #define MAX_SEQLEN (INT64_C(1) << 30)
@@ -322,4 +329,187 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *given, const 
     if (variant_name)
         *variant_name = v->name;
     return TK_SUCCESS;
+}
+
+/* ---- backward ---- */
+
+/* The backward's sizes past the forward's limits: the main kernel's grid is one CTA per 64
+ * keys, batch and key/value head; the row kernels' one per 4 query rows of every head. */
+#define BWD_KEY_TILE 64
+#define BWD_ROWS_PER_BLOCK 4
+
+/* The forward's parameters of a backward call: validating them validates the shared fields by
+ * the forward's rules and messages (o and lse are read here, never written, which the forward's
+ * stricter output rules still fit). */
+static tk_attention_params forward_params(const tk_attention_bwd_params *p) {
+    tk_attention_params f = TK_ATTENTION_PARAMS_INIT;
+    f.dtype = p->dtype;
+    f.q = p->q;
+    f.k = p->k;
+    f.v = p->v;
+    f.o = (void *)(uintptr_t)p->o;
+    f.batch = p->batch;
+    f.seqlen_q = p->seqlen_q;
+    f.seqlen_k = p->seqlen_k;
+    f.heads_q = p->heads_q;
+    f.heads_kv = p->heads_kv;
+    f.head_dim = p->head_dim;
+    memcpy(f.q_strides, p->q_strides, sizeof f.q_strides);
+    memcpy(f.k_strides, p->k_strides, sizeof f.k_strides);
+    memcpy(f.v_strides, p->v_strides, sizeof f.v_strides);
+    memcpy(f.o_strides, p->o_strides, sizeof f.o_strides);
+    f.softmax_scale = p->softmax_scale;
+    f.causal = p->causal;
+    f.window_left = p->window_left;
+    f.window_right = p->window_right;
+    f.softcap = p->softcap;
+    f.alibi_slopes = p->alibi_slopes;
+    f.return_lse = 1;
+    f.lse = (float *)(uintptr_t)p->lse;
+    return f;
+}
+
+/* Validates the sizes and the forward's fields of *p and resolves them into call->fwd;
+ * *work = false for a no-op. */
+static tk_status prepare_bwd_shape(const char *fn, const tk_attention_bwd_params *p,
+                                   tk_attention_bwd_call *call, bool *work) {
+    const tk_attention_params f = forward_params(p);
+    memset(call, 0, sizeof *call);
+    /* Before the forward's checks, whose tensor extents assume the head dim is runnable. */
+    if (p->head_dim >= 1 && p->head_dim != 64 && p->head_dim != 128)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->head_dim = %lld is not supported by the backward yet; accepted: 64, 128",
+                       (long long)p->head_dim);
+    TK_TRY(prepare(fn, &f, &call->fwd, work));
+    const int64_t key_tiles = (p->seqlen_k + BWD_KEY_TILE - 1) / BWD_KEY_TILE;
+    if (p->batch > 0 && key_tiles * p->heads_kv > INT32_MAX / p->batch)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "batch * heads_kv * ceil(seqlen_k / 64) = %lld * %lld * %lld exceeds the "
+                       "grid limit 2^31 - 1",
+                       (long long)p->batch, (long long)p->heads_kv, (long long)key_tiles);
+    if (p->batch > 0 &&
+        p->seqlen_q * p->heads_q > (int64_t)INT32_MAX * BWD_ROWS_PER_BLOCK / p->batch)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "batch * heads_q * seqlen_q = %lld * %lld * %lld exceeds the row kernels' "
+                       "grid limit (2^31 - 1) * 4",
+                       (long long)p->batch, (long long)p->heads_q, (long long)p->seqlen_q);
+    return TK_SUCCESS;
+}
+
+/* A gradient or dout tensor shaped like `like`, laid out by `given` strides. */
+static tk_status bwd_tensor(const char *fn, tensor *t, const char *name, const void *ptr,
+                            const tensor *like, const int64_t given[4], const char *strides_name,
+                            bool output) {
+    *t = (tensor){name, ptr, {0}, {0}, like->elem, 0};
+    memcpy(t->dims, like->dims, sizeof t->dims);
+    TK_TRY(resolve_strides(fn, t, given));
+    TK_TRY(tensor_span(fn, t, strides_name, output));
+    TK_TRY(tk_check_not_null(fn, name, ptr));
+    return check_vector_alignment(fn, t);
+}
+
+/* Validates *p (no CUDA call) and resolves it into *call. */
+static tk_status prepare_bwd(const char *fn, const tk_attention_bwd_params *p,
+                             tk_attention_bwd_call *call, bool *work) {
+    TK_TRY(prepare_bwd_shape(fn, p, call, work));
+    if (!*work)
+        return TK_SUCCESS;
+    const size_t elem = tk_dtype_size(p->dtype);
+    const tk_attention_call *c = &call->fwd;
+    tensor q = {"p->q", p->q, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
+    tensor k = {"p->k", p->k, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, {0}, elem, 0};
+    tensor v = k, o = q;
+    v.name = "p->v", v.ptr = p->v, o.name = "p->o", o.ptr = p->o;
+    TK_TRY(resolve_strides(fn, &q, p->q_strides));
+    TK_TRY(resolve_strides(fn, &k, p->k_strides));
+    TK_TRY(resolve_strides(fn, &v, p->v_strides));
+    TK_TRY(resolve_strides(fn, &o, p->o_strides));
+    TK_TRY(tensor_span(fn, &q, "p->q_strides", false));
+    TK_TRY(tensor_span(fn, &k, "p->k_strides", false));
+    TK_TRY(tensor_span(fn, &v, "p->v_strides", false));
+    TK_TRY(tensor_span(fn, &o, "p->o_strides", false));
+    tensor dout, dq, dk, dv;
+    TK_TRY(bwd_tensor(fn, &dout, "p->dout", p->dout, &o, p->dout_strides, "p->dout_strides", false));
+    TK_TRY(bwd_tensor(fn, &dq, "p->dq", p->dq, &q, p->dq_strides, "p->dq_strides", true));
+    TK_TRY(bwd_tensor(fn, &dk, "p->dk", p->dk, &k, p->dk_strides, "p->dk_strides", true));
+    TK_TRY(bwd_tensor(fn, &dv, "p->dv", p->dv, &v, p->dv_strides, "p->dv_strides", true));
+    const size_t needed = tk_attention_bwd_workspace_bytes(c);
+    TK_TRY(tk_check_not_null(fn, "p->workspace", p->workspace));
+    TK_TRY(tk_check_aligned(fn, "p->workspace", p->workspace, 16));
+    if (p->workspace_bytes < needed)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->workspace_bytes = %zu is smaller than the %zu bytes this shape needs "
+                       "(tk_attention_bwd_workspace_size)",
+                       p->workspace_bytes, needed);
+    tensor lse = {"p->lse", p->lse, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    lse.bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * 4;
+    tensor alibi = {"p->alibi_slopes", p->alibi_slopes, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    alibi.bytes = (size_t)p->heads_q * 4;
+    tensor ws = {"p->workspace", p->workspace, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, needed};
+    /* Every written buffer against every other buffer. */
+    const tensor *written[4] = {&dq, &dk, &dv, &ws};
+    const tensor *all[10] = {&q, &k, &v, &o, &lse, &dout, &alibi, &dq, &dk, &dv};
+    for (int w = 0; w < 4; w++)
+        for (int a = 0; a < 10; a++)
+            if (written[w] != all[a])
+                TK_TRY(check_no_overlap(fn, written[w], all[a]));
+    call->dout = p->dout;
+    call->dq = p->dq;
+    call->dk = p->dk;
+    call->dv = p->dv;
+    for (int d = 0; d < 3; d++) {
+        call->do_stride[d] = dout.strides[d];
+        call->dq_stride[d] = dq.strides[d];
+        call->dk_stride[d] = dk.strides[d];
+        call->dv_stride[d] = dv.strides[d];
+    }
+    call->workspace = p->workspace;
+    return TK_SUCCESS;
+}
+
+static tk_status read_bwd_params(const char *fn, const tk_attention_bwd_params *given,
+                                 tk_attention_bwd_params *local) {
+    return TK_READ_PARAMS(fn, "p", given, local, tk_attention_bwd_params,
+                          TK_ATTENTION_BWD_PARAMS_INIT, TK_ATTENTION_BWD_PARAMS_SIZE_0_1);
+}
+
+TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *given,
+                                                 size_t *bytes) {
+    static const char fn[] = "tk_attention_bwd_workspace_size";
+    tk_begin_call();
+    TK_TRY(tk_check_not_null(fn, "bytes", bytes));
+    *bytes = 0;
+    tk_attention_bwd_params p;
+    TK_TRY(read_bwd_params(fn, given, &p));
+    /* Only the sizes matter here: the pointers are those of a call not made yet. */
+    if (p.batch < 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->batch = %lld is negative", (long long)p.batch);
+    tk_attention_bwd_call call;
+    bool work = false;
+    tk_attention_bwd_params sizes = p;
+    sizes.batch = 0;
+    TK_TRY(prepare_bwd_shape(fn, &sizes, &call, &work));
+    call.fwd.batch = (int)p.batch;
+    call.fwd.heads_q = (int)p.heads_q;
+    call.fwd.seqlen_q = (int)p.seqlen_q;
+    call.fwd.head_dim = (int)p.head_dim;
+    *bytes = p.batch > 0 ? tk_attention_bwd_workspace_bytes(&call.fwd) : 0;
+    return TK_SUCCESS;
+}
+
+TK_API tk_status tk_attention_bwd(const tk_attention_bwd_params *given, tk_stream_t stream) {
+    static const char fn[] = "tk_attention_bwd";
+    tk_begin_call();
+    tk_attention_bwd_params p;
+    TK_TRY(read_bwd_params(fn, given, &p));
+    tk_attention_bwd_call call;
+    bool work = false;
+    TK_TRY(prepare_bwd(fn, &p, &call, &work));
+    if (!work)
+        return TK_SUCCESS;
+    const tk_device *dev;
+    TK_TRY(tk_current_device(fn, &dev));
+    const tk_variant *v;
+    TK_TRY(tk_select_variant(fn, &tk_op_attention_bwd, dev, &call, &v));
+    return tk_launched(fn, v, v->launch(&call, dev, stream));
 }

@@ -112,6 +112,7 @@ tk_status tk_check_disjoint(const char *fn, const char *name, const char *stride
 #define TK_SOFTMAX_PARAMS_SIZE_0_1 80
 #define TK_ROPE_PARAMS_SIZE_0_1 184
 #define TK_ATTENTION_PARAMS_SIZE_0_1 280
+#define TK_ATTENTION_BWD_PARAMS_SIZE_0_1 448
 #define TK_GEMM_PARAMS_SIZE_0_1 136
 
 /* Reads a caller's params struct (whose first member is `size_t size`) by the one rule for all

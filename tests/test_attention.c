@@ -227,36 +227,9 @@ static void case_name(const attn_case *c, const char *variant, char *out, size_t
 }
 
 /* Strides of a [batch, seq, heads, head_dim] tensor in the case's layout, and its element
- * count. BHSD rows are padded by 8 elements and batches by 64, so that a write outside the
- * tensor lands in poisoned padding. */
+ * count (ref_attention_layout). */
 static int64_t layout_strides(const attn_case *c, int64_t seq, int64_t heads, int64_t st[4]) {
-    const int64_t d = c->head_dim;
-    st[3] = 1;
-    if (c->bhsd) {
-        st[1] = d + 8;
-        st[2] = seq * st[1];
-        st[0] = heads * st[2] + 64;
-    } else {
-        st[2] = d;
-        st[1] = heads * d;
-        st[0] = seq * heads * d;
-    }
-    return c->batch * st[0];
-}
-
-/* FlashAttention's representation term: twice the largest change that adding and removing 0.3
- * in the output dtype makes to a reference value. */
-static double representation_term(tk_dtype dtype, double exact) {
-    const double r = tk_test_round(dtype, exact);
-    return 2.0 * fabs(tk_test_round(dtype, tk_test_round(dtype, r + 0.3) - 0.3) - r);
-}
-
-static double *to_double(tk_dtype dtype, const void *host, int64_t n) {
-    double *r = malloc((size_t)n * sizeof(double));
-    cr_assert(r != NULL);
-    for (int64_t i = 0; i < n; i++)
-        r[i] = tk_test_load(dtype, host, i);
-    return r;
+    return ref_attention_layout(c->bhsd, c->batch, seq, heads, c->head_dim, st);
 }
 
 /* Whether "mma_sm80_packed" claims the case: an even GQA group and a window bounded on both
@@ -384,8 +357,8 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     tk_to_host(ho, do_, (size_t)nq * es);
     tk_to_host(hlse, dlse, (size_t)n_lse * sizeof(float));
 
-    double *q64 = to_double(c->dtype, hq, nq), *k64 = to_double(c->dtype, hk, nk);
-    double *v64 = to_double(c->dtype, hv, nk);
+    double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
+    double *v64 = ref_to_double(c->dtype, hv, nk);
     double *exact = malloc((size_t)c->head_dim * sizeof(double));
     double *naive = malloc((size_t)c->head_dim * sizeof(double));
     unsigned char *written = calloc((size_t)nq, 1);
@@ -415,7 +388,7 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
                         worst = row + e;
                     }
                     err_naive = fmax(err_naive, fabs(naive[e] - exact[e]));
-                    atol = fmax(atol, representation_term(c->dtype, exact[e]));
+                    atol = fmax(atol, ref_attention_representation_term(c->dtype, exact[e]));
                 }
                 const float got = hlse[(b * c->heads_q + h) * c->seqlen_q + i];
                 if (!c->lse)
@@ -630,8 +603,8 @@ Test(attention_gpu, past_2_pow_31_elements, .timeout = 300) {
     ref.q_strides[0] = rows * d, ref.q_strides[1] = d, ref.q_strides[2] = d, ref.q_strides[3] = 1;
     ref.k_strides[0] = nk, ref.k_strides[1] = d, ref.k_strides[2] = d, ref.k_strides[3] = 1;
     memcpy(ref.v_strides, ref.k_strides, sizeof ref.v_strides);
-    double *q64 = to_double(TK_BF16, hq, rows * d), *k64 = to_double(TK_BF16, hk, nk);
-    double *v64 = to_double(TK_BF16, hv, nk);
+    double *q64 = ref_to_double(TK_BF16, hq, rows * d), *k64 = ref_to_double(TK_BF16, hk, nk);
+    double *v64 = ref_to_double(TK_BF16, hv, nk);
     double exact[128], naive[128], lse;
     double err = 0.0, err_naive = 0.0, atol = 0.0;
     for (int64_t i = 0; i < rows; i++) {
@@ -643,7 +616,7 @@ Test(attention_gpu, past_2_pow_31_elements, .timeout = 300) {
                       (long long)rows);
             err = fmax(err, fabs(g - exact[e]));
             err_naive = fmax(err_naive, fabs(naive[e] - exact[e]));
-            atol = fmax(atol, representation_term(TK_BF16, exact[e]));
+            atol = fmax(atol, ref_attention_representation_term(TK_BF16, exact[e]));
         }
     }
     cr_assert(err <= 2.0 * err_naive + atol, "max error %.3g > 2 x naive %.3g + %.3g", err,

@@ -478,6 +478,17 @@ static void fill_attention(void *p) {
 }
 static tk_status call_attention(const void *p) { return tk_attention_fwd(p, NULL); }
 
+static void fill_attention_bwd(void *p) {
+    tk_attention_bwd_params a = TK_ATTENTION_BWD_PARAMS_INIT;
+    a.batch = 1, a.seqlen_q = a.seqlen_k = 16, a.heads_q = a.heads_kv = 1, a.head_dim = 64;
+    a.q = in_buf, a.k = in_buf + SLOT, a.v = in_buf + 2 * SLOT, a.o = in_buf + 3 * SLOT;
+    a.lse = (const float *)(in_buf + 3 * SLOT + 4096), a.dout = in_buf + 3 * SLOT + 8192;
+    a.dq = out_buf, a.dk = out_buf + 4096, a.dv = out_buf + 8192;
+    a.workspace = out_buf + SLOT, a.workspace_bytes = SLOT;
+    memcpy(p, &a, sizeof a);
+}
+static tk_status call_attention_bwd(const void *p) { return tk_attention_bwd(p, NULL); }
+
 static void fill_gemm(void *p) {
     tk_gemm_params g = TK_GEMM_PARAMS_INIT;
     g.m = g.n = g.k = 16, g.lda = g.ldb = g.ldd = 16;
@@ -498,6 +509,7 @@ static const params_family PARAMS_FAMILIES[] = {
     {"tk_softmax_params", sizeof(tk_softmax_params), fill_softmax, call_softmax},
     {"tk_rope_params", sizeof(tk_rope_params), fill_rope, call_rope},
     {"tk_attention_params", sizeof(tk_attention_params), fill_attention, call_attention},
+    {"tk_attention_bwd_params", sizeof(tk_attention_bwd_params), fill_attention_bwd, call_attention_bwd},
     {"tk_gemm_params", sizeof(tk_gemm_params), fill_gemm, call_gemm},
     {"tk_device_info", sizeof(tk_device_info), fill_device_info, call_device_info},
 };

@@ -160,8 +160,8 @@ Test(force_variant_env, unknown_op_fails_loudly) {
 Test(force_variant_env, unknown_op_lists_every_op) {
     expect_env_rejected("norm_bwd=vec16,nope_bwd=x",
                         "accepted: \"activation\", \"activation_bwd\", \"glu\", \"glu_bwd\", \"norm\", \"norm_bwd\", "
-                        "\"softmax\", \"softmax_bwd\", \"rope\", \"rope_bwd\", \"attention\", \"gemm\", "
-                        "\"attention_kvcache\"");
+                        "\"softmax\", \"softmax_bwd\", \"rope\", \"rope_bwd\", \"attention\", \"attention_bwd\", "
+                        "\"attention_kvcache\", \"gemm\"");
 }
 
 Test(force_variant_env, item_without_a_variant_fails_loudly) {

@@ -22,6 +22,7 @@ from ._activation import (activation, activation_backward, gelu, gelu_backward, 
                          glu_backward, swiglu)
 from ._attention import attention, attention_supported, sliding_window_attention
 from ._attention_kvcache import attention_kvcache, attention_kvcache_supported
+from ._attention_bwd import attention_backward
 from ._gemm import gemm, gemm_supported
 from ._norm import (layer_norm, layer_norm_backward, norm_backward_workspace_size, rms_norm,
                    rms_norm_backward)
@@ -38,7 +39,8 @@ __all__ = [
     "swiglu", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward",
     "norm_backward_workspace_size", "softmax", "log_softmax", "softmax_backward", "rope",
     "rope_", "rope_backward", "attention", "sliding_window_attention", "attention_supported",
-    "attention_kvcache", "attention_kvcache_supported", "gemm", "gemm_supported",
+    "attention_backward", "attention_kvcache", "attention_kvcache_supported", "gemm",
+    "gemm_supported",
 ]
 
 
@@ -91,7 +93,7 @@ def force_variant(op, variant):
     """Experimental, for tests and benchmarks: make this thread's calls of operation `op`
     ("activation", "glu", "norm", "softmax", "rope", "attention", "attention_kvcache", "gemm",
     and the backward ops "activation_bwd", "glu_bwd", "norm_bwd", "softmax_bwd", "rope_bwd",
-    forced separately) use the kernel variant named `variant`, or automatic selection again
+    "attention_bwd", forced separately) use the kernel variant named `variant`, or automatic selection again
     with variant=None. Raises TkernError for an unknown op or variant."""
     _lib.call("tk_experimental_force_variant", op.encode(),
               None if variant is None else variant.encode())

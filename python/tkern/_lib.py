@@ -60,6 +60,8 @@ SIGNATURES = {
     "tk_attention_kvcache_fwd": (_status, [_ptr, _ptr]),
     "tk_attention_kvcache_workspace_size": (_status, [_ptr, _ptr]),
     "tk_attention_kvcache_supported": (_status, [_ptr, _strp]),
+    "tk_attention_bwd_workspace_size": (_status, [_ptr, _ptr]),
+    "tk_attention_bwd": (_status, [_ptr, _ptr]),
     # gemm
     "tk_gemm": (_status, [_ptr, _ptr]),
     "tk_gemm_supported": (_status, [_ptr, _strp]),
@@ -265,6 +267,20 @@ class AttentionKvcacheParams(_Params):
     DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
 
 
+class AttentionBwdParams(_Params):
+    _fields_ = [("size", _size), ("dtype", _i32), ("q", _ptr), ("k", _ptr), ("v", _ptr),
+                ("o", _ptr), ("lse", _ptr), ("dout", _ptr), ("dq", _ptr), ("dk", _ptr),
+                ("dv", _ptr), ("batch", _i64), ("seqlen_q", _i64), ("seqlen_k", _i64),
+                ("heads_q", _i64), ("heads_kv", _i64), ("head_dim", _i64),
+                ("q_strides", _i64 * 4), ("k_strides", _i64 * 4), ("v_strides", _i64 * 4),
+                ("o_strides", _i64 * 4), ("dout_strides", _i64 * 4), ("dq_strides", _i64 * 4),
+                ("dk_strides", _i64 * 4), ("dv_strides", _i64 * 4), ("softmax_scale", _f32),
+                ("causal", _i32), ("window_left", _i64), ("window_right", _i64),
+                ("softcap", _f32), ("alibi_slopes", _ptr), ("workspace", _ptr),
+                ("workspace_bytes", _size)]
+    DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
+
+
 class GemmParams(_Params):
     _fields_ = [("size", _size), ("m", _i64), ("n", _i64), ("k", _i64), ("input_dtype", _i32),
                 ("output_dtype", _i32), ("b_layout", _i32), ("a", _ptr), ("lda", _i64),
@@ -284,6 +300,7 @@ STRUCTS = {
     "tk_rope_params": RopeParams,
     "tk_attention_params": AttentionParams,
     "tk_attention_kvcache_params": AttentionKvcacheParams,
+    "tk_attention_bwd_params": AttentionBwdParams,
     "tk_gemm_params": GemmParams,
 }
 

@@ -80,3 +80,31 @@ void ref_attention_row(const tk_attention_params *p, const double *q, const doub
     *lse = sum > 0.0 ? max + log(sum) : -INFINITY;
     free(s);
 }
+
+int64_t ref_attention_layout(bool bhsd, int64_t batch, int64_t seq, int64_t heads,
+                             int64_t head_dim, int64_t st[4]) {
+    st[3] = 1;
+    if (bhsd) {
+        st[1] = head_dim + 8;
+        st[2] = seq * st[1];
+        st[0] = heads * st[2] + 64;
+    } else {
+        st[2] = head_dim;
+        st[1] = heads * head_dim;
+        st[0] = seq * heads * head_dim;
+    }
+    return batch * st[0];
+}
+
+double ref_attention_representation_term(tk_dtype dtype, double exact) {
+    const double r = tk_test_round(dtype, exact);
+    return 2.0 * fabs(tk_test_round(dtype, tk_test_round(dtype, r + 0.3) - 0.3) - r);
+}
+
+double *ref_to_double(tk_dtype dtype, const void *host, int64_t n) {
+    double *r = malloc((size_t)n * sizeof(double));
+    cr_assert(r != NULL);
+    for (int64_t i = 0; i < n; i++)
+        r[i] = tk_test_load(dtype, host, i);
+    return r;
+}

@@ -25,4 +25,17 @@ void ref_attention_row(const tk_attention_params *p, const double *q, const doub
                        const double *v, const float *alibi_slopes, int64_t b, int64_t h,
                        int64_t i, bool naive, double *o, double *lse);
 
+/* Strides of a [batch, seq, heads, head_dim] tensor as the attention tests lay it out, and its
+ * element count: dense [B, S, H, D], or (bhsd) [B, H, S, D] with rows padded by 8 elements and
+ * batches by 64, so that a write outside the tensor lands in poisoned padding. */
+int64_t ref_attention_layout(bool bhsd, int64_t batch, int64_t seq, int64_t heads,
+                             int64_t head_dim, int64_t st[4]);
+
+/* FlashAttention's representation term: twice the largest change that adding and removing 0.3
+ * in dtype makes to a reference value. */
+double ref_attention_representation_term(tk_dtype dtype, double exact);
+
+/* n elements of a host array of dtype as doubles (caller frees). */
+double *ref_to_double(tk_dtype dtype, const void *host, int64_t n);
+
 #endif

@@ -1,0 +1,69 @@
+/* Attention backward: bf16 training shapes (Llama-style GQA, D 128). TFLOP/s count the
+ * backward as 2.5 x the forward's FLOPs of the visible (query, key) pairs, 2.5 x 4 x batch x
+ * heads_q x head_dim x pairs (five products of the forward's size instead of two), the
+ * convention of FlashAttention's benchmarks. The forward runs once first for o and lse. No
+ * baseline in this binary: the Python bench compares with FlashAttention and cuDNN. */
+#include <stdio.h>
+
+#include "bench.h"
+
+extern "C" void bench_attention_bwd(bench_ctx *ctx);
+
+namespace {
+
+struct bwd_shape {
+    const char *op, *shape;
+    int64_t batch, seqlen, heads_q, heads_kv, head_dim;
+    int causal;
+};
+
+void run_bwd(void *arg, cudaStream_t stream) {
+    bench_check(tk_attention_bwd(static_cast<const tk_attention_bwd_params *>(arg), stream),
+                "attention_bwd");
+}
+
+void bench_shape(bench_ctx *ctx, const bwd_shape &s) {
+    const int64_t b = s.batch, sq = s.seqlen, hq = s.heads_q, hkv = s.heads_kv, d = s.head_dim;
+    const int64_t nq = b * sq * hq * d, nk = b * sq * hkv * d;
+    tk_attention_params f = TK_ATTENTION_PARAMS_INIT;
+    f.dtype = TK_BF16;
+    f.q = bench_random(ctx, TK_BF16, nq, -2.0f, 2.0f);
+    f.k = bench_random(ctx, TK_BF16, nk, -2.0f, 2.0f);
+    f.v = bench_random(ctx, TK_BF16, nk, -1.0f, 1.0f);
+    f.o = bench_alloc(ctx, (size_t)nq * 2);
+    f.lse = static_cast<float *>(bench_alloc(ctx, (size_t)(b * hq * sq) * 4));
+    f.return_lse = 1;
+    f.batch = b, f.seqlen_q = sq, f.seqlen_k = sq, f.heads_q = hq, f.heads_kv = hkv, f.head_dim = d;
+    f.causal = s.causal;
+    bench_check(tk_attention_fwd(&f, NULL), "attention forward");
+
+    tk_attention_bwd_params p = TK_ATTENTION_BWD_PARAMS_INIT;
+    p.dtype = TK_BF16;
+    p.q = f.q, p.k = f.k, p.v = f.v, p.o = f.o, p.lse = f.lse;
+    p.dout = bench_random(ctx, TK_BF16, nq, -1.0f, 1.0f);
+    p.dq = bench_alloc(ctx, (size_t)nq * 2);
+    p.dk = bench_alloc(ctx, (size_t)nk * 2);
+    p.dv = bench_alloc(ctx, (size_t)nk * 2);
+    p.batch = b, p.seqlen_q = sq, p.seqlen_k = sq, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
+    p.causal = s.causal;
+    bench_check(tk_attention_bwd_workspace_size(&p, &p.workspace_bytes), "workspace size");
+    p.workspace = bench_alloc(ctx, p.workspace_bytes);
+
+    const double pairs = s.causal ? (double)sq * (double)(sq + 1) / 2.0 : (double)sq * (double)sq;
+    const double flops = 2.5 * 4.0 * (double)(b * hq * d) * pairs;
+    const double ms = bench_time_ms(ctx, run_bwd, &p);
+    bench_row row = {s.op, s.shape, TK_BF16, tk_last_variant(), ms, 0.0, flops, "", 0.0};
+    bench_report(ctx, &row);
+    bench_free_all(ctx);
+}
+
+} // namespace
+
+extern "C" void bench_attention_bwd(bench_ctx *ctx) {
+    static const bwd_shape shapes[] = {
+        {"attention bwd dense", "B4 H32/8 S4096 D128", 4, 4096, 32, 8, 128, 0},
+        {"attention bwd causal", "B4 H32/8 S4096 D128", 4, 4096, 32, 8, 128, 1},
+    };
+    for (const bwd_shape &s : shapes)
+        bench_shape(ctx, s);
+}

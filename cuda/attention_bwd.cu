@@ -1,0 +1,436 @@
+/* Attention backward on the tensor cores of sm_80 and newer (FlashAttention-2 style); the math,
+ * launch shape, tiles and register budget are in docs/kernels/attention_bwd.md. Three kernels:
+ *   attn_bwd_pre:  D_i = rowsum(dO_i o O_i) (f32) and the f32 dQ accumulator zeroed;
+ *   attn_bwd_main: one CTA per (key tile, batch, key/value head): K and V of BN keys stay in
+ *                  shared memory while Q, dO tiles of BM rows of every query head of the GQA
+ *                  group stream through a two-stage cp.async ring; dK, dV in registers, dQ by
+ *                  f32 atomics into the accumulator;
+ *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides.
+ * Tiles use rows padded by 16 bytes (every ldmatrix phase, plain or transposed, then hits 8
+ * different 16-byte bank groups) and the forward's tile loader (attention.cuh). */
+#include "attention.cuh"
+#include "attention_bwd.h"
+
+namespace {
+
+/* Per head dim: BM query rows per streamed tile. BN = 64 keys per CTA, 16 per warp. */
+template <int D> struct attn_bwd_tile;
+template <> struct attn_bwd_tile<64> { static constexpr int BM = 64; };
+template <> struct attn_bwd_tile<128> { static constexpr int BM = 32; };
+
+constexpr int BWD_BN = 16 * ATTN_WARPS;
+
+template <int D> struct attn_bwd_shape {
+    static constexpr int BM = attn_bwd_tile<D>::BM;
+    static constexpr int ROW = 2 * D + 16;  /* bytes per padded Q, K, V, dO row */
+    static constexpr int S_ROW = 2 * BM + 16; /* bytes per padded dS^T row (one key) */
+    static constexpr int K_BYTES = BWD_BN * ROW;
+    static constexpr int Q_BYTES = BM * ROW;
+    static constexpr int STAGE_BYTES = 2 * Q_BYTES + 2 * BM * 4; /* Q, dO, lse, D */
+    static constexpr int S_BYTES = BWD_BN * S_ROW;
+    static constexpr int SMEM_BYTES = 2 * K_BYTES + 2 * STAGE_BYTES + S_BYTES;
+};
+
+struct attn_bwd_params {
+    const void *q, *k, *v, *o, *dout;
+    void *dq, *dk, *dv;
+    const float *lse, *alibi_slopes;
+    float *dsum;   /* D, [batch, heads_q, seqlen_q] */
+    float *dq_acc; /* [batch, heads_q, seqlen_q, head_dim] */
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+    int64_t do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
+    int window_left, window_right;
+    int transform;
+    float scale, softcap, softcap_in, exp_scale;
+};
+
+/* Row r = (b * heads_q + h) * seqlen_q + i of the accumulator and of D. */
+__device__ __forceinline__ void attn_bwd_row(const attn_bwd_params &p, int64_t r, int64_t *b,
+                                             int64_t *h, int64_t *i) {
+    *i = r % p.seqlen_q;
+    r /= p.seqlen_q;
+    *h = r % p.heads_q;
+    *b = r / p.heads_q;
+}
+
+/* One warp per row: D_i = dO_i . O_i in f32; that row of the dQ accumulator zeroed. */
+template <typename T, int D>
+__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_pre(const attn_bwd_params p, int64_t rows) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * ATTN_WARPS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    int64_t b, h, i;
+    attn_bwd_row(p, r, &b, &h, &i);
+    const T *o = static_cast<const T *>(p.o) + b * p.o_sb + i * p.o_ss + h * p.o_sh;
+    const T *d = static_cast<const T *>(p.dout) + b * p.do_sb + i * p.do_ss + h * p.do_sh;
+    float sum = 0.0f;
+#pragma unroll
+    for (int e = lane; e < D; e += 32)
+        sum += tk_to_float(o[e]) * tk_to_float(d[e]);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (lane == 0)
+        p.dsum[r] = sum;
+#pragma unroll
+    for (int e = lane; e < D; e += 32)
+        p.dq_acc[r * D + e] = 0.0f;
+}
+
+/* dQ = accumulator in the dtype, one warp per row. */
+template <typename T, int D>
+__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dq(const attn_bwd_params p, int64_t rows) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * ATTN_WARPS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    int64_t b, h, i;
+    attn_bwd_row(p, r, &b, &h, &i);
+    T *dq = static_cast<T *>(p.dq) + b * p.dq_sb + i * p.dq_ss + h * p.dq_sh;
+#pragma unroll
+    for (int e = lane; e < D; e += 32)
+        dq[e] = tk_from_float<T>(p.dq_acc[r * D + e]);
+}
+
+/* a[0] += x, a[1] += y (a 8-byte aligned): one vector reduction on sm_90 and newer, which halves
+ * the atomic traffic of dQ, two elsewhere. */
+__device__ __forceinline__ void attn_bwd_red2(float *a, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(a), make_float2(x, y));
+#else
+    atomicAdd(a, x);
+    atomicAdd(a + 1, y);
+#endif
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_params p) {
+    using shape = attn_bwd_shape<D>;
+    constexpr int BM = shape::BM, BN = BWD_BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
+    constexpr int QT = BM / 8;       /* n8 tiles of S^T (queries) */
+    constexpr int QS = BM / 16;      /* k16 steps over queries (dV, dK) and m16 tiles of dQ */
+    constexpr int KSTEPS = D / 16;   /* k16 steps over the head dim (S^T, dP^T) */
+    constexpr int DT = D / 8;        /* n8 tiles of dK, dV */
+    constexpr int WD = D / ATTN_WARPS; /* dQ columns per warp */
+    constexpr int WDT = WD / 8;
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3, lrow = lane & 7, lmat = lane >> 3;
+
+    /* Block -> (key tile, batch, key/value head), heads fastest. */
+    unsigned block = blockIdx.x;
+    const int head_kv = (int)(block % (unsigned)p.heads_kv);
+    block /= (unsigned)p.heads_kv;
+    const int64_t batch = block % (unsigned)p.batch;
+    const int n0 = (int)(block / (unsigned)p.batch) * BN;
+    const int k_rows = min(BN, p.seqlen_k - n0);
+    const int shift = p.seqlen_k - p.seqlen_q;
+
+    /* Query rows that see any key of this tile, and the query tiles holding them. */
+    int row_lo = 0, row_hi = p.seqlen_q - 1;
+    if (p.window_right >= 0)
+        row_lo = max(0, n0 - shift - p.window_right);
+    if (p.window_left >= 0)
+        row_hi = min(row_hi, n0 + k_rows - 1 - shift + p.window_left);
+    const int m_begin = row_lo / BM;
+    const int m_tiles = row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0;
+    const int steps = m_tiles * p.group; /* (query head, query tile) pairs, tiles fastest */
+
+    const T *kg = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh + n0 * p.k_ss;
+    const T *vg = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh + n0 * p.v_ss;
+
+    const uint32_t s_k = tk_smem_address(smem);
+    const uint32_t s_v = s_k + shape::K_BYTES;
+    const uint32_t s_stage = s_v + shape::K_BYTES; /* two stages: Q, dO, lse, D */
+    const uint32_t s_ds = s_stage + 2 * shape::STAGE_BYTES;
+    float *stage_f = reinterpret_cast<float *>(smem + 2 * shape::K_BYTES + 2 * shape::Q_BYTES);
+
+    /* Issues the loads of step `it` into stage `st`: Q, dO by cp.async; lse, D by plain loads
+     * (4-byte aligned only), stored before the barrier that publishes the stage. */
+    auto load_step = [&](int it, int st) {
+        const int h = head_kv * p.group + it / m_tiles;
+        const int m0 = (m_begin + it % m_tiles) * BM;
+        const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
+        attn_load_tile<T, D, BM, ROW, false>(s_q, static_cast<const T *>(p.q) + batch * p.q_sb +
+                                                      h * p.q_sh + m0 * p.q_ss,
+                                             p.q_ss, p.seqlen_q - m0, tid);
+        attn_load_tile<T, D, BM, ROW, false>(s_q + shape::Q_BYTES,
+                                             static_cast<const T *>(p.dout) + batch * p.do_sb +
+                                                 h * p.do_sh + m0 * p.do_ss,
+                                             p.do_ss, p.seqlen_q - m0, tid);
+        if (tid < BM) {
+            const int64_t r = (batch * p.heads_q + h) * p.seqlen_q + m0 + tid;
+            const bool in = m0 + tid < p.seqlen_q;
+            float *f = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(stage_f) +
+                                                 st * shape::STAGE_BYTES);
+            f[tid] = in ? p.lse[r] * ATTN_LOG2E : 0.0f;
+            f[BM + tid] = in ? p.dsum[r] : 0.0f;
+        }
+    };
+
+    attn_load_tile<T, D, BN, ROW, false>(s_k, kg, p.k_ss, k_rows, tid);
+    attn_load_tile<T, D, BN, ROW, false>(s_v, vg, p.v_ss, k_rows, tid);
+    if (steps > 0)
+        load_step(0, 0);
+    tk_cp_async_commit();
+
+    /* ldmatrix lane addresses (attention.cuh's convention: lane l names row (l & 7) of matrix
+     * l >> 3). Plain, for A (K, V rows of this warp's keys) and B (Q, dO rows): row
+     * lrow + 8 (lmat & 1), chunk lmat >> 1. Transposed, for B stored [k][n] (dO, Q over query
+     * rows; K over keys): the same rows and chunks. Transposed for A stored [k][m] (dS^T over
+     * keys, for dQ): key row lrow + 8 (lmat >> 1), query chunk lmat & 1. */
+    const uint32_t ab_lane = (uint32_t)((lrow + 8 * (lmat & 1)) * ROW + ((lmat >> 1) << 4));
+    const uint32_t kw = (uint32_t)(warp * 16 * ROW); /* this warp's 16 keys */
+    const uint32_t ds_lane = (uint32_t)((lrow + 8 * (lmat >> 1)) * S_ROW + ((lmat & 1) << 4));
+
+    float dk[DT][4], dv[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[dt][e] = dv[dt][e] = 0.0f;
+
+    /* This thread's keys: j = n0 + 16 warp + g (+ 8 for e >= 2). */
+    const int key_base = n0 + warp * 16 + g;
+
+    for (int it = 0; it < steps; it++) {
+        const int st = it & 1;
+        tk_cp_async_wait<0>();
+        __syncthreads(); /* step it has landed; every warp is done with step it - 1 */
+        if (it + 1 < steps)
+            load_step(it + 1, st ^ 1);
+        tk_cp_async_commit();
+        const int h = head_kv * p.group + it / m_tiles;
+        const int m0 = (m_begin + it % m_tiles) * BM;
+        const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
+        const uint32_t s_do = s_q + shape::Q_BYTES;
+        const float *lse2 = reinterpret_cast<const float *>(
+            reinterpret_cast<const unsigned char *>(stage_f) + st * shape::STAGE_BYTES);
+        const float *dsum = lse2 + BM;
+
+        /* S^T = K Q^T and dP^T = V dO^T: 16 keys x BM queries per warp. */
+        float s[QT][4], dp[QT][4];
+#pragma unroll
+        for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            uint32_t a[4], av[4];
+            tk_ldmatrix_x4<false>(a, s_k + kw + ab_lane + ks * 32);
+            tk_ldmatrix_x4<false>(av, s_v + kw + ab_lane + ks * 32);
+#pragma unroll
+            for (int np = 0; np < QT / 2; np++) {
+                uint32_t b[4], bo[4];
+                tk_ldmatrix_x4<false>(b, s_q + np * 16 * ROW + ab_lane + ks * 32);
+                tk_ldmatrix_x4<false>(bo, s_do + np * 16 * ROW + ab_lane + ks * 32);
+                tk_mma_16816<T>(s[2 * np], a, b[0], b[2]);
+                tk_mma_16816<T>(s[2 * np + 1], a, b[1], b[3]);
+                tk_mma_16816<T>(dp[2 * np], av, bo[0], bo[2]);
+                tk_mma_16816<T>(dp[2 * np + 1], av, bo[1], bo[3]);
+            }
+        }
+
+        /* P = exp(s - lse) and dS = P (dP - D), times softcap's derivative 1 - tanh^2 (its
+         * scale factor is applied to dK and dQ at the end); invisible pairs give 0. */
+        const bool partial =
+            n0 + BN > p.seqlen_k || m0 + BM > p.seqlen_q ||
+            (p.window_left >= 0 && n0 < m0 + BM - 1 + shift - p.window_left) ||
+            (p.window_right >= 0 && n0 + BN - 1 > m0 + shift + p.window_right);
+        const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qc = 8 * nt + 2 * tq + (e & 1); /* query column in the tile */
+                const int i = m0 + qc, j = key_base + 8 * (e >> 1);
+                float x = s[nt][e], dfac = 1.0f;
+                if (p.transform) {
+                    if (p.softcap > 0.0f) {
+                        const float t = tanhf(x * p.softcap_in);
+                        x = p.softcap * t;
+                        dfac = 1.0f - t * t;
+                    } else {
+                        x *= p.scale;
+                    }
+                    if (p.alibi_slopes)
+                        x -= slope_h * (float)abs(i + shift - j);
+                }
+                float pe = tk_exp2_approx(fmaf(x, p.exp_scale, -lse2[qc]));
+                if (partial && (j >= p.seqlen_k || i >= p.seqlen_q ||
+                                (p.window_left >= 0 && j < i + shift - p.window_left) ||
+                                (p.window_right >= 0 && j > i + shift + p.window_right)))
+                    pe = 0.0f;
+                s[nt][e] = pe;
+                dp[nt][e] = pe * (dp[nt][e] - dsum[qc]) * dfac;
+            }
+
+        /* dV += P^T dO and dK += dS^T Q: A from the accumulators (k = queries), B = dO, Q
+         * stored [query][d] (transposed ldmatrix). */
+#pragma unroll
+        for (int qs = 0; qs < QS; qs++) {
+            uint32_t ap[4], ad[4];
+            tk_mma_a_from_acc<T>(ap, s[2 * qs], s[2 * qs + 1]);
+            tk_mma_a_from_acc<T>(ad, dp[2 * qs], dp[2 * qs + 1]);
+#pragma unroll
+            for (int dp2 = 0; dp2 < DT / 2; dp2++) {
+                uint32_t b[4], bq[4];
+                tk_ldmatrix_x4<true>(b, s_do + qs * 16 * ROW + ab_lane + dp2 * 32);
+                tk_ldmatrix_x4<true>(bq, s_q + qs * 16 * ROW + ab_lane + dp2 * 32);
+                tk_mma_16816<T>(dv[2 * dp2], ap, b[0], b[1]);
+                tk_mma_16816<T>(dv[2 * dp2 + 1], ap, b[2], b[3]);
+                tk_mma_16816<T>(dk[2 * dp2], ad, bq[0], bq[1]);
+                tk_mma_16816<T>(dk[2 * dp2 + 1], ad, bq[2], bq[3]);
+            }
+        }
+
+        /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys. */
+#pragma unroll
+        for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) +
+                                              (warp * 16 + g + 8 * hh) * S_ROW +
+                                              (8 * nt + 2 * tq) * 2) =
+                    tk_pack2<T>(dp[nt][2 * hh], dp[nt][2 * hh + 1]);
+        __syncthreads();
+
+        /* dQ (BM x WD columns of this warp) = dS (BM x BN) K (BN x WD), added to the
+         * accumulator by f32 atomics. */
+        float dq[QS][WDT][4];
+#pragma unroll
+        for (int mq = 0; mq < QS; mq++)
+#pragma unroll
+            for (int nt = 0; nt < WDT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dq[mq][nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            uint32_t a[QS][4];
+#pragma unroll
+            for (int mq = 0; mq < QS; mq++)
+                tk_ldmatrix_x4<true>(a[mq], s_ds + ks * 16 * S_ROW + ds_lane + mq * 32);
+#pragma unroll
+            for (int np = 0; np < WDT / 2; np++) {
+                uint32_t b[4];
+                tk_ldmatrix_x4<true>(b, s_k + ks * 16 * ROW + ab_lane + warp * WD * 2 + np * 32);
+#pragma unroll
+                for (int mq = 0; mq < QS; mq++) {
+                    tk_mma_16816<T>(dq[mq][2 * np], a[mq], b[0], b[1]);
+                    tk_mma_16816<T>(dq[mq][2 * np + 1], a[mq], b[2], b[3]);
+                }
+            }
+        }
+        float *acc = p.dq_acc + ((batch * p.heads_q + h) * p.seqlen_q + m0) * (int64_t)D;
+#pragma unroll
+        for (int mq = 0; mq < QS; mq++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = 16 * mq + g + 8 * hh;
+                if (m0 + r < p.seqlen_q)
+#pragma unroll
+                    for (int nt = 0; nt < WDT; nt++)
+                        attn_bwd_red2(acc + r * D + warp * WD + 8 * nt + 2 * tq,
+                                      dq[mq][nt][2 * hh] * p.scale,
+                                      dq[mq][nt][2 * hh + 1] * p.scale);
+            }
+    }
+
+    /* dK (times the score scale), dV of this warp's keys, straight from the accumulators. */
+    T *dkg = static_cast<T *>(p.dk) + batch * p.dk_sb + head_kv * p.dk_sh;
+    T *dvg = static_cast<T *>(p.dv) + batch * p.dv_sb + head_kv * p.dv_sh;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int j = key_base + 8 * hh;
+        if (j < p.seqlen_k)
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                const int c = 8 * dt + 2 * tq;
+                *reinterpret_cast<uint32_t *>(dkg + j * p.dk_ss + c) =
+                    tk_pack2<T>(dk[dt][2 * hh] * p.scale, dk[dt][2 * hh + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(dvg + j * p.dv_ss + c) =
+                    tk_pack2<T>(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
+            }
+    }
+}
+
+template <typename T, int D>
+cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *dev,
+                            cudaStream_t stream) {
+    using shape = attn_bwd_shape<D>;
+    constexpr auto kernel = attn_bwd_main<T, D>;
+    cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
+    if (err != cudaSuccess)
+        return err;
+    const tk_attention_call *c = &bc->fwd;
+    attn_bwd_params p;
+    p.q = c->q, p.k = c->k, p.v = c->v, p.o = c->o, p.dout = bc->dout;
+    p.dq = bc->dq, p.dk = bc->dk, p.dv = bc->dv;
+    p.lse = c->lse;
+    p.alibi_slopes = c->alibi_slopes;
+    const int64_t rows = (int64_t)c->batch * c->heads_q * c->seqlen_q;
+    p.dsum = bc->workspace;
+    p.dq_acc = bc->workspace + (rows + 3) / 4 * 4;
+    p.q_sb = c->q_stride[0], p.q_ss = c->q_stride[1], p.q_sh = c->q_stride[2];
+    p.k_sb = c->k_stride[0], p.k_ss = c->k_stride[1], p.k_sh = c->k_stride[2];
+    p.v_sb = c->v_stride[0], p.v_ss = c->v_stride[1], p.v_sh = c->v_stride[2];
+    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
+    p.do_sb = bc->do_stride[0], p.do_ss = bc->do_stride[1], p.do_sh = bc->do_stride[2];
+    p.dq_sb = bc->dq_stride[0], p.dq_ss = bc->dq_stride[1], p.dq_sh = bc->dq_stride[2];
+    p.dk_sb = bc->dk_stride[0], p.dk_ss = bc->dk_stride[1], p.dk_sh = bc->dk_stride[2];
+    p.dv_sb = bc->dv_stride[0], p.dv_ss = bc->dv_stride[1], p.dv_sh = bc->dv_stride[2];
+    p.batch = c->batch;
+    p.seqlen_q = c->seqlen_q;
+    p.seqlen_k = c->seqlen_k;
+    p.heads_q = c->heads_q;
+    p.heads_kv = c->heads_kv;
+    p.group = c->heads_q / c->heads_kv;
+    p.window_left = c->window_left;
+    p.window_right = c->window_right;
+    p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
+    p.scale = c->scale;
+    p.softcap = c->softcap;
+    p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
+    p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
+    const unsigned row_blocks = (unsigned)((rows + ATTN_WARPS - 1) / ATTN_WARPS);
+    err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ATTN_THREADS, 0, stream, p, rows);
+    if (err != cudaSuccess)
+        return err;
+    const unsigned blocks =
+        (unsigned)((int64_t)(c->seqlen_k + BWD_BN - 1) / BWD_BN * c->batch * c->heads_kv);
+    err = tk_launch(kernel, blocks, ATTN_THREADS, shape::SMEM_BYTES, stream, p);
+    if (err != cudaSuccess)
+        return err;
+    return tk_launch(attn_bwd_dq<T, D>, row_blocks, ATTN_THREADS, 0, stream, p, rows);
+}
+
+template <int D>
+cudaError_t attn_bwd_head_dim(const tk_attention_bwd_call *c, const tk_device *dev,
+                              cudaStream_t stream) {
+    return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return attn_bwd_launch<T, D>(c, dev, stream);
+    });
+}
+
+} // namespace
+
+extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c) {
+    const size_t rows = (size_t)c->batch * (size_t)c->heads_q * (size_t)c->seqlen_q;
+    return ((rows + 3) / 4 * 4 + rows * (size_t)c->head_dim) * sizeof(float);
+}
+
+extern "C" cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev,
+                                                   cudaStream_t stream) {
+    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
+    switch (c->fwd.head_dim) {
+    case 64: return attn_bwd_head_dim<64>(c, dev, stream);
+    case 128: return attn_bwd_head_dim<128>(c, dev, stream);
+    }
+    return cudaErrorInvalidValue; /* src/attention.c admits only the head dims above */
+}

@@ -1,0 +1,36 @@
+/* Launcher of the attention backward kernels (cuda/attention_bwd.cu), called by src/attention.c
+ * after validation. Internal. */
+#ifndef TK_CUDA_ATTENTION_BWD_H
+#define TK_CUDA_ATTENTION_BWD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One backward call, resolved: the forward's call (q, k, v, o, masks, scale; its lse is the
+ * forward's output read here) plus the gradient tensors and the workspace. */
+typedef struct tk_attention_bwd_call {
+    tk_attention_call fwd;
+    const void *dout;
+    void *dq, *dk, *dv;
+    int64_t do_stride[3], dq_stride[3], dk_stride[3], dv_stride[3]; /* batch, sequence, head */
+    float *workspace; /* tk_attention_bwd_workspace_bytes(fwd) bytes, 16-byte aligned */
+} tk_attention_bwd_call;
+
+/* Workspace of a call: D = rowsum(dO o O), [batch, heads_q, seqlen_q] f32, then the f32 dQ
+ * accumulator [batch, heads_q, seqlen_q, head_dim], each starting 16-byte aligned. */
+size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c);
+
+/* "mma_sm80": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, dQ by f32 atomics. */
+cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

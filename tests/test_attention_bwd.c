@@ -1,0 +1,365 @@
+/* Attention backward: bad input on the host (runs everywhere), then dq, dk, dv against the fp64
+ * gradients of the forward on the GPU, over masks, lengths, GQA, softcap, ALiBi, dtypes, head
+ * dims and a strided layout.
+ *
+ * Accuracy follows FlashAttention-2's backward tests: for each gradient, the largest error
+ * against the fp64 reference must be at most twice that of a naive backward in the same
+ * precision (ref_attention_bwd with naive = true: a framework's unfused autograd, which rounds
+ * P, dP, D and dS to the dtype as the kernel rounds P and dS before its products) plus twice the
+ * representation error of the gradient near 0.3. The bound is the forward's rule applied per
+ * gradient; it already scales with the extra rounding a backward does (the naive error grows with
+ * it), so it is not loosened for the gradients. Rows that see no key must get dq exactly 0 and
+ * keys no row sees dk = dv exactly 0. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/tk_test.h"
+#include "ref/attention_bwd_ref.h"
+#include "ref/attention_ref.h"
+
+/* ------------------------------------------------------------------ bad input (host) ---- */
+
+/* Fake "device" buffers: host memory with a sentinel; validation must reject before any use.
+ * A valid call: q, o, dout [1, 16, 2, 64] and k, v [1, 16, 1, 64] in in_buf, lse [1, 2, 16]
+ * and the alibi slopes after them; dq, dk, dv and the workspace in out_buf (bf16, dense). */
+static unsigned char in_buf[32768] __attribute__((aligned(16)));
+static unsigned char out_buf[32768] __attribute__((aligned(16)));
+
+static void reset_buffers(void) {
+    tk_fill_sentinel(in_buf, sizeof in_buf);
+    tk_fill_sentinel(out_buf, sizeof out_buf);
+}
+
+static tk_attention_bwd_params host_params(void) {
+    tk_attention_bwd_params p = TK_ATTENTION_BWD_PARAMS_INIT;
+    p.dtype = TK_BF16;
+    p.batch = 1;
+    p.seqlen_q = 16;
+    p.seqlen_k = 16;
+    p.heads_q = 2;
+    p.heads_kv = 1;
+    p.head_dim = 64;
+    p.q = in_buf;
+    p.k = in_buf + 4096;
+    p.v = in_buf + 6144;
+    p.o = in_buf + 8192;
+    p.dout = in_buf + 12288;
+    p.lse = (const float *)(in_buf + 16384);
+    p.alibi_slopes = (const float *)(in_buf + 16512);
+    p.dq = out_buf;
+    p.dk = out_buf + 4096;
+    p.dv = out_buf + 6144;
+    p.workspace = out_buf + 8192;
+    p.workspace_bytes = 16384;
+    return p;
+}
+
+static void expect_rejected(const tk_attention_bwd_params *p, tk_status status, const char *needle) {
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_bwd(p, NULL), status, needle);
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf), "%s: an output was written", needle);
+    cr_assert(tk_is_sentinel(in_buf, sizeof in_buf), "%s: an input was written", needle);
+}
+
+#define REJECT(field_assignment, status, needle)     \
+    do {                                             \
+        tk_attention_bwd_params p_ = ok;             \
+        p_.field_assignment;                         \
+        expect_rejected(&p_, status, needle);        \
+    } while (0)
+
+Test(attention_bwd_args, rejects_bad_arguments) {
+    const tk_attention_bwd_params ok = host_params();
+    expect_rejected(NULL, TK_ERROR_NULL_POINTER, "'p'");
+    REJECT(size = 8, TK_ERROR_INVALID_VALUE, "p->size");
+    REJECT(dtype = TK_F32, TK_ERROR_NOT_SUPPORTED, "p->dtype");
+    REJECT(batch = -1, TK_ERROR_INVALID_VALUE, "p->batch");
+    REJECT(seqlen_q = 0, TK_ERROR_INVALID_VALUE, "p->seqlen_q");
+    REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 2 is not a multiple of p->heads_kv");
+    REJECT(head_dim = 72, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 72 is not supported");
+    REJECT(head_dim = 96, TK_ERROR_NOT_SUPPORTED, "by the backward yet; accepted: 64, 128");
+    REJECT(head_dim = 256, TK_ERROR_NOT_SUPPORTED, "by the backward yet");
+    REJECT(softmax_scale = NAN, TK_ERROR_INVALID_VALUE, "p->softmax_scale");
+    REJECT(causal = 2, TK_ERROR_INVALID_VALUE, "p->causal");
+    REJECT(window_left = -2, TK_ERROR_INVALID_VALUE, "p->window_left");
+    REJECT(softcap = -1.0f, TK_ERROR_INVALID_VALUE, "p->softcap");
+    REJECT(q = NULL, TK_ERROR_NULL_POINTER, "'p->q'");
+    REJECT(o = NULL, TK_ERROR_NULL_POINTER, "'p->o'");
+    REJECT(lse = NULL, TK_ERROR_NULL_POINTER, "p->lse is NULL");
+    REJECT(dout = NULL, TK_ERROR_NULL_POINTER, "'p->dout'");
+    REJECT(dq = NULL, TK_ERROR_NULL_POINTER, "'p->dq'");
+    REJECT(dk = NULL, TK_ERROR_NULL_POINTER, "'p->dk'");
+    REJECT(dv = NULL, TK_ERROR_NULL_POINTER, "'p->dv'");
+    REJECT(workspace = NULL, TK_ERROR_NULL_POINTER, "'p->workspace'");
+    REJECT(workspace = out_buf + 8200, TK_ERROR_MISALIGNED, "'p->workspace'");
+    REJECT(workspace_bytes = 100, TK_ERROR_INVALID_VALUE, "p->workspace_bytes = 100");
+    REJECT(dout_strides[3] = 2, TK_ERROR_NOT_SUPPORTED, "p->dout_strides[3]");
+    REJECT(dq = out_buf + 2, TK_ERROR_MISALIGNED, "'p->dq'");
+    {
+        tk_attention_bwd_params p = ok; /* rows of 68 elements: not whole 16-byte chunks */
+        p.dk_strides[0] = 2048, p.dk_strides[1] = 68, p.dk_strides[2] = 64, p.dk_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_MISALIGNED, "p->dk_strides[1]");
+    }
+    {
+        tk_attention_bwd_params p = ok; /* every row of dv at one address: written many times */
+        p.dv_strides[0] = 0, p.dv_strides[1] = 0, p.dv_strides[2] = 0, p.dv_strides[3] = 1;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->dv_strides");
+    }
+    REJECT(dq = in_buf + 4096, TK_ERROR_OVERLAP, "'p->dq' overlaps 'p->k'");
+    REJECT(dv = out_buf + 4096 + 1024, TK_ERROR_OVERLAP, "'p->dk' overlaps 'p->dv'");
+    REJECT(workspace = in_buf + 8192, TK_ERROR_OVERLAP, "'p->workspace' overlaps 'p->o'");
+    REJECT(dk = (void *)(in_buf + 16384), TK_ERROR_OVERLAP, "'p->dk' overlaps 'p->lse'");
+}
+
+Test(attention_bwd_args, workspace_size) {
+    tk_attention_bwd_params p = host_params();
+    p.q = p.k = p.v = p.o = p.dout = NULL; /* only the sizes are read */
+    size_t bytes = 1;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    /* D rows (32 floats) and the dq accumulator (32 x 64 floats). */
+    cr_assert_eq(bytes, (size_t)(32 + 32 * 64) * 4, "workspace %zu bytes", bytes);
+    p.seqlen_q = 15; /* 30 rows: D rounded up to 32 floats */
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)(32 + 30 * 64) * 4, "workspace %zu bytes", bytes);
+    p.batch = 0;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, 0);
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, NULL), TK_ERROR_NULL_POINTER, "'bytes'");
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(NULL, &bytes), TK_ERROR_NULL_POINTER, "'p'");
+    p.batch = -2;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->batch");
+    p.batch = 1, p.head_dim = 80;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_NOT_SUPPORTED, "p->head_dim");
+}
+
+Test(attention_bwd_args, empty_batch_is_a_noop) {
+    tk_attention_bwd_params p = TK_ATTENTION_BWD_PARAMS_INIT;
+    p.batch = 0, p.seqlen_q = 8, p.seqlen_k = 8, p.heads_q = 1, p.heads_kv = 1, p.head_dim = 64;
+    TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_SUCCESS, "");
+}
+
+Test(attention_bwd_args, force_variant_names) {
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80"), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80_packed"),
+                     TK_ERROR_INVALID_VALUE, "\"mma_sm80\"");
+}
+
+/* ------------------------------------------------------------------------ GPU checks ---- */
+
+typedef struct bwd_case {
+    tk_dtype dtype;
+    int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    bool bhsd; /* [B, H, S, D] buffers with padded rows through strides; else dense */
+    int causal;
+    int64_t window_left, window_right;
+    float softcap;
+    bool alibi;
+} bwd_case;
+
+static void case_name(const bwd_case *c, char *out, size_t size) {
+    snprintf(out, size, "%s B%lld Sq%lld Sk%lld H%lld/%lld D%lld %s causal %d window (%lld, %lld) softcap %g%s",
+             tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->seqlen_q,
+             (long long)c->seqlen_k, (long long)c->heads_q, (long long)c->heads_kv,
+             (long long)c->head_dim, c->bhsd ? "BHSD" : "BSHD", c->causal,
+             (long long)c->window_left, (long long)c->window_right, (double)c->softcap,
+             c->alibi ? " alibi" : "");
+}
+
+/* Strides of a [batch, seq, heads, head_dim] tensor in the case's layout, and its element
+ * count (ref_attention_layout). */
+static int64_t layout_strides(const bwd_case *c, int64_t seq, int64_t heads, int64_t st[4]) {
+    return ref_attention_layout(c->bhsd, c->batch, seq, heads, c->head_dim, st);
+}
+
+/* One gradient: got (the layout's strides st) against exact and naive (dense). seen(s, h) says
+ * whether the row (query or key) s of head h has any visible partner; unseen rows must be 0. */
+static void check_gradient(const bwd_case *c, const tk_attention_params *ref, const char *name,
+                           const void *got, const int64_t st[4], const double *exact,
+                           const double *naive, int64_t seq, int64_t heads, bool keys) {
+    char what[320];
+    case_name(c, what, sizeof what);
+    const int64_t d = c->head_dim;
+    double err = 0.0, err_naive = 0.0, atol = 0.0;
+    int64_t bad = 0, nonzero = 0;
+    for (int64_t b = 0; b < c->batch; b++)
+        for (int64_t s = 0; s < seq; s++) {
+            bool seen = false;
+            for (int64_t x = 0; x < (keys ? c->seqlen_q : c->seqlen_k) && !seen; x++)
+                seen = keys ? ref_attention_visible(ref, x, s) : ref_attention_visible(ref, s, x);
+            for (int64_t h = 0; h < heads; h++)
+                for (int64_t e = 0; e < d; e++) {
+                    const double g = tk_test_load(c->dtype, got, b * st[0] + s * st[1] + h * st[2] + e);
+                    const int64_t i = ((b * seq + s) * heads + h) * d + e;
+                    if (!isfinite(g)) {
+                        bad++;
+                        continue;
+                    }
+                    if (!seen)
+                        nonzero += g != 0.0;
+                    err = fmax(err, fabs(g - exact[i]));
+                    err_naive = fmax(err_naive, fabs(naive[i] - exact[i]));
+                    atol = fmax(atol, ref_attention_representation_term(c->dtype, exact[i]));
+                }
+        }
+    cr_assert(bad == 0, "%s: %lld non-finite %s values", what, (long long)bad, name);
+    cr_assert(nonzero == 0, "%s: %lld %s values of unseen rows are not 0", what, (long long)nonzero, name);
+    cr_assert(err <= 2.0 * err_naive + atol, "%s: max |%s - ref| = %.3g > 2 x naive error %.3g + %.3g",
+              what, name, err, err_naive, atol);
+}
+
+static void run_case(const bwd_case *c, uint64_t seed) {
+    char what[320];
+    case_name(c, what, sizeof what);
+    tk_rng rng = tk_rng_seeded(seed);
+    tk_attention_params f = TK_ATTENTION_PARAMS_INIT;
+    f.dtype = c->dtype;
+    f.batch = c->batch;
+    f.seqlen_q = c->seqlen_q;
+    f.seqlen_k = c->seqlen_k;
+    f.heads_q = c->heads_q;
+    f.heads_kv = c->heads_kv;
+    f.head_dim = c->head_dim;
+    f.causal = c->causal;
+    f.window_left = c->window_left;
+    f.window_right = c->window_right;
+    f.softcap = c->softcap;
+    f.return_lse = 1;
+    tk_attention_params ref = f;
+    const int64_t nq = layout_strides(c, c->seqlen_q, c->heads_q, ref.q_strides);
+    const int64_t nk = layout_strides(c, c->seqlen_k, c->heads_kv, ref.k_strides);
+    layout_strides(c, c->seqlen_k, c->heads_kv, ref.v_strides);
+    layout_strides(c, c->seqlen_q, c->heads_q, ref.o_strides);
+    if (c->bhsd) {
+        memcpy(f.q_strides, ref.q_strides, sizeof f.q_strides);
+        memcpy(f.k_strides, ref.k_strides, sizeof f.k_strides);
+        memcpy(f.v_strides, ref.v_strides, sizeof f.v_strides);
+        memcpy(f.o_strides, ref.o_strides, sizeof f.o_strides);
+    }
+    const size_t es = tk_test_dtype_size(c->dtype);
+    const int64_t n_lse = c->batch * c->heads_q * c->seqlen_q;
+    void *hq = malloc((size_t)nq * es), *hk = malloc((size_t)nk * es), *hv = malloc((size_t)nk * es);
+    void *hdo = malloc((size_t)nq * es), *hdq = malloc((size_t)nq * es);
+    void *hdk = malloc((size_t)nk * es), *hdv = malloc((size_t)nk * es);
+    float *hslopes = malloc((size_t)c->heads_q * sizeof(float));
+    cr_assert(hq && hk && hv && hdo && hdq && hdk && hdv && hslopes);
+    tk_fill_uniform(&rng, c->dtype, hq, nq, -1.0, 1.0);
+    tk_fill_uniform(&rng, c->dtype, hk, nk, -1.0, 1.0);
+    tk_fill_uniform(&rng, c->dtype, hv, nk, -1.0, 1.0);
+    tk_fill_uniform(&rng, c->dtype, hdo, nq, -1.0, 1.0);
+    for (int64_t h = 0; h < c->heads_q; h++)
+        hslopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)c->heads_q);
+
+    void *dq = tk_dev_alloc((size_t)nq * es), *dk = tk_dev_alloc((size_t)nk * es);
+    void *dv = tk_dev_alloc((size_t)nk * es), *dout = tk_dev_alloc((size_t)nq * es);
+    void *o = tk_dev_alloc((size_t)nq * es), *lse = tk_dev_alloc((size_t)n_lse * sizeof(float));
+    void *gq = tk_dev_alloc((size_t)nq * es), *gk = tk_dev_alloc((size_t)nk * es);
+    void *gv = tk_dev_alloc((size_t)nk * es);
+    void *slopes = tk_dev_alloc((size_t)c->heads_q * sizeof(float));
+    tk_to_dev(dq, hq, (size_t)nq * es);
+    tk_to_dev(dk, hk, (size_t)nk * es);
+    tk_to_dev(dv, hv, (size_t)nk * es);
+    tk_to_dev(dout, hdo, (size_t)nq * es);
+    tk_to_dev(slopes, hslopes, (size_t)c->heads_q * sizeof(float));
+    tk_dev_poison(o, (size_t)nq * es);
+    tk_dev_poison(gq, (size_t)nq * es);
+    tk_dev_poison(gk, (size_t)nk * es);
+    tk_dev_poison(gv, (size_t)nk * es);
+    f.q = dq, f.k = dk, f.v = dv, f.o = o, f.lse = lse;
+    f.alibi_slopes = c->alibi ? slopes : NULL;
+    cr_assert_eq(tk_attention_fwd(&f, NULL), TK_SUCCESS, "%s: forward: %s", what, tk_last_error());
+
+    tk_attention_bwd_params p = TK_ATTENTION_BWD_PARAMS_INIT;
+    p.dtype = c->dtype;
+    p.q = dq, p.k = dk, p.v = dv, p.o = o, p.lse = lse, p.dout = dout;
+    p.dq = gq, p.dk = gk, p.dv = gv;
+    p.batch = c->batch, p.seqlen_q = c->seqlen_q, p.seqlen_k = c->seqlen_k;
+    p.heads_q = c->heads_q, p.heads_kv = c->heads_kv, p.head_dim = c->head_dim;
+    memcpy(p.q_strides, f.q_strides, sizeof p.q_strides);
+    memcpy(p.k_strides, f.k_strides, sizeof p.k_strides);
+    memcpy(p.v_strides, f.v_strides, sizeof p.v_strides);
+    memcpy(p.o_strides, f.o_strides, sizeof p.o_strides);
+    memcpy(p.dout_strides, f.o_strides, sizeof p.dout_strides);
+    memcpy(p.dq_strides, f.q_strides, sizeof p.dq_strides);
+    memcpy(p.dk_strides, f.k_strides, sizeof p.dk_strides);
+    memcpy(p.dv_strides, f.v_strides, sizeof p.dv_strides);
+    p.causal = c->causal, p.window_left = c->window_left, p.window_right = c->window_right;
+    p.softcap = c->softcap;
+    p.alibi_slopes = f.alibi_slopes;
+    size_t ws_bytes = 0;
+    cr_assert_eq(tk_attention_bwd_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s", tk_last_error());
+    void *ws = tk_dev_alloc(ws_bytes);
+    tk_dev_poison(ws, ws_bytes);
+    p.workspace = ws, p.workspace_bytes = ws_bytes;
+    cr_assert_eq(tk_attention_bwd(&p, NULL), TK_SUCCESS, "%s: %s", what, tk_last_error());
+    cr_assert_str_eq(tk_last_variant(), "mma_sm80", "%s ran %s", what, tk_last_variant());
+    tk_dev_sync();
+    tk_to_host(hdq, gq, (size_t)nq * es);
+    tk_to_host(hdk, gk, (size_t)nk * es);
+    tk_to_host(hdv, gv, (size_t)nk * es);
+
+    double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
+    double *v64 = ref_to_double(c->dtype, hv, nk), *do64 = ref_to_double(c->dtype, hdo, nq);
+    const size_t dense_q = (size_t)(c->batch * c->seqlen_q * c->heads_q * c->head_dim);
+    const size_t dense_k = (size_t)(c->batch * c->seqlen_k * c->heads_kv * c->head_dim);
+    double *eq = malloc(dense_q * sizeof(double)), *nq64 = malloc(dense_q * sizeof(double));
+    double *ek = malloc(dense_k * sizeof(double)), *nk64 = malloc(dense_k * sizeof(double));
+    double *ev = malloc(dense_k * sizeof(double)), *nv64 = malloc(dense_k * sizeof(double));
+    cr_assert(eq && nq64 && ek && nk64 && ev && nv64);
+    const float *host_slopes = c->alibi ? hslopes : NULL;
+    ref_attention_bwd(&ref, q64, k64, v64, do64, host_slopes, false, eq, ek, ev);
+    ref_attention_bwd(&ref, q64, k64, v64, do64, host_slopes, true, nq64, nk64, nv64);
+    int64_t st[4];
+    layout_strides(c, c->seqlen_q, c->heads_q, st);
+    check_gradient(c, &ref, "dq", hdq, st, eq, nq64, c->seqlen_q, c->heads_q, false);
+    layout_strides(c, c->seqlen_k, c->heads_kv, st);
+    check_gradient(c, &ref, "dk", hdk, st, ek, nk64, c->seqlen_k, c->heads_kv, true);
+    check_gradient(c, &ref, "dv", hdv, st, ev, nv64, c->seqlen_k, c->heads_kv, true);
+
+    free(q64); free(k64); free(v64); free(do64);
+    free(eq); free(nq64); free(ek); free(nk64); free(ev); free(nv64);
+    free(hq); free(hk); free(hv); free(hdo); free(hdq); free(hdk); free(hdv); free(hslopes);
+    tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dout); tk_dev_free(o);
+    tk_dev_free(lse); tk_dev_free(gq); tk_dev_free(gk); tk_dev_free(gv); tk_dev_free(slopes);
+    tk_dev_free(ws);
+}
+
+Test(attention_bwd_gpu, masks_and_lengths, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const bwd_case cases[] = {
+        /* dense, both lengths ragged against the 64-key and query tiles */
+        {TK_BF16, 2, 130, 130, 4, 4, 64, false, 0, -1, -1, 0.0f, false},
+        /* causal, seqlen_q < seqlen_k */
+        {TK_BF16, 1, 100, 150, 2, 2, 128, false, 1, -1, -1, 0.0f, false},
+        /* causal, seqlen_q > seqlen_k: the first 60 rows see no key */
+        {TK_F16, 1, 150, 90, 2, 1, 64, false, 1, -1, -1, 0.0f, false},
+        /* a window on both sides */
+        {TK_BF16, 1, 200, 200, 2, 2, 64, false, 0, 32, 16, 0.0f, false},
+        /* causal sliding window, seqlen_q < seqlen_k: keys before 150 - 10 are never seen */
+        {TK_BF16, 1, 40, 200, 2, 2, 128, false, 1, 10, -1, 0.0f, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i], 100 + i);
+}
+
+Test(attention_bwd_gpu, gqa_softcap_alibi_layouts, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const bwd_case cases[] = {
+        /* GQA, group 4: dk, dv summed over 4 query heads */
+        {TK_BF16, 1, 96, 96, 8, 2, 128, false, 1, -1, -1, 0.0f, false},
+        /* MQA */
+        {TK_F16, 2, 70, 70, 3, 1, 64, false, 0, -1, -1, 0.0f, false},
+        /* softcap */
+        {TK_F16, 1, 80, 80, 2, 2, 128, false, 0, -1, -1, 30.0f, false},
+        {TK_BF16, 1, 80, 120, 2, 1, 64, false, 1, -1, -1, 5.0f, false},
+        /* ALiBi */
+        {TK_BF16, 1, 120, 120, 4, 2, 64, false, 1, -1, -1, 0.0f, true},
+        /* [B, H, S, D] strided, f16 and bf16 */
+        {TK_BF16, 2, 70, 130, 2, 2, 128, true, 0, -1, -1, 0.0f, false},
+        {TK_F16, 1, 65, 65, 2, 1, 128, true, 1, 20, -1, 0.0f, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i], 200 + i);
+}
