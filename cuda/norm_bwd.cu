@@ -32,19 +32,8 @@ namespace {
 constexpr int WIDE_THREADS = 512;
 constexpr int REDUCE_COLS = 32, REDUCE_LANES = 8;
 
-/* Elements per thread of the rows kernel. 16-bit rows in 16-byte packs that fit one pack per
- * thread (cols <= 4096) take 8 ("narrow"): their dw / db partials live in shared memory, each
- * thread in its own slots, so that the kernel fits 64 registers and an SM holds 2 blocks of 512
- * threads (twice the warps of 16 elements per thread at ~120 registers). Wider rows and f32 take
- * TK_NORM_BWD_ELEMS_VEC with the partials in registers; scalars TK_NORM_BWD_ELEMS_SCALAR. */
-constexpr int BWD_ELEMS_NARROW = 8;
-
-template <int VEC, int ELEMS> constexpr int bwd_packs() {
-    return ELEMS / VEC;
-}
-
-template <typename T, int VEC, int ELEMS> constexpr bool bwd_narrow() {
-    return VEC > 1 && sizeof(T) == 2 && ELEMS == BWD_ELEMS_NARROW;
+template <int VEC> constexpr int bwd_packs() {
+    return (VEC > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR) / VEC;
 }
 
 /* Both row sums of the backward over the threads of one row's group, returned to all of them:
@@ -71,11 +60,9 @@ __device__ __forceinline__ void group_sum2(float &u, float &v, int group, float2
     v = tk_warp_sum(mine.y);
 }
 
-template <typename T, typename W, int VEC, int ELEMS>
-__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, (bwd_narrow<T, VEC, ELEMS>() ? 2 : 1))
-    norm_bwd_rows(tk_norm_call a, int group) {
-    constexpr int PACKS = bwd_packs<VEC, ELEMS>();
-    constexpr bool Narrow = bwd_narrow<T, VEC, ELEMS>();
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_norm_call a, int group) {
+    constexpr int PACKS = bwd_packs<VEC>();
     /* Prefetch the next row when a tensor's share of the row is at most 8 registers (16-bit
      * packs, scalars): the f32 packs (16 registers per tensor) spilled at the 128-register cap. */
     constexpr bool Prefetch = PACKS * sizeof(tk_pack<T, VEC>) <= 32;
@@ -89,19 +76,12 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, (bwd_narrow<T, VEC, 
     const int64_t step = (int64_t)gridDim.x * groups_per_block;
     const float inv_n = 1.0f / (float)a.cols;
 
-    /* Partial k of the thread: dw of element k < ELEMS (pack k / VEC), db of element k - ELEMS.
-     * Shared slots are [k][thread]: consecutive threads, consecutive words (no bank conflict). */
-    __shared__ float shared_partials[Narrow ? 2 * ELEMS : 1][Narrow ? TK_NORM_ROWS_MAX_THREADS : 1];
-    float reg_partials[Narrow ? 1 : 2 * ELEMS];
-    auto partial = [&](int k) -> float & {
-        if constexpr (Narrow)
-            return shared_partials[k][threadIdx.x];
-        else
-            return reg_partials[k];
-    };
+    float dw_acc[PACKS][VEC], db_acc[PACKS][VEC];
 #pragma unroll
-    for (int k = 0; k < 2 * ELEMS; k++)
-        partial(k) = 0.0f;
+    for (int p = 0; p < PACKS; p++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            dw_acc[p][e] = db_acc[p][e] = 0.0f;
 
     /* x, dy and the stats of the group's row in the block-row `base` (nothing past the last row). */
     auto load_row = [&](int64_t base, tk_pack<T, VEC> (&xs)[PACKS], tk_pack<T, VEC> (&dys)[PACKS], float &mean,
@@ -148,8 +128,8 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, (bwd_narrow<T, VEC, 
                     const float g = d * scale[e];
                     sum_gx += g * xhat;
                     sum_g += g;
-                    partial(p * VEC + e) += d * xhat;
-                    partial(ELEMS + p * VEC + e) += d;
+                    dw_acc[p][e] += d * xhat;
+                    db_acc[p][e] += d;
                 }
             }
         }
@@ -204,9 +184,9 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS, (bwd_narrow<T, VEC, 
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 if (a.dw)
-                    ws_w[j * VEC + e] = partial(p * VEC + e);
+                    ws_w[j * VEC + e] = dw_acc[p][e];
                 if (a.db)
-                    ws_b[j * VEC + e] = partial(ELEMS + p * VEC + e);
+                    ws_b[j * VEC + e] = db_acc[p][e];
             }
         }
     }
@@ -328,41 +308,27 @@ cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, i
     return cudaSuccess;
 }
 
-/* Stage 1 of the rows kernel at ELEMS elements per thread; `groups` = the row groups launched. */
-template <typename T, typename W, int VEC, int ELEMS>
-cudaError_t launch_rows(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream, int64_t *groups) {
-    constexpr auto kernel = norm_bwd_rows<T, W, VEC, ELEMS>;
-    constexpr int packs = bwd_packs<VEC, ELEMS>();
-    const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
-    const int groups_per_block = s.threads / s.group;
-    int64_t blocks;
-    cudaError_t err;
-    if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, &blocks)) != cudaSuccess ||
-        (err = tk_launch(kernel, (unsigned)blocks, s.threads, 0, stream, *a, s.group)) != cudaSuccess)
-        return err;
-    *groups = blocks * groups_per_block;
-    return cudaSuccess;
-}
-
 /* Stage 1 (dx and the partials), then stage 2 (dw / db). */
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
-    constexpr int full_elems = VEC > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR;
-    constexpr int narrow_elems = bwd_narrow<T, VEC, BWD_ELEMS_NARROW>() ? BWD_ELEMS_NARROW : full_elems;
-    int64_t groups;
+    int64_t blocks, groups;
     cudaError_t err;
     if (wide) {
         constexpr auto kernel = norm_bwd_wide<T, W, VEC>;
-        if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, &groups)) != cudaSuccess ||
-            (err = tk_launch(kernel, (unsigned)groups, WIDE_THREADS, 0, stream, *a)) != cudaSuccess)
+        if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, &blocks)) != cudaSuccess ||
+            (err = tk_launch(kernel, (unsigned)blocks, WIDE_THREADS, 0, stream, *a)) != cudaSuccess)
             return err;
-    } else if (a->cols <= (int64_t)TK_NORM_ROWS_MAX_THREADS * narrow_elems) {
-        err = launch_rows<T, W, VEC, narrow_elems>(a, dev, stream, &groups);
+        groups = blocks;
     } else {
-        err = launch_rows<T, W, VEC, full_elems>(a, dev, stream, &groups);
+        constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
+        constexpr int packs = bwd_packs<VEC>();
+        const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
+        const int groups_per_block = s.threads / s.group;
+        if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, &blocks)) != cudaSuccess ||
+            (err = tk_launch(kernel, (unsigned)blocks, s.threads, 0, stream, *a, s.group)) != cudaSuccess)
+            return err;
+        groups = blocks * groups_per_block;
     }
-    if (err != cudaSuccess)
-        return err;
     return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, stream);
 }
 

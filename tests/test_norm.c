@@ -516,10 +516,6 @@ static const struct {
     /* More rows than one wave of 8192-wide groups (one block per SM): the backward's groups
      * take several rows each (the next row's loads overlap the current one's reduction). */
     {400, 8192, 0, 0, 0, 0, false, true, true, false, true, false},
-    /* The backward's narrow rows (16-bit, one pack per thread, dw / db partials in shared
-     * memory) over several rows per group, and the first aligned width past them. */
-    {1200, 4096, 0, 0, 0, 0, false, true, true, true, true, false},
-    {3, 4104, 0, 0, 0, 0, true, true, true, false, true, false},
     {6, 1000, 0, 0, 0, 1, true, true, true, false, true, false},
     {3, 12288, 0, 0, 0, 0, true, true, true, false, true, false},
     {300, 256, 0, 0, 0, 0, false, false, false, false, false, false},
