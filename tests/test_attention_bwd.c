@@ -1,6 +1,6 @@
-/* Attention backward: bad input on the host (runs everywhere), then dq, dk, dv against the fp64
- * gradients of the forward on the GPU, over masks, lengths, GQA, softcap, ALiBi, dtypes, head
- * dims and a strided layout.
+/* Attention backward: bad input and the fp64 reference against finite differences on the host
+ * (run everywhere), then dq, dk, dv against the fp64 gradients of the forward on the GPU, over
+ * masks, lengths, GQA, softcap, ALiBi, dtypes, head dims and a strided layout.
  *
  * Accuracy follows FlashAttention-2's backward tests: for each gradient, the largest error
  * against the fp64 reference must be at most twice that of a naive backward in the same
@@ -145,6 +145,120 @@ Test(attention_bwd_args, force_variant_names) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80_packed"),
                      TK_ERROR_INVALID_VALUE, "\"mma_sm80\"");
+}
+
+/* ------------------------------------------------- the reference (host, finite differences) ---- */
+
+/* ref_attention_bwd (exact) against central finite differences of the fp64 forward
+ * (ref_attention_row), on a tiny dense shape with GQA (two query heads per key head, so dk and dv
+ * are sums over the group): every other test trusts this reference. */
+enum { FD_SK = 5, FD_SQ_MAX = FD_SK + 2, FD_HQ = 2, FD_HKV = 1, FD_D = 4 };
+enum { FD_NQ = FD_SQ_MAX * FD_HQ * FD_D, FD_NK = FD_SK * FD_HKV * FD_D };
+
+static tk_attention_params fd_params(int64_t seqlen_q) {
+    tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
+    p.batch = 1;
+    p.seqlen_q = seqlen_q;
+    p.seqlen_k = FD_SK;
+    p.heads_q = FD_HQ;
+    p.heads_kv = FD_HKV;
+    p.head_dim = FD_D;
+    ref_attention_layout(false, 1, seqlen_q, FD_HQ, FD_D, p.q_strides);
+    ref_attention_layout(false, 1, seqlen_q, FD_HQ, FD_D, p.o_strides);
+    ref_attention_layout(false, 1, FD_SK, FD_HKV, FD_D, p.k_strides);
+    ref_attention_layout(false, 1, FD_SK, FD_HKV, FD_D, p.v_strides);
+    p.softmax_scale = 0.7f;
+    return p;
+}
+
+/* L = sum over every row of dout . o, o the exact fp64 forward: dL/dx is the backward of dout. */
+static double fd_loss(const tk_attention_params *p, const double *q, const double *k,
+                      const double *v, const double *dout, const float *slopes) {
+    double o[FD_D], lse, total = 0.0;
+    for (int64_t h = 0; h < FD_HQ; h++)
+        for (int64_t i = 0; i < p->seqlen_q; i++) {
+            ref_attention_row(p, q, k, v, slopes, 0, h, i, false, o, &lse);
+            for (int64_t e = 0; e < FD_D; e++)
+                total += dout[(i * FD_HQ + h) * FD_D + e] * o[e];
+        }
+    return total;
+}
+
+/* Every input element's gradient against (L(x + eps) - L(x - eps)) / 2 eps; rows that see no key
+ * must get dq exactly 0. */
+static void check_against_finite_differences(const tk_attention_params *p, const float *slopes) {
+    const int nq = (int)(p->seqlen_q * FD_HQ * FD_D);
+    double q[FD_NQ], dout[FD_NQ], k[FD_NK], v[FD_NK], dq[FD_NQ], dk[FD_NK], dv[FD_NK];
+    tk_rng rng = tk_rng_seeded(12345);
+    for (int n = 0; n < FD_NQ; n++) {
+        q[n] = tk_rng_uniform(&rng, -1.0, 1.0);
+        dout[n] = tk_rng_uniform(&rng, -1.0, 1.0);
+    }
+    for (int n = 0; n < FD_NK; n++) {
+        k[n] = tk_rng_uniform(&rng, -1.0, 1.0);
+        v[n] = tk_rng_uniform(&rng, -1.0, 1.0);
+    }
+    ref_attention_bwd(p, q, k, v, dout, slopes, false, dq, dk, dv);
+    const struct { double *x, *grad; int n; const char *name; } inputs[3] = {
+        {q, dq, nq, "dq"}, {k, dk, FD_NK, "dk"}, {v, dv, FD_NK, "dv"}};
+    const double eps = 1e-5;
+    for (int t = 0; t < 3; t++)
+        for (int n = 0; n < inputs[t].n; n++) {
+            const double x = inputs[t].x[n];
+            inputs[t].x[n] = x + eps;
+            const double up = fd_loss(p, q, k, v, dout, slopes);
+            inputs[t].x[n] = x - eps;
+            const double down = fd_loss(p, q, k, v, dout, slopes);
+            inputs[t].x[n] = x;
+            const double fd = (up - down) / (2.0 * eps);
+            /* Central differences err by O(eps^2) ~ 1e-10 here, plus the loss's rounding over
+             * 2 eps (~1e-11): 1e-7 is far above both and far below any wrong term. */
+            cr_assert(fabs(fd - inputs[t].grad[n]) <= 1e-7 + 1e-6 * fabs(fd),
+                      "%s[%d]: reference %.12g, finite difference %.12g (causal %d, window "
+                      "(%lld, %lld), softcap %g, alibi %d)", inputs[t].name, n, inputs[t].grad[n],
+                      fd, p->causal, (long long)p->window_left, (long long)p->window_right,
+                      (double)p->softcap, slopes != NULL);
+        }
+    for (int64_t i = 0; i < p->seqlen_q; i++) {
+        bool seen = false;
+        for (int64_t j = 0; j < FD_SK; j++)
+            seen = seen || ref_attention_visible(p, i, j);
+        for (int n = 0; n < FD_HQ * FD_D && !seen; n++)
+            cr_assert(dq[i * FD_HQ * FD_D + n] == 0.0, "row %lld sees no key: dq = %g",
+                      (long long)i, dq[i * FD_HQ * FD_D + n]);
+    }
+}
+
+Test(attention_bwd_ref, window_softcap_alibi_match_finite_differences) {
+    tk_attention_params p = fd_params(3); /* seqlen_q < seqlen_k: the mask shifts by 2 */
+    p.window_left = 2;
+    p.window_right = 1;
+    const float slopes[FD_HQ] = {0.25f, 0.0625f};
+    check_against_finite_differences(&p, NULL);
+    check_against_finite_differences(&p, slopes);
+    p.softcap = 1.5f;
+    check_against_finite_differences(&p, NULL);
+    check_against_finite_differences(&p, slopes);
+}
+
+Test(attention_bwd_ref, causal_bottom_right_matches_finite_differences) {
+    tk_attention_params p = fd_params(3);
+    p.causal = 1;
+    check_against_finite_differences(&p, NULL);
+    p.window_left = 1; /* a causal sliding window */
+    check_against_finite_differences(&p, NULL);
+}
+
+/* seqlen_q > seqlen_k under bottom-right causal masking: the first two rows see no key, so their
+ * dq is 0 and they add nothing to dk, dv (the finite differences of those are checked too). */
+Test(attention_bwd_ref, rows_that_see_no_key_match_finite_differences) {
+    tk_attention_params p = fd_params(FD_SQ_MAX);
+    p.causal = 1;
+    cr_assert(!ref_attention_visible(&p, 1, 0) && ref_attention_visible(&p, 2, 0));
+    check_against_finite_differences(&p, NULL);
+    p.softcap = 1.5f;
+    const float slopes[FD_HQ] = {0.25f, 0.0625f};
+    check_against_finite_differences(&p, slopes);
 }
 
 /* ------------------------------------------------------------------------ GPU checks ---- */

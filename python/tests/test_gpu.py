@@ -458,6 +458,14 @@ def attn_ref(q, k, v, causal=False, window=None, softcap=0.0, scale=None, alibi=
     return o, lse, visible
 
 
+def representation_term(exact, dt):
+    """FlashAttention's atol: twice the largest change that adding and removing 0.3 in dtype dt
+    makes to a reference value."""
+    r = exact.to(dt).double()
+    shifted = ((r + 0.3).to(dt).double() - 0.3).to(dt).double()
+    return 2 * (shifted - r).abs().max().item()
+
+
 def check_attention(o, q, k, v, what, lse=None, **kw):
     """FlashAttention's rule, as tests/test_attention.c."""
     o = as_torch(o).double()
@@ -467,9 +475,7 @@ def check_attention(o, q, k, v, what, lse=None, **kw):
     assert torch.isfinite(o).all(), f"{what}: non-finite outputs"
     err = (o - exact).abs().max().item()
     err_naive = (naive - exact).abs().max().item()
-    r = exact.to(dt).double()
-    shifted = ((r + 0.3).to(dt).double() - 0.3).to(dt).double()
-    atol = 2 * (shifted - r).abs().max().item()
+    atol = representation_term(exact, dt)
     assert err <= 2 * err_naive + atol, (
         f"{what}: max |o - ref| = {err:.3g} > 2 x naive error {err_naive:.3g} + {atol:.3g}")
     if lse is not None:

@@ -5,8 +5,8 @@
     out = tka.gemm(y, W.t(), bias, activation="gelu")    # = F.gelu(F.linear(y, W, bias))
 
 Each forward is the tkern function; each backward is libtkern's backward kernel (rms_norm,
-layer_norm, activation / gelu, glu, softmax / log_softmax, rope) or, for gemm, tk_gemm calls
-and the activation backward. Attention has no backward kernel yet, so it is not here.
+layer_norm, activation / gelu, glu, softmax / log_softmax, rope, attention) or, for gemm,
+tk_gemm calls and the activation backward.
 
 This module imports torch (the core tkern package never does) and takes torch tensors only.
 Differences from the plain functions: the fused residual is not updated in place (autograd
@@ -17,10 +17,10 @@ the cache).
 
 import torch
 
-from . import _activation, _gemm, _norm, _rope, _softmax
+from . import _activation, _attention, _attention_bwd, _gemm, _norm, _rope, _softmax
 
 __all__ = ["rms_norm", "layer_norm", "activation", "gelu", "glu", "softmax", "log_softmax",
-           "rope", "gemm"]
+           "rope", "gemm", "attention"]
 
 
 def _contiguous(t):
@@ -254,3 +254,32 @@ def gemm(a, b, bias=None, activation=None, *, c=None, alpha=1.0, beta=None, out_
     backward pass is tk_gemm calls (the pre-activation recomputed when there is an activation)
     and the activation's backward kernel."""
     return _Gemm.apply(a, b, bias, c, activation, alpha, beta, out_dtype)
+
+
+# -------------------------------------------------------------------------- attention -------
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, kwargs):
+        out, lse = _attention.attention(q, k, v, alibi_slopes=alibi_slopes, return_lse=True,
+                                        **kwargs)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+        ctx.kwargs = kwargs
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+        # dout may be a broadcast (stride 0) gradient; the kernel needs head_dim contiguous.
+        dq, dk, dv = _attention_bwd.attention_backward(q, k, v, out, lse, dout.contiguous(),
+                                                       alibi_slopes=alibi_slopes, **ctx.kwargs)
+        return dq, dk, dv, None, None
+
+
+def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, alibi_slopes=None,
+              layout="bshd"):
+    """tkern.attention with gradients for q, k and v (GQA: dk, dv summed over each group). The
+    forward keeps its output and log-sum-exp for the backward kernel (tk_attention_bwd), which
+    takes every forward option; the backward supports head_dim 64 and 128 (another raises
+    tkern.TkernError when backpropagated). No gradient flows to alibi_slopes."""
+    kwargs = dict(causal=causal, window=window, softcap=softcap, scale=scale, layout=layout)
+    return _Attention.apply(q, k, v, alibi_slopes, kwargs)
