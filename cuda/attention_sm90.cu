@@ -12,23 +12,26 @@
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
  * - Consumers (warpgroups 0 and 1, 240 registers): warpgroup c owns query rows 64c .. 64c + 63.
- *   Per key tile: wait k_full; S = Q K^T by 8 wgmma m64n128k16 (both operands K-major from
- *   shared memory, 128-byte swizzle as TMA writes it); commit + wait; transform, mask, online
- *   softmax in registers (64 S accumulators per thread: each warp's 16 rows are an m16 slab in
- *   the mma.sync accumulator layout, so attention_softmax.cuh applies as is); P packed to the
- *   input dtype in place of the A register fragment (the m64 A fragment of wgmma is that of
- *   mma.sync m16n8k16 per warp); O rescaled by alpha; wait v_full; O += P V by 16 wgmma
- *   m64n64k16 with A from registers and V as an N-major B operand (transpose bit; one 64-wide
- *   half of the head dim per instruction, so one 128-byte swizzle atom spans N); commit + wait;
- *   one arrival per warp on the stage's kv_empty (count 8).
- * - Shared memory: Q 32 KiB + 2 stages x (K 32 KiB + V 32 KiB) = 160 KiB, each 64-column half
- *   of a tile one TMA box of 128-byte rows.
+ *   S = Q K^T is 8 wgmma m64n128k16 (both operands K-major from shared memory, 128-byte swizzle
+ *   as TMA writes it); transform, mask and online softmax run in registers (64 S accumulators
+ *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
+ *   attention_softmax.cuh applies as is); P is packed to the input dtype in place of the A
+ *   register fragment (the m64 A fragment of wgmma is that of mma.sync m16n8k16 per warp);
+ *   O += P V is 16 wgmma m64n64k16 with A from registers and V as an N-major B operand
+ *   (transpose bit; one 64-wide half of the head dim per instruction, so one 128-byte swizzle
+ *   atom spans N). Pipelined within the warpgroup as FlashAttention-3: per key tile t (after
+ *   the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
+ *   wait until only the P V group runs, softmax of S_t while it runs, wait for it, one arrival
+ *   per warp on tile t - 1's kv_empty (count 8), O *= alpha_t, pack P_t.
+ * - Shared memory: Q 32 KiB + 3 stages x (K 32 KiB + V 32 KiB) = 224 KiB, each 64-column half
+ *   of a tile one TMA box of 128-byte rows. Three stages let the producer load tile t + 1 while
+ *   the consumers hold tiles t - 1 (P V) and t (Q K^T).
  * Key tiles are skipped as in attention.cuh (only the tiles meeting the block's visible key
  * range), the per-element mask runs only on tiles that can hold a masked pair, and the grid
  * runs query tiles last to first (longest first under a causal mask).
  *
- * Not yet here (see docs/kernels/attention.md): intra-warpgroup pipelining (softmax of tile j
- * while Q K^T of tile j + 1 runs) and ping-pong of the two consumers; head dims other than 128.
+ * Not yet here (see docs/kernels/attention.md): ping-pong of the two consumers (named barriers
+ * taking turns on the tensor cores); head dims other than 128.
  */
 #include "attention.h"
 
@@ -40,7 +43,7 @@
 
 namespace {
 
-constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, CONSUMERS = 2;
+constexpr int D = 128, BM = 128, BN = 128, STAGES = 3, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int HALF = 64;                   /* head-dim columns per 128-byte swizzled row */
 constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
@@ -149,14 +152,19 @@ __device__ __forceinline__ void wgmma_rs_64x64(float (&d)[8][4], const uint32_t 
 #undef ATTN_REGS_32
 #undef ATTN_OPS_8
 
-/* Keeps the compiler from moving accesses to accumulators across a wgmma wait (the asm of the
- * wait does not name them); emits nothing. */
-template <int NT> __device__ __forceinline__ void pin(float (&d)[NT][4]) {
+/* Keeps the compiler from moving accesses to registers that an asynchronous wgmma still uses
+ * (accumulators it writes, A fragments it reads) across the wgmma wait: the asm of the wait
+ * does not name them. Emits nothing. */
+template <typename E, int N> __device__ __forceinline__ void pin(E (&d)[N][4]) {
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int j = 0; j < N; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            asm volatile("" : "+f"(d[j][e])::"memory");
+        for (int e = 0; e < 4; e++) {
+            if constexpr (std::is_same_v<E, float>)
+                asm volatile("" : "+f"(d[j][e])::"memory");
+            else
+                asm volatile("" : "+r"(d[j][e])::"memory");
+        }
 }
 
 #endif
@@ -248,12 +256,12 @@ __global__ void __launch_bounds__(THREADS, 1)
             o[0][j][e] = 0.0f;
     float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
 
-    tk_mbarrier_wait(q_full, 0);
-    tk_stage_ring<STAGES> ring = {0, 0};
-    for (int t = tile_begin; t < tile_end; t++) {
-        const uint32_t k_tile = s_kv + ring.stage * STAGE_BYTES, v_tile = k_tile + KV_BYTES;
-        float s[1][16][4];
-        tk_mbarrier_wait(ring.barrier(k_full), ring.phase);
+    /* The three steps of a key tile, each on the tile's ring position. */
+    float s[1][16][4], alpha[1][2];
+    uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
+    auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
+        const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
+        tk_mbarrier_wait(at.barrier(k_full), at.phase);
         tk_wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
@@ -262,9 +270,20 @@ __global__ void __launch_bounds__(THREADS, 1)
                                tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
         }
         tk_wgmma_commit();
-        tk_wgmma_wait<0>();
-        pin(s[0]);
-
+    };
+    auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
+        const uint32_t v_tile = s_kv + at.stage * STAGE_BYTES + KV_BYTES;
+        tk_mbarrier_wait(at.barrier(v_full), at.phase);
+        tk_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
+                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+        tk_wgmma_commit();
+    };
+    auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
         const int n0 = t * BN;
         const int col0 = n0 + 2 * tq;
         if (p.transform)
@@ -276,28 +295,48 @@ __global__ void __launch_bounds__(THREADS, 1)
                              (p.window_right >= 0 && n0 + BN - 1 > wm0 + shift + p.window_right);
         if (partial)
             attn_mask_scores(s, row0, col0, shift, p.window_left, p.window_right, p.seqlen_k);
-        attn_online_softmax(s, row_max, row_sum, p.exp_scale, o);
-
-        /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk and 2kk + 1. */
-        uint32_t pa[BN / 16][4];
+        attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
+    };
+    auto pack_p = [&]() {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
             tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+    };
+    auto release = [&](tk_stage_ring<STAGES> at) { /* after the wait for its P V */
+        if (lane == 0)
+            tk_mbarrier_arrive(at.barrier(kv_empty));
+    };
 
-        tk_mbarrier_wait(ring.barrier(v_full), ring.phase);
-        tk_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
-                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
-        tk_wgmma_commit();
+    /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
+     * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
+     * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after. */
+    tk_mbarrier_wait(q_full, 0);
+    tk_stage_ring<STAGES> ring = {0, 0};
+    if (tile_begin < tile_end) {
+        issue_qk(ring);
+        tk_wgmma_wait<0>();
+        pin(s[0]);
+        softmax(tile_begin); /* O is still zero: no rescale */
+        pack_p();
+        for (int t = tile_begin + 1; t < tile_end; t++) {
+            const tk_stage_ring<STAGES> prev = ring;
+            ring.next();
+            issue_qk(ring);
+            issue_pv(prev);
+            tk_wgmma_wait<1>();
+            pin(s[0]);
+            softmax(t);
+            tk_wgmma_wait<0>();
+            pin(o[0]);
+            pin(pa);
+            release(prev);
+            attn_rescale_o(o, alpha);
+            pack_p();
+        }
+        issue_pv(ring);
         tk_wgmma_wait<0>();
         pin(o[0]);
-        if (lane == 0)
-            tk_mbarrier_arrive(ring.barrier(kv_empty));
-        ring.next();
+        release(ring);
     }
 
     /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
