@@ -54,8 +54,8 @@ constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
 template <int D> struct sm90_plan {
     static_assert(D % HALF == 0 && D <= 128, "whole 64-column halves; O and S fit the registers up to 128");
     static constexpr int HALVES = D / HALF;
-    static constexpr int Q_BYTES = BM * D * 2;
-    static constexpr int KV_BYTES = BN * D * 2;
+    static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
+    static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
     static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024; /* + alignment to 1024 */
