@@ -1,6 +1,6 @@
 /*
  * Attention forward on Hopper (variant "wgmma_sm90", sm_90a only): the FlashAttention-3
- * structure on the device layer of core/sm90.cuh, head dim 128, f16 and bf16, every mask and
+ * structure on the device layer of core/sm90.cuh, head dims 64 and 128, f16 and bf16, every mask and
  * option of the portable kernel (attention.cuh: its header has the math and the mask
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
@@ -12,23 +12,26 @@
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
  * - Consumers (warpgroups 0 and 1, 240 registers): warpgroup c owns query rows 64c .. 64c + 63.
- *   Per key tile: wait k_full; S = Q K^T by 8 wgmma m64n128k16 (both operands K-major from
- *   shared memory, 128-byte swizzle as TMA writes it); commit + wait; transform, mask, online
- *   softmax in registers (64 S accumulators per thread: each warp's 16 rows are an m16 slab in
- *   the mma.sync accumulator layout, so attention_softmax.cuh applies as is); P packed to the
- *   input dtype in place of the A register fragment (the m64 A fragment of wgmma is that of
- *   mma.sync m16n8k16 per warp); O rescaled by alpha; wait v_full; O += P V by 16 wgmma
- *   m64n64k16 with A from registers and V as an N-major B operand (transpose bit; one 64-wide
- *   half of the head dim per instruction, so one 128-byte swizzle atom spans N); commit + wait;
- *   one arrival per warp on the stage's kv_empty (count 8).
- * - Shared memory: Q 32 KiB + 2 stages x (K 32 KiB + V 32 KiB) = 160 KiB, each 64-column half
- *   of a tile one TMA box of 128-byte rows.
+ *   S = Q K^T is 8 wgmma m64n128k16 (both operands K-major from shared memory, 128-byte swizzle
+ *   as TMA writes it); transform, mask and online softmax run in registers (64 S accumulators
+ *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
+ *   attention_softmax.cuh applies as is); P is packed to the input dtype in place of the A
+ *   register fragment (the m64 A fragment of wgmma is that of mma.sync m16n8k16 per warp);
+ *   O += P V is 16 wgmma m64n64k16 with A from registers and V as an N-major B operand
+ *   (transpose bit; one 64-wide half of the head dim per instruction, so one 128-byte swizzle
+ *   atom spans N). Pipelined within the warpgroup as FlashAttention-3: per key tile t (after
+ *   the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
+ *   wait until only the P V group runs, softmax of S_t while it runs, wait for it, one arrival
+ *   per warp on tile t - 1's kv_empty (count 8), O *= alpha_t, pack P_t.
+ * - Shared memory: Q 32 KiB + 3 stages x (K 32 KiB + V 32 KiB) = 224 KiB, each 64-column half
+ *   of a tile one TMA box of 128-byte rows. Three stages let the producer load tile t + 1 while
+ *   the consumers hold tiles t - 1 (P V) and t (Q K^T).
  * Key tiles are skipped as in attention.cuh (only the tiles meeting the block's visible key
  * range), the per-element mask runs only on tiles that can hold a masked pair, and the grid
  * runs query tiles last to first (longest first under a causal mask).
  *
- * Not yet here (see docs/kernels/attention.md): intra-warpgroup pipelining (softmax of tile j
- * while Q K^T of tile j + 1 runs) and ping-pong of the two consumers; head dims other than 128.
+ * Not yet here (see docs/kernels/attention.md): ping-pong of the two consumers (named barriers
+ * taking turns on the tensor cores); head dims other than 128.
  */
 #include "attention.h"
 
@@ -40,17 +43,23 @@
 
 namespace {
 
-constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, CONSUMERS = 2;
+constexpr int BM = 128, BN = 128, STAGES = 3, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int HALF = 64;                   /* head-dim columns per 128-byte swizzled row */
 constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
-constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 KiB */
-constexpr int KV_BYTES = BN * D * 2;
-constexpr int STAGE_BYTES = 2 * KV_BYTES;
-constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
 constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
-constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024; /* + alignment to 1024 */
+
+/* The shared-memory plan at head dim D (64 or 128): each tile is D / 64 halves of 64 columns. */
+template <int D> struct sm90_plan {
+    static_assert(D % HALF == 0 && D <= 128, "whole 64-column halves; O and S fit the registers up to 128");
+    static constexpr int HALVES = D / HALF;
+    static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
+    static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
+    static constexpr int STAGE_BYTES = 2 * KV_BYTES;
+    static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
+    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024; /* + alignment to 1024 */
+};
 constexpr float LOG2E = 1.4426950408889634f;
 static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 
@@ -149,27 +158,35 @@ __device__ __forceinline__ void wgmma_rs_64x64(float (&d)[8][4], const uint32_t 
 #undef ATTN_REGS_32
 #undef ATTN_OPS_8
 
-/* Keeps the compiler from moving accesses to accumulators across a wgmma wait (the asm of the
- * wait does not name them); emits nothing. */
-template <int NT> __device__ __forceinline__ void pin(float (&d)[NT][4]) {
+/* Keeps the compiler from moving accesses to registers that an asynchronous wgmma still uses
+ * (accumulators it writes, A fragments it reads) across the wgmma wait: the asm of the wait
+ * does not name them. Emits nothing. */
+template <typename E, int N> __device__ __forceinline__ void pin(E (&d)[N][4]) {
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int j = 0; j < N; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            asm volatile("" : "+f"(d[j][e])::"memory");
+        for (int e = 0; e < 4; e++) {
+            if constexpr (std::is_same_v<E, float>)
+                asm volatile("" : "+f"(d[j][e])::"memory");
+            else
+                asm volatile("" : "+r"(d[j][e])::"memory");
+        }
 }
 
 #endif
 
-template <typename T>
+template <typename T, int D>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_sm90_kernel(const __grid_constant__ sm90_params p, const __grid_constant__ CUtensorMap map_q,
                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using plan = sm90_plan<D>;
+    constexpr int HALVES = plan::HALVES, Q_BYTES = plan::Q_BYTES, KV_BYTES = plan::KV_BYTES,
+                  STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
-    const uint32_t q_full = s_q + PIPE_BYTES;
+    const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
 
     /* Block -> (query head, batch, query tile), heads fastest and query tiles last to first
@@ -208,8 +225,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (threadIdx.x == CONSUMERS * 128) {
             tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < CONSUMERS; c++)
-                for (int h = 0; h < 2; h++)
-                    tma_load_4d(s_q + (2 * c + h) * Q_HALF_BYTES, &map_q, h * HALF, m0 + 64 * c, head, batch,
+                for (int h = 0; h < HALVES; h++)
+                    tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, m0 + 64 * c, head, batch,
                                 q_full);
             tk_stage_ring<STAGES> ring = {0, 0};
             for (int t = tile_begin; t < tile_end; t++) {
@@ -217,11 +234,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tk_mbarrier_wait(ring.barrier(kv_empty), ring.phase ^ 1);
                 const uint32_t k_dst = s_kv + ring.stage * STAGE_BYTES, v_dst = k_dst + KV_BYTES;
                 tk_mbarrier_arrive_expect_tx(ring.barrier(k_full), KV_BYTES);
-                for (int h = 0; h < 2; h++)
+                for (int h = 0; h < HALVES; h++)
                     tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, batch,
                                 ring.barrier(k_full));
                 tk_mbarrier_arrive_expect_tx(ring.barrier(v_full), KV_BYTES);
-                for (int h = 0; h < 2; h++)
+                for (int h = 0; h < HALVES; h++)
                     tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, batch,
                                 ring.barrier(v_full));
                 ring.next();
@@ -235,25 +252,25 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int g = lane / 4, tq = lane % 4;
     const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
     const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
-    const uint32_t q_wg = s_q + 2 * warpgroup * Q_HALF_BYTES;
+    const uint32_t q_wg = s_q + HALVES * warpgroup * Q_HALF_BYTES;
     const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
 
-    /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's 16 n8 slices, two 64-column
+    /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
      * halves of 8 for the P V instructions. */
-    float o[1][16][4];
+    float o[1][D / 8][4];
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < D / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             o[0][j][e] = 0.0f;
     float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
 
-    tk_mbarrier_wait(q_full, 0);
-    tk_stage_ring<STAGES> ring = {0, 0};
-    for (int t = tile_begin; t < tile_end; t++) {
-        const uint32_t k_tile = s_kv + ring.stage * STAGE_BYTES, v_tile = k_tile + KV_BYTES;
-        float s[1][16][4];
-        tk_mbarrier_wait(ring.barrier(k_full), ring.phase);
+    /* The three steps of a key tile, each on the tile's ring position. */
+    float s[1][16][4], alpha[1][2];
+    uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
+    auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
+        const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
+        tk_mbarrier_wait(at.barrier(k_full), at.phase);
         tk_wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
@@ -262,9 +279,20 @@ __global__ void __launch_bounds__(THREADS, 1)
                                tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
         }
         tk_wgmma_commit();
-        tk_wgmma_wait<0>();
-        pin(s[0]);
-
+    };
+    auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
+        const uint32_t v_tile = s_kv + at.stage * STAGE_BYTES + KV_BYTES;
+        tk_mbarrier_wait(at.barrier(v_full), at.phase);
+        tk_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int h = 0; h < HALVES; h++)
+                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
+                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+        tk_wgmma_commit();
+    };
+    auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
         const int n0 = t * BN;
         const int col0 = n0 + 2 * tq;
         if (p.transform)
@@ -276,28 +304,48 @@ __global__ void __launch_bounds__(THREADS, 1)
                              (p.window_right >= 0 && n0 + BN - 1 > wm0 + shift + p.window_right);
         if (partial)
             attn_mask_scores(s, row0, col0, shift, p.window_left, p.window_right, p.seqlen_k);
-        attn_online_softmax(s, row_max, row_sum, p.exp_scale, o);
-
-        /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk and 2kk + 1. */
-        uint32_t pa[BN / 16][4];
+        attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
+    };
+    auto pack_p = [&]() {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
             tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+    };
+    auto release = [&](tk_stage_ring<STAGES> at) { /* after the wait for its P V */
+        if (lane == 0)
+            tk_mbarrier_arrive(at.barrier(kv_empty));
+    };
 
-        tk_mbarrier_wait(ring.barrier(v_full), ring.phase);
-        tk_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
-                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
-        tk_wgmma_commit();
+    /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
+     * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
+     * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after. */
+    tk_mbarrier_wait(q_full, 0);
+    tk_stage_ring<STAGES> ring = {0, 0};
+    if (tile_begin < tile_end) {
+        issue_qk(ring);
+        tk_wgmma_wait<0>();
+        pin(s[0]);
+        softmax(tile_begin); /* O is still zero: no rescale */
+        pack_p();
+        for (int t = tile_begin + 1; t < tile_end; t++) {
+            const tk_stage_ring<STAGES> prev = ring;
+            ring.next();
+            issue_qk(ring);
+            issue_pv(prev);
+            tk_wgmma_wait<1>();
+            pin(s[0]);
+            softmax(t);
+            tk_wgmma_wait<0>();
+            pin(o[0]);
+            pin(pa);
+            release(prev);
+            attn_rescale_o(o, alpha);
+            pack_p();
+        }
+        issue_pv(ring);
         tk_wgmma_wait<0>();
         pin(o[0]);
-        if (lane == 0)
-            tk_mbarrier_arrive(ring.barrier(kv_empty));
-        ring.next();
+        release(ring);
     }
 
     /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
@@ -313,7 +361,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (i >= p.seqlen_q)
             continue;
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < HALVES; h++)
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
@@ -329,15 +377,15 @@ __global__ void __launch_bounds__(THREADS, 1)
 /* The 4D tensor map (head dim, position, head, batch) of Q, K or V, read in boxes of
  * box_rows positions x 64 head-dim columns of one head in the 128-byte swizzle. Strides of
  * dimensions of extent 1 are never used; they are given as 16 bytes, which TMA accepts. */
-cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int batch, int seqlen, int heads,
-                      const int64_t stride[3], uint32_t box_rows) {
+cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int head_dim, int batch, int seqlen,
+                      int heads, const int64_t stride[3], uint32_t box_rows) {
     static const PFN_cuTensorMapEncodeTiled_v12000 encode =
         tk_driver_function<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
     if (!encode)
         return cudaErrorNotSupported;
     const CUtensorMapDataType type =
         dtype == TK_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
+    const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
     const cuuint64_t strides[3] = {seqlen > 1 ? (cuuint64_t)stride[1] * 2 : 16,
                                    heads > 1 ? (cuuint64_t)stride[2] * 2 : 16,
                                    batch > 1 ? (cuuint64_t)stride[0] * 2 : 16};
@@ -350,16 +398,18 @@ cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int batch, 
                : cudaErrorInvalidValue;
 }
 
-template <typename T> cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+template <typename T, int D>
+cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     CUtensorMap map_q, map_k, map_v;
-    cudaError_t err = encode_4d(&map_q, c->dtype, c->q, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
+    cudaError_t err = encode_4d(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
     if (err == cudaSuccess)
-        err = encode_4d(&map_k, c->dtype, c->k, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, BN);
+        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, BN);
     if (err == cudaSuccess)
-        err = encode_4d(&map_v, c->dtype, c->v, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, BN);
+        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, BN);
     if (err != cudaSuccess)
         return err;
-    constexpr auto kernel = attention_sm90_kernel<T>;
+    constexpr auto kernel = attention_sm90_kernel<T, D>;
+    constexpr int SMEM_BYTES = sm90_plan<D>::SMEM_BYTES;
     err = tk_opt_in_smem<kernel>(dev, SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
@@ -394,10 +444,14 @@ extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *de
     for (int d = 0; d < 3; d++)
         if (c->q_stride[d] >= max_stride || c->k_stride[d] >= max_stride || c->v_stride[d] >= max_stride)
             return false;
-    return c->head_dim == D && SMEM_BYTES <= dev->max_smem_optin;
+    const int smem = c->head_dim == 64 ? sm90_plan<64>::SMEM_BYTES : sm90_plan<128>::SMEM_BYTES;
+    return (c->head_dim == 64 || c->head_dim == 128) && smem <= dev->max_smem_optin;
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
-    return tk_dispatch_dtype16(c->dtype, [&](auto type) { return launch_sm90<typename decltype(type)::type>(c, dev, stream); });
+    return tk_dispatch_dtype16(c->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return c->head_dim == 64 ? launch_sm90<T, 64>(c, dev, stream) : launch_sm90<T, 128>(c, dev, stream);
+    });
 }

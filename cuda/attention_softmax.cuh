@@ -74,13 +74,15 @@ __device__ __forceinline__ void attn_mask_scores(float (&s)[MT][NT][4], int row0
         }
 }
 
-/* One key tile of the online softmax (the 4 threads of a quad share a row): per row the
- * running max and this thread's partial sum move on, s becomes p = exp2(s exp_scale - m
- * exp_scale), and the row's output accumulators o (DT n8 slices) are scaled by alpha. */
-template <int MT, int NT, int DT>
-__device__ __forceinline__ void attn_online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
+/* One key tile of the online softmax on the scores alone (the 4 threads of a quad share a
+ * row): per row the running max and this thread's partial sum move on, s becomes p =
+ * exp2(s exp_scale - m exp_scale), and alpha gets the factor by which the row's output
+ * accumulators must shrink (attn_rescale_o), so that a kernel whose O is still being written
+ * by the tensor cores can apply it later. */
+template <int MT, int NT>
+__device__ __forceinline__ void attn_softmax_scores(float (&s)[MT][NT][4], float (&row_max)[MT][2],
                                                     float (&row_sum)[MT][2], float exp_scale,
-                                                    float (&o)[MT][DT][4]) {
+                                                    float (&alpha)[MT][2]) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -94,7 +96,7 @@ __device__ __forceinline__ void attn_online_softmax(float (&s)[MT][NT][4], float
             /* A row that has seen only masked keys keeps max -inf; exponentiate against 0
              * so that its p are exp2(-inf) = 0 rather than NaN. */
             const float m_use = mx == -INFINITY ? 0.0f : mx;
-            const float alpha = tk_exp2_approx((row_max[mt][h] - m_use) * exp_scale);
+            alpha[mt][h] = tk_exp2_approx((row_max[mt][h] - m_use) * exp_scale);
             const float base = m_use * exp_scale;
             row_max[mt][h] = mx;
             float sum = 0.0f;
@@ -106,13 +108,30 @@ __device__ __forceinline__ void attn_online_softmax(float (&s)[MT][NT][4], float
                     s[mt][nt][2 * h + e] = pe;
                     sum += pe;
                 }
-            row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[mt][dt][2 * h] *= alpha;
-                o[mt][dt][2 * h + 1] *= alpha;
-            }
+            row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
         }
+}
+
+/* The output accumulators o (DT n8 slices) of each row scaled by its alpha. */
+template <int MT, int DT>
+__device__ __forceinline__ void attn_rescale_o(float (&o)[MT][DT][4], const float (&alpha)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][dt][e] *= alpha[mt][e >> 1];
+}
+
+/* One key tile of the online softmax with the output accumulators rescaled in the same step. */
+template <int MT, int NT, int DT>
+__device__ __forceinline__ void attn_online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
+                                                    float (&row_sum)[MT][2], float exp_scale,
+                                                    float (&o)[MT][DT][4]) {
+    float alpha[MT][2];
+    attn_softmax_scores(s, row_max, row_sum, exp_scale, alpha);
+    attn_rescale_o(o, alpha);
 }
 
 } // namespace

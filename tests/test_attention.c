@@ -255,9 +255,9 @@ static bool sm90_runs_here(void) {
     return runs == 1;
 }
 
-/* Whether "wgmma_sm90" claims the case: head dim 128 on a machine where it runs. */
+/* Whether "wgmma_sm90" claims the case: head dim 64 or 128 on a machine where it runs. */
 static bool sm90_claims(const attn_case *c) {
-    return c->head_dim == 128 && sm90_runs_here();
+    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
 }
 
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
@@ -630,13 +630,14 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_REQUIRE_GPU();
     const tk_attention_params ok = host_params(); /* never launched: host pointers are fine */
     const char *name = NULL;
+    /* Head dim 64: the Hopper variant first where it runs. */
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, "mma_sm80");
+    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80");
     TK_EXPECT_STATUS(tk_attention_supported(&ok, NULL), TK_SUCCESS, "");
     tk_attention_params window = ok; /* a sliding window over a GQA group of 2 */
     window.causal = 1, window.window_left = 4;
     TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, "mma_sm80_packed");
+    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
     for (int v = PORTABLE; v < VARIANT_COUNT; v++) {
         cr_assert_eq(tk_experimental_force_variant("attention", VARIANTS[v]), TK_SUCCESS);
         TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
@@ -645,9 +646,11 @@ Test(attention_gpu, supported_names_the_variant) {
     cr_assert_eq(tk_experimental_force_variant("attention", "mma_sm80_packed"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"mma_sm80_packed\"");
-    /* Head dim 128: the Hopper variant first where it runs, and only at that head dim. */
+    /* The Hopper variant takes head dims 64 and 128 only. */
+    tk_attention_params d80 = ok;
+    d80.head_dim = 80;
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90"), TK_SUCCESS);
-    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
+    TK_EXPECT_STATUS(tk_attention_supported(&d80, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90\"");
     tk_experimental_force_variant("attention", NULL);
     tk_attention_params d128 = window; /* 8 positions: o [1, 8, 2, 128] stays clear of lse */
