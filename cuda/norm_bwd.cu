@@ -17,9 +17,7 @@
  *   up to 8192 / 4096). A thread always owns the same columns, so it keeps its dw / db partials
  *   (2 x 16 floats) in registers across all rows of its group; the partials leave once per
  *   group, not once per row. Groups = min(one occupancy wave, workspace slots). w' is re-read
- *   per row (L1 hits) to keep registers for the partials. LayerNorm is a template parameter and
- *   dx comes from per-row constants (3-4 instructions per element): the kernel runs near the
- *   SM's issue limit (docs/kernels/norm.md). A group loads its next row while it
+ *   per row (L1 hits) to keep registers for the partials. A group loads its next row while it
  *   reduces and stores the current one: with ~120 registers an SM holds 2 blocks of 256
  *   threads, too few loads in flight when each block waits for its own (docs/kernels/norm.md).
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
@@ -62,9 +60,7 @@ __device__ __forceinline__ void group_sum2(float &u, float &v, int group, float2
     v = tk_warp_sum(mine.y);
 }
 
-/* LayerNorm is a template parameter (as in the forward): RMSNorm has no mean and no mean(g)
- * term to load, subtract or reduce, which the kernel, near the SM's issue limit, feels. */
-template <typename T, typename W, int VEC, bool LayerNorm>
+template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_norm_call a, int group) {
     constexpr int PACKS = bwd_packs<VEC>();
     /* Prefetch the next row when a tensor's share of the row is at most 8 registers (16-bit
@@ -104,8 +100,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
                 dys[p] = tk_load_pack<T, VEC>(dy_row + j * VEC);
             }
         }
-        if constexpr (LayerNorm)
-            mean = a.mean_in[row];
+        mean = a.layernorm ? a.mean_in[row] : 0.0f;
         rstd = a.rstd_in[row];
     };
 
@@ -128,7 +123,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
                 norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
-                    const float xhat = (LayerNorm ? tk_to_float(xs[p].v[e]) - mean : tk_to_float(xs[p].v[e])) * rstd;
+                    const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
                     const float d = tk_to_float(dys[p].v[e]);
                     const float g = d * scale[e];
                     sum_gx += g * xhat;
@@ -147,11 +142,8 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         if constexpr (Prefetch)
             load_row(base + step, next_xs, next_dys, next_mean, next_rstd);
         group_sum2(sum_gx, sum_g, group, scratch, parity);
-        /* dx = rstd (g - c_g - xhat c_gx) = dy (w' rstd) + (x - mu) k_x + k_0, with the per-row
-         * constants k_x = -rstd^2 c_gx and k_0 = -rstd c_g: three or four instructions per
-         * element. x - mu stays a subtraction first (no cancellation for rows far from zero). */
-        const float k_x = -rstd * rstd * (sum_gx * inv_n);
-        const float k_0 = LayerNorm ? -rstd * (sum_g * inv_n) : 0.0f;
+        const float c_gx = sum_gx * inv_n;
+        const float c_g = a.layernorm ? sum_g * inv_n : 0.0f;
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
@@ -161,9 +153,9 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
                 tk_pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
-                    const float xc = LayerNorm ? tk_to_float(xs[p].v[e]) - mean : tk_to_float(xs[p].v[e]);
-                    const float rest = LayerNorm ? fmaf(xc, k_x, k_0) : xc * k_x;
-                    out.v[e] = tk_from_float<T>(fmaf(tk_to_float(dys[p].v[e]), scale[e] * rstd, rest));
+                    const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
+                    const float g = tk_to_float(dys[p].v[e]) * scale[e];
+                    out.v[e] = tk_from_float<T>(rstd * (g - c_g - xhat * c_gx));
                 }
                 tk_store_pack<T, VEC>(dx_row + j * VEC, out);
             }
@@ -316,37 +308,27 @@ cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, i
     return cudaSuccess;
 }
 
-/* Stage 1 of the rows kernel; `groups` = the row groups launched. */
-template <typename T, typename W, int VEC, bool LayerNorm>
-cudaError_t launch_rows(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream, int64_t *groups) {
-    constexpr auto kernel = norm_bwd_rows<T, W, VEC, LayerNorm>;
-    constexpr int packs = bwd_packs<VEC>();
-    const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
-    const int groups_per_block = s.threads / s.group;
-    int64_t blocks;
-    cudaError_t err;
-    if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, &blocks)) != cudaSuccess ||
-        (err = tk_launch(kernel, (unsigned)blocks, s.threads, 0, stream, *a, s.group)) != cudaSuccess)
-        return err;
-    *groups = blocks * groups_per_block;
-    return cudaSuccess;
-}
-
 /* Stage 1 (dx and the partials), then stage 2 (dw / db). */
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
-    int64_t groups;
+    int64_t blocks, groups;
     cudaError_t err;
     if (wide) {
         constexpr auto kernel = norm_bwd_wide<T, W, VEC>;
-        if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, &groups)) == cudaSuccess)
-            err = tk_launch(kernel, (unsigned)groups, WIDE_THREADS, 0, stream, *a);
+        if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, &blocks)) != cudaSuccess ||
+            (err = tk_launch(kernel, (unsigned)blocks, WIDE_THREADS, 0, stream, *a)) != cudaSuccess)
+            return err;
+        groups = blocks;
     } else {
-        err = a->layernorm ? launch_rows<T, W, VEC, true>(a, dev, stream, &groups)
-                           : launch_rows<T, W, VEC, false>(a, dev, stream, &groups);
+        constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
+        constexpr int packs = bwd_packs<VEC>();
+        const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
+        const int groups_per_block = s.threads / s.group;
+        if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, &blocks)) != cudaSuccess ||
+            (err = tk_launch(kernel, (unsigned)blocks, s.threads, 0, stream, *a, s.group)) != cudaSuccess)
+            return err;
+        groups = blocks * groups_per_block;
     }
-    if (err != cudaSuccess)
-        return err;
     return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, stream);
 }
 
