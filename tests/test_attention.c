@@ -647,8 +647,9 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"mma_sm80_packed\"");
     /* The Hopper variant takes head dims 64 and 128 only. */
-    tk_attention_params d80 = ok;
+    tk_attention_params d80 = window; /* 8 positions: o [1, 8, 2, 80] stays clear of lse */
     d80.head_dim = 80;
+    d80.seqlen_q = d80.seqlen_k = 8;
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&d80, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90\"");

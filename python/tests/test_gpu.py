@@ -1224,7 +1224,7 @@ def test_rope_lane_reads_every_calls_positions_cache_and_outputs(monkeypatch):
     assert replays == ["tk_rope_fwd"] * 4  # every call but the first of each key
     for plan in _rope._LANE._plans.values():
         p = plan[0]
-        assert (p.positions32, p.positions64, p.cos_cache, p.sin_cache) == (0, 0, 0, 0)
+        assert not any((p.positions32, p.positions64, p.cos_cache, p.sin_cache))
 
 
 def test_fast_path_takes_only_plain_cuda_tensors():

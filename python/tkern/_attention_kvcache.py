@@ -52,8 +52,10 @@ def _setup(q, k_cache, v_cache, cache_seqlens, *, block_table, cu_seqlens_q, max
             raise ValueError(f"argument 'block_table' must be [batch = {batch}, "
                              f"max_pages_per_seq] with contiguous rows, but has "
                              f"{ba.describe()}")
+        # A one-sequence table's row stride is any value (DLPack may report 1): rows are dense.
+        row_stride = ba.strides[0] if batch != 1 else ba.shape[1]
         paging = dict(num_pages=ka.shape[0], page_size=ka.shape[1],
-                      max_pages_per_seq=ba.shape[1], block_table_stride=ba.strides[0])
+                      max_pages_per_seq=ba.shape[1], block_table_stride=row_stride)
     new_strides = {}
     for name in ("k_new", "v_new"):
         na = c.get(name)
