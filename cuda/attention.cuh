@@ -81,7 +81,6 @@ namespace {
 
 constexpr int ATTN_WARPS = 4;
 constexpr int ATTN_THREADS = 32 * ATTN_WARPS;
-constexpr float ATTN_LOG2E = 1.4426950408889634f;
 constexpr float ATTN_LN2 = 0.6931471805599453f;
 
 /* Per head dim: MT m16 tiles per warp, BN keys per tile, CTAs per SM asked of the compiler. */
@@ -461,11 +460,7 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
     p.batch = c->batch;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
-    p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
-    p.scale = c->scale;
-    p.softcap = c->softcap;
-    p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
-    p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
+    attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     const unsigned blocks = (unsigned)((int64_t)p.m_blocks * p.head_tiles * c->batch);
     return tk_launch(kernel, blocks, ATTN_THREADS, shape::SMEM_BYTES, stream, p);
 }

@@ -392,11 +392,7 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     p.group = c->heads_q / c->heads_kv;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
-    p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
-    p.scale = c->scale;
-    p.softcap = c->softcap;
-    p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
-    p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
+    attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     const unsigned row_blocks = (unsigned)((rows + ATTN_WARPS - 1) / ATTN_WARPS);
     err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ATTN_THREADS, 0, stream, p, rows);
     if (err != cudaSuccess)

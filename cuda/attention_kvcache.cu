@@ -525,11 +525,7 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_
     p.splits = splits;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
-    p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
-    p.scale = c->scale;
-    p.softcap = c->softcap;
-    p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
-    p.exp_scale = p.transform ? ATTN_LOG2E : c->scale * ATTN_LOG2E;
+    attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     const int64_t part_rows = (int64_t)splits * p.tokens * p.heads_q;
     p.part_o = static_cast<float *>(c->workspace);
     p.part_lse = splits > 1 ? p.part_o + part_rows * D : NULL;

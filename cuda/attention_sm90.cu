@@ -60,7 +60,6 @@ template <int D> struct sm90_plan {
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
     static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024; /* + alignment to 1024 */
 };
-constexpr float LOG2E = 1.4426950408889634f;
 static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 
 struct sm90_params {
@@ -426,11 +425,7 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.batch = c->batch;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
-    p.transform = c->softcap > 0.0f || c->alibi_slopes != NULL;
-    p.scale = c->scale;
-    p.softcap = c->softcap;
-    p.softcap_in = c->softcap > 0.0f ? c->scale / c->softcap : 0.0f;
-    p.exp_scale = p.transform ? LOG2E : c->scale * LOG2E;
+    attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     const unsigned blocks = (unsigned)((int64_t)p.m_blocks * c->heads_q * c->batch);
     return tk_launch(kernel, blocks, THREADS, SMEM_BYTES, stream, p, map_q, map_k, map_v);
 }

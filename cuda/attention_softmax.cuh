@@ -13,6 +13,19 @@
 
 namespace {
 
+constexpr float ATTN_LOG2E = 1.4426950408889634f;
+
+/* The score transform's constants in a kernel's params P (its fields transform, scale, softcap,
+ * softcap_in and exp_scale), set on the host from the call. Exponentials are exp2, so log2(e) is
+ * folded into exp_scale, and with no transform (no softcap, no ALiBi) the softmax scale too. */
+template <typename P> inline void attn_set_score(P &p, float scale, float softcap, bool alibi) {
+    p.transform = softcap > 0.0f || alibi;
+    p.scale = scale;
+    p.softcap = softcap;
+    p.softcap_in = softcap > 0.0f ? scale / softcap : 0.0f;
+    p.exp_scale = p.transform ? ATTN_LOG2E : scale * ATTN_LOG2E;
+}
+
 /* Scores to natural-log units where a transform is on: softcap * tanh(s * softcap_in), else
  * s * scale; then minus slope * |i + shift - j| with ALiBi. s[mt] is the slab of rows
  * row0 + 16 mt (+ 8). */
