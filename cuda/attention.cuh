@@ -233,11 +233,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int warp_m0 = m0 + (PACKED ? warp_row % tile_rows : warp_row);
 
     /* Keys any row of this tile can see, and the key tiles that hold them. */
-    int key_lo = 0, key_hi = p.seqlen_k - 1;
-    if (p.window_left >= 0)
-        key_lo = max(0, m0 + shift - p.window_left);
-    if (p.window_right >= 0)
-        key_hi = min(key_hi, m0 + q_rows - 1 + shift + p.window_right);
+    int key_lo, key_hi;
+    attn_visible_keys(m0, m0 + q_rows - 1, shift, p.seqlen_k, p.window_left, p.window_right, key_lo, key_hi);
     const int tile_begin = key_lo / BN;
     const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
 
@@ -358,9 +355,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
                                   row_base, col_base, shift);
         /* Uniform: can any pair of this tile be invisible? */
         const bool partial =
-            n0 + BN > p.seqlen_k ||
-            (p.window_left >= 0 && n0 < m0 + q_rows - 1 + shift - p.window_left) ||
-            (p.window_right >= 0 && n0 + BN - 1 > m0 + shift + p.window_right);
+            attn_tile_partial(n0, BN, m0, m0 + q_rows - 1, shift, p.seqlen_k, p.window_left, p.window_right);
         if (partial)
             attn_mask_scores(s, row_base, col_base, shift, p.window_left, p.window_right, p.seqlen_k);
 

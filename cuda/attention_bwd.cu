@@ -237,10 +237,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
 
         /* P = exp(s - lse) and dS = P (dP - D), times softcap's derivative 1 - tanh^2 (its
          * scale factor is applied to dK and dQ at the end); invisible pairs give 0. */
-        const bool partial =
-            n0 + BN > p.seqlen_k || m0 + BM > p.seqlen_q ||
-            (p.window_left >= 0 && n0 < m0 + BM - 1 + shift - p.window_left) ||
-            (p.window_right >= 0 && n0 + BN - 1 > m0 + shift + p.window_right);
+        const bool partial = m0 + BM > p.seqlen_q || attn_tile_partial(n0, BN, m0, m0 + BM - 1, shift, p.seqlen_k,
+                                                                         p.window_left, p.window_right);
         const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
 #pragma unroll
         for (int nt = 0; nt < QT; nt++)

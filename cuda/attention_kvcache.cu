@@ -171,11 +171,8 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
 
     /* Keys any row of the chunk sees, its 16-key tiles, and this split's share of them. */
     const int pos_first = row0 / p.group, pos_last = min(row0 + KVC_ROWS, rows) - 1;
-    int key_lo = 0, key_hi = seqlen_k - 1;
-    if (p.window_left >= 0)
-        key_lo = max(0, pos_first + shift - p.window_left);
-    if (p.window_right >= 0)
-        key_hi = min(key_hi, pos_last / p.group + shift + p.window_right);
+    int key_lo, key_hi;
+    attn_visible_keys(pos_first, pos_last / p.group, shift, seqlen_k, p.window_left, p.window_right, key_lo, key_hi);
     int tile_begin = key_lo / KVC_KEYS, tile_end = key_hi >= key_lo ? key_hi / KVC_KEYS + 1 : tile_begin;
     const int per_split = (tile_end - tile_begin + p.splits - 1) / p.splits;
     tile_begin = min(tile_end, tile_begin + split * per_split);

@@ -199,11 +199,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int q_rows = min(BM, p.seqlen_q - m0);
     const int shift = p.seqlen_k - p.seqlen_q;
 
-    int key_lo = 0, key_hi = p.seqlen_k - 1;
-    if (p.window_left >= 0)
-        key_lo = max(0, m0 + shift - p.window_left);
-    if (p.window_right >= 0)
-        key_hi = min(key_hi, m0 + q_rows - 1 + shift + p.window_right);
+    int key_lo, key_hi;
+    attn_visible_keys(m0, m0 + q_rows - 1, shift, p.seqlen_k, p.window_left, p.window_right, key_lo, key_hi);
     const int tile_begin = key_lo / BN;
     const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
 
@@ -298,9 +295,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
                                   col0, shift);
         /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
-        const bool partial = n0 + BN > p.seqlen_k ||
-                             (p.window_left >= 0 && n0 < wm0 + 63 + shift - p.window_left) ||
-                             (p.window_right >= 0 && n0 + BN - 1 > wm0 + shift + p.window_right);
+        const bool partial =
+            attn_tile_partial(n0, BN, wm0, wm0 + 63, shift, p.seqlen_k, p.window_left, p.window_right);
         if (partial)
             attn_mask_scores(s, row0, col0, shift, p.window_left, p.window_right, p.seqlen_k);
         attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);

@@ -64,6 +64,23 @@ __device__ __forceinline__ void attn_transform_scores(float (&s)[MT][NT][4], flo
     }
 }
 
+/* The keys that query positions first..last see together: lo..hi, empty when hi < lo (the
+ * visibility rule of attn_mask_scores, applied to a band of rows). */
+__device__ __forceinline__ void attn_visible_keys(int first, int last, int shift, int seqlen_k, int window_left,
+                                                  int window_right, int &lo, int &hi) {
+    lo = window_left >= 0 ? max(0, first + shift - window_left) : 0;
+    hi = window_right >= 0 ? min(seqlen_k - 1, last + shift + window_right) : seqlen_k - 1;
+}
+
+/* Whether keys n0 .. n0 + cols - 1 hold a pair invisible to some query position of first..last
+ * (a window edge crosses them, or they pass the last key): only such tiles need
+ * attn_mask_scores. */
+__device__ __forceinline__ bool attn_tile_partial(int n0, int cols, int first, int last, int shift, int seqlen_k,
+                                                  int window_left, int window_right) {
+    return n0 + cols > seqlen_k || (window_left >= 0 && n0 < last + shift - window_left) ||
+           (window_right >= 0 && n0 + cols - 1 > first + shift + window_right);
+}
+
 /* -inf where key j is not visible from row i: j < i + shift - window_left, j > i + shift +
  * window_right (a window of -1 is unbounded) or j >= seqlen_k. */
 template <int MT, int NT>
