@@ -72,46 +72,49 @@ COMPILE_SPENT = [0.0]  # seconds spent in torch.compile of the op baselines
 FLEX_SPENT = [0.0]     # seconds spent compiling and timing FlexAttention (not budgeted)
 
 
-def bench(fn):
-    """Median milliseconds per call of fn (which enqueues GPU work)."""
+def warm(fn):
+    """--warmup calls of fn (JIT compilation, caches, clocks), then a synchronize."""
     for _ in range(ARGS.warmup):
         fn()
     torch.cuda.synchronize()
+
+
+def inner_calls(fn):
+    for _ in range(ARGS.inner):
+        fn()
+
+
+def median_ms(run):
+    """Median milliseconds per call over --reps CUDA-event timings of run(), which enqueues
+    --inner calls."""
     times = []
     for _ in range(ARGS.reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(ARGS.inner):
-            fn()
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / ARGS.inner)
     return statistics.median(times)
+
+
+def bench(fn):
+    """Median milliseconds per call of fn (which enqueues GPU work), called back to back."""
+    warm(fn)
+    return median_ms(lambda: inner_calls(fn))
 
 
 def graph_bench(fn):
     """Median milliseconds per call of fn, replayed from a CUDA graph of --inner calls: the
     host cost of every column (ours, torch's, the peers' Python layers) is out alike. fn is
     warmed up (and any JIT compilation done) outside the capture."""
-    for _ in range(ARGS.warmup):
-        fn()
-    torch.cuda.synchronize()
+    warm(fn)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(ARGS.inner):
-            fn()
+        inner_calls(fn)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(ARGS.reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / ARGS.inner)
-    del graph
-    return statistics.median(times)
+    return median_ms(graph.replay)
 
 
 def graph_timed(candidate):
