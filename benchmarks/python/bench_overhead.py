@@ -179,7 +179,7 @@ def main():
              f"{'.'.join(map(str, tkern.version()))} ({tkern.library_path()}); "
              f"{args.calls} calls back to back and one synchronize per round; the median of "
              f"{args.rounds} rounds per op and side (ours and torch's interleaved), the range of "
-             "the rounds in parentheses; bf16.", "",
+             "the rounds in parentheses; garbage collector off while a round runs; bf16.", "",
              "| op | shape | tkern us/call, median (range) | torch us/call, median (range) | "
              "ratio of medians | target | met |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]

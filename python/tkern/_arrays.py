@@ -631,6 +631,14 @@ class Plans:
             self._plans[key] = type(params).from_buffer_copy(params)
 
 
+def replay(fn, *args):
+    """Calls the C entry point `fn` for a replay of a Lane's plan (on the current device, which
+    find() checked is the tensors')."""
+    if _lifetime._pending:  # the test of release_finished, without its call when nothing is held
+        _lifetime.release_finished()
+    _lib.replay(fn, *args)
+
+
 class Lane:
     """The fast lane of one function: its calls on plain torch tensors, replayed.
 
@@ -694,15 +702,12 @@ class Lane:
                 self._plans.clear()
             self._plans[key] = plan
 
-    @staticmethod
-    def run(fn, *args):
-        """Calls the C entry point `fn` for a replay (see replay)."""
-        replay(fn, *args)
+    run = staticmethod(replay)  # Lane.run(fn, *args): a replay's C call (see replay)
 
     @staticmethod
     def output(ref, shape, dtype):
-        """An output of a replay, allocated as the full path allocates it (torch_output)."""
-        return torch_output(_torch(), ref, shape, dtype)
+        """An output of a replay, allocated as the full path allocates it (see allocator)."""
+        return allocator(_torch(), ref, shape, dtype)(ref)
 
     @staticmethod
     def allocator(ref, shape, dtype):
@@ -714,11 +719,3 @@ class Lane:
     def ptr(t):
         """The data pointer of an optional tensor (0 for None)."""
         return 0 if t is None else t.data_ptr()
-
-
-def replay(fn, *args):
-    """Calls the C entry point `fn` for a replay of a Lane's plan (on the current device, which
-    find() checked is the tensors')."""
-    if _lifetime._pending:  # the test of release_finished, without its call when nothing is held
-        _lifetime.release_finished()
-    _lib.replay(fn, *args)
