@@ -4,9 +4,12 @@
 Each op is called --calls times back to back (outputs allocated by the binding, as a model
 does) followed by one synchronize; the time per call is then the host's cost of a call, kernel
 launch included, since the kernels on tensors this small take less time than their launch.
-The same torch eager op runs in the same process right after, the best of --repeats runs of
-each is kept. Targets: <= 12 us per call for the elementwise, norm, softmax and RoPE functions,
-<= 20 us for attention and gemm.
+The same torch eager op runs in the same process right after. The host's noise moves such
+figures by up to 2x from one run to the next, so each op is timed in --rounds rounds, ours and
+torch's back to back in every round (in alternating order), with Python's garbage collector
+off while a round runs, and the table gives the median round of each, with the range of the
+rounds beside it. Targets: <= 12 us per call for the elementwise, norm, softmax and RoPE
+functions, <= 20 us for attention and gemm.
 
 A last section captures a decode step of tkern calls (norm, QKV gemm, RoPE, attention, output
 gemm, norm, SwiGLU, down gemm) in a CUDA graph and compares a replay with the eager step: the
@@ -17,7 +20,9 @@ way to take the host cost out of a decode step (docs/python.md).
 
 import argparse
 import datetime
+import gc
 import os
+import statistics
 import sys
 import time
 
@@ -40,21 +45,45 @@ TARGET = 12.0
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calls", type=int, default=2000, help="calls per timed run")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per op (best kept)")
+    ap.add_argument("--calls", type=int, default=2000, help="calls per timed round")
+    ap.add_argument("--rounds", type=int, default=9,
+                    help="timed rounds per op and side (the median is reported)")
     ap.add_argument("--out", help="also write the Markdown report to this file")
     return ap.parse_args()
 
 
 def per_call_us(fn, calls):
+    """Microseconds per call of `calls` calls back to back and one synchronize, after a warm-up,
+    with the garbage collector off (as timeit does)."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / calls * 1e6
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def rounds_us(ours, theirs, calls, rounds):
+    """(our per-call times, torch's) over `rounds` rounds, each side timed back to back in each
+    round, the first in alternating order, so that a slow spell of the host hits both."""
+    t_ours, t_torch = [], []
+    for r in range(rounds):
+        pair = ((ours, t_ours), (theirs, t_torch))
+        for fn, times in (pair if r % 2 == 0 else pair[::-1]):
+            times.append(per_call_us(fn, calls))
+    return t_ours, t_torch
+
+
+def median_and_range(times):
+    return f"{statistics.median(times):.1f} ({min(times):.1f}-{max(times):.1f})"
 
 
 def rand(*shape, dtype=BF16, scale=1.0):
@@ -148,17 +177,20 @@ def main():
     lines = [f"# Python binding: per-call cost against torch eager ({datetime.date.today()})", "",
              f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; libtkern "
              f"{'.'.join(map(str, tkern.version()))} ({tkern.library_path()}); "
-             f"{args.calls} calls back to back, one synchronize, best of {args.repeats}; "
-             "bf16.", "",
-             "| op | shape | tkern us/call | torch us/call | ratio | target | met |",
+             f"{args.calls} calls back to back and one synchronize per round; the median of "
+             f"{args.rounds} rounds per op and side (ours and torch's interleaved), the range of "
+             "the rounds in parentheses; garbage collector off while a round runs; bf16.", "",
+             "| op | shape | tkern us/call, median (range) | torch us/call, median (range) | "
+             "ratio of medians | target | met |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     print("\n".join(lines), flush=True)
     for name, (shape, ours, theirs) in ops().items():
-        t_ours = min(per_call_us(ours, args.calls) for _ in range(args.repeats))
-        t_torch = min(per_call_us(theirs, args.calls) for _ in range(args.repeats))
+        t_ours, t_torch = rounds_us(ours, theirs, args.calls, args.rounds)
+        m_ours, m_torch = statistics.median(t_ours), statistics.median(t_torch)
         target = TARGETS.get(name, TARGET)
-        row = (f"| {name} | {shape} | {t_ours:.1f} | {t_torch:.1f} | {t_ours / t_torch:.2f} | "
-               f"<= {target:.0f} | {'yes' if t_ours <= target else 'NO'} |")
+        met = "yes" if m_ours <= target else "NO"
+        row = (f"| {name} | {shape} | {median_and_range(t_ours)} | {median_and_range(t_torch)} "
+               f"| {m_ours / m_torch:.2f} | <= {target:.0f} | {met} |")
         lines.append(row)
         print(row, flush=True)
     eager, replay, n = decode_step_graph(args.calls)

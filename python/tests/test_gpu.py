@@ -1128,6 +1128,12 @@ def _fast_path_calls():
     return t, thunks
 
 
+def _tensors(result):
+    """The tensors of a tkern function's result (one, a tuple, or a supported() answer)."""
+    return [t for t in (result if isinstance(result, tuple) else (result,))
+            if isinstance(t, torch.Tensor)]
+
+
 def test_fast_path_passes_what_dlpack_passes(monkeypatch):
     """Plain torch tensors are read directly (data_ptr, shape, stride, device); the result must
     be exactly what DLPack gives, call by call, at the ctypes layer: first calls (checked),
@@ -1139,7 +1145,7 @@ def test_fast_path_passes_what_dlpack_passes(monkeypatch):
               if isinstance(v, (_arrays.Plans, _arrays.Lane))]
     assert len(caches) == 7 + 9
     inputs, thunks = _fast_path_calls()
-    runs, replayed = {}, {}
+    runs, replayed, layouts = {}, {}, {}
     for what in ("fast, first", "fast, cached", "dlpack"):
         if what != "fast, cached":
             for cache in caches:
@@ -1153,12 +1159,16 @@ def test_fast_path_passes_what_dlpack_passes(monkeypatch):
                                                                   rec(name, *args)))
         results = [fn() for fn in thunks]
         runs[what], replayed[what] = _labelled(rec.calls, inputs), replays
+        # What the binding allocated: a replay's allocators are chosen when its plan is stored.
+        layouts[what] = [[(t.shape, t.dtype, t.is_contiguous()) for t in _tensors(r)]
+                         for r in results]
         del results
     assert len(runs["dlpack"]) >= len(thunks)
     for what in ("fast, first", "fast, cached"):
         for i, (got, ref) in enumerate(zip(runs[what], runs["dlpack"])):
             assert got == ref, f"call {i} ({ref[0]}), {what}: {got} != DLPack's {ref}"
         assert len(runs[what]) == len(runs["dlpack"])
+        assert layouts[what] == layouts["dlpack"], what
     # The repeated calls of the functions with a fast lane were replays.
     assert replayed["fast, first"] == []
     assert set(replayed["fast, cached"]) == {
@@ -1223,7 +1233,7 @@ def test_rope_lane_reads_every_calls_positions_cache_and_outputs(monkeypatch):
         check(q2, rope_ref(q.double(), pos, rd, "neox", cache=cache), f"rope_ q, call {i}")
     assert replays == ["tk_rope_fwd"] * 4  # every call but the first of each key
     for plan in _rope._LANE._plans.values():
-        p = plan[0]
+        p = plan[1]  # the stored params (see _rope._lane_plan)
         assert not any((p.positions32, p.positions64, p.cos_cache, p.sin_cache))
 
 
@@ -1262,16 +1272,22 @@ def test_stream_set_with_torch_cuda_stream_is_read_at_every_call(monkeypatch):
     q = rand(1, 1, 8, 64, dtype=torch.bfloat16)
     a, w = rand(8, 128, dtype=torch.bfloat16), rand(64, 128, dtype=torch.bfloat16)
     r, pos = rand(8, 4, 64, dtype=torch.bfloat16), torch.arange(8, device=DEV)
+    nw = rand(256, dtype=torch.bfloat16)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     torch.cuda.synchronize()  # the inputs are ready for any stream
     expected = []
-    for s in (s1, s2, None, s1):
+    for s in (s1, s2, None, s1):  # the first call of each function checks, the others replay
         with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
             tkern.gelu(x)
             tkern.attention(q, q, q)
             tkern.gemm(a, w.t())
             tkern.rope(r, r, pos)
-        expected += [(s or torch.cuda.current_stream()).cuda_stream] * 4
+            tkern.rope_(r, None, pos)
+            tkern.rms_norm(x, nw, return_rstd=True)
+            tkern.layer_norm(x, nw, nw)
+            tkern.softmax(x)
+            tkern.glu(x)
+        expected += [(s or torch.cuda.current_stream()).cuda_stream] * 9
     torch.cuda.synchronize()
     got = [args[-1] for _, args in rec.calls]
     assert got == expected, f"streams passed {got}, current streams {expected}"

@@ -1,7 +1,7 @@
 """Activations and gated linear units: tk_activation_*, tk_gelu_*, tk_glu_*."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr, replay
 
 _ACT_ALIASES = {**_lib.ACTIVATIONS, "identity": 0, "gelu_erf": 1, "swish": 4, "relu2": 6}
 _GLU_ALIASES = {**_lib.GLU_KINDS, "geglu_erf": 1}
@@ -23,9 +23,9 @@ def gelu(x, approximate="none", *, out=None, stream=None):
     """
     plan, s, key = _GELU_LANE.find(stream, (out,), (x,), (approximate,))
     if plan is not None:
-        mode, dtype, n = plan
-        y = Lane.output(x, x.shape, _lib.DTYPE_NAMES[dtype])
-        Lane.run("tk_gelu_fwd", mode, dtype, x.data_ptr(), y.data_ptr(), n, s)
+        mode, dtype, n, new_y = plan
+        y = new_y(x)
+        replay("tk_gelu_fwd", mode, dtype, x.data_ptr(), y.data_ptr(), n, s)
         return y
     c = Call(stream, x=x, out=out)
     xa = c["x"].check_dtype(FLOATS).check_contiguous()
@@ -33,7 +33,8 @@ def gelu(x, approximate="none", *, out=None, stream=None):
     dtype, n = _lib.DTYPES[xa.dtype], xa.numel
     out, oa = c.output("out", out, xa.shape, xa.dtype)
     c.run("tk_gelu_fwd", mode, dtype, xa.ptr, oa.ptr, n, c.stream)
-    _GELU_LANE.put(key, (mode, dtype, n))
+    if key is not None:
+        _GELU_LANE.put(key, (mode, dtype, n, Lane.allocator(x, x.shape, xa.dtype)))
     return out
 
 
@@ -122,9 +123,9 @@ def glu(x, kind="swiglu", layout="gate_first", *, alpha=1.702, limit=7.0, out=No
     """
     lane, s, lane_key = _GLU_LANE.find(stream, (out,), (x,), (kind, layout, alpha, limit))
     if lane is not None:
-        p, out_shape, dtype = lane
-        y = Lane.output(x, out_shape, dtype)
-        Lane.run("tk_glu_fwd", _lib.byref(p), x.data_ptr(), y.data_ptr(), s)
+        params, new_y = lane
+        y = new_y(x)
+        replay("tk_glu_fwd", params, x.data_ptr(), y.data_ptr(), s)
         return y
     c = Call(stream, x=x, out=out)
     key = Plans.key(c, kind, layout, alpha, limit)
@@ -143,7 +144,8 @@ def glu(x, kind="swiglu", layout="gate_first", *, alpha=1.702, limit=7.0, out=No
         out, oa = (c.output("out", None, xa.shape[:-1] + (p.d,), xa.dtype) if out is None
                    else (out, c["out"]))
     c.run("tk_glu_fwd", _lib.byref(p), xa.ptr, oa.ptr, c.stream)
-    _GLU_LANE.put(lane_key, (p, oa.shape, xa.dtype))
+    if lane_key is not None:
+        _GLU_LANE.put(lane_key, (_lib.byref(p), Lane.allocator(x, oa.shape, xa.dtype)))
     return out
 
 

@@ -355,14 +355,22 @@ def _from_torch(obj, name, dtype, device_index):
     return a
 
 
-def torch_output(tables, ref, shape, dtype):
-    """A new dense tensor of `shape` and dtype name `dtype` on plain torch tensor ref's device
-    (whatever the current one is): empty_like(ref) when that is what it describes (a contiguous
-    ref of that shape and dtype; the cheaper call), else ref.new_empty."""
+def allocator(tables, ref, shape, dtype):
+    """The function that allocates an output of `shape` and dtype name `dtype` for plain torch
+    tensor ref (new(ref)), on ref's device whatever the current one is: empty_like when that is
+    what it describes (a contiguous ref of that shape and dtype; the cheaper call), else
+    new_empty. The choice depends on ref's shape, strides and dtype alone, so a replay (Lane)
+    makes it once, when its plan is stored."""
     torch_dtype = tables.torch_dtypes[dtype]
     if ref.dtype is torch_dtype and ref.shape == shape and ref.is_contiguous():
-        return tables.empty_like(ref)
-    return ref.new_empty(shape, dtype=torch_dtype)
+        return tables.empty_like
+    shape = tuple(shape)
+    return lambda like: like.new_empty(shape, dtype=torch_dtype)
+
+
+def torch_output(tables, ref, shape, dtype):
+    """A new dense tensor for plain torch tensor ref (see allocator)."""
+    return allocator(tables, ref, shape, dtype)(ref)
 
 
 def current_stream(obj):
@@ -623,6 +631,14 @@ class Plans:
             self._plans[key] = type(params).from_buffer_copy(params)
 
 
+def replay(fn, *args):
+    """Calls the C entry point `fn` for a replay of a Lane's plan (on the current device, which
+    find() checked is the tensors')."""
+    if _lifetime._pending:  # the test of release_finished, without its call when nothing is held
+        _lifetime.release_finished()
+    _lib.replay(fn, *args)
+
+
 class Lane:
     """The fast lane of one function: its calls on plain torch tensors, replayed.
 
@@ -630,11 +646,13 @@ class Lane:
     with no output and no stream given (how a model's forward calls), is keyed on each
     tensor's dtype, shape, strides, device and negative bit and on the scalar arguments. The
     first call with a key takes the function's full path, which checks everything and then
-    stores its plan under the key (the params struct and the other constant arguments); a
-    later call with that key replays the plan: it allocates the outputs, reads the tensors'
-    pointers and torch's current stream, and calls libtkern, which checks the pointers as on
-    every call. No check of the full path depends on anything but the key (see Plans), and
-    only plans of calls that succeeded are stored. Every other call takes the full path.
+    stores its plan under the key: what a replay passes besides this call's pointers and
+    stream (the params struct, as the byref() to pass when it holds no pointer), and how it
+    allocates each output (see allocator), all decided then. A later call with that key replays
+    the plan: it allocates the outputs, reads the tensors' pointers and torch's current stream,
+    and calls libtkern, which checks the pointers as on every call. No check of the full path
+    depends on anything but the key (see Plans), and only plans of calls that succeeded are
+    stored. Every other call takes the full path.
     """
 
     LIMIT = 512
@@ -649,23 +667,24 @@ class Lane:
         the stored plan and torch's current stream on a hit; (None, None, key) on a miss, key
         to be passed to put() once the full path succeeded (None when the call cannot take the
         lane)."""
-        t = _torch()
+        t = _torch_state[0] or _torch()
         if t is None or stream is not None or outs.count(None) != len(outs):
             return self._MISS
+        (tensor, parameter), strided = t.types, t.strided
         parts, device = [], None
         for x in tensors:
             if x is None:
                 parts.append(None)
                 continue
             tp = type(x)
-            if ((tp is not t.types[0] and tp is not t.types[1]) or not x.is_cuda
-                    or x.layout is not t.strided):
+            if ((tp is not tensor and tp is not parameter) or not x.is_cuda
+                    or x.layout is not strided):
                 return self._MISS
             d = x.get_device()
-            if device is None:
+            if d != device:
+                if device is not None:
+                    return self._MISS
                 device = d
-            elif d != device:
-                return self._MISS
             parts.append((x.dtype, x.shape, x.stride(), x.is_neg()))
         values = _scalars_key(scalars)
         if device is None or values is None or t.device() != device:
@@ -677,22 +696,24 @@ class Lane:
         return plan, t.stream(device), key
 
     def put(self, key, plan):
+        """Stores plan under key (from find; nothing is stored for None)."""
         if key is not None:
             if len(self._plans) >= self.LIMIT:
                 self._plans.clear()
             self._plans[key] = plan
 
-    @staticmethod
-    def run(fn, *args):
-        """Calls the C entry point `fn` for a replay (on the current device, which find()
-        checked is the tensors')."""
-        _lifetime.release_finished()
-        _lib.replay(fn, *args)
+    run = staticmethod(replay)  # Lane.run(fn, *args): a replay's C call (see replay)
 
     @staticmethod
     def output(ref, shape, dtype):
-        """An output of a replay, allocated as the full path allocates it (torch_output)."""
-        return torch_output(_torch(), ref, shape, dtype)
+        """An output of a replay, allocated as the full path allocates it (see allocator)."""
+        return allocator(_torch(), ref, shape, dtype)(ref)
+
+    @staticmethod
+    def allocator(ref, shape, dtype):
+        """For a plan: how a replay allocates an output of `shape` and dtype name `dtype` like
+        the full path's, a function of the replay's reference tensor (see allocator)."""
+        return allocator(_torch(), ref, shape, dtype)
 
     @staticmethod
     def ptr(t):

@@ -2,7 +2,7 @@
 
 from . import _lib
 from ._activation import activation_kind
-from ._arrays import FLOATS, HALVES, Call, Lane, Plans, ptr
+from ._arrays import FLOATS, HALVES, Call, Lane, Plans, ptr, replay
 from ._attention import _supported
 
 
@@ -89,17 +89,23 @@ def gemm(a, b, bias=None, activation=None, *, c=None, alpha=1.0, beta=None, out_
     lane, s, lane_key = _LANE.find(stream, (out,), (a, b, bias, c),
                                    (activation, alpha, beta, out_dtype))
     if lane is not None:
-        template, out_shape, dtype = lane
-        p = type(template).from_buffer_copy(template)
-        out = Lane.output(a, out_shape, dtype)
-        p.a, p.b, p.c, p.bias, p.d = (a.data_ptr(), b.data_ptr(), Lane.ptr(c), Lane.ptr(bias),
-                                      out.data_ptr())
-        Lane.run("tk_gemm", _lib.byref(p), s)
+        template, new_out = lane
+        p = _lib.GemmParams.from_buffer_copy(template)
+        out = new_out(a)
+        # The pointers are data_ptr()s, always within a void *: no range check to make.
+        set_field = _lib.set_field
+        set_field(p, "a", a.data_ptr())
+        set_field(p, "b", b.data_ptr())
+        set_field(p, "c", 0 if c is None else c.data_ptr())
+        set_field(p, "bias", 0 if bias is None else bias.data_ptr())
+        set_field(p, "d", out.data_ptr())
+        replay("tk_gemm", _lib.byref(p), s)
         return out
     ctx, p, out = _setup(a, b, bias, activation, c, alpha, beta, out_dtype, out, stream)
     ctx.run("tk_gemm", _lib.byref(p), ctx.stream)
-    oa = ctx["out"]
-    _LANE.put(lane_key, (p, oa.shape, oa.dtype))
+    if lane_key is not None:
+        oa = ctx["out"]
+        _LANE.put(lane_key, (p, Lane.allocator(a, oa.shape, oa.dtype)))
     return out
 
 

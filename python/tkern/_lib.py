@@ -200,6 +200,9 @@ class _Params(ctypes.Structure):
 
 
 _struct_setattr = ctypes.Structure.__setattr__
+set_field = _struct_setattr
+"""set_field(params, name, value): sets a field without _Params's checks, for a replay's data
+pointers (a torch data_ptr() is always within void *): about a third of the checked cost."""
 
 
 class DeviceInfo(_Params):
@@ -453,7 +456,7 @@ def _prototype(name):
 def call(name, *args):
     """Calls the entry point `name`; raises TkernError unless it returns TK_SUCCESS, and
     ValueError before the call for an int argument outside its C type's range."""
-    fn, ints = _prototype(name)
+    fn, ints = _prototypes.get(name) or _prototype(name)
     for i, ctype, lo, hi in ints:
         arg = args[i]
         if isinstance(arg, int) and not lo <= arg <= hi:
@@ -466,7 +469,8 @@ def call(name, *args):
 def replay(name, *args):
     """call() without its integer range checks, for a replayed call (_arrays.Lane): its
     integers come from a plan whose call passed them, its pointers and stream from torch."""
-    status = _prototype(name)[0](*args)
+    proto = _prototypes.get(name) or _prototype(name)
+    status = proto[0](*args)
     if status != 0:
         raise TkernError(status, status_name(status), name, last_error())
 

@@ -3,7 +3,7 @@
 import ctypes
 
 from . import _lib
-from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr, replay
 
 
 def _params(c, eps, gemma, weight_names):
@@ -57,14 +57,16 @@ def rms_norm(x, weight=None, eps=1e-6, residual=None, *, gemma=False, out=None,
     contiguous, rows may be strided; weight: [n] of x's dtype or float32 (None: 1).
     Returns y, or (y, rstd) with return_rstd (rstd: float32 [...], for rms_norm_backward).
     """
-    lane, s, lane_key = _RMS_LANE.find(stream, (out,), (x, weight, residual),
+    plan, s, lane_key = _RMS_LANE.find(stream, (out,), (x, weight, residual),
                                        (eps, gemma, return_rstd))
-    if lane is not None:
-        p, dtype, stat_shape = lane
-        y = Lane.output(x, x.shape, dtype)
-        rstd = Lane.output(x, stat_shape, "float32") if return_rstd else None
-        Lane.run("tk_rmsnorm_fwd", _lib.byref(p), x.data_ptr(), Lane.ptr(residual),
-                 Lane.ptr(weight), y.data_ptr(), Lane.ptr(rstd), s)
+    if plan is not None:  # a replay (see Lane); pointers read inline: this is the hot path
+        params, new_y, new_stat = plan
+        y = new_y(x)
+        rstd = new_stat(x) if return_rstd else None
+        replay("tk_rmsnorm_fwd", params, x.data_ptr(),
+               0 if residual is None else residual.data_ptr(),
+               0 if weight is None else weight.data_ptr(), y.data_ptr(),
+               0 if rstd is None else rstd.data_ptr(), s)
         return (y, rstd) if return_rstd else y
     c = Call(stream, x=x, weight=weight, residual=residual, out=out)
     key = Plans.key(c, eps, gemma)
@@ -79,13 +81,21 @@ def rms_norm(x, weight=None, eps=1e-6, residual=None, *, gemma=False, out=None,
     rstd, sa = _stat(c, "rstd", xa, return_rstd)
     c.run("tk_rmsnorm_fwd", _lib.byref(p), xa.ptr, ptr(c.get("residual")),
           ptr(c.get("weight")), oa.ptr, ptr(sa), c.stream)
-    _RMS_LANE.put(lane_key, (p, xa.dtype, xa.shape[:-1]))
+    if lane_key is not None:
+        _RMS_LANE.put(lane_key, _lane_plan(p, x, xa, return_rstd))
     return (out, rstd) if return_rstd else out
 
 
 # Checked params of the forward calls (see Plans) and their replays (see Lane).
 _RMS_PLANS, _LAYER_PLANS = Plans(), Plans()
 _RMS_LANE, _LAYER_LANE = Lane(), Lane()
+
+
+def _lane_plan(p, x, xa, stats):
+    """The plan of a forward call (see Lane): params p (no pointers in it) as passed, and the
+    allocators of y and of the statistics (None without them)."""
+    return (_lib.byref(p), Lane.allocator(x, x.shape, xa.dtype),
+            Lane.allocator(x, xa.shape[:-1], "float32") if stats else None)
 
 
 def _planned_out(c, out):
@@ -105,15 +115,17 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, residual=None, *, out=None,
     layouts as rms_norm; bias has weight's dtype. Returns y, or (y, mean, rstd) with
     return_stats (float32 [...], for layer_norm_backward).
     """
-    lane, s, lane_key = _LAYER_LANE.find(stream, (out,), (x, weight, bias, residual),
+    plan, s, lane_key = _LAYER_LANE.find(stream, (out,), (x, weight, bias, residual),
                                          (eps, return_stats))
-    if lane is not None:
-        p, dtype, stat_shape = lane
-        y = Lane.output(x, x.shape, dtype)
-        mean, rstd = ((Lane.output(x, stat_shape, "float32"), Lane.output(x, stat_shape, "float32"))
-                      if return_stats else (None, None))
-        Lane.run("tk_layernorm_fwd", _lib.byref(p), x.data_ptr(), Lane.ptr(residual),
-                 Lane.ptr(weight), Lane.ptr(bias), y.data_ptr(), Lane.ptr(mean), Lane.ptr(rstd), s)
+    if plan is not None:  # a replay, as in rms_norm
+        params, new_y, new_stat = plan
+        y = new_y(x)
+        mean, rstd = (new_stat(x), new_stat(x)) if return_stats else (None, None)
+        replay("tk_layernorm_fwd", params, x.data_ptr(),
+               0 if residual is None else residual.data_ptr(),
+               0 if weight is None else weight.data_ptr(),
+               0 if bias is None else bias.data_ptr(), y.data_ptr(),
+               0 if mean is None else mean.data_ptr(), 0 if rstd is None else rstd.data_ptr(), s)
         return (y, mean, rstd) if return_stats else y
     c = Call(stream, x=x, weight=weight, bias=bias, residual=residual, out=out)
     key = Plans.key(c, eps)
@@ -129,7 +141,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, residual=None, *, out=None,
     rstd, sa = _stat(c, "rstd", xa, return_stats)
     c.run("tk_layernorm_fwd", _lib.byref(p), xa.ptr, ptr(c.get("residual")),
           ptr(c.get("weight")), ptr(c.get("bias")), oa.ptr, ptr(ma), ptr(sa), c.stream)
-    _LAYER_LANE.put(lane_key, (p, xa.dtype, xa.shape[:-1]))
+    if lane_key is not None:
+        _LAYER_LANE.put(lane_key, _lane_plan(p, x, xa, return_stats))
     return (out, mean, rstd) if return_stats else out
 
 

@@ -1,7 +1,7 @@
 """Rotary position embedding: tk_rope_fwd, tk_rope_bwd."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr, replay
 
 
 def _heads(a):
@@ -97,24 +97,44 @@ def _checked(c, names, style, theta, position_start, rotary_dim):
 _PLANS, _LANE = Plans(), Lane()
 
 
-def _replay(fn, plan, q, k, positions, cos, sin, cos_sin_cache, inplace, stream):
-    """A call of the lane (see Lane): a copy of the plan's params, which hold no pointers (calls,
-    of any thread, never write them), with this call's pointers set as _pointers sets them."""
-    checked, dtype, positions_field, sin_offset = plan
-    p = _lib.RopeParams.from_buffer_copy(checked)
-    if positions is not None:
-        setattr(p, positions_field, positions.data_ptr())
-    if cos_sin_cache is not None:
-        p.cos_cache = cos_sin_cache.data_ptr()
-        p.sin_cache = p.cos_cache + sin_offset
-    elif cos is not None:
-        p.cos_cache, p.sin_cache = cos.data_ptr(), sin.data_ptr()
-    if inplace:
-        q_out, k_out = q, k
-    else:
-        q_out = None if q is None else Lane.output(q, q.shape, dtype)
-        k_out = None if k is None else Lane.output(k, k.shape, dtype)
-    Lane.run(fn, _lib.byref(p), Lane.ptr(q), Lane.ptr(k), Lane.ptr(q_out), Lane.ptr(k_out), stream)
+def _lane_plan(fn, p, c, names, inplace):
+    """The plan of a call (see Lane), from its params p before this call's pointers are set: p
+    itself (a replay takes a copy of it to set the pointers in, when there are any, so that
+    the stored params hold none) and its byref() for a replay without pointers to set; the
+    positions field; the sin half's offset in a cos_sin_cache; an allocator per output (None:
+    the output is the input, in place or absent)."""
+    template = _lib.RopeParams.from_buffer_copy(p)
+    pa = c.get("positions")
+    allocators = [None if inplace or c.get(name) is None
+                  else Lane.allocator(c[name].obj, c[name].shape, c[name].dtype)
+                  for name in names]
+    return (fn, template, _lib.byref(template),
+            "positions32" if pa is not None and pa.dtype == "int32" else "positions64",
+            ((p.rotary_dim or p.head_dim) // 2) * 4, *allocators)
+
+
+def _replay(plan, q, k, positions, cos, sin, cos_sin_cache, stream):
+    """A call of the lane (see Lane): the plan's params, with this call's pointers set in a copy
+    as _pointers sets them, and its outputs."""
+    fn, template, params, positions_field, sin_offset, new_q, new_k = plan
+    if positions is not None or cos is not None or cos_sin_cache is not None:
+        p = _lib.RopeParams.from_buffer_copy(template)
+        set_field = _lib.set_field  # data_ptr()s: always within void *, nothing to check
+        if positions is not None:
+            set_field(p, positions_field, positions.data_ptr())
+        if cos_sin_cache is not None:
+            cache = cos_sin_cache.data_ptr()
+            set_field(p, "cos_cache", cache)
+            set_field(p, "sin_cache", cache + sin_offset)
+        elif cos is not None:
+            set_field(p, "cos_cache", cos.data_ptr())
+            set_field(p, "sin_cache", sin.data_ptr())
+        params = _lib.byref(p)
+    q_out = q if new_q is None else new_q(q)
+    k_out = k if new_k is None else new_k(k)
+    replay(fn, params, 0 if q is None else q.data_ptr(), 0 if k is None else k.data_ptr(),
+           0 if q_out is None else q_out.data_ptr(), 0 if k_out is None else k_out.data_ptr(),
+           stream)
     return q_out, k_out
 
 
@@ -127,7 +147,7 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
                                    (q, k, positions, cos, sin, cos_sin_cache),
                                    (fn, inplace, theta, style, rotary_dim, position_start))
     if lane is not None:
-        return _replay(fn, lane, q, k, positions, cos, sin, cos_sin_cache, inplace, s)
+        return _replay(lane, q, k, positions, cos, sin, cos_sin_cache, s)
     c = Call(stream, **{qn: q, kn: k}, positions=positions, cos=cos, sin=sin,
              cos_sin_cache=cos_sin_cache,
              **({} if inplace else {qn + "_out": outs[0], kn + "_out": outs[1]}))
@@ -158,11 +178,7 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
             ptrs.append(oa.ptr)
     if checked:
         _PLANS.put(key, p)
-    # The lane's plan, taken before this call's pointers are set (see _replay).
-    first, pa = c.get(qn) if c.get(qn) is not None else c[kn], c.get("positions")
-    plan = (_lib.RopeParams.from_buffer_copy(p), first.dtype,
-            "positions32" if pa is not None and pa.dtype == "int32" else "positions64",
-            ((p.rotary_dim or p.head_dim) // 2) * 4)
+    plan = None if lane_key is None else _lane_plan(fn, p, c, names, inplace)
     _pointers(c, p)
     c.run(fn, _lib.byref(p), ptr(c.get(qn)), ptr(c.get(kn)), ptrs[0], ptrs[1], c.stream)
     _LANE.put(lane_key, plan)
