@@ -222,7 +222,7 @@ static void check_against_finite_differences(const tk_attention_params *p, const
     for (int64_t i = 0; i < p->seqlen_q; i++) {
         bool seen = false;
         for (int64_t j = 0; j < FD_SK; j++)
-            seen = seen || ref_attention_visible(p, i, j);
+            seen = seen || ref_attention_visible(p, 0, i, j);
         for (int n = 0; n < FD_HQ * FD_D && !seen; n++)
             cr_assert(dq[i * FD_HQ * FD_D + n] == 0.0, "row %lld sees no key: dq = %g",
                       (long long)i, dq[i * FD_HQ * FD_D + n]);
@@ -254,7 +254,7 @@ Test(attention_bwd_ref, causal_bottom_right_matches_finite_differences) {
 Test(attention_bwd_ref, rows_that_see_no_key_match_finite_differences) {
     tk_attention_params p = fd_params(FD_SQ_MAX);
     p.causal = 1;
-    cr_assert(!ref_attention_visible(&p, 1, 0) && ref_attention_visible(&p, 2, 0));
+    cr_assert(!ref_attention_visible(&p, 0, 1, 0) && ref_attention_visible(&p, 0, 2, 0));
     check_against_finite_differences(&p, NULL);
     p.softcap = 1.5f;
     const float slopes[FD_HQ] = {0.25f, 0.0625f};
@@ -302,7 +302,7 @@ static void check_gradient(const bwd_case *c, const tk_attention_params *ref, co
         for (int64_t s = 0; s < seq; s++) {
             bool seen = false;
             for (int64_t x = 0; x < (keys ? c->seqlen_q : c->seqlen_k) && !seen; x++)
-                seen = keys ? ref_attention_visible(ref, x, s) : ref_attention_visible(ref, s, x);
+                seen = keys ? ref_attention_visible(ref, b, x, s) : ref_attention_visible(ref, b, s, x);
             for (int64_t h = 0; h < heads; h++)
                 for (int64_t e = 0; e < d; e++) {
                     const double g = tk_test_load(c->dtype, got, b * st[0] + s * st[1] + h * st[2] + e);

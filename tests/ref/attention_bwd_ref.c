@@ -38,7 +38,7 @@ void ref_attention_bwd(const tk_attention_params *p, const double *q, const doub
                 double rowsum = 0.0;
                 for (int64_t j = 0; j < sk; j++) {
                     prob[j] = dp[j] = 0.0;
-                    if (!ref_attention_visible(p, i, j))
+                    if (!ref_attention_visible(p, b, i, j))
                         continue;
                     const int64_t k_row = b * p->k_strides[0] + j * p->k_strides[1] + hk * p->k_strides[2];
                     const int64_t v_row = b * p->v_strides[0] + j * p->v_strides[1] + hk * p->v_strides[2];
