@@ -109,6 +109,7 @@ void bench_norm(bench_ctx *ctx);
 void bench_softmax(bench_ctx *ctx);
 void bench_rope(bench_ctx *ctx);
 void bench_attention(bench_ctx *ctx);
+void bench_attention_masks(bench_ctx *ctx);
 void bench_attention_kvcache(bench_ctx *ctx);
 void bench_attention_bwd(bench_ctx *ctx);
 void bench_gemm(bench_ctx *ctx);

@@ -21,6 +21,7 @@
 #include "bench.h"
 
 extern "C" void bench_attention(bench_ctx *ctx);
+extern "C" void bench_attention_masks(bench_ctx *ctx);
 
 namespace {
 
@@ -272,4 +273,89 @@ extern "C" void bench_attention(bench_ctx *ctx) {
     for (const attn_shape &s : shapes)
         bench_shape(ctx, handle, s);
     check_cublas(cublasDestroy(handle), "cublasDestroy");
+}
+
+/* ---- the specialised masks, against causal on the same path ----
+ * B1 Hq32/Hkv8 S16384 D128 bf16, each mask's TFLOP/s per visible FLOP (4 * heads_q * head_dim *
+ * visible pairs) as a ratio to causal attention's on the same variant, timed in the same run:
+ * the ratio column is (its TFLOP/s) / (causal's TFLOP/s). Results are checked by the tests. */
+namespace {
+
+struct mask_shape {
+    const char *op;
+    int64_t chunk, prefix, doc_len;
+    bool sinks;
+};
+
+/* Visible pairs of one head under causal plus one of the masks (each row's range lo..i, or
+ * up to the prefix's end). */
+int64_t mask_pairs(const mask_shape &m, int64_t seqlen) {
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < seqlen; i++) {
+        int64_t lo = 0, hi = i;
+        if (m.chunk > 0)
+            lo = i / m.chunk * m.chunk;
+        if (m.doc_len > 0)
+            lo = i / m.doc_len * m.doc_len;
+        if (m.prefix > 0)
+            hi = std::max(hi, m.prefix - 1);
+        pairs += hi - lo + 1;
+    }
+    return pairs;
+}
+
+void bench_masks_on(bench_ctx *ctx, const char *variant) {
+    const int64_t sq = 16384, hq = 32, hkv = 8, d = 128;
+    static const mask_shape masks[] = {
+        {"attention fwd causal", 0, 0, 0, false},
+        {"attention fwd chunk 8192", 8192, 0, 0, false},
+        {"attention fwd docs 16x1024", 0, 0, 1024, false},
+        {"attention fwd causal+sinks", 0, 0, 0, true},
+        {"attention fwd prefix 1024", 0, 1024, 0, false},
+    };
+    void *q = bench_random(ctx, TK_BF16, sq * hq * d, -2.0f, 2.0f);
+    void *k = bench_random(ctx, TK_BF16, sq * hkv * d, -2.0f, 2.0f);
+    void *v = bench_random(ctx, TK_BF16, sq * hkv * d, -1.0f, 1.0f);
+    void *o = bench_alloc(ctx, (size_t)(sq * hq * d) * 2);
+    float *sinks = static_cast<float *>(bench_random(ctx, TK_F32, hq, 0.0f, 2.0f));
+    std::vector<int32_t> host_ids((size_t)sq);
+    for (int64_t j = 0; j < sq; j++)
+        host_ids[(size_t)j] = (int32_t)(j / 1024);
+    int32_t *ids = device_array(ctx, host_ids);
+    bench_check(tk_experimental_force_variant("attention", variant), "force variant");
+    double causal_tflops = 0.0;
+    for (const mask_shape &m : masks) {
+        ours_arg ours;
+        ours.p = TK_ATTENTION_PARAMS_INIT;
+        ours.window_left = -1;
+        tk_attention_params &p = ours.p;
+        p.dtype = TK_BF16;
+        p.batch = 1, p.seqlen_q = p.seqlen_k = sq, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
+        p.q = q, p.k = k, p.v = v, p.o = o;
+        p.causal = 1;
+        p.chunk_size = m.chunk;
+        p.prefix_len = m.prefix;
+        p.document_ids = m.doc_len > 0 ? ids : NULL;
+        p.sinks = m.sinks ? sinks : NULL;
+        const double flops = 4.0 * (double)(hq * d) * (double)mask_pairs(m, sq);
+        bench_settle(SETTLE_MS);
+        const double ms = bench_time_ms(ctx, run_ours, &ours);
+        const double tflops = flops / (ms * 1e-3) / 1e12;
+        if (causal_tflops == 0.0)
+            causal_tflops = tflops;
+        /* baseline_ms such that baseline_ms / ms is the ratio of TFLOP/s to causal's. */
+        const double as_causal_ms = ms * tflops / causal_tflops;
+        bench_row row = {m.op, "B1 H32/8 S16384 D128", TK_BF16, tk_last_variant(), ms, 0.0, flops,
+                         "of causal's TFLOP/s", as_causal_ms};
+        bench_report(ctx, &row);
+    }
+    bench_check(tk_experimental_force_variant("attention", NULL), "force variant");
+}
+
+} // namespace
+
+extern "C" void bench_attention_masks(bench_ctx *ctx) {
+    bench_masks_on(ctx, NULL); /* the automatic choice: wgmma_sm90 on the H200 */
+    bench_masks_on(ctx, "mma_sm80");
+    bench_free_all(ctx);
 }

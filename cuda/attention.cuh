@@ -50,11 +50,12 @@
  * compiler cannot re-associate (attn_opaque): otherwise it precomputes every row's offset once
  * and keeps them in registers for the whole key loop, which spills.
  *
- * Work skipping. A CTA's positions [m0, m0 + tile_rows) see keys in [m0 + shift - window_left,
- * row_last + shift + window_right]; only key tiles meeting that range are visited, so causal
- * attention does about half the tiles and a sliding window (window + tile_rows) / BN tiles per
- * CTA. Per tile, a uniform test decides whether any (row, key) pair in it can be masked (window
- * boundary or the end of the keys); only those tiles run the per-element mask. Under a window
+ * Work skipping. Each of a CTA's positions [m0, m0 + tile_rows) sees one range of keys
+ * (attention_softmax.cuh's mask: window, chunk, prefix, document), kept in a shared-memory
+ * table; only key tiles meeting [lo(first), hi(last)] are visited, so causal attention does
+ * about half the tiles and a sliding window (window + tile_rows) / BN tiles per CTA. Per tile,
+ * a uniform test decides whether any (row, key) pair in it can be masked (a range edge or the
+ * end of the keys); only those tiles run the per-element mask. Under a window
  * of W keys the tiles meeting the band's two edges are partly wasted, tile_rows / (W +
  * tile_rows) of the work: 11 % at W = 1024 with 128 positions, 3 % with 32, hence the packed
  * heads. A key tile that no row of a warp sees leaves its state bit for bit unchanged (p = 0,
@@ -81,7 +82,6 @@ namespace {
 
 constexpr int ATTN_WARPS = 4;
 constexpr int ATTN_THREADS = 32 * ATTN_WARPS;
-constexpr float ATTN_LN2 = 0.6931471805599453f;
 
 /* Per head dim: MT m16 tiles per warp, BN keys per tile, CTAs per SM asked of the compiler. */
 template <int D> struct attn_tile;
@@ -102,7 +102,8 @@ template <int D> struct attn_shape {
     static constexpr int V_ROW_BYTES = 2 * D + 16;
     static constexpr int K_BYTES = BN * ROW_BYTES;
     static constexpr int V_BYTES = BN * V_ROW_BYTES;
-    static constexpr int SMEM_BYTES = Q_BYTES + 2 * (K_BYTES + V_BYTES);
+    static constexpr int TABLE_OFFSET = Q_BYTES + 2 * (K_BYTES + V_BYTES);
+    static constexpr int SMEM_BYTES = TABLE_OFFSET + BM * 8; /* + each row's keys (int2) */
 };
 
 /* What the kernel reads, resolved on the host from tk_attention_call. */
@@ -120,6 +121,9 @@ struct attn_params {
     float softcap;    /* 0 = off */
     float softcap_in; /* scale / softcap */
     float exp_scale;  /* log2(e) times whatever scale is still to apply to the scores */
+    const float *sinks; /* [heads_q] or nullptr */
+    int chunk, prefix;  /* 0 = off */
+    const int *doc_ids; /* [batch, seqlen_k] or nullptr */
     int heads_per_tile; /* query heads of one GQA group sharing a CTA: 1, 2 or 4 */
     int tile_rows;      /* query positions per CTA: BM / heads_per_tile */
     int head_tiles;     /* heads_q / heads_per_tile */
@@ -232,11 +236,13 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int warp_head = PACKED ? head0 + warp_row / tile_rows : head0;
     const int warp_m0 = m0 + (PACKED ? warp_row % tile_rows : warp_row);
 
-    /* Keys any row of this tile can see, and the key tiles that hold them. */
-    int key_lo, key_hi;
-    attn_visible_keys(m0, m0 + q_rows - 1, shift, p.seqlen_k, p.window_left, p.window_right, key_lo, key_hi);
-    const int tile_begin = key_lo / BN;
-    const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
+    /* Each position's keys (attn_fill_table; published by the barrier below), and from the
+     * first and last the keys any row of this tile can see, the key tiles that hold them and the
+     * keys every row sees. */
+    int2 *const table = reinterpret_cast<int2 *>(smem + shape::TABLE_OFFSET);
+    const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
+                            p.doc_ids ? p.doc_ids + batch * p.seqlen_k : nullptr};
+    attn_fill_table(mask, table, m0, m0 + q_rows - 1, tile_rows, false, tid, ATTN_THREADS);
 
     const T *q = static_cast<const T *>(p.q) + batch * p.q_sb + head0 * p.q_sh + m0 * p.q_ss;
     const T *k = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh;
@@ -250,6 +256,10 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
         attn_load_q<T, D, BM, ROW_BYTES>(s_q, q, p.q_ss, p.q_sh, tile_rows, q_rows, tid);
     else
         attn_load_tile<T, D, BM, ROW_BYTES, true>(s_q, q, p.q_ss, q_rows, tid);
+    __syncthreads(); /* the table */
+    const int2 front = table[0], back = table[q_rows - 1];
+    const int tile_begin = front.x / BN;
+    const int tile_end = back.y >= front.x ? back.y / BN + 1 : tile_begin;
     if (tile_begin < tile_end) {
         const int n0 = tile_begin * BN;
         attn_load_tile<T, D, BN, ROW_BYTES, true>(s_k, k + n0 * p.k_ss, p.k_ss, p.seqlen_k - n0,
@@ -354,10 +364,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
             attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope,
                                   row_base, col_base, shift);
         /* Uniform: can any pair of this tile be invisible? */
-        const bool partial =
-            attn_tile_partial(n0, BN, m0, m0 + q_rows - 1, shift, p.seqlen_k, p.window_left, p.window_right);
-        if (partial)
-            attn_mask_scores(s, row_base, col_base, shift, p.window_left, p.window_right, p.seqlen_k);
+        if (attn_tile_partial(n0, BN, front, back))
+            attn_mask_scores(s, row_base, col_base, table, m0);
 
         attn_online_softmax(s, row_max, row_sum, p.exp_scale, o);
 
@@ -392,6 +400,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int out_r0 = PACKED ? warp_row : 0;
     const int out_rows = PACKED ? min(WARP_ROWS, p.seqlen_q - warp_m0) : q_rows;
     const int64_t lse_row0 = ((int64_t)batch * p.heads_q + out_head) * p.seqlen_q + out_m0;
+    const float sink2 = p.sinks ? p.sinks[warp_head] * ATTN_LOG2E : -INFINITY;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -399,7 +408,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
             float sum = row_sum[mt][h];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            float inv, lse;
+            attn_finish_row(sum, row_max[mt][h] * p.exp_scale, sink2, inv, lse);
             const int r = warp_row + 16 * mt + 8 * h + g; /* row in the tile */
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
@@ -409,8 +419,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
                                               4 * tq) = val;
             }
             if (p.lse && tq == 0 && r - out_r0 < out_rows)
-                p.lse[lse_row0 + r - out_r0] =
-                    sum > 0.0f ? (row_max[mt][h] * p.exp_scale + __log2f(sum)) * ATTN_LN2 : -INFINITY;
+                p.lse[lse_row0 + r - out_r0] = lse;
         }
     __syncwarp();
     T *out = static_cast<T *>(p.o) + batch * p.o_sb + out_head * p.o_sh + out_m0 * p.o_ss;
@@ -453,8 +462,7 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
     p.head_tiles = c->heads_q / heads_per_tile;
     p.m_blocks = (c->seqlen_q + p.tile_rows - 1) / p.tile_rows;
     p.batch = c->batch;
-    p.window_left = c->window_left;
-    p.window_right = c->window_right;
+    attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     const unsigned blocks = (unsigned)((int64_t)p.m_blocks * p.head_tiles * c->batch);
     return tk_launch(kernel, blocks, ATTN_THREADS, shape::SMEM_BYTES, stream, p);

@@ -26,6 +26,10 @@ typedef struct tk_attention_call {
     int window_left, window_right; /* -1 = unbounded */
     float scale;                  /* softmax scale, > 0 */
     float softcap;                /* 0 = off */
+    const float *sinks;           /* NULL: no sinks */
+    int chunk;                    /* chunk_size, 0 = off (also when one chunk holds every key) */
+    int prefix;                   /* prefix_len, 0 = off */
+    const int *doc_ids;           /* document_ids [batch, seqlen_k], NULL = off */
 } tk_attention_call;
 
 /* "wgmma_sm90": FlashAttention-3 style on sm_90a (TMA, mbarrier ring, a producer warp and two

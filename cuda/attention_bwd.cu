@@ -5,7 +5,12 @@
  *                  shared memory while Q, dO tiles of BM rows of every query head of the GQA
  *                  group stream through a two-stage cp.async ring; dK, dV in registers, dQ by
  *                  f32 atomics into the accumulator;
- *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides.
+ *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides;
+ *   attn_bwd_dsinks (with sinks): dsinks_h = -sum_i exp(sink_h - lse_i) D_i, one CTA per head,
+ *                  summed in a fixed order.
+ * The mask is attention_softmax.cuh's, seen from the keys: a CTA's table holds, per key, the
+ * query rows that see it (attn_key_rows), which bounds the query tiles it visits and masks the
+ * tiles that are not fully visible.
  * Tiles use rows padded by 16 bytes (every ldmatrix phase, plain or transposed, then hits 8
  * different 16-byte bank groups) and the forward's tile loader (attention.cuh). */
 #include "attention.cuh"
@@ -28,7 +33,8 @@ template <int D> struct attn_bwd_shape {
     static constexpr int Q_BYTES = BM * ROW;
     static constexpr int STAGE_BYTES = 2 * Q_BYTES + 2 * BM * 4; /* Q, dO, lse, D */
     static constexpr int S_BYTES = BWD_BN * S_ROW;
-    static constexpr int SMEM_BYTES = 2 * K_BYTES + 2 * STAGE_BYTES + S_BYTES;
+    static constexpr int TABLE_OFFSET = 2 * K_BYTES + 2 * STAGE_BYTES + S_BYTES;
+    static constexpr int SMEM_BYTES = TABLE_OFFSET + BWD_BN * 8; /* + each key's rows (int2) */
 };
 
 struct attn_bwd_params {
@@ -41,6 +47,10 @@ struct attn_bwd_params {
     int64_t do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
     int window_left, window_right;
+    const float *sinks;
+    int chunk, prefix;
+    const int *doc_ids;
+    float *dsinks; /* [heads_q], with sinks */
     int transform;
     float scale, softcap, softcap_in, exp_scale;
 };
@@ -77,6 +87,32 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_pre(const attn_bwd_para
 #pragma unroll
     for (int e = lane; e < D; e += 32)
         p.dq_acc[r * D + e] = 0.0f;
+}
+
+/* dsinks_h = -sum over (b, i) of exp(sink_h - lse_bhi) D_bhi: CTA h, each thread a strided
+ * share of the rows, then a fixed tree over the threads, so the sum is the same every run. */
+__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dsinks(const attn_bwd_params p) {
+    __shared__ float part[ATTN_WARPS];
+    const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float sink = p.sinks[h];
+    const int64_t rows = (int64_t)p.batch * p.seqlen_q;
+    float sum = 0.0f;
+    for (int64_t x = threadIdx.x; x < rows; x += ATTN_THREADS) {
+        const int64_t r = (x / p.seqlen_q * p.heads_q + h) * p.seqlen_q + x % p.seqlen_q;
+        sum += expf(sink - p.lse[r]) * p.dsum[r];
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (lane == 0)
+        part[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            total += part[w];
+        p.dsinks[h] = -total;
+    }
 }
 
 /* dQ = accumulator in the dtype, one warp per row. */
@@ -129,12 +165,14 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
     const int k_rows = min(BN, p.seqlen_k - n0);
     const int shift = p.seqlen_k - p.seqlen_q;
 
-    /* Query rows that see any key of this tile, and the query tiles holding them. */
-    int row_lo = 0, row_hi = p.seqlen_q - 1;
-    if (p.window_right >= 0)
-        row_lo = max(0, n0 - shift - p.window_right);
-    if (p.window_left >= 0)
-        row_hi = min(row_hi, n0 + k_rows - 1 - shift + p.window_left);
+    /* Each key's rows (attn_key_rows), and from the first and last key the query rows that see
+     * any key of this tile, and the query tiles holding them. */
+    int2 *const table = reinterpret_cast<int2 *>(smem + shape::TABLE_OFFSET);
+    const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
+                            p.doc_ids ? p.doc_ids + batch * p.seqlen_k : nullptr};
+    attn_fill_table(mask, table, n0, n0 + k_rows - 1, BN, true, tid, ATTN_THREADS);
+    __syncthreads();
+    const int row_lo = table[0].x, row_hi = table[k_rows - 1].y;
     const int m_begin = row_lo / BM;
     const int m_tiles = row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0;
     const int steps = m_tiles * p.group; /* (query head, query tile) pairs, tiles fastest */
@@ -237,9 +275,9 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
 
         /* P = exp(s - lse) and dS = P (dP - D), times softcap's derivative 1 - tanh^2 (its
          * scale factor is applied to dK and dQ at the end); invisible pairs give 0. */
-        const bool partial = m0 + BM > p.seqlen_q || attn_tile_partial(n0, BN, m0, m0 + BM - 1, shift, p.seqlen_k,
-                                                                         p.window_left, p.window_right);
+        const bool partial = m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
         const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+        const int2 rows[2] = {table[warp * 16 + g], table[warp * 16 + g + 8]}; /* this thread's keys' rows */
 #pragma unroll
         for (int nt = 0; nt < QT; nt++)
 #pragma unroll
@@ -259,9 +297,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
                         x -= slope_h * (float)abs(i + shift - j);
                 }
                 float pe = tk_exp2_approx(fmaf(x, p.exp_scale, -lse2[qc]));
-                if (partial && (j >= p.seqlen_k || i >= p.seqlen_q ||
-                                (p.window_left >= 0 && j < i + shift - p.window_left) ||
-                                (p.window_right >= 0 && j > i + shift + p.window_right)))
+                if (partial && (i < rows[e >> 1].x || i > rows[e >> 1].y))
                     pe = 0.0f;
                 s[nt][e] = pe;
                 dp[nt][e] = pe * (dp[nt][e] - dsum[qc]) * dfac;
@@ -388,11 +424,13 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     p.heads_q = c->heads_q;
     p.heads_kv = c->heads_kv;
     p.group = c->heads_q / c->heads_kv;
-    p.window_left = c->window_left;
-    p.window_right = c->window_right;
+    attn_set_mask(p, c);
+    p.dsinks = bc->dsinks;
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     const unsigned row_blocks = (unsigned)((rows + ATTN_WARPS - 1) / ATTN_WARPS);
     err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ATTN_THREADS, 0, stream, p, rows);
+    if (err == cudaSuccess && c->sinks)
+        err = tk_launch(attn_bwd_dsinks, (unsigned)c->heads_q, ATTN_THREADS, 0, stream, p);
     if (err != cudaSuccess)
         return err;
     const unsigned blocks =

@@ -20,6 +20,7 @@ typedef struct tk_attention_bwd_call {
     void *dq, *dk, *dv;
     int64_t do_stride[3], dq_stride[3], dk_stride[3], dv_stride[3]; /* batch, sequence, head */
     float *workspace; /* tk_attention_bwd_workspace_bytes(fwd) bytes, 16-byte aligned */
+    float *dsinks;    /* [heads_q], written when fwd.sinks is set */
 } tk_attention_bwd_call;
 
 /* Workspace of a call: D = rowsum(dO o O), [batch, heads_q, seqlen_q] f32, then the f32 dQ

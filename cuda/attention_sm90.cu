@@ -49,6 +49,7 @@ constexpr int HALF = 64;                   /* head-dim columns per 128-byte swiz
 constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
 constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 KiB */
 constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
+constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
 
 /* The shared-memory plan at head dim D (64 or 128): each tile is D / 64 halves of 64 columns. */
 template <int D> struct sm90_plan {
@@ -58,7 +59,7 @@ template <int D> struct sm90_plan {
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + 1024; /* + alignment to 1024 */
+    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + 1024; /* + alignment to 1024 */
 };
 static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 
@@ -69,6 +70,9 @@ struct sm90_params {
     int64_t o_sb, o_ss, o_sh;
     int seqlen_q, seqlen_k, heads_q, group, m_blocks, batch;
     int window_left, window_right;
+    const float *sinks;
+    int chunk, prefix;
+    const int *doc_ids;
     int transform; /* softcap or ALiBi: scores are rewritten in natural-log units */
     float scale, softcap, softcap_in, exp_scale;
 };
@@ -76,7 +80,6 @@ struct sm90_params {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24; /* 2 x 128 x 240 + 128 x 24 <= 64 Ki */
-constexpr float LN2 = 0.6931471805599453f;
 
 /* cp.async.bulk.tensor.4d: the box of `map` at (c0, c1, c2, c3) into dst, counted on bar. */
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
@@ -187,6 +190,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
+    int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + BARRIER_BYTES);
 
     /* Block -> (query head, batch, query tile), heads fastest and query tiles last to first
      * slowest, as attention.cuh: the longest CTAs of a causal grid start first. */
@@ -199,10 +203,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int q_rows = min(BM, p.seqlen_q - m0);
     const int shift = p.seqlen_k - p.seqlen_q;
 
-    int key_lo, key_hi;
-    attn_visible_keys(m0, m0 + q_rows - 1, shift, p.seqlen_k, p.window_left, p.window_right, key_lo, key_hi);
-    const int tile_begin = key_lo / BN;
-    const int tile_end = key_hi >= key_lo ? key_hi / BN + 1 : tile_begin;
+    const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
+                            p.doc_ids ? p.doc_ids + (int64_t)batch * p.seqlen_k : nullptr};
+    attn_fill_table(mask, table, m0, m0 + q_rows - 1, BM, false, threadIdx.x, THREADS);
 
     if (threadIdx.x == 0) {
         tk_mbarrier_init(q_full, 1);
@@ -213,7 +216,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         tk_fence_mbarrier_init();
     }
-    __syncthreads();
+    __syncthreads(); /* the barriers and the table */
+    /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
+    const int tile_begin = table[0].x / BN;
+    const int tile_end = table[BM - 1].y >= table[0].x ? table[BM - 1].y / BN + 1 : tile_begin;
 
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == CONSUMERS) {
@@ -250,6 +256,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
     const uint32_t q_wg = s_q + HALVES * warpgroup * Q_HALF_BYTES;
     const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
+    /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
+    const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
 
     /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
      * halves of 8 for the P V instructions. */
@@ -295,10 +303,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
                                   col0, shift);
         /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
-        const bool partial =
-            attn_tile_partial(n0, BN, wm0, wm0 + 63, shift, p.seqlen_k, p.window_left, p.window_right);
-        if (partial)
-            attn_mask_scores(s, row0, col0, shift, p.window_left, p.window_right, p.seqlen_k);
+        if (attn_tile_partial(n0, BN, front, back))
+            attn_mask_scores(s, row0, col0, table, m0);
         attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
     };
     auto pack_p = [&]() {
@@ -346,12 +352,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
     T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh;
     const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
+    const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = row_sum[0][r];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        float inv, lse;
+        attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
         const int i = row0 + 8 * r;
         if (i >= p.seqlen_q)
             continue;
@@ -362,7 +370,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
                     tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
         if (p.lse && tq == 0)
-            p.lse[lse_row0 + i] = sum > 0.0f ? (row_max[0][r] * p.exp_scale + __log2f(sum)) * LN2 : -INFINITY;
+            p.lse[lse_row0 + i] = lse;
     }
 #endif
 }
@@ -419,8 +427,7 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.group = c->heads_q / c->heads_kv;
     p.m_blocks = (c->seqlen_q + BM - 1) / BM;
     p.batch = c->batch;
-    p.window_left = c->window_left;
-    p.window_right = c->window_right;
+    attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     const unsigned blocks = (unsigned)((int64_t)p.m_blocks * c->heads_q * c->batch);
     return tk_launch(kernel, blocks, THREADS, SMEM_BYTES, stream, p, map_q, map_k, map_v);

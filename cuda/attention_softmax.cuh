@@ -14,6 +14,7 @@
 namespace {
 
 constexpr float ATTN_LOG2E = 1.4426950408889634f;
+constexpr float ATTN_LN2 = 0.6931471805599453f;
 
 /* The score transform's constants in a kernel's params P (its fields transform, scale, softcap,
  * softcap_in and exp_scale), set on the host from the call. Exponentials are exp2, so log2(e) is
@@ -24,6 +25,17 @@ template <typename P> inline void attn_set_score(P &p, float scale, float softca
     p.softcap = softcap;
     p.softcap_in = softcap > 0.0f ? scale / softcap : 0.0f;
     p.exp_scale = p.transform ? ATTN_LOG2E : scale * ATTN_LOG2E;
+}
+
+/* The mask's fields of a kernel's params P (window_left, window_right, sinks, chunk, prefix,
+ * doc_ids) from the resolved call C (tk_attention_call). */
+template <typename P, typename C> inline void attn_set_mask(P &p, const C *c) {
+    p.window_left = c->window_left;
+    p.window_right = c->window_right;
+    p.sinks = c->sinks;
+    p.chunk = c->chunk;
+    p.prefix = c->prefix;
+    p.doc_ids = c->doc_ids;
 }
 
 /* Scores to natural-log units where a transform is on: softcap * tanh(s * softcap_in), else
@@ -72,36 +84,202 @@ __device__ __forceinline__ void attn_visible_keys(int first, int last, int shift
     hi = window_right >= 0 ? min(seqlen_k - 1, last + shift + window_right) : seqlen_k - 1;
 }
 
-/* Whether keys n0 .. n0 + cols - 1 hold a pair invisible to some query position of first..last
- * (a window edge crosses them, or they pass the last key): only such tiles need
- * attn_mask_scores. */
-__device__ __forceinline__ bool attn_tile_partial(int n0, int cols, int first, int last, int shift, int seqlen_k,
-                                                  int window_left, int window_right) {
-    return n0 + cols > seqlen_k || (window_left >= 0 && n0 < last + shift - window_left) ||
-           (window_right >= 0 && n0 + cols - 1 > first + shift + window_right);
+/* ---- The mask: one contiguous key range per query position ----
+ *
+ * Every mask of tkern.h gives query position p = i + shift one range of keys lo(p) .. hi(p)
+ * (empty when hi < lo), with lo and hi non-decreasing in p: a window is [p - window_left,
+ * p + window_right]; a chunk of C keys intersects it with [floor(p / C) C, floor(p / C) C + C -
+ * 1]; a prefix of P keys widens hi to at least P - 1; a document intersects it with the
+ * positions sharing p's id (ids non-decreasing: one run). So a band of positions first..last
+ * sees lo(first) .. hi(last), and a key tile n0 .. n0 + cols - 1 is fully visible to it when
+ * n0 >= lo(last) and n0 + cols - 1 <= hi(first): the kernels skip tiles outside the band and
+ * run the per-element test only on tiles that are not fully visible. The kernels compute each
+ * row's range once per CTA into a table (attn_fill_rows; attn_key_rows gives the backward the
+ * inverse, the rows that see a key), so a new mask is one case in attn_row_keys and
+ * attn_key_rows. */
+struct attn_mask {
+    int shift, seqlen_q, seqlen_k;
+    int window_left, window_right; /* -1 = unbounded */
+    int chunk;                     /* chunk_size, 0 = off */
+    int prefix;                    /* prefix_len, 0 = off */
+    const int *doc_ids;            /* this batch's ids [seqlen_k], nullptr = off */
+};
+
+/* Position p's chunk start, floor(p / C) C for any sign of p. */
+__device__ __forceinline__ int attn_chunk_start(int p, int chunk) {
+    const int q = p >= 0 ? p / chunk : -((chunk - 1 - p) / chunk);
+    return q * chunk;
 }
 
-/* -inf where key j is not visible from row i: j < i + shift - window_left, j > i + shift +
- * window_right (a window of -1 is unbounded) or j >= seqlen_k. */
+/* The document runs of positions first..last (0 <= first <= last < seqlen_k): the runs of the
+ * two ends, found by a whole warp at once (every lane of the calling warp must call). */
+struct attn_docs {
+    int first, last;       /* the band */
+    int id_first, id_last; /* their ids */
+    int start, end;        /* first's run starts at start, last's run ends at end */
+};
+
+/* The first index in [lo, hi) whose id is past v (upper) or at least v, else hi: a 32-ary
+ * search by the calling warp, 3 rounds for 2^14 ids. */
+__device__ __forceinline__ int attn_warp_search(const int *ids, int lo, int hi, int v, bool upper) {
+    const int lane = threadIdx.x & 31;
+    while (lo < hi) {
+        const int step = (hi - lo + 31) / 32;
+        const int x = lo + lane * step;
+        bool before = false;
+        if (x < hi) {
+            const int id = __ldg(ids + x);
+            before = upper ? id <= v : id < v;
+        }
+        const int c = __popc(__ballot_sync(0xffffffffu, before));
+        if (c == 0)
+            break;
+        const int base = lo;
+        lo = base + (c - 1) * step + 1;
+        hi = min(hi, base + c * step);
+    }
+    return lo;
+}
+
+__device__ __forceinline__ attn_docs attn_doc_band(const attn_mask &m, int first, int last) {
+    attn_docs d;
+    d.first = first, d.last = last;
+    d.id_first = __ldg(m.doc_ids + first);
+    d.id_last = __ldg(m.doc_ids + last);
+    d.start = attn_warp_search(m.doc_ids, 0, first, d.id_first, false);
+    d.end = attn_warp_search(m.doc_ids, last, m.seqlen_k, d.id_last, true) - 1;
+    return d;
+}
+
+/* The run [start, end] of position x of the band (one thread; at most 7 probes, inside the
+ * band, where the ids are cached). */
+__device__ __forceinline__ void attn_doc_run(const attn_mask &m, const attn_docs &d, int x, int &start, int &end) {
+    const int id = __ldg(m.doc_ids + x);
+    if (id == d.id_first) {
+        start = d.start;
+    } else { /* first index of (first, x] with this id */
+        int lo = d.first + 1, hi = x;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (__ldg(m.doc_ids + mid) < id) lo = mid + 1; else hi = mid;
+        }
+        start = lo;
+    }
+    if (id == d.id_last) {
+        end = d.end;
+    } else { /* last index of [x, last) with this id */
+        int lo = x, hi = d.last;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (__ldg(m.doc_ids + mid) <= id) lo = mid + 1; else hi = mid;
+        }
+        end = lo - 1;
+    }
+}
+
+/* The keys lo .. hi (x, y) that query position p of the band sees. */
+__device__ __forceinline__ int2 attn_row_keys(const attn_mask &m, const attn_docs &d, int p) {
+    int lo = m.window_left >= 0 ? p - m.window_left : 0;
+    int hi = m.window_right >= 0 ? p + m.window_right : m.seqlen_k - 1;
+    if (m.chunk > 0) {
+        const int c0 = attn_chunk_start(p, m.chunk);
+        lo = max(lo, c0);
+        hi = min(hi, c0 + (m.chunk - 1));
+    }
+    if (m.prefix > 0)
+        hi = max(hi, m.prefix - 1);
+    if (m.doc_ids) {
+        int start, end;
+        attn_doc_run(m, d, p, start, end);
+        lo = max(lo, start);
+        hi = min(hi, end);
+    }
+    return make_int2(max(lo, 0), min(hi, m.seqlen_k - 1));
+}
+
+/* The query rows i (not positions) that see key j of the band: rlo .. rhi (x, y), empty past
+ * the last key. With lo and hi non-decreasing these are the rows with hi(p) >= j and
+ * lo(p) <= j: exactly the rows that see j. */
+__device__ __forceinline__ int2 attn_key_rows(const attn_mask &m, const attn_docs &d, int j) {
+    if (j >= m.seqlen_k)
+        return make_int2(1, 0);
+    constexpr int FAR = 1 << 30; /* past every position, with room for the sums below */
+    int lo = m.window_right >= 0 ? j - m.window_right : -FAR;
+    int hi = m.window_left >= 0 ? j + m.window_left : FAR;
+    if (m.chunk > 0) {
+        const int c0 = attn_chunk_start(j, m.chunk);
+        lo = max(lo, c0);
+        hi = min(hi, c0 + (m.chunk - 1));
+    }
+    if (m.prefix > 0 && j < m.prefix)
+        lo = -FAR;
+    if (m.doc_ids) {
+        int start, end;
+        attn_doc_run(m, d, j, start, end);
+        lo = max(lo, start);
+        hi = min(hi, end);
+    }
+    return make_int2(max(lo - m.shift, 0), min(hi - m.shift, m.seqlen_q - 1));
+}
+
+/* The table of a band: entry r for x = first + r, r < count: the row's keys (keys = false:
+ * rows first..last, as positions first + shift ..; x clamped to last, so that the table stays
+ * monotone past the band's end) or the key's rows (keys = true: keys first..last; none past
+ * last). Every
+ * thread of the CTA calls it (nthreads of them); the caller synchronises before reading. */
+__device__ __forceinline__ void attn_fill_table(const attn_mask &m, int2 *table, int first, int last, int count,
+                                                bool keys, int tid, int nthreads) {
+    const int off = keys ? 0 : m.shift;
+    attn_docs d;
+    if (m.doc_ids)
+        d = attn_doc_band(m, first + off, last + off);
+    for (int r = tid; r < count; r += nthreads) {
+        const int x = first + r;
+        table[r] = keys ? (x <= last ? attn_key_rows(m, d, x) : make_int2(1, 0))
+                        : attn_row_keys(m, d, min(x, last) + off);
+    }
+}
+
+/* Whether the band whose first and last rows see keys `front` and `back` (table entries) holds
+ * an invisible pair in keys n0 .. n0 + cols - 1: only such tiles need attn_mask_scores. */
+__device__ __forceinline__ bool attn_tile_partial(int n0, int cols, int2 front, int2 back) {
+    return n0 < back.x || n0 + cols - 1 > front.y;
+}
+
+/* -inf where key j is outside row i's range, table[i - table_row0] (attn_fill_table). */
 template <int MT, int NT>
-__device__ __forceinline__ void attn_mask_scores(float (&s)[MT][NT][4], int row0, int col0, int shift,
-                                                 int window_left, int window_right, int seqlen_k) {
+__device__ __forceinline__ void attn_mask_scores(float (&s)[MT][NT][4], int row0, int col0, const int2 *table,
+                                                 int table_row0) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int i = row0 + 16 * mt + 8 * h;
-            const int lo = window_left >= 0 ? i + shift - window_left : 0;
-            const int hi = window_right >= 0 ? min(seqlen_k - 1, i + shift + window_right) : seqlen_k - 1;
+            const int2 keys = table[row0 + 16 * mt + 8 * h - table_row0];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int j = col0 + 8 * nt + e;
-                    if (j < lo || j > hi)
+                    if (j < keys.x || j > keys.y)
                         s[mt][nt][2 * h + e] = -INFINITY;
                 }
         }
+}
+
+/* A row's 1 / denominator and natural-log lse at the end of the online softmax: sum is the
+ * row's (quad-reduced) sum of exp2(s exp_scale - max2), max2 its running max times exp_scale,
+ * sink2 the sink logit times log2(e) (-inf without sinks). A row that saw no key gets inv = 0
+ * and lse = the sink (-inf without one). */
+__device__ __forceinline__ void attn_finish_row(float sum, float max2, float sink2, float &inv, float &lse) {
+    if (sink2 == -INFINITY || sum == 0.0f) {
+        inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        lse = sum > 0.0f ? (max2 + __log2f(sum)) * ATTN_LN2 : sink2 * ATTN_LN2;
+        return;
+    }
+    const float top = fmaxf(max2, sink2); /* the denominator against the larger exponent */
+    const float denom = sum * exp2f(max2 - top) + exp2f(sink2 - top);
+    inv = exp2f(max2 - top) / denom;
+    lse = (top + __log2f(denom)) * ATTN_LN2;
 }
 
 /* One key tile of the online softmax on the scores alone (the 4 threads of a quad share a

@@ -516,6 +516,28 @@ TK_API tk_status tk_rope_bwd(const tk_rope_params *p, const void *dq, const void
  * A query row that sees no key (e.g. causal with seqlen_q > seqlen_k: rows i < -shift) gets
  * o_i = 0 and lse_i = -inf.
  *
+ * Specialised masks (appended fields, each off at its zero default). Each narrows or widens the
+ * keys a query position p = i + shift sees to one contiguous range (docs/kernels/attention.md
+ * has a picture of each):
+ * - chunk_size = C > 0, chunked local attention (Llama 4's iRoPE layers, FlashAttention-3's
+ *   attention_chunk): query i also needs floor(j / C) = floor((i + shift) / C), key positions
+ *   counted from 0; with causal = 1 that is causal inside each chunk. Any window, softcap, ALiBi.
+ * - prefix_len = P > 0, prefix-LM (PaliGemma): query positions p < P also see every key j < P
+ *   (the prefix is bidirectional, the rest causal). Needs causal = 1 and window_left = -1; not
+ *   with chunk_size or document_ids.
+ * - document_ids: int32 [batch, seqlen_k], dense, one id per key position, NON-DECREASING along
+ *   each batch row (packed documents, as FlexAttention's document mask_mod is built); query i
+ *   sees key j only when document_ids[b, j] = document_ids[b, i + shift] (a query row is the key
+ *   position it faces, bottom-right aligned). Needs seqlen_q <= seqlen_k. Any window (causal
+ *   inside each document), chunk_size, softcap, ALiBi. Ids that decrease give an unspecified
+ *   (but memory-safe) mask.
+ * - sinks: f32 [heads_q], learnable per-head logits that join each row's softmax without a
+ *   value (GPT-OSS; FlashAttention's learnable_sink): with sink_h in the units of s_ij,
+ *       o_i = sum_j exp(s_ij) v_j / (exp(sink_h) + sum_j exp(s_ij)),
+ *       lse_i = log(exp(sink_h) + sum over visible j of exp(s_ij)),
+ *   so P_ij = exp(s_ij - lse_i) still holds for the backward. A row that sees no key gets
+ *   o_i = 0 and lse_i = sink_h. Any mask and option.
+ *
  * Tensors (element strides; the last dimension, head_dim, must be contiguous):
  *   q    [batch, seqlen_q, heads_q,  head_dim]   dtype
  *   k, v [batch, seqlen_k, heads_kv, head_dim]   dtype
@@ -559,10 +581,15 @@ typedef struct tk_attention_params {
     const float *alibi_slopes;/* NULL = no ALiBi */
     int return_lse;           /* 0 or 1: write lse */
     float *lse;               /* required when return_lse = 1 */
+    const float *sinks;       /* f32 [heads_q] sink logits, 4-byte aligned; NULL = none */
+    int64_t chunk_size;       /* >= 0; 0 = off; C: chunked local attention */
+    int64_t prefix_len;       /* >= 0; 0 = off; P: prefix-LM, with causal = 1 */
+    const int32_t *document_ids; /* int32 [batch, seqlen_k], non-decreasing per row; NULL = none */
 } tk_attention_params;
 #define TK_ATTENTION_PARAMS_INIT                                                                  \
     {sizeof(tk_attention_params), TK_BF16, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0,            \
-     {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL}
+     {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL, \
+     NULL, 0, 0, NULL}
 
 /* Attention forward as described above: writes o (and lse when p->return_lse = 1). Work is
  * proportional to the visible (i, j) pairs: blocks of keys that no query of a tile can see are
@@ -571,10 +598,12 @@ typedef struct tk_attention_params {
  * 1 (TK_ERROR_NULL_POINTER); p->size wrong, batch < 0, seqlen or heads < 1, heads_q %
  * heads_kv != 0, a stride < 0, o strides that make rows overlap, window < -1, causal with
  * window_right > 0, a scale,
- * softcap or flag out of range (TK_ERROR_INVALID_VALUE); head_dim other than 64, 80, 96, 128, 256,
- * dtype TK_F32, strides[3] != 1, or sizes past the kernel's limits (seqlen > 2^30)
- * (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED);
- * overlapping outputs (TK_ERROR_OVERLAP). */
+ * softcap or flag out of range, chunk_size or prefix_len < 0, prefix_len without causal = 1 or
+ * with window_left, chunk_size or document_ids, document_ids with seqlen_q > seqlen_k
+ * (TK_ERROR_INVALID_VALUE); head_dim other than 64, 80, 96, 128, 256,
+ * dtype TK_F32, strides[3] != 1, or sizes past the kernel's limits (seqlen, chunk_size or
+ * prefix_len > 2^30) (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides
+ * (TK_ERROR_MISALIGNED); overlapping outputs (TK_ERROR_OVERLAP). */
 TK_API tk_status tk_attention_fwd(const tk_attention_params *p, tk_stream_t stream);
 
 /* Sliding-window (local) causal attention: tk_attention_fwd on a copy of *p with causal = 1,
@@ -736,7 +765,9 @@ TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_param
  *                                                        scale * (1 - tanh^2) with softcap)
  *     dQ_i = sum_j dS_ij k_j,   dK_j = sum_i dS_ij q_i
  * summed over the heads_q / heads_kv query heads of each key/value head (GQA, MQA) for dK, dV.
- * Rows that see no key get dQ = 0; keys that no row sees get dK = dV = 0.
+ * Rows that see no key get dQ = 0; keys that no row sees get dK = dV = 0. With sinks (whose lse
+ * includes the sink term) also dsinks_h = -sum over b, i of exp(sink_h - lse_bhi) D_bhi, the
+ * gradient of each sink logit, summed in a fixed order (deterministic).
  *
  * Fields mean what they mean in tk_attention_params (same mask, scale, softcap, ALiBi, stride
  * and alignment rules, same errors); o and lse are the forward's outputs for q, k, v (lse as
@@ -781,11 +812,17 @@ typedef struct tk_attention_bwd_params {
     const float *alibi_slopes;/* NULL = no ALiBi */
     void *workspace;          /* tk_attention_bwd_workspace_size bytes, 16-byte aligned */
     size_t workspace_bytes;
+    const float *sinks;       /* the forward's sinks [heads_q], or NULL */
+    int64_t chunk_size;       /* the forward's chunk_size */
+    int64_t prefix_len;       /* the forward's prefix_len */
+    const int32_t *document_ids; /* the forward's document_ids [batch, seqlen_k], or NULL */
+    float *dsinks;            /* written with sinks: f32 [heads_q], 4-byte aligned; else unused */
 } tk_attention_bwd_params;
 #define TK_ATTENTION_BWD_PARAMS_INIT                                                              \
     {sizeof(tk_attention_bwd_params), TK_BF16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,   \
      NULL, 0, 0, 0, 0, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},              \
-     {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f, 0, -1, -1, 0.0f, NULL, NULL, 0}
+     {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f, 0, -1, -1, 0.0f, NULL, NULL, 0, \
+     NULL, 0, 0, NULL, NULL}
 
 /* Bytes of workspace tk_attention_bwd needs for *p (only the sizes are read; 0 for batch 0):
  * 4 * batch * heads_q * seqlen_q * (head_dim + 1) rounded up to 16 bytes, the row sums D and
@@ -797,7 +834,7 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
  * visible (i, j) pairs, as in the forward. dq is accumulated with f32 atomics, so its last bits
  * may differ from run to run; dk and dv are deterministic.
  * Errors (nothing is written): those of tk_attention_fwd for the shared fields; o, lse, dout,
- * dq, dk, dv or workspace NULL (TK_ERROR_NULL_POINTER); workspace_bytes too small, or a
+ * dq, dk, dv or workspace NULL, dsinks NULL with sinks (TK_ERROR_NULL_POINTER); workspace_bytes too small, or a
  * gradient whose strides make elements overlap (TK_ERROR_INVALID_VALUE); head_dim other than 64
  * or 128 (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED); a
  * gradient overlapping an input, the workspace or another gradient (TK_ERROR_OVERLAP).

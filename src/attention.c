@@ -119,6 +119,37 @@ static tk_status check_window(const char *fn, const char *name, int64_t value) {
                    (long long)value);
 }
 
+/* The specialised masks (tkern.h): ranges, and the combinations that have no meaning. */
+static tk_status check_masks(const char *fn, const tk_attention_params *p) {
+    if (p->chunk_size < 0 || p->prefix_len < 0)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->chunk_size = %lld, p->prefix_len = %lld; accepted: 0 (off) or a "
+                       "length >= 1",
+                       (long long)p->chunk_size, (long long)p->prefix_len);
+    if (p->chunk_size > MAX_SEQLEN || p->prefix_len > MAX_SEQLEN)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->chunk_size = %lld, p->prefix_len = %lld: lengths past 2^30 are not "
+                       "supported",
+                       (long long)p->chunk_size, (long long)p->prefix_len);
+    if (p->prefix_len > 0 && (p->causal != 1 || p->window_left >= 0))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->prefix_len = %lld needs p->causal = 1 and p->window_left = -1 (the "
+                       "prefix is bidirectional, the rest causal); got causal = %d, window_left "
+                       "= %lld",
+                       (long long)p->prefix_len, p->causal, (long long)p->window_left);
+    if (p->prefix_len > 0 && (p->chunk_size > 0 || p->document_ids))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->prefix_len = %lld cannot be combined with p->chunk_size or "
+                       "p->document_ids",
+                       (long long)p->prefix_len);
+    if (p->document_ids && p->seqlen_q > p->seqlen_k)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->document_ids needs p->seqlen_q <= p->seqlen_k (query i is key position "
+                       "i + seqlen_k - seqlen_q); got seqlen_q = %lld, seqlen_k = %lld",
+                       (long long)p->seqlen_q, (long long)p->seqlen_k);
+    return TK_SUCCESS;
+}
+
 /* Validates *p (no CUDA call) and resolves it into *call; *work = false for a no-op. */
 static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attention_call *call,
                          bool *work) {
@@ -159,6 +190,7 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
                        "p->window_right = %lld contradicts p->causal = 1 (causal means "
                        "window_right = 0); for a window reaching into the future set causal = 0",
                        (long long)p->window_right);
+    TK_TRY(check_masks(fn, p));
     if (!(p->softcap >= 0.0f) || isinf(p->softcap))
         return tk_fail(TK_ERROR_INVALID_VALUE, fn,
                        "p->softcap = %g; accepted: 0 (off) or a finite value > 0",
@@ -217,19 +249,22 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
     lse.bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * 4;
     tensor alibi = {"p->alibi_slopes", p->alibi_slopes, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
     alibi.bytes = (size_t)p->heads_q * 4;
+    tensor sinks = {"p->sinks", p->sinks, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    sinks.bytes = (size_t)p->heads_q * 4;
+    tensor docs = {"p->document_ids", p->document_ids, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    docs.bytes = (size_t)(p->batch * p->seqlen_k) * 4;
     TK_TRY(tk_check_aligned(fn, "p->lse", lse.ptr, 4));
     TK_TRY(tk_check_aligned(fn, "p->alibi_slopes", alibi.ptr, 4));
-    TK_TRY(check_no_overlap(fn, &o, &q));
-    TK_TRY(check_no_overlap(fn, &o, &k));
-    TK_TRY(check_no_overlap(fn, &o, &v));
-    TK_TRY(check_no_overlap(fn, &o, &alibi));
-    if (lse.ptr) {
-        TK_TRY(check_no_overlap(fn, &o, &lse));
-        TK_TRY(check_no_overlap(fn, &lse, &q));
-        TK_TRY(check_no_overlap(fn, &lse, &k));
-        TK_TRY(check_no_overlap(fn, &lse, &v));
-        TK_TRY(check_no_overlap(fn, &lse, &alibi));
+    TK_TRY(tk_check_aligned(fn, "p->sinks", sinks.ptr, 4));
+    TK_TRY(tk_check_aligned(fn, "p->document_ids", docs.ptr, 4));
+    const tensor *inputs[6] = {&q, &k, &v, &alibi, &sinks, &docs};
+    for (int a = 0; a < 6; a++) {
+        TK_TRY(check_no_overlap(fn, &o, inputs[a]));
+        if (lse.ptr)
+            TK_TRY(check_no_overlap(fn, &lse, inputs[a]));
     }
+    if (lse.ptr)
+        TK_TRY(check_no_overlap(fn, &o, &lse));
 
     memset(call, 0, sizeof *call);
     call->dtype = (int)p->dtype;
@@ -259,6 +294,12 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
     call->window_right = right >= p->seqlen_q - 1 ? -1 : (int)right;
     call->scale = p->softmax_scale > 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     call->softcap = p->softcap;
+    call->sinks = p->sinks;
+    /* One chunk over every key position (none before the first key) is no chunk. */
+    const bool one_chunk = p->seqlen_k <= p->chunk_size && p->seqlen_q <= p->seqlen_k;
+    call->chunk = one_chunk ? 0 : (int)p->chunk_size;
+    call->prefix = (int)p->prefix_len;
+    call->doc_ids = p->document_ids;
     return TK_SUCCESS;
 }
 
@@ -366,6 +407,10 @@ static tk_attention_params forward_params(const tk_attention_bwd_params *p) {
     f.alibi_slopes = p->alibi_slopes;
     f.return_lse = 1;
     f.lse = (float *)(uintptr_t)p->lse;
+    f.sinks = p->sinks;
+    f.chunk_size = p->chunk_size;
+    f.prefix_len = p->prefix_len;
+    f.document_ids = p->document_ids;
     return f;
 }
 
@@ -446,12 +491,21 @@ static tk_status prepare_bwd(const char *fn, const tk_attention_bwd_params *p,
     tensor alibi = {"p->alibi_slopes", p->alibi_slopes, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
     alibi.bytes = (size_t)p->heads_q * 4;
     tensor ws = {"p->workspace", p->workspace, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, needed};
+    tensor sinks = {"p->sinks", p->sinks, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    sinks.bytes = (size_t)p->heads_q * 4;
+    tensor docs = {"p->document_ids", p->document_ids, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    docs.bytes = (size_t)(p->batch * p->seqlen_k) * 4;
+    tensor dsinks = {"p->dsinks", p->sinks ? p->dsinks : NULL, {1, 1, 1, 1}, {0, 0, 0, 1}, 4, 0};
+    dsinks.bytes = sinks.bytes;
+    if (p->sinks)
+        TK_TRY(tk_check_not_null(fn, "p->dsinks", p->dsinks));
+    TK_TRY(tk_check_aligned(fn, "p->dsinks", dsinks.ptr, 4));
     /* Every written buffer against every other buffer. */
-    const tensor *written[4] = {&dq, &dk, &dv, &ws};
-    const tensor *all[10] = {&q, &k, &v, &o, &lse, &dout, &alibi, &dq, &dk, &dv};
-    for (int w = 0; w < 4; w++)
-        for (int a = 0; a < 10; a++)
-            if (written[w] != all[a])
+    const tensor *written[5] = {&dq, &dk, &dv, &ws, &dsinks};
+    const tensor *all[13] = {&q, &k, &v, &o, &lse, &dout, &alibi, &sinks, &docs, &dq, &dk, &dv, &ws};
+    for (int w = 0; w < 5; w++)
+        for (int a = 0; a < 13; a++)
+            if (written[w] != all[a] && written[w]->ptr)
                 TK_TRY(check_no_overlap(fn, written[w], all[a]));
     call->dout = p->dout;
     call->dq = p->dq;
@@ -464,6 +518,7 @@ static tk_status prepare_bwd(const char *fn, const tk_attention_bwd_params *p,
         call->dv_stride[d] = dv.strides[d];
     }
     call->workspace = p->workspace;
+    call->dsinks = dsinks.ptr ? p->dsinks : NULL;
     return TK_SUCCESS;
 }
 

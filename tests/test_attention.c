@@ -153,6 +153,47 @@ Test(attention_args, rejects_bad_arguments) {
     cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
 }
 
+/* The specialised masks: ranges, alignment, overlaps and the combinations without a meaning,
+ * each named; sinks, chunks and documents with every other option pass validation (where no
+ * device runs, up to the device check). */
+Test(attention_args, rejects_bad_mask_combinations) {
+    tk_attention_params ok = host_params(); /* sinks and document ids after the slopes */
+    ok.sinks = (const float *)(in_buf + 12416);
+    ok.document_ids = (const int32_t *)(in_buf + 12544);
+    REJECT(chunk_size = -1, TK_ERROR_INVALID_VALUE, "p->chunk_size = -1");
+    REJECT(prefix_len = -5, TK_ERROR_INVALID_VALUE, "p->prefix_len = -5");
+    REJECT(chunk_size = (INT64_C(1) << 30) + 1, TK_ERROR_NOT_SUPPORTED, "2^30");
+    REJECT(sinks = (const float *)(in_buf + 12416 + 2), TK_ERROR_MISALIGNED, "'p->sinks'");
+    REJECT(document_ids = (const int32_t *)(in_buf + 12544 + 1), TK_ERROR_MISALIGNED,
+           "'p->document_ids'");
+    REJECT(sinks = (const float *)out_buf, TK_ERROR_OVERLAP, "'p->o' overlaps 'p->sinks'");
+    REJECT(document_ids = (const int32_t *)(out_buf + 4096), TK_ERROR_OVERLAP,
+           "overlaps 'p->document_ids'");
+    tk_attention_params p = ok;
+    p.seqlen_q = 17; /* o [1, 17, 2, 64] ends at 4352: lse moved past it */
+    p.lse = (float *)(out_buf + 4608);
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->document_ids needs p->seqlen_q <= p->seqlen_k", true);
+    p = ok;
+    p.prefix_len = 4; /* not causal */
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->prefix_len = 4 needs p->causal = 1", false);
+    p.causal = 1, p.window_left = 3;
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->prefix_len = 4 needs p->causal = 1", false);
+    p.window_left = -1, p.chunk_size = 8;
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->prefix_len = 4 cannot be combined", false);
+    p.chunk_size = 0; /* with document_ids */
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->prefix_len = 4 cannot be combined", false);
+    if (tk_test_have_device())
+        return;
+    /* Every supported combination reaches the device check. */
+    tk_attention_params all = ok;
+    all.causal = 1, all.window_left = 5, all.chunk_size = 8, all.softcap = 30.0f;
+    reset_buffers();
+    TK_EXPECT_STATUS(tk_attention_fwd(&all, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
+    all.document_ids = NULL, all.window_left = -1, all.chunk_size = 0, all.prefix_len = 6;
+    TK_EXPECT_STATUS(tk_attention_fwd(&all, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
+    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+}
+
 Test(attention_args, empty_batch_is_a_noop) {
     tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
     p.seqlen_q = p.seqlen_k = 5;
@@ -212,18 +253,22 @@ typedef struct attn_case {
     float softcap;
     bool alibi, lse;
     double qk_range;    /* q and k uniform in [-qk_range, qk_range); v in [-1, 1) */
+    bool sinks;         /* sink logits uniform in [-2, 4) */
+    int64_t chunk, prefix;
+    int64_t doc_len;    /* > 0: document ids (ref_attention_doc_ids) */
 } attn_case;
 
 static void case_name(const attn_case *c, const char *variant, char *out, size_t size) {
     snprintf(out, size,
              "%s B%lld Sq%lld Sk%lld H%lld/%lld D%lld %s causal %d window (%lld, %lld)%s "
-             "softcap %g%s%s variant %s",
+             "softcap %g%s%s%s chunk %lld prefix %lld docs %lld variant %s",
              tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->seqlen_q,
              (long long)c->seqlen_k, (long long)c->heads_q, (long long)c->heads_kv,
              (long long)c->head_dim, c->bhsd ? "BHSD" : "BSHD", c->causal,
              (long long)c->window_left, (long long)c->window_right, c->sliding ? " sliding" : "",
              (double)c->softcap, c->alibi ? " alibi" : "", c->lse ? " lse" : "",
-             variant ? variant : "(auto)");
+             c->sinks ? " sinks" : "", (long long)c->chunk, (long long)c->prefix,
+             (long long)c->doc_len, variant ? variant : "(auto)");
 }
 
 /* Strides of a [batch, seq, heads, head_dim] tensor in the case's layout, and its element
@@ -264,7 +309,7 @@ static bool sm90_claims(const attn_case *c) {
  * (caller frees) so that cases can be compared bit for bit. A forced variant that does not
  * claim the case must say so through tk_attention_supported (NULL is returned). */
 static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed) {
-    char what[320];
+    char what[400];
     case_name(c, variant, what, sizeof what);
     tk_rng rng = tk_rng_seeded(seed);
     tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
@@ -280,6 +325,8 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     p.window_right = c->window_right;
     p.softcap = c->softcap;
     p.return_lse = c->lse;
+    p.chunk_size = c->chunk;
+    p.prefix_len = c->prefix;
 
     tk_attention_params ref = p; /* explicit strides, and the mask the call means */
     const int64_t nq = layout_strides(c, c->seqlen_q, c->heads_q, ref.q_strides);
@@ -309,6 +356,21 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     tk_fill_uniform(&rng, c->dtype, hv, nk, -1.0, 1.0);
     for (int64_t h = 0; h < c->heads_q; h++) /* the ALiBi paper's geometric slopes */
         hslopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)c->heads_q);
+    float *hsinks = malloc((size_t)c->heads_q * sizeof(float));
+    cr_assert(hsinks);
+    for (int64_t h = 0; h < c->heads_q; h++)
+        hsinks[h] = (float)tk_rng_uniform(&rng, -2.0, 4.0);
+    int32_t *hids = c->doc_len > 0 ? ref_attention_doc_ids(c->batch, c->seqlen_k, c->doc_len) : NULL;
+    const size_t ids_bytes = (size_t)(c->batch * c->seqlen_k) * sizeof(int32_t);
+    void *dsinks = tk_dev_alloc((size_t)c->heads_q * sizeof(float));
+    void *dids = tk_dev_alloc(ids_bytes);
+    tk_to_dev(dsinks, hsinks, (size_t)c->heads_q * sizeof(float));
+    if (hids)
+        tk_to_dev(dids, hids, ids_bytes);
+    p.sinks = c->sinks ? dsinks : NULL;
+    p.document_ids = hids ? dids : NULL;
+    ref.sinks = c->sinks ? hsinks : NULL;
+    ref.document_ids = hids;
 
     void *dq = tk_dev_alloc((size_t)nq * es), *dk = tk_dev_alloc((size_t)nk * es);
     void *dv = tk_dev_alloc((size_t)nk * es), *do_ = tk_dev_alloc((size_t)nq * es);
@@ -341,9 +403,9 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     if (!claimed) {
         cr_assert_null(named, "%s: tk_attention_supported named a variant", what);
         cr_assert_eq(tk_experimental_force_variant("attention", NULL), TK_SUCCESS);
-        free(hq); free(hk); free(hv); free(ho); free(hlse); free(hslopes);
+        free(hq); free(hk); free(hv); free(ho); free(hlse); free(hslopes); free(hsinks); free(hids);
         tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(do_); tk_dev_free(dlse);
-        tk_dev_free(dslopes);
+        tk_dev_free(dslopes); tk_dev_free(dsinks); tk_dev_free(dids);
         return NULL;
     }
     const char *expected = variant ? variant : sm90 ? "wgmma_sm90" : packed ? "mma_sm80_packed" : "mma_sm80";
@@ -412,9 +474,9 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
                   (long long)x);
 
     free(q64); free(k64); free(v64); free(exact); free(naive); free(written);
-    free(hq); free(hk); free(hv); free(hlse); free(hslopes);
+    free(hq); free(hk); free(hv); free(hlse); free(hslopes); free(hsinks); free(hids);
     tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(do_); tk_dev_free(dlse);
-    tk_dev_free(dslopes);
+    tk_dev_free(dslopes); tk_dev_free(dsinks); tk_dev_free(dids);
     return ho;
 }
 
@@ -429,7 +491,7 @@ static void run_case_all_variants(const attn_case *c, uint64_t seed) {
     int64_t st[4];
     const size_t bytes = (size_t)layout_strides(c, c->seqlen_q, c->heads_q, st) *
                          tk_test_dtype_size(c->dtype);
-    char what[320];
+    char what[400];
     case_name(c, NULL, what, sizeof what);
     for (int v = PORTABLE + 1; v < VARIANT_COUNT; v++)
         if (o[PORTABLE] && o[v])
@@ -461,7 +523,7 @@ Test(attention_gpu, lengths_and_masks, .timeout = 600) {
             const int64_t batch = masks[m].sq * masks[m].sk > 100000 ? 1 : 2;
             attn_case c = {DTYPES[d], batch, masks[m].sq, masks[m].sk, 2, 1, 128, false,
                            masks[m].causal, masks[m].wl, masks[m].wr, masks[m].sliding, 0.0f,
-                           false, true, 2.0};
+                           false, true, 2.0, false, 0, 0, 0};
             run_case_all_variants(&c, seed++);
         }
 }
@@ -488,7 +550,7 @@ Test(attention_gpu, narrow_windows_packed_heads, .timeout = 600) {
             attn_case c = {DTYPES[(m + hd) % 2], 1 + (int64_t)(m % 2), masks[m].sq, masks[m].sk,
                            heads[g][0], heads[g][1], head_dims[hd], (m + hd) % 2 == 1,
                            masks[m].causal, masks[m].wl, masks[m].wr, masks[m].sliding,
-                           extras ? 20.0f : 0.0f, extras, true, extras ? 4.0 : 2.0};
+                           extras ? 20.0f : 0.0f, extras, true, extras ? 4.0 : 2.0, false, 0, 0, 0};
             cr_assert_eq(packed_claims(&c), (heads[g][0] / heads[g][1]) % 2 == 0);
             run_case_all_variants(&c, seed);
             if (m % 2 == 0)
@@ -497,12 +559,69 @@ Test(attention_gpu, narrow_windows_packed_heads, .timeout = 600) {
         }
 }
 
+/* Chunked local, prefix-LM, documents and sinks against the reference, alone and with windows,
+ * GQA (packed heads where the window is bounded on both sides), softcap and ALiBi, at lengths
+ * that cut tiles, chunks and documents anywhere, seqlen_q != seqlen_k both ways, every variant
+ * forced. */
+Test(attention_gpu, specialised_masks, .timeout = 900) {
+    TK_REQUIRE_GPU();
+    /* {sq, sk, causal, wl, wr, chunk, prefix, doc_len, sinks, hq, hkv, softcap, alibi} */
+    const struct {
+        int64_t sq, sk; int causal; int64_t wl, wr, chunk, prefix, docs; bool sinks;
+        int64_t hq, hkv; float softcap; bool alibi;
+    } masks[] = {
+        {300, 300, 1, -1, -1, 64, 0, 0, false, 2, 1, 0.0f, false},   /* chunked causal */
+        {300, 300, 0, -1, -1, 100, 0, 0, false, 4, 2, 0.0f, false},  /* bidirectional chunks */
+        {200, 333, 1, -1, -1, 37, 0, 0, false, 2, 2, 0.0f, true},    /* shifted */
+        {333, 200, 1, -1, -1, 128, 0, 0, false, 2, 1, 0.0f, false},  /* positions < 0 */
+        {300, 300, 1, 20, -1, 50, 0, 0, false, 8, 2, 0.0f, false},   /* chunk in a window: packed */
+        {1000, 1000, 1, -1, -1, 256, 0, 0, true, 2, 1, 20.0f, false},
+        {300, 300, 1, -1, -1, 0, 50, 0, false, 2, 1, 0.0f, false},   /* prefix-LM */
+        {200, 200, 1, -1, -1, 0, 500, 0, false, 4, 2, 0.0f, true},   /* prefix past the keys */
+        {150, 260, 1, -1, -1, 0, 170, 0, true, 2, 2, 0.0f, false},
+        {300, 300, 1, -1, -1, 0, 0, 40, false, 2, 1, 0.0f, false},   /* documents, causal */
+        {257, 257, 0, -1, -1, 0, 0, 64, false, 4, 2, 0.0f, false},   /* bidirectional */
+        {300, 300, 1, -1, -1, 50, 0, 64, false, 2, 1, 0.0f, false},  /* with chunks */
+        {250, 250, 0, 20, 9, 0, 0, 30, true, 8, 2, 5.0f, true},      /* window, packed */
+        {100, 300, 1, -1, -1, 0, 0, 90, false, 2, 1, 0.0f, false},   /* shifted */
+        {1000, 1000, 1, -1, -1, 0, 0, 333, true, 2, 2, 0.0f, false},
+        {300, 300, 1, -1, -1, 0, 0, 0, true, 2, 1, 0.0f, false},     /* sinks */
+        {1000, 17, 0, -1, -1, 0, 0, 0, true, 2, 1, 0.0f, false},
+        {333, 200, 1, -1, -1, 0, 0, 0, true, 4, 2, 0.0f, false},     /* rows see only the sink */
+        {300, 300, 1, 37, -1, 0, 0, 0, true, 8, 2, 30.0f, true},     /* GPT-OSS's window layers */
+    };
+    static const int64_t head_dims[] = {64, 128, 80, 256};
+    uint64_t seed = 700;
+    for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++)
+        for (size_t hd = 0; hd < 2; hd++) {
+            const int64_t d = head_dims[(m + hd) % 2 + (m % 5 == 4 ? 2 : 0)];
+            attn_case c = {DTYPES[(m + hd) % 2], masks[m].sq * masks[m].sk > 200000 ? 1 : 2,
+                           masks[m].sq, masks[m].sk, masks[m].hq, masks[m].hkv, d, (m + hd) % 3 == 1,
+                           masks[m].causal, masks[m].wl, masks[m].wr, false, masks[m].softcap,
+                           masks[m].alibi, true, masks[m].softcap > 0.0f ? 4.0 : 2.0,
+                           masks[m].sinks, masks[m].chunk, masks[m].prefix, masks[m].docs};
+            run_case_all_variants(&c, seed++);
+        }
+}
+
+/* A chunk that holds every key is no chunk: same code, same bits as plain causal. */
+Test(attention_gpu, one_chunk_is_causal, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    attn_case causal = {TK_BF16, 2, 300, 300, 4, 2, 128, false, 1, -1, -1, false, 0.0f,
+                        false, true, 2.0, false, 0, 0, 0};
+    attn_case chunked = causal;
+    chunked.chunk = 300;
+    uint16_t *a = run_case(&causal, NULL, 9), *b = run_case(&chunked, NULL, 9);
+    cr_assert(memcmp(a, b, (size_t)(2 * 300 * 4 * 128) * 2) == 0, "chunk 300 differs from causal");
+    free(a); free(b);
+}
+
 /* A window that covers every key is the plain causal mask: same code, same bits. */
 Test(attention_gpu, window_past_the_sequence_is_causal, .timeout = 300) {
     TK_REQUIRE_GPU();
     for (size_t d = 0; d < 2; d++) {
         attn_case causal = {DTYPES[d], 2, 300, 300, 4, 2, 64, false, 1, -1, -1, false, 0.0f,
-                            false, true, 2.0};
+                            false, true, 2.0, false, 0, 0, 0};
         attn_case wide = causal;
         wide.window_left = 5000;
         attn_case wide_sliding = wide;
@@ -531,7 +650,7 @@ Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
                 for (size_t g = 0; g < 4; g++) {
                     attn_case c = {DTYPES[d], 2, 77, 130, heads[g][0], heads[g][1],
                                    head_dims[hd], bhsd, (int)(g % 2), -1, -1, false, 0.0f,
-                                   false, g != 2, 2.0};
+                                   false, g != 2, 2.0, false, 0, 0, 0};
                     run_case_all_variants(&c, seed++);
                 }
 }
@@ -545,18 +664,18 @@ Test(attention_gpu, softcap_alibi_lse, .timeout = 600) {
             const int64_t hd = head_dims[i];
             /* Gemma 2's cap of 50 on large logits, causal */
             attn_case softcap = {DTYPES[d], 2, 150, 150, 4, 2, hd, false, 1, -1, -1, false, 50.0f,
-                                 false, true, 6.0};
+                                 false, true, 6.0, false, 0, 0, 0};
             run_case_all_variants(&softcap, seed++);
             /* a small cap that bends every logit, non-causal, BHSD */
             attn_case small_cap = {DTYPES[d], 1, 90, 200, 2, 2, hd, true, 0, -1, -1, false, 3.0f,
-                                   false, true, 3.0};
+                                   false, true, 3.0, false, 0, 0, 0};
             run_case_all_variants(&small_cap, seed++);
             /* ALiBi, dense and with a window, with and without softcap */
             attn_case alibi = {DTYPES[d], 2, 200, 230, 8, 2, hd, false, 0, -1, -1, false, 0.0f,
-                               true, true, 2.0};
+                               true, true, 2.0, false, 0, 0, 0};
             run_case_all_variants(&alibi, seed++);
             attn_case alibi_window = {DTYPES[d], 1, 300, 300, 8, 8, hd, true, 1, 40, -1, false,
-                                      30.0f, true, true, 4.0};
+                                      30.0f, true, true, 4.0, false, 0, 0, 0};
             run_case_all_variants(&alibi_window, seed++);
         }
 }

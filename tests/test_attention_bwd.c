@@ -113,6 +113,27 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(dk = (void *)(in_buf + 16384), TK_ERROR_OVERLAP, "'p->dk' overlaps 'p->lse'");
 }
 
+/* The specialised masks by the forward's rules and messages; dsinks required with sinks,
+ * aligned, and clear of every other buffer. */
+Test(attention_bwd_args, rejects_bad_masks_and_dsinks) {
+    tk_attention_bwd_params ok = host_params();
+    ok.sinks = (const float *)(in_buf + 16640);
+    ok.document_ids = (const int32_t *)(in_buf + 16768);
+    ok.dsinks = (float *)(out_buf + 28672);
+    REJECT(chunk_size = -1, TK_ERROR_INVALID_VALUE, "p->chunk_size = -1");
+    REJECT(prefix_len = 3, TK_ERROR_INVALID_VALUE, "p->prefix_len = 3 needs p->causal = 1");
+    REJECT(dsinks = NULL, TK_ERROR_NULL_POINTER, "'p->dsinks'");
+    REJECT(dsinks = (float *)(out_buf + 28672 + 2), TK_ERROR_MISALIGNED, "'p->dsinks'");
+    REJECT(dsinks = (float *)(in_buf + 16640), TK_ERROR_OVERLAP, "'p->dsinks' overlaps 'p->sinks'");
+    REJECT(dsinks = (float *)out_buf, TK_ERROR_OVERLAP, "'p->dsinks' overlaps 'p->dq'");
+    REJECT(sinks = (const float *)(in_buf + 16640 + 1), TK_ERROR_MISALIGNED, "'p->sinks'");
+    REJECT(dq = (void *)(in_buf + 16768), TK_ERROR_OVERLAP, "overlaps 'p->document_ids'");
+    tk_attention_bwd_params p = ok;
+    p.sinks = NULL, p.dsinks = NULL; /* dsinks is not read without sinks */
+    p.seqlen_q = 17;
+    expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->document_ids needs p->seqlen_q <= p->seqlen_k");
+}
+
 Test(attention_bwd_args, workspace_size) {
     tk_attention_bwd_params p = host_params();
     p.q = p.k = p.v = p.o = p.dout = NULL; /* only the sizes are read */
@@ -184,12 +205,9 @@ static double fd_loss(const tk_attention_params *p, const double *q, const doubl
     return total;
 }
 
-/* Every input element's gradient against (L(x + eps) - L(x - eps)) / 2 eps; rows that see no key
- * must get dq exactly 0. */
-static void check_against_finite_differences(const tk_attention_params *p, const float *slopes) {
-    const int nq = (int)(p->seqlen_q * FD_HQ * FD_D);
-    double q[FD_NQ], dout[FD_NQ], k[FD_NK], v[FD_NK], dq[FD_NQ], dk[FD_NK], dv[FD_NK];
-    tk_rng rng = tk_rng_seeded(12345);
+/* The inputs of a finite-difference check: q, dout, k, v uniform in [-1, 1). */
+static void fd_inputs(uint64_t seed, double *q, double *dout, double *k, double *v) {
+    tk_rng rng = tk_rng_seeded(seed);
     for (int n = 0; n < FD_NQ; n++) {
         q[n] = tk_rng_uniform(&rng, -1.0, 1.0);
         dout[n] = tk_rng_uniform(&rng, -1.0, 1.0);
@@ -198,6 +216,14 @@ static void check_against_finite_differences(const tk_attention_params *p, const
         k[n] = tk_rng_uniform(&rng, -1.0, 1.0);
         v[n] = tk_rng_uniform(&rng, -1.0, 1.0);
     }
+}
+
+/* Every input element's gradient against (L(x + eps) - L(x - eps)) / 2 eps; rows that see no key
+ * must get dq exactly 0. */
+static void check_against_finite_differences(const tk_attention_params *p, const float *slopes) {
+    const int nq = (int)(p->seqlen_q * FD_HQ * FD_D);
+    double q[FD_NQ], dout[FD_NQ], k[FD_NK], v[FD_NK], dq[FD_NQ], dk[FD_NK], dv[FD_NK];
+    fd_inputs(12345, q, dout, k, v);
     ref_attention_bwd(p, q, k, v, dout, slopes, false, dq, dk, dv);
     const struct { double *x, *grad; int n; const char *name; } inputs[3] = {
         {q, dq, nq, "dq"}, {k, dk, FD_NK, "dk"}, {v, dv, FD_NK, "dv"}};
@@ -222,7 +248,7 @@ static void check_against_finite_differences(const tk_attention_params *p, const
     for (int64_t i = 0; i < p->seqlen_q; i++) {
         bool seen = false;
         for (int64_t j = 0; j < FD_SK; j++)
-            seen = seen || ref_attention_visible(p, i, j);
+            seen = seen || ref_attention_visible(p, 0, i, j);
         for (int n = 0; n < FD_HQ * FD_D && !seen; n++)
             cr_assert(dq[i * FD_HQ * FD_D + n] == 0.0, "row %lld sees no key: dq = %g",
                       (long long)i, dq[i * FD_HQ * FD_D + n]);
@@ -241,6 +267,49 @@ Test(attention_bwd_ref, window_softcap_alibi_match_finite_differences) {
     check_against_finite_differences(&p, slopes);
 }
 
+/* Chunks, a prefix and documents (host ids over the 5 keys) in the reference's gradients, and
+ * the sinks' gradient -sum_i exp(sink - lse_i) (dout_i . o_i) against finite differences of
+ * the loss in each sink logit. */
+Test(attention_bwd_ref, chunk_prefix_documents_sinks_match_finite_differences) {
+    tk_attention_params p = fd_params(4);
+    p.causal = 1;
+    p.chunk_size = 2;
+    check_against_finite_differences(&p, NULL);
+    p.causal = 0, p.window_right = 1; /* bidirectional chunks with a window */
+    check_against_finite_differences(&p, NULL);
+    p = fd_params(5);
+    p.causal = 1, p.prefix_len = 3;
+    check_against_finite_differences(&p, NULL);
+    const int32_t ids[FD_SK] = {0, 0, 1, 1, 1};
+    p = fd_params(4);
+    p.document_ids = ids;
+    check_against_finite_differences(&p, NULL);
+    p.causal = 1;
+    check_against_finite_differences(&p, NULL);
+
+    float sinks[FD_HQ] = {0.5f, -1.0f};
+    p = fd_params(FD_SQ_MAX); /* causal: the first two rows see only the sink */
+    p.causal = 1;
+    p.sinks = sinks;
+    check_against_finite_differences(&p, NULL);
+    double q[FD_NQ], dout[FD_NQ], k[FD_NK], v[FD_NK], dsinks[FD_HQ];
+    fd_inputs(777, q, dout, k, v);
+    ref_attention_dsinks(&p, q, k, v, dout, NULL, dsinks);
+    const float eps = 1.0f / 1024.0f; /* exact in f32 around these sinks */
+    for (int h = 0; h < FD_HQ; h++) {
+        const float x = sinks[h];
+        sinks[h] = x + eps;
+        const double up = fd_loss(&p, q, k, v, dout, NULL);
+        sinks[h] = x - eps;
+        const double down = fd_loss(&p, q, k, v, dout, NULL);
+        sinks[h] = x;
+        const double fd = (up - down) / (2.0 * (double)eps);
+        /* The O(eps^2) error of central differences is ~1e-7 here. */
+        cr_assert(fabs(fd - dsinks[h]) <= 1e-5 + 1e-4 * fabs(fd), "dsinks[%d]: reference %.12g, finite difference %.12g",
+                  h, dsinks[h], fd);
+    }
+}
+
 Test(attention_bwd_ref, causal_bottom_right_matches_finite_differences) {
     tk_attention_params p = fd_params(3);
     p.causal = 1;
@@ -254,7 +323,7 @@ Test(attention_bwd_ref, causal_bottom_right_matches_finite_differences) {
 Test(attention_bwd_ref, rows_that_see_no_key_match_finite_differences) {
     tk_attention_params p = fd_params(FD_SQ_MAX);
     p.causal = 1;
-    cr_assert(!ref_attention_visible(&p, 1, 0) && ref_attention_visible(&p, 2, 0));
+    cr_assert(!ref_attention_visible(&p, 0, 1, 0) && ref_attention_visible(&p, 0, 2, 0));
     check_against_finite_differences(&p, NULL);
     p.softcap = 1.5f;
     const float slopes[FD_HQ] = {0.25f, 0.0625f};
@@ -271,15 +340,20 @@ typedef struct bwd_case {
     int64_t window_left, window_right;
     float softcap;
     bool alibi;
+    bool sinks; /* sink logits uniform in [-2, 4): dsinks checked too */
+    int64_t chunk, prefix;
+    int64_t doc_len; /* > 0: document ids (ref_attention_doc_ids) */
 } bwd_case;
 
 static void case_name(const bwd_case *c, char *out, size_t size) {
-    snprintf(out, size, "%s B%lld Sq%lld Sk%lld H%lld/%lld D%lld %s causal %d window (%lld, %lld) softcap %g%s",
+    snprintf(out, size, "%s B%lld Sq%lld Sk%lld H%lld/%lld D%lld %s causal %d window (%lld, %lld) softcap %g%s%s "
+             "chunk %lld prefix %lld docs %lld",
              tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->seqlen_q,
              (long long)c->seqlen_k, (long long)c->heads_q, (long long)c->heads_kv,
              (long long)c->head_dim, c->bhsd ? "BHSD" : "BSHD", c->causal,
              (long long)c->window_left, (long long)c->window_right, (double)c->softcap,
-             c->alibi ? " alibi" : "");
+             c->alibi ? " alibi" : "", c->sinks ? " sinks" : "", (long long)c->chunk,
+             (long long)c->prefix, (long long)c->doc_len);
 }
 
 /* Strides of a [batch, seq, heads, head_dim] tensor in the case's layout, and its element
@@ -302,7 +376,7 @@ static void check_gradient(const bwd_case *c, const tk_attention_params *ref, co
         for (int64_t s = 0; s < seq; s++) {
             bool seen = false;
             for (int64_t x = 0; x < (keys ? c->seqlen_q : c->seqlen_k) && !seen; x++)
-                seen = keys ? ref_attention_visible(ref, x, s) : ref_attention_visible(ref, s, x);
+                seen = keys ? ref_attention_visible(ref, b, x, s) : ref_attention_visible(ref, b, s, x);
             for (int64_t h = 0; h < heads; h++)
                 for (int64_t e = 0; e < d; e++) {
                     const double g = tk_test_load(c->dtype, got, b * st[0] + s * st[1] + h * st[2] + e);
@@ -324,6 +398,56 @@ static void check_gradient(const bwd_case *c, const tk_attention_params *ref, co
               what, name, err, err_naive, atol);
 }
 
+/* dsinks: the kernel sums -exp(sink - lse_i) D_i over the forward's stored o and lse in f32, so
+ * it is held to that sum recomputed in fp64 from the same stored values (within the f32
+ * rounding of a sum of that many terms), and that sum to the fp64 reference's dsinks within
+ * the forward's error on o (the accuracy rule's bound, 2 x the representation term per
+ * element, weighted by |dout|), plus 0.1 % of the terms' magnitude. */
+static void check_dsinks(const bwd_case *c, const tk_attention_params *ref, const double *q, const double *k,
+                         const double *v, const double *dout, const float *slopes, const void *o_dev,
+                         const void *lse_dev, const void *dsinks_dev) {
+    char what[320];
+    case_name(c, what, sizeof what);
+    const int64_t hq = c->heads_q, d = c->head_dim, rows = c->batch * hq * c->seqlen_q;
+    const size_t es = tk_test_dtype_size(c->dtype);
+    int64_t st[4];
+    const int64_t n = layout_strides(c, c->seqlen_q, hq, st);
+    void *o = malloc((size_t)n * es);
+    float *lse = malloc((size_t)rows * sizeof(float)), got[64];
+    double exact[64];
+    cr_assert(o && lse && hq <= 64);
+    tk_to_host(o, o_dev, (size_t)n * es);
+    tk_to_host(lse, lse_dev, (size_t)rows * sizeof(float));
+    tk_to_host(got, dsinks_dev, (size_t)hq * sizeof(float));
+    ref_attention_dsinks(ref, q, k, v, dout, slopes, exact);
+    for (int64_t h = 0; h < hq; h++) {
+        double stored = 0.0, magnitude = 0.0, rounding = 0.0;
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t i = 0; i < c->seqlen_q; i++) {
+                const int64_t row = b * st[0] + i * st[1] + h * st[2];
+                const double ps = exp((double)ref->sinks[h] - lse[(b * hq + h) * c->seqlen_q + i]);
+                double dsum = 0.0, dmag = 0.0;
+                for (int64_t e = 0; e < d; e++) {
+                    const double oe = tk_test_load(c->dtype, o, row + e);
+                    const double g = dout[row + e];
+                    dsum += g * oe;
+                    dmag += fabs(g) * 2.0 * ref_attention_representation_term(c->dtype, oe);
+                }
+                stored -= ps * dsum;
+                magnitude += ps * fabs(dsum);
+                rounding += ps * dmag;
+            }
+        cr_assert(isfinite(got[h]) && fabs(got[h] - stored) <= 1e-5 * (magnitude + 1.0),
+                  "%s: dsinks[%lld] = %.8g, the stored o and lse give %.8g", what, (long long)h,
+                  (double)got[h], stored);
+        cr_assert(fabs(stored - exact[h]) <= rounding + 1e-3 * (magnitude + 1.0),
+                  "%s: dsinks[%lld] of the stored o %.8g, fp64 reference %.8g (bound %.3g)", what,
+                  (long long)h, stored, exact[h], rounding);
+    }
+    free(o);
+    free(lse);
+}
+
 static void run_case(const bwd_case *c, uint64_t seed) {
     char what[320];
     case_name(c, what, sizeof what);
@@ -341,6 +465,8 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     f.window_right = c->window_right;
     f.softcap = c->softcap;
     f.return_lse = 1;
+    f.chunk_size = c->chunk;
+    f.prefix_len = c->prefix;
     tk_attention_params ref = f;
     const int64_t nq = layout_strides(c, c->seqlen_q, c->heads_q, ref.q_strides);
     const int64_t nk = layout_strides(c, c->seqlen_k, c->heads_kv, ref.k_strides);
@@ -365,6 +491,24 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     tk_fill_uniform(&rng, c->dtype, hdo, nq, -1.0, 1.0);
     for (int64_t h = 0; h < c->heads_q; h++)
         hslopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)c->heads_q);
+    float *hsinks = malloc((size_t)c->heads_q * sizeof(float));
+    float *hdsinks = malloc((size_t)c->heads_q * sizeof(float));
+    cr_assert(hsinks && hdsinks);
+    for (int64_t h = 0; h < c->heads_q; h++)
+        hsinks[h] = (float)tk_rng_uniform(&rng, -2.0, 4.0);
+    int32_t *hids = c->doc_len > 0 ? ref_attention_doc_ids(c->batch, c->seqlen_k, c->doc_len) : NULL;
+    const size_t ids_bytes = (size_t)(c->batch * c->seqlen_k) * sizeof(int32_t);
+    void *sinks = tk_dev_alloc((size_t)c->heads_q * sizeof(float));
+    void *dsinks = tk_dev_alloc((size_t)c->heads_q * sizeof(float));
+    void *ids = tk_dev_alloc(ids_bytes);
+    tk_to_dev(sinks, hsinks, (size_t)c->heads_q * sizeof(float));
+    tk_dev_poison(dsinks, (size_t)c->heads_q * sizeof(float));
+    if (hids)
+        tk_to_dev(ids, hids, ids_bytes);
+    f.sinks = c->sinks ? sinks : NULL;
+    f.document_ids = hids ? ids : NULL;
+    ref.sinks = c->sinks ? hsinks : NULL;
+    ref.document_ids = hids;
 
     void *dq = tk_dev_alloc((size_t)nq * es), *dk = tk_dev_alloc((size_t)nk * es);
     void *dv = tk_dev_alloc((size_t)nk * es), *dout = tk_dev_alloc((size_t)nq * es);
@@ -402,6 +546,8 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     p.causal = c->causal, p.window_left = c->window_left, p.window_right = c->window_right;
     p.softcap = c->softcap;
     p.alibi_slopes = f.alibi_slopes;
+    p.sinks = f.sinks, p.dsinks = dsinks;
+    p.chunk_size = c->chunk, p.prefix_len = c->prefix, p.document_ids = f.document_ids;
     size_t ws_bytes = 0;
     cr_assert_eq(tk_attention_bwd_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s", tk_last_error());
     void *ws = tk_dev_alloc(ws_bytes);
@@ -431,28 +577,31 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     layout_strides(c, c->seqlen_k, c->heads_kv, st);
     check_gradient(c, &ref, "dk", hdk, st, ek, nk64, c->seqlen_k, c->heads_kv, true);
     check_gradient(c, &ref, "dv", hdv, st, ev, nv64, c->seqlen_k, c->heads_kv, true);
+    if (c->sinks)
+        check_dsinks(c, &ref, q64, k64, v64, do64, host_slopes, o, lse, dsinks);
 
     free(q64); free(k64); free(v64); free(do64);
     free(eq); free(nq64); free(ek); free(nk64); free(ev); free(nv64);
     free(hq); free(hk); free(hv); free(hdo); free(hdq); free(hdk); free(hdv); free(hslopes);
+    free(hsinks); free(hdsinks); free(hids);
     tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dout); tk_dev_free(o);
     tk_dev_free(lse); tk_dev_free(gq); tk_dev_free(gk); tk_dev_free(gv); tk_dev_free(slopes);
-    tk_dev_free(ws);
+    tk_dev_free(ws); tk_dev_free(sinks); tk_dev_free(dsinks); tk_dev_free(ids);
 }
 
 Test(attention_bwd_gpu, masks_and_lengths, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
         /* dense, both lengths ragged against the 64-key and query tiles */
-        {TK_BF16, 2, 130, 130, 4, 4, 64, false, 0, -1, -1, 0.0f, false},
+        {TK_BF16, 2, 130, 130, 4, 4, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
         /* causal, seqlen_q < seqlen_k */
-        {TK_BF16, 1, 100, 150, 2, 2, 128, false, 1, -1, -1, 0.0f, false},
+        {TK_BF16, 1, 100, 150, 2, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         /* causal, seqlen_q > seqlen_k: the first 60 rows see no key */
-        {TK_F16, 1, 150, 90, 2, 1, 64, false, 1, -1, -1, 0.0f, false},
+        {TK_F16, 1, 150, 90, 2, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         /* a window on both sides */
-        {TK_BF16, 1, 200, 200, 2, 2, 64, false, 0, 32, 16, 0.0f, false},
+        {TK_BF16, 1, 200, 200, 2, 2, 64, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
         /* causal sliding window, seqlen_q < seqlen_k: keys before 150 - 10 are never seen */
-        {TK_BF16, 1, 40, 200, 2, 2, 128, false, 1, 10, -1, 0.0f, false},
+        {TK_BF16, 1, 40, 200, 2, 2, 128, false, 1, 10, -1, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], 100 + i);
@@ -462,18 +611,40 @@ Test(attention_bwd_gpu, gqa_softcap_alibi_layouts, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
         /* GQA, group 4: dk, dv summed over 4 query heads */
-        {TK_BF16, 1, 96, 96, 8, 2, 128, false, 1, -1, -1, 0.0f, false},
+        {TK_BF16, 1, 96, 96, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         /* MQA */
-        {TK_F16, 2, 70, 70, 3, 1, 64, false, 0, -1, -1, 0.0f, false},
+        {TK_F16, 2, 70, 70, 3, 1, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
         /* softcap */
-        {TK_F16, 1, 80, 80, 2, 2, 128, false, 0, -1, -1, 30.0f, false},
-        {TK_BF16, 1, 80, 120, 2, 1, 64, false, 1, -1, -1, 5.0f, false},
+        {TK_F16, 1, 80, 80, 2, 2, 128, false, 0, -1, -1, 30.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 80, 120, 2, 1, 64, false, 1, -1, -1, 5.0f, false, false, 0, 0, 0},
         /* ALiBi */
-        {TK_BF16, 1, 120, 120, 4, 2, 64, false, 1, -1, -1, 0.0f, true},
+        {TK_BF16, 1, 120, 120, 4, 2, 64, false, 1, -1, -1, 0.0f, true, false, 0, 0, 0},
         /* [B, H, S, D] strided, f16 and bf16 */
-        {TK_BF16, 2, 70, 130, 2, 2, 128, true, 0, -1, -1, 0.0f, false},
-        {TK_F16, 1, 65, 65, 2, 1, 128, true, 1, 20, -1, 0.0f, true},
+        {TK_BF16, 2, 70, 130, 2, 2, 128, true, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 1, 65, 65, 2, 1, 128, true, 1, 20, -1, 0.0f, true, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], 200 + i);
 }
+
+/* Chunked local, prefix-LM, documents and sinks (with dsinks), with windows, GQA, softcap and
+ * ALiBi, lengths that cut the 64-key and query tiles, chunks and documents anywhere. */
+Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const bwd_case cases[] = {
+        {TK_BF16, 1, 200, 200, 4, 2, 128, false, 1, -1, -1, 0.0f, false, false, 48, 0, 0},
+        {TK_F16, 2, 130, 190, 2, 2, 64, true, 0, -1, -1, 0.0f, true, false, 70, 0, 0},
+        {TK_BF16, 1, 150, 100, 2, 1, 64, false, 1, 20, -1, 0.0f, false, false, 32, 0, 0},
+        {TK_BF16, 2, 160, 160, 2, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 90, 0},
+        {TK_F16, 1, 120, 200, 4, 2, 128, false, 1, -1, -1, 10.0f, false, false, 0, 150, 0},
+        {TK_BF16, 2, 200, 200, 2, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 45},
+        {TK_BF16, 1, 150, 230, 4, 2, 128, false, 0, 30, 10, 0.0f, true, false, 40, 0, 60},
+        {TK_BF16, 2, 180, 180, 4, 2, 64, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+        {TK_F16, 1, 150, 90, 2, 1, 128, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+        {TK_BF16, 1, 200, 200, 8, 2, 64, false, 1, 37, -1, 20.0f, true, true, 0, 0, 0},
+        {TK_BF16, 2, 170, 170, 2, 2, 128, false, 1, -1, -1, 0.0f, false, true, 0, 0, 50},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i], 300 + i);
+}
+

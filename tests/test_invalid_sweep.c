@@ -46,15 +46,21 @@ static int bad_enum(tk_rng *rng) { return pick(rng, 0, 1) ? (int)pick(rng, 7, 10
 /* The first corruptions of every params family break its size field. */
 enum { SIZE_SMALL, SIZE_TAIL, SIZE_HUGE, SIZE_CORRUPTIONS };
 
+/* The smallest size field the library takes for a struct that has grown since libtkern 0.1
+ * (src/runtime.h: older callers' layouts); the others have their sizeof. */
+#define ATTENTION_PARAMS_SIZE_0_1 280
+#define ATTENTION_BWD_PARAMS_SIZE_0_1 448
+
 /* Copies the params struct `p` of `size` bytes into params_buf and, for the size corruptions,
- * breaks it: a size below the struct's, a larger size whose tail holds a non-zero byte, or a
- * size no struct has. Returns params_buf. */
-static void *place_params(tk_rng *rng, const void *p, size_t size, int which, const char **needle) {
+ * breaks it: a size below the smallest accepted (size_0_1), a larger size whose tail holds a
+ * non-zero byte, or a size no struct has. Returns params_buf. */
+static void *place_grown_params(tk_rng *rng, const void *p, size_t size, size_t size_0_1, int which,
+                                const char **needle) {
     memset(params_buf, 0, sizeof params_buf);
     memcpy(params_buf, p, size);
     size_t s = size;
     if (which == SIZE_SMALL) {
-        s = (size_t)pick(rng, 0, (int64_t)size - 1);
+        s = (size_t)pick(rng, 0, (int64_t)size_0_1 - 1);
     } else if (which == SIZE_TAIL) {
         s = size + (size_t)pick(rng, 1, 256);
         params_buf[size + (size_t)pick(rng, 0, (int64_t)(s - size) - 1)] = (unsigned char)pick(rng, 1, 255);
@@ -65,6 +71,10 @@ static void *place_params(tk_rng *rng, const void *p, size_t size, int which, co
         *needle = "p->size";
     memcpy(params_buf, &s, sizeof s);
     return params_buf;
+}
+
+static void *place_params(tk_rng *rng, const void *p, size_t size, int which, const char **needle) {
+    return place_grown_params(rng, p, size, size, which, needle);
 }
 
 /* ------------------------------------------------------------------------ the sweep ---- */
@@ -361,7 +371,7 @@ static tk_status attention_case(tk_rng *rng, int which, const char **needle, cha
     case 21: p.k_strides[0] = -8 * pick(rng, 1, 100); p.k_strides[3] = 1; *needle = "p->k_strides"; break;
     }
     if (which != SIZE_CORRUPTIONS)
-        params = place_params(rng, &p, sizeof p, which, needle);
+        params = place_grown_params(rng, &p, sizeof p, ATTENTION_PARAMS_SIZE_0_1, which, needle);
     snprintf(what, what_size, "dtype %d batch %lld seqlen %lld/%lld heads %lld/%lld head_dim %lld o %p",
              (int)p.dtype, (long long)p.batch, (long long)p.seqlen_q, (long long)p.seqlen_k, (long long)p.heads_q,
              (long long)p.heads_kv, (long long)p.head_dim, p.o);
@@ -435,7 +445,8 @@ Test(invalid_sweep, gemm, .timeout = 60) { sweep("gemm", 21, gemm_case); }
 /* One params struct: a valid call of its entry point on host buffers, with the struct at p. */
 typedef struct params_family {
     const char *name;
-    size_t size; /* sizeof the struct, today the 0.1 size */
+    size_t size;     /* sizeof the struct */
+    size_t size_0_1; /* the smallest size field accepted: the 0.1 layout */
     void (*fill)(void *p);
     tk_status (*call)(const void *p);
 } params_family;
@@ -504,14 +515,16 @@ static void fill_device_info(void *p) {
 static tk_status call_device_info(const void *p) { return tk_device_query((tk_device_info *)(uintptr_t)p); }
 
 static const params_family PARAMS_FAMILIES[] = {
-    {"tk_glu_params", sizeof(tk_glu_params), fill_glu, call_glu},
-    {"tk_norm_params", sizeof(tk_norm_params), fill_norm, call_norm},
-    {"tk_softmax_params", sizeof(tk_softmax_params), fill_softmax, call_softmax},
-    {"tk_rope_params", sizeof(tk_rope_params), fill_rope, call_rope},
-    {"tk_attention_params", sizeof(tk_attention_params), fill_attention, call_attention},
-    {"tk_attention_bwd_params", sizeof(tk_attention_bwd_params), fill_attention_bwd, call_attention_bwd},
-    {"tk_gemm_params", sizeof(tk_gemm_params), fill_gemm, call_gemm},
-    {"tk_device_info", sizeof(tk_device_info), fill_device_info, call_device_info},
+    {"tk_glu_params", sizeof(tk_glu_params), sizeof(tk_glu_params), fill_glu, call_glu},
+    {"tk_norm_params", sizeof(tk_norm_params), sizeof(tk_norm_params), fill_norm, call_norm},
+    {"tk_softmax_params", sizeof(tk_softmax_params), sizeof(tk_softmax_params), fill_softmax, call_softmax},
+    {"tk_rope_params", sizeof(tk_rope_params), sizeof(tk_rope_params), fill_rope, call_rope},
+    {"tk_attention_params", sizeof(tk_attention_params), ATTENTION_PARAMS_SIZE_0_1, fill_attention,
+     call_attention},
+    {"tk_attention_bwd_params", sizeof(tk_attention_bwd_params), ATTENTION_BWD_PARAMS_SIZE_0_1,
+     fill_attention_bwd, call_attention_bwd},
+    {"tk_gemm_params", sizeof(tk_gemm_params), sizeof(tk_gemm_params), fill_gemm, call_gemm},
+    {"tk_device_info", sizeof(tk_device_info), sizeof(tk_device_info), fill_device_info, call_device_info},
 };
 
 /* The struct in params_buf with the given size field and, past the struct, `tail_byte` at
@@ -551,8 +564,8 @@ Test(params_size, smaller_and_unknown_nonzero_tail_rejected) {
     for (size_t i = 0; i < sizeof PARAMS_FAMILIES / sizeof PARAMS_FAMILIES[0]; i++) {
         const params_family *f = &PARAMS_FAMILIES[i];
         expect_size_rejected(f, 0, -1, "zero");
-        expect_size_rejected(f, f->size - 8, -1, "one field short");
-        expect_size_rejected(f, f->size - 1, -1, "one byte short");
+        expect_size_rejected(f, f->size_0_1 - 8, -1, "one field short");
+        expect_size_rejected(f, f->size_0_1 - 1, -1, "one byte short");
         expect_size_rejected(f, f->size + 1, 0, "the byte after the struct set");
         expect_size_rejected(f, f->size + 64, 63, "the last byte of a longer struct set");
         expect_size_rejected(f, (size_t)1 << 40, -1, "no struct is this large");
@@ -564,7 +577,8 @@ Test(params_size, this_and_later_layouts_accepted) {
         cr_skip_test("a CUDA device is present; host buffers cannot stand in for a valid call");
     for (size_t i = 0; i < sizeof PARAMS_FAMILIES / sizeof PARAMS_FAMILIES[0]; i++) {
         const params_family *f = &PARAMS_FAMILIES[i];
-        expect_size_accepted(f, f->size, "the 0.1 layout");
+        expect_size_accepted(f, f->size_0_1, "the 0.1 layout");
+        expect_size_accepted(f, f->size, "this layout");
         expect_size_accepted(f, f->size + 8, "a later layout, its new field left zero");
         expect_size_accepted(f, f->size + 200, "a much later layout, its new fields left zero");
     }

@@ -26,8 +26,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import tkern  # noqa: E402
 import tkern.autograd as tka  # noqa: E402
-from test_gpu import (ACT_REF, DEV, LIMIT, NAMES, attn_ref, glu_ref, ln_ref, rand,  # noqa: E402
-                      representation_term, rms_ref, rope_ref, softmax_ref)
+from test_gpu import (ACT_REF, DEV, LIMIT, MASK_CASES, NAMES, attn_ref, glu_ref,  # noqa: E402
+                      ln_ref, mask_case, rand, representation_term, rms_ref, rope_ref,
+                      softmax_ref)
 
 RTOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
@@ -279,6 +280,41 @@ def test_attention_gradients_against_sdpa():
                 o.backward(flip(dout))
                 check_attention_grads([flip(t.grad) for t in mine], q, k, v, dout, what,
                                       alibi=alibi, **c)
+
+
+def test_attention_masks_and_sinks_gradients():
+    """dq, dk, dv under each specialised mask against float64 autograd through attn_ref, and
+    dsinks within 2 % of the magnitude of its terms (p_sink_i |dout_i . o_i|)."""
+    for case in MASK_CASES:
+        if case["Sq"] != case["Sk"] and case.get("sinks"):
+            continue  # covered by the forward test; here the gradients of full rows
+        q, k, v, c, what = mask_case(case, torch.bfloat16)
+        dout = rand(*q.shape, dtype=torch.bfloat16)
+        mine = [leaf(t) for t in (q, k, v)]
+        sinks = c.pop("sinks", None)
+        sink_leaf = leaf(sinks) if sinks is not None else None
+        o = tka.attention(*mine, sinks=sink_leaf, **c)
+        o.backward(dout)
+        exact_leaves = [leaf(t.double()) for t in (q, k, v)]
+        exact_sink = leaf(sinks.double()) if sinks is not None else None
+        attn_ref(*exact_leaves, sinks=exact_sink, **c)[0].backward(dout.double())
+        naive = attn_grads(lambda *t: attn_ref(*t, sinks=sinks, naive=torch.bfloat16, **c)[0],
+                           q, k, v, dout)
+        for name, g, e, n in zip(("dq", "dk", "dv"), mine, exact_leaves, naive):
+            err = (g.grad.double() - e.grad).abs().max().item()
+            err_naive = (n.to(torch.bfloat16).double() - e.grad).abs().max().item()
+            atol = representation_term(e.grad, torch.bfloat16)
+            assert err <= 2 * err_naive + atol, (
+                f"{what}: max |{name} - ref| = {err:.3g} > 2 x naive {err_naive:.3g} + {atol:.3g}")
+        if sinks is None:
+            continue
+        with torch.no_grad():
+            o64, lse64, _ = attn_ref(q.double(), k.double(), v.double(), sinks=sinks, **c)
+            p_sink = torch.exp(sinks.double().view(1, -1, 1) - lse64)  # [B, Hq, Sq]
+            d = (dout.double() * o64).sum(-1).transpose(1, 2)  # [B, Hq, Sq]
+            bound = 0.02 * (p_sink * d.abs()).sum((0, 2)) + 1e-4
+        err = (sink_leaf.grad.double() - exact_sink.grad).abs()
+        assert (err <= bound).all(), f"{what}: dsinks {sink_leaf.grad} vs {exact_sink.grad}"
 
 
 def test_attention_broadcast_output_gradient_and_unsupported_head_dim():

@@ -421,9 +421,11 @@ def test_rope_styles_positions_caches_inplace_and_packed():
 
 # ------------------------------------------------------------------------- attention -------
 def attn_ref(q, k, v, causal=False, window=None, softcap=0.0, scale=None, alibi=None,
-             naive=None):
-    """q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (float64) -> (o [B, Sq, Hq, D], lse [B, Hq, Sq]).
-    naive: a dtype to round every intermediate to (the naive same-precision attention)."""
+             naive=None, sinks=None, chunk_size=0, prefix_len=0, document_ids=None):
+    """q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (float64) -> (o [B, Sq, Hq, D], lse [B, Hq, Sq],
+    visible mask). naive: a dtype to round every intermediate to (the naive same-precision
+    attention). sinks [Hq] join each row's denominator (and lse); chunk_size, prefix_len and
+    document_ids [B, Sk] as tkern.attention's."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     k = k.repeat_interleave(Hq // Hkv, dim=2)
@@ -446,11 +448,27 @@ def attn_ref(q, k, v, causal=False, window=None, softcap=0.0, scale=None, alibi=
         visible &= j >= i + shift - left
     if right is not None and right >= 0:
         visible &= j <= i + shift + right
+    pos = i + shift
+    if chunk_size:
+        visible &= (torch.div(pos, chunk_size, rounding_mode="floor")
+                    == torch.div(j, chunk_size, rounding_mode="floor"))
+    if prefix_len:
+        visible |= (pos < prefix_len) & (j < prefix_len)
+    if document_ids is not None:  # query i is key position i + shift: its document's keys only
+        ids = document_ids.long()
+        mine = ids[:, pos.clamp(0, Sk - 1).flatten()]
+        visible = (visible & (pos >= 0)).view(1, 1, Sq, Sk) & (mine.view(B, 1, Sq, 1)
+                                                               == ids.view(B, 1, 1, Sk))
     s = s.masked_fill(~visible, float("-inf"))
     m = s.amax(-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.double().view(1, -1, 1, 1)
+        m = torch.maximum(m, sink.expand_as(m))
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     e = torch.exp(s - m)
     total = e.sum(-1, keepdim=True)
+    if sinks is not None:
+        total = total + torch.exp(sink - m)
     p = rnd(torch.where(total > 0, e / total.clamp_min(1e-300), torch.zeros_like(e)))
     o = rnd(torch.einsum("bhqk,bkhd->bqhd", p, v))
     lse = torch.where(total > 0, m + torch.log(total.clamp_min(1e-300)),
@@ -559,6 +577,52 @@ def test_attention_strided_views_supported_query_and_errors():
         tkern.attention(f32, f32, f32)
     with pytest.raises(ValueError, match="argument 'k' has shape"):
         tkern.attention(q, rand(B, S, H, 128, dtype=torch.float16), v)
+
+
+def doc_ids(B, Sk, doc_len):
+    """int32 [B, Sk] packed documents of about doc_len keys, lengths varying per batch."""
+    j = torch.arange(Sk, device=DEV) + 7 * torch.arange(B, device=DEV).view(-1, 1)
+    starts = (j % doc_len == 0) | ((j % doc_len == doc_len // 3) & (j // doc_len % 2 == 1))
+    starts[:, 0] = False
+    return starts.long().cumsum(1).to(torch.int32)
+
+
+MASK_CASES = [
+    dict(B=1, Sq=300, Sk=300, Hq=4, Hkv=2, D=128, causal=True, chunk_size=64),
+    dict(B=2, Sq=200, Sk=333, Hq=2, Hkv=2, D=64, chunk_size=100),
+    dict(B=1, Sq=300, Sk=300, Hq=4, Hkv=1, D=128, causal=True, prefix_len=70),
+    dict(B=2, Sq=250, Sk=250, Hq=4, Hkv=2, D=64, causal=True, docs=40),
+    dict(B=1, Sq=100, Sk=300, Hq=8, Hkv=2, D=128, window=(20, 9), docs=64, softcap=20.0),
+    dict(B=2, Sq=300, Sk=300, Hq=4, Hkv=2, D=128, causal=True, window=(37, 0), sinks=True),
+    dict(B=1, Sq=333, Sk=200, Hq=2, Hkv=1, D=64, causal=True, sinks=True),  # rows: sink only
+]
+
+
+def mask_case(case, dtype):
+    """(q, k, v, keyword arguments, description) of a MASK_CASES entry."""
+    c = dict(case)
+    B, Sq, Sk, Hq, Hkv, D = (c.pop(n) for n in ("B", "Sq", "Sk", "Hq", "Hkv", "D"))
+    if c.pop("sinks", False):
+        c["sinks"] = (torch.rand(Hq, device=DEV, dtype=torch.float64) * 6 - 2).float()
+    docs = c.pop("docs", 0)
+    if docs:
+        c["document_ids"] = doc_ids(B, Sk, docs)
+    what = f"attention {NAMES[dtype]} B{B} Sq{Sq} Sk{Sk} H{Hq}/{Hkv} D{D} {case}"
+    return (rand(B, Sq, Hq, D, dtype=dtype), rand(B, Sk, Hkv, D, dtype=dtype),
+            rand(B, Sk, Hkv, D, dtype=dtype), c, what)
+
+
+def test_attention_masks_and_sinks_against_fp64_reference():
+    for dtype in (torch.float16, torch.bfloat16):
+        for case in MASK_CASES:
+            q, k, v, c, what = mask_case(case, dtype)
+            o, lse = tkern.attention(q, k, v, return_lse=True, **c)
+            check_attention(o, q, k, v, what, lse=lse, **c)
+    q, k, v, c, _ = mask_case(MASK_CASES[3], torch.bfloat16)
+    with pytest.raises(ValueError, match="argument 'document_ids'"):
+        tkern.attention(q, k, v, document_ids=c["document_ids"][:, :100])
+    with pytest.raises(tkern.TkernError, match="p->prefix_len = 8 needs p->causal = 1"):
+        tkern.attention(q, k, v, prefix_len=8)
 
 
 # ------------------------------------------------------------------ attention over a KV cache --

@@ -20,10 +20,14 @@ _PLANS = Plans()
 
 
 def alibi_and_window(c, heads_q, window):
-    """The checked alibi_slopes Array of Call c (or None) and window's (left, right)."""
+    """The checked alibi_slopes Array of Call c (or None) and window's (left, right); the sinks
+    Array, when c has one, is checked the same way (float32 [heads_q])."""
     aa = c.get("alibi_slopes")
     if aa is not None:
         aa.check_dtype(("float32",)).check_shape((heads_q,)).check_contiguous()
+    sa = c.get("sinks")
+    if sa is not None:
+        sa.check_dtype(("float32",)).check_shape((heads_q,)).check_contiguous()
     if window is None:
         window = (-1, -1)
     if len(window) != 2:
@@ -34,15 +38,17 @@ def alibi_and_window(c, heads_q, window):
 
 
 def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse, layout, out,
-           lse, stream):
+           lse, stream, sinks=None, chunk_size=0, prefix_len=0, document_ids=None):
     if layout not in _LAYOUTS:
         raise ValueError(f"argument 'layout' = {layout!r}; accepted: 'bshd', 'bhsd'")
-    c = Call(stream, q=q, k=k, v=v, alibi_slopes=alibi_slopes, out=out, lse=lse)
-    key = Plans.key(c, causal, window, softcap, scale, return_lse, layout)
+    c = Call(stream, q=q, k=k, v=v, alibi_slopes=alibi_slopes, sinks=sinks,
+             document_ids=document_ids, out=out, lse=lse)
+    key = Plans.key(c, causal, window, softcap, scale, return_lse, layout, chunk_size, prefix_len)
     p = _PLANS.get(key)
     if p is None:
         p, out, lse_obj = _checked(c, causal=causal, window=window, softcap=softcap, scale=scale,
-                                   return_lse=return_lse, layout=layout, out=out, lse=lse)
+                                   return_lse=return_lse, layout=layout, out=out, lse=lse,
+                                   chunk_size=chunk_size, prefix_len=prefix_len)
         _PLANS.put(key, p)
         return c, p, out, lse_obj
     # Checked before for this key: only the outputs and the pointers are new.
@@ -56,10 +62,20 @@ def _setup(q, k, v, *, causal, window, softcap, scale, alibi_slopes, return_lse,
         lse_obj, la = c.output("lse", lse, (p.batch, p.heads_q, p.seqlen_q), "float32")
     p.q, p.k, p.v, p.o = qa.ptr, c["k"].ptr, c["v"].ptr, oa.ptr
     p.alibi_slopes, p.lse = ptr(c.get("alibi_slopes")), ptr(la)
+    p.sinks, p.document_ids = ptr(c.get("sinks")), ptr(c.get("document_ids"))
     return c, p, out, lse_obj
 
 
-def _checked(c, *, causal, window, softcap, scale, return_lse, layout, out, lse):
+def document_ids_checked(c, batch, seqlen_k):
+    """The checked document_ids Array of Call c (int32 [batch, seqlen_k], contiguous), or None."""
+    da = c.get("document_ids")
+    if da is not None:
+        da.check_dtype(("int32",)).check_shape((batch, seqlen_k)).check_contiguous()
+    return da
+
+
+def _checked(c, *, causal, window, softcap, scale, return_lse, layout, out, lse, chunk_size,
+             prefix_len):
     """Checks the arguments of Call c and allocates the outputs: (params, out, lse)."""
     qa = c["q"].check_dtype(FLOATS)
     (batch, sq, hq, dim), q_strides = _dims(qa, layout)
@@ -90,13 +106,15 @@ def _checked(c, *, causal, window, softcap, scale, return_lse, layout, out, lse)
         softmax_scale=0.0 if scale is None else scale, causal=int(bool(causal)),
         window_left=left, window_right=right, softcap=softcap or 0.0, alibi_slopes=ptr(aa),
         return_lse=int(bool(return_lse)), lse=ptr(la), q_strides=q_strides,
-        k_strides=k_strides, v_strides=v_strides, o_strides=_dims(oa, layout)[1])
+        k_strides=k_strides, v_strides=v_strides, o_strides=_dims(oa, layout)[1],
+        sinks=ptr(c.get("sinks")), chunk_size=chunk_size, prefix_len=prefix_len,
+        document_ids=ptr(document_ids_checked(c, batch, sk)))
     return p, out, lse_obj
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, return_lse=False, layout="bshd", out=None, lse=None,
-              stream=None):
+              stream=None, sinks=None, chunk_size=0, prefix_len=0, document_ids=None):
     """Attention forward (FlashAttention-style), softmax(scale * q k^T + mask) v.
 
     q: [batch, seq_q, heads_q, head_dim], k and v: [batch, seq_k, heads_kv, head_dim] with
@@ -109,16 +127,27 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     window=(N - 1, 0). softcap > 0: Gemma 2's tanh capping. scale: default 1/sqrt(head_dim).
     alibi_slopes: float32 [heads_q]. Returns out (q's shape), or (out, lse) with return_lse
     (lse: float32 [batch, heads_q, seq_q], natural log). A query that sees no key gets 0.
+    The specialised masks (docs/kernels/attention.md has a picture of each):
+    sinks: float32 [heads_q] logits that join each row's softmax denominator without a value
+    (GPT-OSS; FlashAttention's learnable_sink); lse includes them. chunk_size=C: chunked local
+    attention, query and key in the same block of C positions (Llama 4, FlashAttention-3's
+    attention_chunk; with causal=True causal inside each chunk). prefix_len=P with causal=True:
+    prefix-LM, positions < P see every key < P (PaliGemma, FlexAttention's prefix_lm).
+    document_ids: int32 [batch, seq_k], non-decreasing along each row (packed documents,
+    FlexAttention's document mask): query i sees key j only in its own document, query i being
+    key position i + seq_k - seq_q.
     """
-    lane, s, lane_key = _LANE.find(stream, (out, lse), (q, k, v, alibi_slopes),
-                                   (causal, window, softcap, scale, return_lse, layout))
+    lane, s, lane_key = _LANE.find(stream, (out, lse), (q, k, v, alibi_slopes, sinks, document_ids),
+                                   (causal, window, softcap, scale, return_lse, layout, chunk_size,
+                                    prefix_len))
     if lane is not None:
-        p, out, lse = _replay(lane, q, k, v, alibi_slopes, return_lse)
+        p, out, lse = _replay(lane, q, k, v, alibi_slopes, return_lse, sinks, document_ids)
         Lane.run("tk_attention_fwd", _lib.byref(p), s)
         return (out, lse) if return_lse else out
     c, p, out, lse = _setup(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale,
                             alibi_slopes=alibi_slopes, return_lse=return_lse, layout=layout,
-                            out=out, lse=lse, stream=stream)
+                            out=out, lse=lse, stream=stream, sinks=sinks, chunk_size=chunk_size,
+                            prefix_len=prefix_len, document_ids=document_ids)
     c.run("tk_attention_fwd", _lib.byref(p), c.stream)
     _LANE.put(lane_key, _plan(p, c))
     return (out, lse) if return_lse else out
@@ -133,7 +162,7 @@ def _plan(p, c):
     return p, c["q"].dtype, None if la is None else la.shape
 
 
-def _replay(plan, q, k, v, alibi_slopes, return_lse):
+def _replay(plan, q, k, v, alibi_slopes, return_lse, sinks=None, document_ids=None):
     """(params, out, lse) of a replayed call: the plan's params with this call's pointers."""
     template, dtype, lse_shape = plan
     p = type(template).from_buffer_copy(template)
@@ -141,6 +170,7 @@ def _replay(plan, q, k, v, alibi_slopes, return_lse):
     lse = Lane.output(q, lse_shape, "float32") if return_lse else None
     p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
     p.alibi_slopes, p.lse = Lane.ptr(alibi_slopes), Lane.ptr(lse)
+    p.sinks, p.document_ids = Lane.ptr(sinks), Lane.ptr(document_ids)
     return p, out, lse
 
 
@@ -174,7 +204,8 @@ def attention_supported(q, k, v, **kwargs):
     (and dropped) as attention would."""
     kwargs.pop("stream", None)
     kw = dict(causal=False, window=None, softcap=0.0, scale=None, alibi_slopes=None,
-              return_lse=False, layout="bshd", out=None, lse=None)
+              return_lse=False, layout="bshd", out=None, lse=None, sinks=None, chunk_size=0,
+              prefix_len=0, document_ids=None)
     unknown = set(kwargs) - set(kw)
     if unknown:
         raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")

@@ -4,13 +4,15 @@ import ctypes
 
 from . import _lib
 from ._arrays import FLOATS, Call, ptr
-from ._attention import _LAYOUTS, _dims
+from ._attention import _LAYOUTS, _dims, alibi_and_window, document_ids_checked
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, softcap=0.0,
                        scale=None, alibi_slopes=None, layout="bshd", dq=None, dk=None, dv=None,
-                       workspace=None, stream=None):
-    """Gradients (dq, dk, dv) of attention(q, k, v, ...) for the output gradient dout.
+                       workspace=None, stream=None, sinks=None, chunk_size=0, prefix_len=0,
+                       document_ids=None, dsinks=None):
+    """Gradients (dq, dk, dv) of attention(q, k, v, ...) for the output gradient dout, and with
+    sinks (dq, dk, dv, dsinks): dsinks float32 [heads_q], summed in a fixed order.
 
     out and lse are attention's outputs for the same call (return_lse=True); every option means
     what it means in attention (same layouts, masks, softcap, scale, ALiBi). dout is laid out
@@ -22,7 +24,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, so
     if layout not in _LAYOUTS:
         raise ValueError(f"argument 'layout' = {layout!r}; accepted: 'bshd', 'bhsd'")
     c = Call(stream, q=q, k=k, v=v, out=out, lse=lse, dout=dout, alibi_slopes=alibi_slopes,
-             dq=dq, dk=dk, dv=dv)
+             sinks=sinks, document_ids=document_ids, dq=dq, dk=dk, dv=dv, dsinks=dsinks)
     qa = c["q"].check_dtype(FLOATS)
     (batch, sq, hq, dim), q_strides = _dims(qa, layout)
     (_, sk, hkv, _), k_strides = _dims(c["k"].check_dtype((qa.dtype,)), layout)
@@ -30,11 +32,13 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, so
     o_strides = _dims(c["out"].check_dtype((qa.dtype,)), layout)[1]
     do_strides = _dims(c["dout"].check_dtype((qa.dtype,)), layout)[1]
     c["lse"].check_dtype(("float32",)).check_shape((batch, hq, sq)).check_contiguous()
-    left, right = (-1 if w is None else w for w in (window or (-1, -1)))
+    aa, left, right = alibi_and_window(c, hq, window)
     grads = {}
     for name, like in (("dq", "q"), ("dk", "k"), ("dv", "v")):
         obj, a = c.output(name, {"dq": dq, "dk": dk, "dv": dv}[name], c[like].shape, qa.dtype)
         grads[name] = (obj, a)
+    if sinks is not None:
+        grads["dsinks"] = c.output("dsinks", dsinks, (hq,), "float32")
     p = _lib.AttentionBwdParams(
         dtype=_lib.DTYPES[qa.dtype], q=qa.ptr, k=c["k"].ptr, v=c["v"].ptr, o=c["out"].ptr,
         lse=c["lse"].ptr, dout=c["dout"].ptr, dq=grads["dq"][1].ptr, dk=grads["dk"][1].ptr,
@@ -44,11 +48,15 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, so
         dq_strides=_dims(grads["dq"][1], layout)[1], dk_strides=_dims(grads["dk"][1], layout)[1],
         dv_strides=_dims(grads["dv"][1], layout)[1],
         softmax_scale=0.0 if scale is None else scale, causal=int(bool(causal)),
-        window_left=left, window_right=right, softcap=softcap or 0.0,
-        alibi_slopes=ptr(c.get("alibi_slopes")))
+        window_left=left, window_right=right, softcap=softcap or 0.0, alibi_slopes=ptr(aa),
+        sinks=ptr(c.get("sinks")), chunk_size=chunk_size, prefix_len=prefix_len,
+        document_ids=ptr(document_ids_checked(c, batch, sk)),
+        dsinks=ptr(grads["dsinks"][1]) if sinks is not None else 0)
     nbytes = ctypes.c_size_t()
     _lib.call("tk_attention_bwd_workspace_size", _lib.byref(p), _lib.byref(nbytes))
     _, wsa = c.output("workspace", workspace, (max(nbytes.value, 1),), "uint8")
     p.workspace, p.workspace_bytes = wsa.ptr, nbytes.value
     c.run("tk_attention_bwd", _lib.byref(p), c.stream)
+    if sinks is not None:
+        return grads["dq"][0], grads["dk"][0], grads["dv"][0], grads["dsinks"][0]
     return grads["dq"][0], grads["dk"][0], grads["dv"][0]

@@ -249,7 +249,9 @@ class AttentionParams(_Params):
                 ("q_strides", _i64 * 4), ("k_strides", _i64 * 4), ("v_strides", _i64 * 4),
                 ("o_strides", _i64 * 4), ("softmax_scale", _f32), ("causal", _i32),
                 ("window_left", _i64), ("window_right", _i64), ("softcap", _f32),
-                ("alibi_slopes", _ptr), ("return_lse", _i32), ("lse", _ptr)]
+                ("alibi_slopes", _ptr), ("return_lse", _i32), ("lse", _ptr),
+                ("sinks", _ptr), ("chunk_size", _i64), ("prefix_len", _i64),
+                ("document_ids", _ptr)]
     DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
 
 
@@ -280,7 +282,8 @@ class AttentionBwdParams(_Params):
                 ("dk_strides", _i64 * 4), ("dv_strides", _i64 * 4), ("softmax_scale", _f32),
                 ("causal", _i32), ("window_left", _i64), ("window_right", _i64),
                 ("softcap", _f32), ("alibi_slopes", _ptr), ("workspace", _ptr),
-                ("workspace_bytes", _size)]
+                ("workspace_bytes", _size), ("sinks", _ptr), ("chunk_size", _i64),
+                ("prefix_len", _i64), ("document_ids", _ptr), ("dsinks", _ptr)]
     DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
 
 

@@ -38,7 +38,7 @@ void ref_attention_bwd(const tk_attention_params *p, const double *q, const doub
                 double rowsum = 0.0;
                 for (int64_t j = 0; j < sk; j++) {
                     prob[j] = dp[j] = 0.0;
-                    if (!ref_attention_visible(p, i, j))
+                    if (!ref_attention_visible(p, b, i, j))
                         continue;
                     const int64_t k_row = b * p->k_strides[0] + j * p->k_strides[1] + hk * p->k_strides[2];
                     const int64_t v_row = b * p->v_strides[0] + j * p->v_strides[1] + hk * p->v_strides[2];
@@ -87,5 +87,25 @@ void ref_attention_bwd(const tk_attention_params *p, const double *q, const doub
     free(prob);
     free(dp);
     free(deriv);
+    free(o);
+}
+
+void ref_attention_dsinks(const tk_attention_params *p, const double *q, const double *k,
+                          const double *v, const double *dout, const float *alibi_slopes,
+                          double *dsinks) {
+    double *o = malloc((size_t)p->head_dim * sizeof(double));
+    cr_assert(o != NULL);
+    for (int64_t h = 0; h < p->heads_q; h++) {
+        dsinks[h] = 0.0;
+        for (int64_t b = 0; b < p->batch; b++)
+            for (int64_t i = 0; i < p->seqlen_q; i++) {
+                double lse, d = 0.0;
+                ref_attention_row(p, q, k, v, alibi_slopes, b, h, i, false, o, &lse);
+                const int64_t row = b * p->o_strides[0] + i * p->o_strides[1] + h * p->o_strides[2];
+                for (int64_t e = 0; e < p->head_dim; e++)
+                    d += dout[row + e] * o[e];
+                dsinks[h] -= exp((double)p->sinks[h] - lse) * d;
+            }
+    }
     free(o);
 }

@@ -17,4 +17,11 @@ void ref_attention_bwd(const tk_attention_params *p, const double *q, const doub
                        const double *v, const double *dout, const float *alibi_slopes, bool naive,
                        double *dq, double *dk, double *dv);
 
+/* The gradient of each sink logit, dsinks[h] = -sum over b, i of exp(sink_h - lse_bhi)
+ * (dout_bhi . o_bhi), in fp64 from the exact forward (p->sinks a host array, as in
+ * ref_attention_row; dout laid out with p->o_strides). */
+void ref_attention_dsinks(const tk_attention_params *p, const double *q, const double *k,
+                          const double *v, const double *dout, const float *alibi_slopes,
+                          double *dsinks);
+
 #endif

@@ -8,29 +8,33 @@
 
 #include "support/tk_test.h"
 
-bool ref_attention_visible(const tk_attention_params *p, int64_t i, int64_t j) {
-    const int64_t shift = p->seqlen_k - p->seqlen_q;
+/* floor(x / c) for any sign of x. */
+static int64_t floor_div(int64_t x, int64_t c) { return x >= 0 ? x / c : -((c - 1 - x) / c); }
+
+bool ref_attention_visible(const tk_attention_params *p, int64_t b, int64_t i, int64_t j) {
+    const int64_t shift = p->seqlen_k - p->seqlen_q, pos = i + shift;
     const int64_t right = p->causal ? 0 : p->window_right;
     if (j < 0 || j >= p->seqlen_k)
         return false;
-    if (p->window_left >= 0 && j < i + shift - p->window_left)
+    if (p->prefix_len > 0 && pos < p->prefix_len && j < p->prefix_len)
+        return true; /* the bidirectional prefix (prefix-LM allows no window_left) */
+    if (p->window_left >= 0 && j < pos - p->window_left)
         return false;
-    if (right >= 0 && j > i + shift + right)
+    if (right >= 0 && j > pos + right)
+        return false;
+    if (p->chunk_size > 0 && floor_div(pos, p->chunk_size) != floor_div(j, p->chunk_size))
+        return false;
+    const int32_t *ids = p->document_ids ? p->document_ids + b * p->seqlen_k : NULL;
+    if (ids && (pos < 0 || ids[j] != ids[pos]))
         return false;
     return true;
 }
 
 int64_t ref_attention_visible_pairs(const tk_attention_params *p) {
     int64_t pairs = 0;
-    for (int64_t i = 0; i < p->seqlen_q; i++) {
-        const int64_t shift = p->seqlen_k - p->seqlen_q;
-        const int64_t right = p->causal ? 0 : p->window_right;
-        int64_t lo = p->window_left >= 0 ? i + shift - p->window_left : 0;
-        int64_t hi = right >= 0 ? i + shift + right : p->seqlen_k - 1;
-        lo = lo < 0 ? 0 : lo;
-        hi = hi > p->seqlen_k - 1 ? p->seqlen_k - 1 : hi;
-        pairs += hi >= lo ? hi - lo + 1 : 0;
-    }
+    for (int64_t i = 0; i < p->seqlen_q; i++)
+        for (int64_t j = 0; j < p->seqlen_k; j++)
+            pairs += ref_attention_visible(p, 0, i, j);
     return pairs;
 }
 
@@ -47,7 +51,7 @@ void ref_attention_row(const tk_attention_params *p, const double *q, const doub
     double max = -INFINITY;
     for (int64_t j = 0; j < p->seqlen_k; j++) {
         s[j] = -INFINITY;
-        if (!ref_attention_visible(p, i, j))
+        if (!ref_attention_visible(p, b, i, j))
             continue;
         const int64_t k_row = b * p->k_strides[0] + j * p->k_strides[1] + hk * p->k_strides[2];
         double dot = 0.0;
@@ -61,12 +65,16 @@ void ref_attention_row(const tk_attention_params *p, const double *q, const doub
         s[j] = x;
         max = x > max ? x : max;
     }
-    double sum = 0.0;
+    /* The sink joins the denominator (and the max, for range) without a value. */
+    const double sink = p->sinks ? (double)p->sinks[h] : -INFINITY;
+    const bool seen = max > -INFINITY;
+    max = sink > max ? sink : max;
+    double sum = p->sinks ? exp(sink - max) : 0.0;
     for (int64_t j = 0; j < p->seqlen_k; j++)
         sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - max);
     for (int64_t e = 0; e < d; e++)
         o[e] = 0.0;
-    for (int64_t j = 0; j < p->seqlen_k && sum > 0.0; j++) {
+    for (int64_t j = 0; j < p->seqlen_k && seen; j++) {
         if (s[j] == -INFINITY)
             continue;
         const double prob = ROUND(exp(s[j] - max) / sum);
@@ -77,7 +85,7 @@ void ref_attention_row(const tk_attention_params *p, const double *q, const doub
     for (int64_t e = 0; e < d; e++)
         o[e] = ROUND(o[e]);
 #undef ROUND
-    *lse = sum > 0.0 ? max + log(sum) : -INFINITY;
+    *lse = sum > 0.0 ? max + log(sum) : -INFINITY; /* a row with only the sink: the sink */
     free(s);
 }
 
@@ -107,4 +115,18 @@ double *ref_to_double(tk_dtype dtype, const void *host, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         r[i] = tk_test_load(dtype, host, i);
     return r;
+}
+
+int32_t *ref_attention_doc_ids(int64_t batch, int64_t seqlen_k, int64_t doc_len) {
+    int32_t *ids = malloc((size_t)(batch * seqlen_k) * sizeof(int32_t));
+    cr_assert(ids != NULL);
+    for (int64_t b = 0; b < batch; b++) {
+        int32_t id = 0;
+        for (int64_t j = 0; j < seqlen_k; j++) {
+            const int64_t x = j + 7 * b, r = x % doc_len;
+            id += j > 0 && (r == 0 || (r == doc_len / 3 && x / doc_len % 2 == 1));
+            ids[b * seqlen_k + j] = id;
+        }
+    }
+    return ids;
 }

@@ -8,10 +8,12 @@
 
 #include "tkern.h"
 
-/* Whether query row i sees key j under p's mask (tkern.h's convention). */
-bool ref_attention_visible(const tk_attention_params *p, int64_t i, int64_t j);
+/* Whether query row i of batch b sees key j under p's mask (tkern.h's convention). Here
+ * p->document_ids and p->sinks, when set, are HOST arrays (the tests' reference copy of the
+ * params). */
+bool ref_attention_visible(const tk_attention_params *p, int64_t b, int64_t i, int64_t j);
 
-/* Number of visible (query, key) pairs of one (batch, head): the work attention must do. */
+/* Number of visible (query, key) pairs of one head of batch 0: the work attention must do. */
 int64_t ref_attention_visible_pairs(const tk_attention_params *p);
 
 /* One output row o[b, i, h, :] (head_dim values) and its lse, from the stored inputs q, k, v
@@ -20,7 +22,8 @@ int64_t ref_attention_visible_pairs(const tk_attention_params *p);
  * exact: everything in fp64 from the stored inputs. naive: the same-precision implementation,
  * rounding to p->dtype where a framework's unfused attention stores a tensor: the scores after
  * the scale, after the softcap and after ALiBi, the probabilities, and the output.
- * A row that sees no key gets o = 0 and lse = -inf. */
+ * With p->sinks (host) the sink joins the denominator and lse. A row that sees no key gets
+ * o = 0 and lse = -inf, or the sink. */
 void ref_attention_row(const tk_attention_params *p, const double *q, const double *k,
                        const double *v, const float *alibi_slopes, int64_t b, int64_t h,
                        int64_t i, bool naive, double *o, double *lse);
@@ -34,6 +37,11 @@ int64_t ref_attention_layout(bool bhsd, int64_t batch, int64_t seq, int64_t head
 /* FlashAttention's representation term: twice the largest change that adding and removing 0.3
  * in dtype makes to a reference value. */
 double ref_attention_representation_term(tk_dtype dtype, double exact);
+
+/* Document ids [batch, seqlen_k] of packed documents of about doc_len keys (caller frees): a
+ * new document every doc_len keys and a third of the way into every other one, the pattern
+ * moved by 7 keys per batch, so that lengths vary and runs cut tiles anywhere. */
+int32_t *ref_attention_doc_ids(int64_t batch, int64_t seqlen_k, int64_t doc_len);
 
 /* n elements of a host array of dtype as doubles (caller frees). */
 double *ref_to_double(tk_dtype dtype, const void *host, int64_t n);
