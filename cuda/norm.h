@@ -55,6 +55,17 @@ static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
     return cols <= TK_NORM_ROWS_MAX_THREADS * per_thread;
 }
 
+/* Forward rows wider than one block holds (tk_norm_rows_fit), up to this many blocks' worth,
+ * run split over the blocks of a thread-block cluster (sm_90, the "cluster_vec16" variant): each
+ * block holds its slice of the row in registers as the rows kernel does, and the blocks add
+ * their partial sums through distributed shared memory. 8 blocks is the portable cluster size:
+ * rows of up to 65536 elements. */
+#define TK_NORM_CLUSTER_MAX_BLOCKS 8
+
+static inline bool tk_norm_cluster_fit(int64_t cols) {
+    return cols <= TK_NORM_CLUSTER_MAX_BLOCKS * TK_NORM_ROWS_MAX_THREADS * TK_NORM_FWD_ELEMS_VEC;
+}
+
 /* Partial-sum slots of the backward dw / db reduction for a shape: a function of the shape
  * only, so that the workspace size does not depend on the device. The launchers use at most
  * this many (fewer on a smaller GPU). About 2^22 floats (16 MiB) per reduced tensor: >= 2048
@@ -67,9 +78,11 @@ static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
 }
 
 /* Each direction's launchers, in cuda/norm_fwd.cu and cuda/norm_bwd.cu (ops "norm" and
- * "norm_bwd"). "vec16": 16-byte packs, row in registers. "scalar": one element per access.
- * "wide_vec16" / "wide_scalar": a block per row, any width, the row read twice. */
+ * "norm_bwd"). "vec16": 16-byte packs, row in registers. "cluster_vec16" (forward only): the
+ * same, a row split over a cluster. "scalar": one element per access. "wide_vec16" /
+ * "wide_scalar": a block per row, any width, the row read twice. */
 cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
