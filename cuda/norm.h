@@ -38,32 +38,39 @@ typedef struct tk_norm_call {
     int64_t workspace_slots;
 } tk_norm_call;
 
-/* Row widths the "rows" kernels hold in registers: TK_NORM_ROWS_MAX_THREADS threads of
- * ELEMS elements (16-byte packs / scalars). The forward kernel holds 16-bit rows as 32 elements
- * per thread in at most half as many threads (cuda/norm_fwd.cu): the same widths. */
-#define TK_NORM_FWD_ELEMS_VEC 16
+/* Row widths the "rows" kernels hold in registers: up to TK_NORM_ROWS_MAX_THREADS threads of
+ * TK_NORM_FWD_PACKS 16-byte packs forward (a block holds 32 KB of a row: 16384 16-bit or 8192
+ * f32 elements) or TK_NORM_FWD_ELEMS_SCALAR scalars (4096), TK_NORM_BWD_ELEMS_* elements
+ * backward (8192 / 4096). */
+#define TK_NORM_FWD_PACKS 4
 #define TK_NORM_FWD_ELEMS_SCALAR 8
 #define TK_NORM_BWD_ELEMS_VEC 16
 #define TK_NORM_BWD_ELEMS_SCALAR 8
 #define TK_NORM_ROWS_MAX_THREADS 512
 
-/* Whether a row of `cols` elements, accessed in packs of `vec` elements, fits the registers of
- * the "rows" kernels (the "vec16" and "scalar" variants); wider rows take the "wide" ones. */
-static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
-    const int64_t per_thread = backward ? (vec > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR)
-                                        : (vec > 1 ? TK_NORM_FWD_ELEMS_VEC : TK_NORM_FWD_ELEMS_SCALAR);
-    return cols <= TK_NORM_ROWS_MAX_THREADS * per_thread;
+/* The widest row the "rows" kernels hold on one block, accessed in packs of `vec` elements. */
+static inline int64_t tk_norm_rows_max_cols(int vec, bool backward) {
+    if (backward)
+        return TK_NORM_ROWS_MAX_THREADS * (vec > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR);
+    return TK_NORM_ROWS_MAX_THREADS * (vec > 1 ? TK_NORM_FWD_PACKS * vec : TK_NORM_FWD_ELEMS_SCALAR);
 }
 
-/* Forward rows wider than one block holds (tk_norm_rows_fit), up to this many blocks' worth,
- * run split over the blocks of a thread-block cluster (sm_90, the "cluster_vec16" variant): each
- * block holds its slice of the row in registers as the rows kernel does, and the blocks add
- * their partial sums through distributed shared memory. 8 blocks is the portable cluster size:
- * rows of up to 65536 elements. */
+/* Whether a row of `cols` elements, accessed in packs of `vec` elements, fits the registers of
+ * the "rows" kernels (the "vec16" and "scalar" variants); wider rows take the "cluster" or the
+ * "wide" ones. */
+static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
+    return cols <= tk_norm_rows_max_cols(vec, backward);
+}
+
+/* Forward rows wider than one block holds, up to this many blocks' worth, run split over the
+ * blocks of a thread-block cluster (sm_90, the "cluster_vec16" variant): each block holds its
+ * slice of the row in registers as the rows kernel does, and the blocks add their partial sums
+ * through distributed shared memory. 8 blocks is the portable cluster size: rows of up to
+ * 131072 16-bit or 65536 f32 elements. */
 #define TK_NORM_CLUSTER_MAX_BLOCKS 8
 
-static inline bool tk_norm_cluster_fit(int64_t cols) {
-    return cols <= TK_NORM_CLUSTER_MAX_BLOCKS * TK_NORM_ROWS_MAX_THREADS * TK_NORM_FWD_ELEMS_VEC;
+static inline bool tk_norm_cluster_fit(int64_t cols, int vec) {
+    return cols <= TK_NORM_CLUSTER_MAX_BLOCKS * tk_norm_rows_max_cols(vec, false);
 }
 
 /* Partial-sum slots of the backward dw / db reduction for a shape: a function of the shape

@@ -48,19 +48,21 @@ namespace {
 constexpr int WIDE_THREADS = 512;
 constexpr int WIDE_UNROLL = 2;
 
-/* Packs per thread: 4 of 16 bytes (16 f32 or 32 f16 / bf16 elements), or 8 scalars. The 16-bit
- * rows thus take at most TK_NORM_FWD_ELEMS_VEC * TK_NORM_ROWS_MAX_THREADS / 32 = 256 threads. */
-template <int VEC> constexpr int fwd_packs() { return VEC > 1 ? 4 : TK_NORM_FWD_ELEMS_SCALAR; }
+/* Packs per thread: 4 of 16 bytes (16 f32 or 32 f16 / bf16 elements), or 8 scalars. */
+template <int VEC> constexpr int fwd_packs() { return VEC > 1 ? TK_NORM_FWD_PACKS : TK_NORM_FWD_ELEMS_SCALAR; }
 
-/* Launch bounds: 16-bit rows (<= 256 threads) are capped at 80 registers (3 blocks of 256 per
- * SM), the best cap measured for LayerNorm (docs/kernels/norm.md); f32 rows (<= 512 threads) at
- * 64, scalars at 128. The f32 cluster slices that are not whole have no cap below 128: at 64
- * registers the LayerNorm with the residual spilled (it takes 66). */
-template <typename T, int VEC> constexpr int rows_max_threads() {
+/* Threads of the rows kernels: 16-bit rows of up to 8192 elements take at most 256 threads (the
+ * kernel tuned for them), wider ones and the f32 and scalar rows up to 512 (Threads below). */
+template <typename T, int VEC> constexpr int rows_small_threads() {
     return VEC > 1 && sizeof(T) == 2 ? TK_NORM_ROWS_MAX_THREADS / 2 : TK_NORM_ROWS_MAX_THREADS;
 }
-template <typename T, int VEC, bool Whole, bool Cluster> constexpr int rows_min_blocks() {
-    return VEC == 1 ? 1 : (sizeof(T) == 2 ? 3 : (Cluster && !Whole ? 1 : 2));
+
+/* Launch bounds: 16-bit rows of <= 256 threads are capped at 80 registers (3 blocks of 256 per
+ * SM), the best cap measured for LayerNorm (docs/kernels/norm.md); 512-thread rows and slices
+ * at 64 (2 blocks per SM), scalars at 128. Cluster slices that are not whole have no cap below
+ * 128: at 64 registers the f32 LayerNorm with the residual spilled (it takes 66). */
+template <typename T, int VEC, int Threads, bool Whole, bool Cluster> constexpr int rows_min_blocks() {
+    return VEC == 1 ? 1 : (Threads < TK_NORM_ROWS_MAX_THREADS ? 3 : (Cluster && !Whole ? 1 : 2));
 }
 
 /* Sum over the threads of one row's group, with one barrier for groups wider than a warp (one
@@ -164,9 +166,10 @@ enum { SCALE_WEIGHT, SCALE_GEMMA, SCALE_NONE };
  * arithmetic they kept from being hoisted then disappear (docs/kernels/norm.md counts the
  * instructions saved).
  * Cluster: the row is split over the blocks of a cluster, block `rank` holding packs
- * [rank * slice_packs, + slice_packs) of it (the last block fewer); one row per block. */
-template <typename T, typename W, int VEC, bool LayerNorm, bool Residual, bool Whole, bool Cluster>
-__global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks<T, VEC, Whole, Cluster>()))
+ * [rank * slice_packs, + slice_packs) of it (the last block fewer); one row per block.
+ * Threads: the most threads a block has (the launch bounds). */
+template <typename T, typename W, int VEC, int Threads, bool LayerNorm, bool Residual, bool Whole, bool Cluster>
+__global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Whole, Cluster>()))
     norm_fwd_rows(tk_norm_call a, int group, float inv_n, int slice_packs) {
     constexpr int PACKS = fwd_packs<VEC>();
     __shared__ float scratch[2][32];
@@ -464,14 +467,14 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_fwd_wide(tk_norm_call a) {
     }
 }
 
-/* The row kernels of one layout: a grid of `blocks_per_row`-block clusters when Cluster. */
-template <typename T, typename W, int VEC, bool Whole, bool Cluster>
+/* The rows kernel of one layout: a grid of `blocks_per_row`-block clusters when Cluster. */
+template <typename T, typename W, int VEC, int Threads, bool Whole, bool Cluster>
 cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, int blocks_per_row,
                         int slice_packs, cudaStream_t stream) {
-    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, true, true, Whole, Cluster>
-                                                    : norm_fwd_rows<T, W, VEC, true, false, Whole, Cluster>)
-                                     : (a->residual ? norm_fwd_rows<T, W, VEC, false, true, Whole, Cluster>
-                                                    : norm_fwd_rows<T, W, VEC, false, false, Whole, Cluster>);
+    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, Threads, true, true, Whole, Cluster>
+                                                    : norm_fwd_rows<T, W, VEC, Threads, true, false, Whole, Cluster>)
+                                     : (a->residual ? norm_fwd_rows<T, W, VEC, Threads, false, true, Whole, Cluster>
+                                                    : norm_fwd_rows<T, W, VEC, Threads, false, false, Whole, Cluster>);
     cudaLaunchAttribute cluster;
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = (unsigned)blocks_per_row;
@@ -479,6 +482,15 @@ cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, flo
     cluster.val.clusterDim.z = 1;
     const cudaLaunchConfig_t cfg = tk_launch_config(grid, s.threads, 0, stream, &cluster, Cluster ? 1 : 0);
     return tk_launch(cfg, kernel, *a, s.group, inv_n, slice_packs);
+}
+
+/* The same, whole rows (or slices) or not. */
+template <typename T, typename W, int VEC, int Threads, bool Cluster>
+cudaError_t launch_whole_or_not(const tk_norm_call *a, bool whole, dim3 grid, norm_rows_shape s, float inv_n,
+                                int blocks_per_row, int slice_packs, cudaStream_t stream) {
+    return whole ? launch_rows<T, W, VEC, Threads, true, Cluster>(a, grid, s, inv_n, blocks_per_row, slice_packs, stream)
+                 : launch_rows<T, W, VEC, Threads, false, Cluster>(a, grid, s, inv_n, blocks_per_row, slice_packs,
+                                                                   stream);
 }
 
 enum fwd_kernel { ROWS, CLUSTER, WIDE };
@@ -493,11 +505,11 @@ cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev
             return err;
         return tk_launch(kernel, (unsigned)(a->rows < wave ? a->rows : wave), WIDE_THREADS, 0, stream, *a);
     }
-    constexpr int packs = fwd_packs<VEC>();
+    constexpr int packs = fwd_packs<VEC>(), small = rows_small_threads<T, VEC>(), big = TK_NORM_ROWS_MAX_THREADS;
     const int64_t packs_row = a->cols / VEC;
     /* Cluster: the fewest blocks whose slices a block holds (the host checked that at most
      * TK_NORM_CLUSTER_MAX_BLOCKS do), slices as even as whole packs allow. */
-    const int64_t block_packs = (int64_t)packs * rows_max_threads<T, VEC>();
+    const int64_t block_packs = (int64_t)packs * big;
     const int blocks_per_row = which == CLUSTER ? (int)((packs_row + block_packs - 1) / block_packs) : 1;
     const int slice_packs = (int)((packs_row + blocks_per_row - 1) / blocks_per_row);
     const norm_rows_shape s = norm_shape_for((slice_packs + packs - 1) / packs);
@@ -509,18 +521,20 @@ cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev
         groups = 0x7fffffff / blocks_per_row;
     const dim3 grid((unsigned)((groups < 1 ? 1 : groups) * blocks_per_row));
     const float inv_n = 1.0f / (float)a->cols; /* here, not a division per thread */
-    /* Whole rows (or slices) only for 16-byte packs: e.g. 2048..8192 in steps of 1024 for 16-bit
-     * rows, 16384 on 2 blocks. */
+    /* Whole rows (or slices) only for 16-byte packs: e.g. 2048..16384 in steps of 1024 for
+     * 16-bit rows, 32768 on 2 blocks. The slices of a 16-bit cluster row are wider than 256
+     * threads hold. */
     if constexpr (VEC > 1) {
         const bool whole = s.group == s.threads && slice_packs == packs * s.threads &&
                            packs_row == (int64_t)slice_packs * blocks_per_row;
         if (which == CLUSTER)
-            return whole ? launch_rows<T, W, VEC, true, true>(a, grid, s, inv_n, blocks_per_row, slice_packs, stream)
-                         : launch_rows<T, W, VEC, false, true>(a, grid, s, inv_n, blocks_per_row, slice_packs, stream);
-        if (whole)
-            return launch_rows<T, W, VEC, true, false>(a, grid, s, inv_n, 1, slice_packs, stream);
+            return launch_whole_or_not<T, W, VEC, big, true>(a, whole, grid, s, inv_n, blocks_per_row, slice_packs,
+                                                             stream);
+        if (s.threads > small)
+            return launch_whole_or_not<T, W, VEC, big, false>(a, whole, grid, s, inv_n, 1, slice_packs, stream);
+        return launch_whole_or_not<T, W, VEC, small, false>(a, whole, grid, s, inv_n, 1, slice_packs, stream);
     }
-    return launch_rows<T, W, VEC, false, false>(a, grid, s, inv_n, 1, slice_packs, stream);
+    return launch_rows<T, W, VEC, small, false, false>(a, grid, s, inv_n, 1, slice_packs, stream);
 }
 
 template <typename T, int VEC>

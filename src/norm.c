@@ -52,7 +52,7 @@ static bool norm_cluster_vec16_supports(tk_call_args call, const tk_device *dev)
     (void)dev;
     const tk_norm_call *a = call;
     return norm_aligned16(a) && !tk_norm_rows_fit(a->cols, pack_elems(a->dtype), false) &&
-           tk_norm_cluster_fit(a->cols);
+           tk_norm_cluster_fit(a->cols, pack_elems(a->dtype));
 }
 
 static bool norm_wide_vec16_supports(tk_call_args call, const tk_device *dev) {

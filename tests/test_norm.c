@@ -241,8 +241,10 @@ static bool variant_claims(const norm_case *c, const char *variant) {
     const int64_t es = (int64_t)tk_test_dtype_size(c->dtype);
     const bool aligned = c->offset == 0 && (c->cols * es) % 16 == 0 && ((c->cols + c->x_pad) * es) % 16 == 0 &&
                          ((c->cols + c->r_pad) * es) % 16 == 0 && ((c->cols + c->y_pad) * es) % 16 == 0;
-    const int64_t vec_limit = 8192, scalar_limit = 4096; /* the same forward and backward */
-    const int64_t cluster_limit = 8 * vec_limit;          /* 8 blocks, the portable cluster size */
+    /* Forward 16-bit rows of up to 16384 elements on one block (32 KB); the rest 8192 forward
+     * and backward; scalars 4096 both ways. A cluster: 8 blocks (the portable size) forward. */
+    const int64_t vec_limit = !c->backward && es == 2 ? 16384 : 8192, scalar_limit = 4096;
+    const int64_t cluster_limit = 8 * vec_limit;
     if (!strcmp(variant, "vec16"))
         return aligned && c->cols <= vec_limit;
     if (!strcmp(variant, "cluster_vec16"))
@@ -537,12 +539,15 @@ static const struct {
     {3, 12288, 0, 0, 0, 0, true, true, true, false, true, false},
     {300, 256, 0, 0, 0, 0, false, false, false, false, false, false},
     {2, 262144, 0, 0, 0, 0, true, true, true, true, true, false},
-    /* The forward's cluster slices (8192 elements a block): 16384 is 2 whole slices, 65536 8
-     * (the most), 40000 5 slices of 1000 packs (f32: 2000), 8200 2 uneven ones. */
+    /* Forward rows wider than 8192: 16-bit ones on one 512-thread block up to 16384 (whole, and
+     * 8200 one pack past 256 threads), then on clusters of 32 KB slices: 65536 is 4 whole
+     * slices (f32: 8), 131072 8 (16-bit, the most), 40000 3 uneven ones (f32: 5), 16384 and
+     * 8200 2 f32 ones. */
     {5, 16384, 0, 0, 0, 0, true, true, true, false, true, false},
     {3, 65536, 8, 16, 24, 0, true, true, true, true, true, false},
     {4, 40000, 0, 0, 0, 0, false, true, true, false, true, true},
     {3, 8200, 0, 0, 0, 0, true, false, false, false, true, false},
+    {2, 131072, 0, 0, 0, 0, true, true, true, false, true, false},
 };
 
 static void run_all(bool backward) {
@@ -580,11 +585,11 @@ Test(norm_gpu, automatic_choice) {
     tk_rng rng = tk_rng_seeded(33);
     const char *wide_fwd = clusters_run_here() ? "cluster_vec16" : "wide_vec16";
     const struct { int64_t rows, cols; int offset; bool backward; const char *expect; } cases[] = {
-        {64, 4096, 0, false, "vec16"},      {64, 4096, 0, true, "vec16"},
-        {4, 16384, 0, false, wide_fwd},     {4, 16384, 0, true, "wide_vec16"},
-        {2, 65544, 0, false, "wide_vec16"}, {8, 4000, 1, false, "scalar"},
-        {8, 4000, 1, true, "scalar"},       {3, 4097, 0, false, "wide_scalar"},
-        {3, 4097, 0, true, "wide_scalar"},
+        {64, 4096, 0, false, "vec16"},       {64, 4096, 0, true, "vec16"},
+        {4, 16384, 0, false, "vec16"},       {4, 16384, 0, true, "wide_vec16"},
+        {4, 16392, 0, false, wide_fwd},      {2, 131080, 0, false, "wide_vec16"},
+        {8, 4000, 1, false, "scalar"},       {8, 4000, 1, true, "scalar"},
+        {3, 4097, 0, false, "wide_scalar"},  {3, 4097, 0, true, "wide_scalar"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         norm_case c = {true, cases[i].backward, TK_BF16, TK_F32, cases[i].rows, cases[i].cols, 0, 0, 0,
