@@ -3,9 +3,9 @@
  * Bytes that must move: each row tensor read or written once (x, y; residual read and written
  * for add+RMSNorm; dy, x, dx backward) plus the weight / bias vectors and, backward, the stats.
  * The dw / db partial sums stay in L2 and are not counted. Rows: bf16 16384 x 4096
- * shapes, then f16 / f32 rows and wide rows (16384 and 65536 columns: cluster_vec16 on sm_90,
- * wide_vec16 before), then decode-sized calls (1 and 64 rows), timed against the launch floor
- * instead (bench_memory_baseline).
+ * shapes, then f16 / f32 rows and wide rows (16384 columns: one 512-thread block for 16-bit
+ * rows, an sm_90 cluster for f32; 65536: a cluster; wide_vec16 elsewhere), then decode-sized
+ * calls (1 and 64 rows), timed against the launch floor instead (bench_memory_baseline).
  */
 #include <stdio.h>
 

@@ -12,23 +12,26 @@
  * traffic: memory-bound, so one pass over memory is the goal.
  * - "rows" kernels (vec16 / scalar) hold the whole row in registers (norm.cuh has the thread
  *   mapping): 4 packs of 16 bytes per thread (32 bf16 / f16 or 16 f32 elements) or 8 scalars,
- *   in one block of up to 256 (16-bit) or 512 threads, so rows up to 8192 (4096 scalar). Each
+ *   in one block of up to 512 threads (32 KB of a row), so rows up to 16384 16-bit or 8192 f32
+ *   elements (4096 scalar); 16-bit rows of up to 8192 take at most 256 threads. Each
  *   thread issues all its loads (x and residual) before the first use, so the row is read once
  *   and written once; the packs stay raw in registers (keep_packed) and are converted where
  *   used. The reductions are warp shuffles plus, for groups wider than a warp, one
  *   shared-memory step behind a single barrier. LayerNorm's variance is a second pass over the
  *   registers (exact two-pass, no cancellation). LayerNorm and the residual add are template
- *   parameters, so each kernel holds only its own state: 56-80 registers for 16-bit packs,
- *   48-62 for f32 (ptxas -v, sm_90a). A bf16 4096 row is one block of 128 threads x 4 packs.
+ *   parameters, so each kernel holds only its own state: 56-80 registers for 16-bit packs of
+ *   <= 256 threads, 48-64 for 512 threads (ptxas -v, sm_90a). A bf16 4096 row is one block of
+ *   128 threads x 4 packs, a 16384 row one of 512 threads.
  *   These kernels are close to the SM's instruction-issue limit, not only to the memory's
  *   (docs/kernels/norm.md has the profile), hence the per-element work is kept minimal: bf16
  *   pairs unpack per 32-bit word (tk_unpack), shifts instead of divisions, the weight kind
  *   (w, 1 + w, none) and the bias lifted out of the output loop, and rows of exactly 4 packs
  *   per thread of one block run without bounds checks (Whole, below).
- * - "cluster" instantiations of the rows kernel (sm_90; rows of 8193 to 65536): a row split
- *   into slices over the 2 to 8 blocks of a thread-block cluster, each slice held in registers
- *   like a whole row of the rows kernel (a 16384-wide bf16 row is 2 blocks of 256 threads x 4
- *   packs), so the row is still read once. A reduction sends every warp's sum to every block of
+ * - "cluster" instantiations of the rows kernel (sm_90; rows wider than one block holds, up to
+ *   8 blocks' worth: 131072 16-bit or 65536 f32 elements): a row split into slices over the 2
+ *   to 8 blocks of a thread-block cluster, each slice held in registers like a row of the rows
+ *   kernel (a 65536-wide bf16 row is 4 blocks of 512 threads x 4 packs), so the row is still
+ *   read once. A reduction sends every warp's sum to every block of
  *   the cluster (distributed shared memory) behind one cluster barrier, and each block adds them
  *   in the same order, so all blocks get the same bits. The residual is stored with y, after
  *   the reductions: the barrier's release would otherwise wait for those stores.
