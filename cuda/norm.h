@@ -38,21 +38,39 @@ typedef struct tk_norm_call {
     int64_t workspace_slots;
 } tk_norm_call;
 
-/* Row widths the "rows" kernels hold in registers: TK_NORM_ROWS_MAX_THREADS threads of
- * ELEMS elements (16-byte packs / scalars). The forward kernel holds 16-bit rows as 32 elements
- * per thread in at most half as many threads (cuda/norm_fwd.cu): the same widths. */
-#define TK_NORM_FWD_ELEMS_VEC 16
+/* Row widths the "rows" kernels hold in registers: up to TK_NORM_ROWS_MAX_THREADS threads of
+ * TK_NORM_FWD_PACKS 16-byte packs forward (a block holds 32 KB of a row: 16384 16-bit or 8192
+ * f32 elements) or TK_NORM_FWD_ELEMS_SCALAR scalars (4096), TK_NORM_BWD_ELEMS_* elements
+ * backward (8192 / 4096). */
+#define TK_NORM_FWD_PACKS 4
 #define TK_NORM_FWD_ELEMS_SCALAR 8
 #define TK_NORM_BWD_ELEMS_VEC 16
 #define TK_NORM_BWD_ELEMS_SCALAR 8
 #define TK_NORM_ROWS_MAX_THREADS 512
 
+/* The widest row the "rows" kernels hold on one block, accessed in packs of `vec` elements. */
+static inline int64_t tk_norm_rows_max_cols(int vec, bool backward) {
+    if (backward)
+        return TK_NORM_ROWS_MAX_THREADS * (vec > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR);
+    return TK_NORM_ROWS_MAX_THREADS * (vec > 1 ? TK_NORM_FWD_PACKS * vec : TK_NORM_FWD_ELEMS_SCALAR);
+}
+
 /* Whether a row of `cols` elements, accessed in packs of `vec` elements, fits the registers of
- * the "rows" kernels (the "vec16" and "scalar" variants); wider rows take the "wide" ones. */
+ * the "rows" kernels (the "vec16" and "scalar" variants); wider rows take the "cluster" or the
+ * "wide" ones. */
 static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
-    const int64_t per_thread = backward ? (vec > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR)
-                                        : (vec > 1 ? TK_NORM_FWD_ELEMS_VEC : TK_NORM_FWD_ELEMS_SCALAR);
-    return cols <= TK_NORM_ROWS_MAX_THREADS * per_thread;
+    return cols <= tk_norm_rows_max_cols(vec, backward);
+}
+
+/* Forward rows wider than one block holds, up to this many blocks' worth, run split over the
+ * blocks of a thread-block cluster (sm_90, the "cluster_vec16" variant): each block holds its
+ * slice of the row in registers as the rows kernel does, and the blocks add their partial sums
+ * through distributed shared memory. 8 blocks is the portable cluster size: rows of up to
+ * 131072 16-bit or 65536 f32 elements. */
+#define TK_NORM_CLUSTER_MAX_BLOCKS 8
+
+static inline bool tk_norm_cluster_fit(int64_t cols, int vec) {
+    return cols <= TK_NORM_CLUSTER_MAX_BLOCKS * tk_norm_rows_max_cols(vec, false);
 }
 
 /* Partial-sum slots of the backward dw / db reduction for a shape: a function of the shape
@@ -67,9 +85,11 @@ static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
 }
 
 /* Each direction's launchers, in cuda/norm_fwd.cu and cuda/norm_bwd.cu (ops "norm" and
- * "norm_bwd"). "vec16": 16-byte packs, row in registers. "scalar": one element per access.
- * "wide_vec16" / "wide_scalar": a block per row, any width, the row read twice. */
+ * "norm_bwd"). "vec16": 16-byte packs, row in registers. "cluster_vec16" (forward only): the
+ * same, a row split over a cluster. "scalar": one element per access. "wide_vec16" /
+ * "wide_scalar": a block per row, any width, the row read twice. */
 cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);

@@ -12,19 +12,29 @@
  * traffic: memory-bound, so one pass over memory is the goal.
  * - "rows" kernels (vec16 / scalar) hold the whole row in registers (norm.cuh has the thread
  *   mapping): 4 packs of 16 bytes per thread (32 bf16 / f16 or 16 f32 elements) or 8 scalars,
- *   in one block of up to 256 (16-bit) or 512 threads, so rows up to 8192 (4096 scalar). Each
+ *   in one block of up to 512 threads (32 KB of a row), so rows up to 16384 16-bit or 8192 f32
+ *   elements (4096 scalar); 16-bit rows of up to 8192 take at most 256 threads. Each
  *   thread issues all its loads (x and residual) before the first use, so the row is read once
  *   and written once; the packs stay raw in registers (keep_packed) and are converted where
  *   used. The reductions are warp shuffles plus, for groups wider than a warp, one
  *   shared-memory step behind a single barrier. LayerNorm's variance is a second pass over the
  *   registers (exact two-pass, no cancellation). LayerNorm and the residual add are template
- *   parameters, so each kernel holds only its own state: 56-80 registers for 16-bit packs,
- *   48-62 for f32 (ptxas -v, sm_90a). A bf16 4096 row is one block of 128 threads x 4 packs.
+ *   parameters, so each kernel holds only its own state: 56-80 registers for 16-bit packs of
+ *   <= 256 threads, 48-64 for 512 threads (ptxas -v, sm_90a). A bf16 4096 row is one block of
+ *   128 threads x 4 packs, a 16384 row one of 512 threads.
  *   These kernels are close to the SM's instruction-issue limit, not only to the memory's
  *   (docs/kernels/norm.md has the profile), hence the per-element work is kept minimal: bf16
  *   pairs unpack per 32-bit word (tk_unpack), shifts instead of divisions, the weight kind
  *   (w, 1 + w, none) and the bias lifted out of the output loop, and rows of exactly 4 packs
  *   per thread of one block run without bounds checks (Whole, below).
+ * - "cluster" instantiations of the rows kernel (sm_90; rows wider than one block holds, up to
+ *   8 blocks' worth: 131072 16-bit or 65536 f32 elements): a row split into slices over the 2
+ *   to 8 blocks of a thread-block cluster, each slice held in registers like a row of the rows
+ *   kernel (a 65536-wide bf16 row is 4 blocks of 512 threads x 4 packs), so the row is still
+ *   read once. A reduction sends every warp's sum to every block of
+ *   the cluster (distributed shared memory) behind one cluster barrier, and each block adds them
+ *   in the same order, so all blocks get the same bits. The residual is stored with y, after
+ *   the reductions: the barrier's release would otherwise wait for those stores.
  * - "wide" kernels (any width, up to 262144): a 512-thread block per row, two passes over the
  *   row: pass 1 reads it (adding and storing the residual) and accumulates per-thread shifted
  *   sums, combined across the block with Chan's formula in a fixed order; pass 2 reads it back
@@ -41,17 +51,22 @@ namespace {
 constexpr int WIDE_THREADS = 512;
 constexpr int WIDE_UNROLL = 2;
 
-/* Packs per thread: 4 of 16 bytes (16 f32 or 32 f16 / bf16 elements), or 8 scalars. The 16-bit
- * rows thus take at most TK_NORM_FWD_ELEMS_VEC * TK_NORM_ROWS_MAX_THREADS / 32 = 256 threads. */
-template <int VEC> constexpr int fwd_packs() { return VEC > 1 ? 4 : TK_NORM_FWD_ELEMS_SCALAR; }
+/* Packs per thread: 4 of 16 bytes (16 f32 or 32 f16 / bf16 elements), or 8 scalars. */
+template <int VEC> constexpr int fwd_packs() { return VEC > 1 ? TK_NORM_FWD_PACKS : TK_NORM_FWD_ELEMS_SCALAR; }
 
-/* Launch bounds: 16-bit rows (<= 256 threads) are capped at 80 registers (3 blocks of 256 per
- * SM), the best cap measured for LayerNorm (docs/kernels/norm.md); f32 rows (<= 512 threads) at
- * 64, scalars at 128. */
-template <typename T, int VEC> constexpr int rows_max_threads() {
+/* Threads of the rows kernels: 16-bit rows of up to 8192 elements take at most 256 threads (the
+ * kernel tuned for them), wider ones and the f32 and scalar rows up to 512 (Threads below). */
+template <typename T, int VEC> constexpr int rows_small_threads() {
     return VEC > 1 && sizeof(T) == 2 ? TK_NORM_ROWS_MAX_THREADS / 2 : TK_NORM_ROWS_MAX_THREADS;
 }
-template <typename T, int VEC> constexpr int rows_min_blocks() { return VEC == 1 ? 1 : (sizeof(T) == 2 ? 3 : 2); }
+
+/* Launch bounds: 16-bit rows of <= 256 threads are capped at 80 registers (3 blocks of 256 per
+ * SM), the best cap measured for LayerNorm (docs/kernels/norm.md); 512-thread rows and slices
+ * at 64 (2 blocks per SM), scalars at 128. Cluster slices that are not whole have no cap below
+ * 128: at 64 registers the f32 LayerNorm with the residual spilled (it takes 66). */
+template <typename T, int VEC, int Threads, bool Whole, bool Cluster> constexpr int rows_min_blocks() {
+    return VEC == 1 ? 1 : (Threads < TK_NORM_ROWS_MAX_THREADS ? 3 : (Cluster && !Whole ? 1 : 2));
+}
 
 /* Sum over the threads of one row's group, with one barrier for groups wider than a warp (one
  * row per block; OneRow: known to be so at compile time): partial sums alternate between two scratch buffers by `parity`, so a
@@ -71,39 +86,128 @@ __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[
     return tk_warp_sum(lane < (int)(blockDim.x >> 5) ? buf[lane] : 0.0f);
 }
 
+/* The cluster instantiations (Cluster below) run only on sm_90 and later ("cluster_vec16" needs
+ * cc 9.0): compiled for an older target, their cluster steps trap. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define NORM_NO_CLUSTERS
+#endif
+
+/* This block's rank in its cluster, and the cluster's blocks (special registers, read where
+ * used rather than held in registers). */
+__device__ __forceinline__ int cluster_rank() {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+    return 0;
+#else
+    return (int)__clusterRelativeBlockRank();
+#endif
+}
+
+__device__ __forceinline__ int cluster_blocks() {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+    return 1;
+#else
+    return (int)__clusterSizeInBlocks();
+#endif
+}
+
+/* The cluster's blocks may write into each other's shared memory only once all of them run:
+ * every thread arrives at the start (relaxed: nothing to publish) and waits before its first
+ * write, with its loads in flight. */
+__device__ __forceinline__ void cluster_arrive_started() {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    __cluster_barrier_arrive_relaxed();
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait_started() {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    __cluster_barrier_wait();
+#endif
+}
+
+/* Sum over the blocks of the cluster that holds the row, returned to all of them: every warp
+ * writes its sum into slot rank * warps + warp of every block, one cluster barrier (its release
+ * and acquire publish the slots), then each warp adds all the slots in one fixed order: every
+ * block gets the same bits. Slots alternate between two buffers by `parity`: a buffer is written
+ * again two reductions later, by blocks past the barrier of the one in between, which each block
+ * reaches only after reading this one. */
+__device__ __forceinline__ float cluster_sum(float v, int &parity) {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+    return v;
+#else
+    __shared__ float slots[2][TK_NORM_CLUSTER_MAX_BLOCKS * TK_NORM_ROWS_MAX_THREADS / 32];
+    v = tk_warp_sum(v);
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, blocks = cluster_blocks();
+    float *buf = slots[parity];
+    parity ^= 1;
+    if (lane < blocks)
+        *static_cast<float *>(__cluster_map_shared_rank(&buf[cluster_rank() * warps + (threadIdx.x >> 5)], lane)) = v;
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();
+    float sum = 0.0f;
+    for (int i = lane; i < blocks * warps; i += 32)
+        sum += buf[i];
+    return tk_warp_sum(sum);
+#endif
+}
+
 /* The effective scale w' of the forward kernels: the weight, 1 + weight (gemma), or 1 (none). */
 enum { SCALE_WEIGHT, SCALE_GEMMA, SCALE_NONE };
 
 /* LayerNorm and Residual are template parameters: each of the four kernels carries only its own
  * registers and work (a runtime-general kernel was slower: docs/kernels/norm.md).
- * Whole: the launcher found the row to be exactly PACKS packs per thread of one block, so every
- * pack of every thread is inside the row and every block's row inside the tensor. The per-pack
- * bounds checks, their branches and the per-pack address arithmetic they kept from being hoisted
- * then disappear (docs/kernels/norm.md counts the instructions saved). */
-template <typename T, typename W, int VEC, bool LayerNorm, bool Residual, bool Whole>
-__global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks<T, VEC>())) norm_fwd_rows(tk_norm_call a, int group, float inv_n) {
+ * Whole: the launcher found the row (or the block's slice of it) to be exactly PACKS packs per
+ * thread of one block, so every pack of every thread is inside the row and every block's row
+ * inside the tensor. The per-pack bounds checks, their branches and the per-pack address
+ * arithmetic they kept from being hoisted then disappear (docs/kernels/norm.md counts the
+ * instructions saved).
+ * Cluster: the row is split over the blocks of a cluster, block `rank` holding packs
+ * [rank * slice_packs, + slice_packs) of it (the last block fewer); one row per block.
+ * Threads: the most threads a block has (the launch bounds). */
+template <typename T, typename W, int VEC, int Threads, bool LayerNorm, bool Residual, bool Whole, bool Cluster>
+__global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Whole, Cluster>()))
+    norm_fwd_rows(tk_norm_call a, int group, float inv_n, int slice_packs) {
     constexpr int PACKS = fwd_packs<VEC>();
     __shared__ float scratch[2][32];
     int parity = 0;
     const W *w = static_cast<const W *>(a.weight);
     const W *b = static_cast<const W *>(a.bias);
-    const int packs_row = (int)(a.cols / VEC);
+    /* The block's first column, and its packs of the row. */
+    const int col0 = Cluster ? cluster_rank() * slice_packs * VEC : 0;
+    const int packs_row = Cluster ? min(slice_packs, (int)(a.cols - col0) / VEC) : (int)(a.cols / VEC);
     /* A group is a power of two <= 32 or the whole block (norm.cuh): shifts, not divisions. */
-    const bool one_row = Whole || group == (int)blockDim.x;
+    const bool one_row = Whole || Cluster || group == (int)blockDim.x;
     const int group_shift = __ffs(group) - 1;
     const int groups_per_block = one_row ? 1 : (int)blockDim.x >> group_shift;
     const int local = one_row ? 0 : (int)threadIdx.x >> group_shift;
     const int lane = one_row ? (int)threadIdx.x : (int)threadIdx.x & (group - 1);
+    /* A cluster's blocks all take its rows: base = cluster index, step = clusters. */
+    const int64_t first_base = Cluster ? (int64_t)(blockIdx.x / cluster_blocks()) : (int64_t)blockIdx.x * groups_per_block;
+    const int64_t base_step = Cluster ? (int64_t)(gridDim.x / cluster_blocks()) : (int64_t)gridDim.x * groups_per_block;
+    auto row_sum = [&](float v) {
+        if constexpr (Cluster)
+            return cluster_sum(v, parity);
+        else
+            return group_sum<Whole>(v, group, scratch, parity);
+    };
+    if constexpr (Cluster)
+        cluster_arrive_started();
 
-    for (int64_t base = (int64_t)blockIdx.x * groups_per_block; base < a.rows;
-         base += (int64_t)gridDim.x * groups_per_block) {
+    for (int64_t base = first_base; base < a.rows; base += base_step) {
         const int64_t row = base + local;
-        const bool active = Whole || row < a.rows;
+        const bool active = Whole || Cluster || row < a.rows; /* a cluster's row: base < rows */
         auto in_row = [&](int j) { return Whole || (active && j < packs_row); };
         /* In-row offsets are 32-bit (cols <= 262144); only the row bases are 64-bit. */
-        const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride;
-        T *__restrict__ res_row = Residual ? static_cast<T *>(a.residual) + row * a.residual_stride : nullptr;
-        T *y_row = static_cast<T *>(a.y) + row * a.y_stride;
+        const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride + col0;
+        T *__restrict__ res_row = Residual ? static_cast<T *>(a.residual) + row * a.residual_stride + col0 : nullptr;
+        T *y_row = static_cast<T *>(a.y) + row * a.y_stride + col0;
         tk_pack<T, VEC> h[PACKS], r[PACKS];
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
@@ -114,6 +218,9 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
                     r[p] = tk_load_pack<T, VEC>(res_row + j * VEC);
             }
         }
+        if constexpr (Cluster)
+            if (base == first_base)
+                cluster_wait_started();
         if constexpr (Residual)
             keep_packed(r); /* convert pack by pack in the add below, not all at once */
         float sum = 0.0f;
@@ -129,7 +236,8 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
                         h[p].v[e] = tk_from_float<T>(f[e] + g[e]);
-                    tk_store_pack<T, VEC>(res_row + j * VEC, h[p]);
+                    if constexpr (!Cluster)
+                        tk_store_pack<T, VEC>(res_row + j * VEC, h[p]);
                 }
                 tk_unpack(h[p], f); /* the rounded h that was stored */
 #pragma unroll
@@ -140,7 +248,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
         keep_packed(h); /* reconvert below rather than hold VEC x PACKS floats */
         float mean = 0.0f;
         if constexpr (LayerNorm)
-            mean = group_sum<Whole>(sum, group, scratch, parity) * inv_n;
+            mean = row_sum(sum) * inv_n;
         float squares = 0.0f;
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
@@ -154,8 +262,8 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
             }
         }
         keep_packed(h);
-        const float rstd = rsqrtf(group_sum<Whole>(squares, group, scratch, parity) * inv_n + a.eps);
-        if (active && lane == 0) {
+        const float rstd = rsqrtf(row_sum(squares) * inv_n + a.eps);
+        if (active && lane == 0 && col0 == 0) { /* a cluster's first block */
             if (a.rstd_out)
                 a.rstd_out[row] = rstd;
             if (a.mean_out)
@@ -167,6 +275,12 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
          * LayerNorm has one) are lifted out of the loop: each combination gets its own copy of
          * the loop with no per-element select or add and no per-pack test. (h - mu) rstd stays
          * a subtraction first (h rstd - mu rstd would cancel for rows far from zero). */
+        if constexpr (Residual && Cluster) {
+#pragma unroll
+            for (int p = 0; p < PACKS; p++)
+                if (in_row(lane + p * group))
+                    tk_store_pack<T, VEC>(res_row + (lane + p * group) * VEC, h[p]);
+        }
         auto store_normalised = [&](auto scale_kind, auto with_bias) {
             constexpr int kind = decltype(scale_kind)::value;
 #pragma unroll
@@ -180,7 +294,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
                         for (int e = 0; e < VEC; e++)
                             scale[e] = 1.0f;
                     } else {
-                        norm_load_params<W, VEC>(w, j * VEC, scale);
+                        norm_load_params<W, VEC>(w, col0 + j * VEC, scale);
                         if constexpr (kind == SCALE_GEMMA)
 #pragma unroll
                             for (int e = 0; e < VEC; e++)
@@ -188,7 +302,7 @@ __global__ void __launch_bounds__((rows_max_threads<T, VEC>()), (rows_min_blocks
                     }
                     tk_pack<T, VEC> out;
                     if constexpr (decltype(with_bias)::value) {
-                        norm_load_params<W, VEC>(b, j * VEC, shift);
+                        norm_load_params<W, VEC>(b, col0 + j * VEC, shift);
 #pragma unroll
                         for (int e = 0; e < VEC; e++)
                             out.v[e] = tk_from_float<T>(fmaf((f[e] - mean) * rstd, scale[e], shift[e]));
@@ -356,18 +470,37 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_fwd_wide(tk_norm_call a) {
     }
 }
 
-template <typename T, typename W, int VEC, bool Whole>
-cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, cudaStream_t stream) {
-    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, true, true, Whole>
-                                                    : norm_fwd_rows<T, W, VEC, true, false, Whole>)
-                                     : (a->residual ? norm_fwd_rows<T, W, VEC, false, true, Whole>
-                                                    : norm_fwd_rows<T, W, VEC, false, false, Whole>);
-    return tk_launch(kernel, grid, s.threads, 0, stream, *a, s.group, inv_n);
+/* The rows kernel of one layout: a grid of `blocks_per_row`-block clusters when Cluster. */
+template <typename T, typename W, int VEC, int Threads, bool Whole, bool Cluster>
+cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, int blocks_per_row,
+                        int slice_packs, cudaStream_t stream) {
+    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, Threads, true, true, Whole, Cluster>
+                                                    : norm_fwd_rows<T, W, VEC, Threads, true, false, Whole, Cluster>)
+                                     : (a->residual ? norm_fwd_rows<T, W, VEC, Threads, false, true, Whole, Cluster>
+                                                    : norm_fwd_rows<T, W, VEC, Threads, false, false, Whole, Cluster>);
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = (unsigned)blocks_per_row;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    const cudaLaunchConfig_t cfg = tk_launch_config(grid, s.threads, 0, stream, &cluster, Cluster ? 1 : 0);
+    return tk_launch(cfg, kernel, *a, s.group, inv_n, slice_packs);
 }
 
+/* The same, whole rows (or slices) or not. */
+template <typename T, typename W, int VEC, int Threads, bool Cluster>
+cudaError_t launch_whole_or_not(const tk_norm_call *a, bool whole, dim3 grid, norm_rows_shape s, float inv_n,
+                                int blocks_per_row, int slice_packs, cudaStream_t stream) {
+    return whole ? launch_rows<T, W, VEC, Threads, true, Cluster>(a, grid, s, inv_n, blocks_per_row, slice_packs, stream)
+                 : launch_rows<T, W, VEC, Threads, false, Cluster>(a, grid, s, inv_n, blocks_per_row, slice_packs,
+                                                                   stream);
+}
+
+enum fwd_kernel { ROWS, CLUSTER, WIDE };
+
 template <typename T, typename W, int VEC>
-cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
-    if (wide) {
+cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
+    if (which == WIDE) {
         constexpr auto kernel = norm_fwd_wide<T, W, VEC>;
         int64_t wave;
         const cudaError_t err = tk_wave_blocks<kernel>(dev, WIDE_THREADS, 0, &wave);
@@ -375,54 +508,73 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
             return err;
         return tk_launch(kernel, (unsigned)(a->rows < wave ? a->rows : wave), WIDE_THREADS, 0, stream, *a);
     }
-    constexpr int packs = fwd_packs<VEC>();
-    const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
+    constexpr int packs = fwd_packs<VEC>(), small = rows_small_threads<T, VEC>(), big = TK_NORM_ROWS_MAX_THREADS;
+    const int64_t packs_row = a->cols / VEC;
+    /* Cluster: the fewest blocks whose slices a block holds (the host checked that at most
+     * TK_NORM_CLUSTER_MAX_BLOCKS do), slices as even as whole packs allow. */
+    const int64_t block_packs = (int64_t)packs * big;
+    const int blocks_per_row = which == CLUSTER ? (int)((packs_row + block_packs - 1) / block_packs) : 1;
+    const int slice_packs = (int)((packs_row + blocks_per_row - 1) / blocks_per_row);
+    const norm_rows_shape s = norm_shape_for((slice_packs + packs - 1) / packs);
     const int groups_per_block = s.threads / s.group;
     /* One block per row group, not a persistent grid: blocks in different phases (loading,
      * reducing, storing) then share each SM. The kernel strides only past the grid limit. */
-    int64_t blocks = (a->rows + groups_per_block - 1) / groups_per_block;
-    if (blocks > 0x7fffffff)
-        blocks = 0x7fffffff;
-    const dim3 grid((unsigned)(blocks < 1 ? 1 : blocks));
+    int64_t groups = (a->rows + groups_per_block - 1) / groups_per_block;
+    if (groups > 0x7fffffff / blocks_per_row)
+        groups = 0x7fffffff / blocks_per_row;
+    const dim3 grid((unsigned)((groups < 1 ? 1 : groups) * blocks_per_row));
     const float inv_n = 1.0f / (float)a->cols; /* here, not a division per thread */
-    /* Whole rows only for 16-byte packs: e.g. 2048..8192 in steps of 1024 for 16-bit rows. */
-    if constexpr (VEC > 1)
-        if (s.group == s.threads && a->cols / VEC == (int64_t)packs * s.threads)
-            return launch_rows<T, W, VEC, true>(a, grid, s, inv_n, stream);
-    return launch_rows<T, W, VEC, false>(a, grid, s, inv_n, stream);
+    /* Whole rows (or slices) only for 16-byte packs: e.g. 2048..16384 in steps of 1024 for
+     * 16-bit rows, 32768 on 2 blocks. The slices of a 16-bit cluster row are wider than 256
+     * threads hold. */
+    if constexpr (VEC > 1) {
+        const bool whole = s.group == s.threads && slice_packs == packs * s.threads &&
+                           packs_row == (int64_t)slice_packs * blocks_per_row;
+        if (which == CLUSTER)
+            return launch_whole_or_not<T, W, VEC, big, true>(a, whole, grid, s, inv_n, blocks_per_row, slice_packs,
+                                                             stream);
+        if (s.threads > small)
+            return launch_whole_or_not<T, W, VEC, big, false>(a, whole, grid, s, inv_n, 1, slice_packs, stream);
+        return launch_whole_or_not<T, W, VEC, small, false>(a, whole, grid, s, inv_n, 1, slice_packs, stream);
+    }
+    return launch_rows<T, W, VEC, small, false, false>(a, grid, s, inv_n, 1, slice_packs, stream);
 }
 
 template <typename T, int VEC>
-cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch_weight(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
     if (a->weight_dtype == TK_F32)
-        return launch<T, float, VEC>(a, wide, dev, stream);
-    return launch<T, T, VEC>(a, wide, dev, stream);
+        return launch<T, float, VEC>(a, which, dev, stream);
+    return launch<T, T, VEC>(a, which, dev, stream);
 }
 
-/* 16-byte packs (vec) or elements; the rows kernel or the wide one. */
-cudaError_t launch_variant(const void *call, bool vec, bool wide, const tk_device *dev, cudaStream_t stream) {
+/* 16-byte packs (vec) or elements; the rows kernel (on one block or a cluster) or the wide one. */
+cudaError_t launch_variant(const void *call, bool vec, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
     const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, wide, dev, stream)
-                   : launch_weight<T, 1>(a, wide, dev, stream);
+        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, which, dev, stream)
+                   : launch_weight<T, 1>(a, which, dev, stream);
     });
 }
 
 } // namespace
 
 extern "C" cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, true, false, dev, stream);
+    return launch_variant(call, true, ROWS, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, true, CLUSTER, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, false, false, dev, stream);
+    return launch_variant(call, false, ROWS, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_norm_fwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, true, true, dev, stream);
+    return launch_variant(call, true, WIDE, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_norm_fwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, false, true, dev, stream);
+    return launch_variant(call, false, WIDE, dev, stream);
 }

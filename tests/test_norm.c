@@ -9,7 +9,11 @@
 #include "support/tk_test.h"
 #include "ref/norm_ref.h"
 
-static const char *const VARIANTS[] = {"vec16", "wide_vec16", "scalar", "wide_scalar"};
+/* Each direction's variants; "cluster_vec16" is forward only. */
+static const char *const FWD_VARIANTS[] = {"vec16", "cluster_vec16", "wide_vec16", "scalar", "wide_scalar"};
+static const char *const BWD_VARIANTS[] = {"vec16", "wide_vec16", "scalar", "wide_scalar"};
+#define FWD_VARIANT_COUNT (sizeof FWD_VARIANTS / sizeof FWD_VARIANTS[0])
+#define BWD_VARIANT_COUNT (sizeof BWD_VARIANTS / sizeof BWD_VARIANTS[0])
 static const struct { tk_dtype dtype, weight_dtype; } DTYPES[] = {
     {TK_F32, TK_F32}, {TK_F16, TK_F16}, {TK_F16, TK_F32}, {TK_BF16, TK_BF16}, {TK_BF16, TK_F32},
 };
@@ -175,10 +179,12 @@ Test(norm_args, empty_is_a_noop_and_workspace_sizes) {
 }
 
 Test(norm_args, force_variant_names) {
-    for (size_t v = 0; v < 4; v++) {
-        TK_EXPECT_STATUS(tk_experimental_force_variant("norm", VARIANTS[v]), TK_SUCCESS, "");
-        TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", VARIANTS[v]), TK_SUCCESS, "");
-    }
+    for (size_t v = 0; v < FWD_VARIANT_COUNT; v++)
+        TK_EXPECT_STATUS(tk_experimental_force_variant("norm", FWD_VARIANTS[v]), TK_SUCCESS, "");
+    for (size_t v = 0; v < BWD_VARIANT_COUNT; v++)
+        TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", BWD_VARIANTS[v]), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", "cluster_vec16"), TK_ERROR_INVALID_VALUE,
+                     "\"cluster_vec16\" is not a variant of \"norm_bwd\"");
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm", "fast"), TK_ERROR_INVALID_VALUE, "\"wide_scalar\"");
@@ -222,14 +228,27 @@ typedef struct norm_case {
     const char *expect;  /* with variant NULL: the variant that must run */
 } norm_case;
 
+/* "cluster_vec16" needs a cc >= 9.0 device and code of the build that runs on it (the runtime's
+ * rule: min_cc 900, not arch-specific). */
+static bool clusters_run_here(void) {
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+    return tk_build_runs_variant(900, info.compute_capability);
+}
+
 /* Whether `variant` claims the case (the documented rule; cross-checked against the library). */
 static bool variant_claims(const norm_case *c, const char *variant) {
     const int64_t es = (int64_t)tk_test_dtype_size(c->dtype);
     const bool aligned = c->offset == 0 && (c->cols * es) % 16 == 0 && ((c->cols + c->x_pad) * es) % 16 == 0 &&
                          ((c->cols + c->r_pad) * es) % 16 == 0 && ((c->cols + c->y_pad) * es) % 16 == 0;
-    const int64_t vec_limit = 8192, scalar_limit = 4096; /* the same forward and backward */
+    /* Forward 16-bit rows of up to 16384 elements on one block (32 KB); the rest 8192 forward
+     * and backward; scalars 4096 both ways. A cluster: 8 blocks (the portable size) forward. */
+    const int64_t vec_limit = !c->backward && es == 2 ? 16384 : 8192, scalar_limit = 4096;
+    const int64_t cluster_limit = 8 * vec_limit;
     if (!strcmp(variant, "vec16"))
         return aligned && c->cols <= vec_limit;
+    if (!strcmp(variant, "cluster_vec16"))
+        return !c->backward && aligned && c->cols > vec_limit && c->cols <= cluster_limit && clusters_run_here();
     if (!strcmp(variant, "wide_vec16"))
         return aligned;
     if (!strcmp(variant, "scalar"))
@@ -520,18 +539,29 @@ static const struct {
     {3, 12288, 0, 0, 0, 0, true, true, true, false, true, false},
     {300, 256, 0, 0, 0, 0, false, false, false, false, false, false},
     {2, 262144, 0, 0, 0, 0, true, true, true, true, true, false},
+    /* Forward rows wider than 8192: 16-bit ones on one 512-thread block up to 16384 (whole, and
+     * 8200 one pack past 256 threads), then on clusters of 32 KB slices: 65536 is 4 whole
+     * slices (f32: 8), 131072 8 (16-bit, the most), 40000 3 uneven ones (f32: 5), 16384 and
+     * 8200 2 f32 ones. */
+    {5, 16384, 0, 0, 0, 0, true, true, true, false, true, false},
+    {3, 65536, 8, 16, 24, 0, true, true, true, true, true, false},
+    {4, 40000, 0, 0, 0, 0, false, true, true, false, true, true},
+    {3, 8200, 0, 0, 0, 0, true, false, false, false, true, false},
+    {2, 131072, 0, 0, 0, 0, true, true, true, false, true, false},
 };
 
 static void run_all(bool backward) {
     tk_rng rng = tk_rng_seeded(backward ? 32 : 31);
+    const char *const *variants = backward ? BWD_VARIANTS : FWD_VARIANTS;
+    const size_t variant_count = backward ? BWD_VARIANT_COUNT : FWD_VARIANT_COUNT;
     for (int layernorm = 0; layernorm < 2; layernorm++)
         for (size_t d = 0; d < sizeof DTYPES / sizeof DTYPES[0]; d++)
             for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++)
-                for (size_t v = 0; v < 4; v++) {
+                for (size_t v = 0; v < variant_count; v++) {
                     norm_case c = {layernorm, backward, DTYPES[d].dtype, DTYPES[d].weight_dtype, SHAPES[s].rows,
                                    SHAPES[s].cols, SHAPES[s].x_pad, SHAPES[s].r_pad, SHAPES[s].y_pad,
                                    SHAPES[s].offset, SHAPES[s].residual, SHAPES[s].weight, SHAPES[s].bias,
-                                   SHAPES[s].gemma, SHAPES[s].stats, SHAPES[s].in_place, VARIANTS[v], NULL};
+                                   SHAPES[s].gemma, SHAPES[s].stats, SHAPES[s].in_place, variants[v], NULL};
                     if (backward)
                         run_bwd_case(&c, &rng);
                     else
@@ -553,11 +583,13 @@ Test(norm_gpu, backward_all_shapes_dtypes_variants_deterministic, .timeout = 600
 Test(norm_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
     tk_rng rng = tk_rng_seeded(33);
+    const char *wide_fwd = clusters_run_here() ? "cluster_vec16" : "wide_vec16";
     const struct { int64_t rows, cols; int offset; bool backward; const char *expect; } cases[] = {
-        {64, 4096, 0, false, "vec16"},      {64, 4096, 0, true, "vec16"},
-        {4, 16384, 0, false, "wide_vec16"}, {4, 16384, 0, true, "wide_vec16"},
-        {8, 4000, 1, false, "scalar"},      {8, 4000, 1, true, "scalar"},
-        {3, 4097, 0, false, "wide_scalar"}, {3, 4097, 0, true, "wide_scalar"},
+        {64, 4096, 0, false, "vec16"},       {64, 4096, 0, true, "vec16"},
+        {4, 16384, 0, false, "vec16"},       {4, 16384, 0, true, "wide_vec16"},
+        {4, 16392, 0, false, wide_fwd},      {2, 131080, 0, false, "wide_vec16"},
+        {8, 4000, 1, false, "scalar"},       {8, 4000, 1, true, "scalar"},
+        {3, 4097, 0, false, "wide_scalar"},  {3, 4097, 0, true, "wide_scalar"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         norm_case c = {true, cases[i].backward, TK_BF16, TK_F32, cases[i].rows, cases[i].cols, 0, 0, 0,
@@ -624,16 +656,21 @@ static void norm_inputs_free(norm_inputs *in) {
 
 /* Every in-place mode the header allows, bit for bit against the same call out of place, every
  * variant that takes the shape: forward y = x (with the residual, itself updated in place, and
- * without), backward dx = dy and dx = x (dx, dw and db compared). */
+ * without), backward dx = dy and dx = x (dx, dw and db compared). The backward modes run the
+ * backward variants only (their forward runs the same variant, for the stats). */
 Test(norm_gpu, in_place_matches_out_of_place, .timeout = 600) {
     TK_REQUIRE_GPU();
     tk_rng rng = tk_rng_seeded(34);
     const int64_t shapes[][2] = {{16, 4096}, {3, 40000}};
     for (size_t s = 0; s < 2; s++)
         for (size_t d = 0; d < sizeof DTYPES / sizeof DTYPES[0]; d++)
-            for (size_t v = 0; v < 4; v++)
+            for (size_t v = 0; v < FWD_VARIANT_COUNT; v++)
                 for (int layernorm = 0; layernorm < 2; layernorm++)
                     for (int mode = 0; mode < 4; mode++) { /* y = x; y = x with residual; dx = dy; dx = x */
+                        const char *variant = FWD_VARIANTS[v];
+                        const bool backward = mode >= 2;
+                        if (backward && !strcmp(variant, "cluster_vec16"))
+                            continue;
                         tk_norm_params p = norm_params(DTYPES[d].dtype, DTYPES[d].weight_dtype, shapes[s][0], shapes[s][1]);
                         norm_inputs in = norm_inputs_random(&rng, &p);
                         const size_t bytes = in.bytes[IN_X], pbytes = in.bytes[IN_WEIGHT], stat_bytes = (size_t)p.rows * 4;
@@ -646,11 +683,10 @@ Test(norm_gpu, in_place_matches_out_of_place, .timeout = 600) {
                         cr_assert(want && want_res && want_dw && want_db);
                         char what[160];
                         snprintf(what, sizeof what, "%s %lldx%lld dtypes %d/%d variant %s mode %d", layernorm ? "layernorm" : "rmsnorm",
-                                 (long long)p.rows, (long long)p.cols, (int)p.dtype, (int)p.weight_dtype, VARIANTS[v], mode);
+                                 (long long)p.rows, (long long)p.cols, (int)p.dtype, (int)p.weight_dtype, variant, mode);
                         /* both directions: the backward modes run the forward for their stats */
-                        cr_assert_eq(tk_experimental_force_variant("norm", VARIANTS[v]), TK_SUCCESS);
-                        cr_assert_eq(tk_experimental_force_variant("norm_bwd", VARIANTS[v]), TK_SUCCESS);
-                        const bool backward = mode >= 2;
+                        cr_assert_eq(tk_experimental_force_variant("norm", variant), TK_SUCCESS);
+                        cr_assert_eq(tk_experimental_force_variant("norm_bwd", backward ? variant : NULL), TK_SUCCESS);
                         unsigned char *res = mode == 1 ? in.dev[IN_RESIDUAL] : NULL;
                         norm_inputs_upload(&in);
                         tk_dev_poison(out, bytes);
@@ -678,7 +714,7 @@ Test(norm_gpu, in_place_matches_out_of_place, .timeout = 600) {
                                  : layernorm ? tk_layernorm_bwd(&p, in.dev[IN_DY], in.dev[IN_X], in.dev[IN_WEIGHT], mean, rstd, target, dw, db, ws, ws_bytes, NULL)
                                              : tk_rmsnorm_bwd(&p, in.dev[IN_DY], in.dev[IN_X], in.dev[IN_WEIGHT], rstd, target, dw, ws, ws_bytes, NULL);
                             cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
-                            cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
+                            cr_assert_str_eq(tk_last_variant(), variant, "%s ran %s", what, tk_last_variant());
                             tk_dev_sync();
                             tk_assert_dev_bytes_equal(target, want, bytes, what);
                             if (mode == 1)
