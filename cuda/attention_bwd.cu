@@ -8,7 +8,8 @@
  *                  query tile's in key-tile order, attn_bwd_order below);
  *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides;
  *   attn_bwd_dsinks (with sinks): dsinks_h = -sum_i exp(sink_h - lse_i) D_i, one CTA per head,
- *                  summed in a fixed order.
+ *                  summed in a fixed order;
+ *   attn_bwd_order_clear (deterministic): the ticket counter and semaphores zeroed.
  * The mask is attention_softmax.cuh's, seen from the keys: a CTA's table holds, per key, the
  * query rows that see it (attn_key_rows), which bounds the query tiles it visits and masks the
  * tiles that are not fully visible.
