@@ -2,7 +2,11 @@
  * backward as 2.5 x the forward's FLOPs of the visible (query, key) pairs, 2.5 x 4 x batch x
  * heads_q x head_dim x pairs (five products of the forward's size instead of two), the
  * convention of FlashAttention's benchmarks. The forward runs once first for o and lse. No
- * baseline in this binary: the Python bench compares with FlashAttention and cuDNN. */
+ * baseline for the default (atomic dQ) rows in this binary: the Python bench compares with
+ * FlashAttention and cuDNN. Each shape's deterministic row (deterministic = 1) has the atomic
+ * row as its baseline, so its ratio column is deterministic TFLOP/s / atomic TFLOP/s; both
+ * timings start from an idle GPU (bench_settle, the forward family's pause), so that neither
+ * is timed while the clocks recover from the other. */
 #include <stdio.h>
 
 #include "bench.h"
@@ -11,8 +15,11 @@ extern "C" void bench_attention_bwd(bench_ctx *ctx);
 
 namespace {
 
+/* Idle time before each timing (bench_settle), as the forward family's. */
+const int SETTLE_MS = 300;
+
 struct bwd_shape {
-    const char *op, *shape;
+    const char *op, *deterministic_op, *shape;
     int64_t batch, seqlen, heads_q, heads_kv, head_dim;
     int causal;
 };
@@ -46,14 +53,23 @@ void bench_shape(bench_ctx *ctx, const bwd_shape &s) {
     p.dv = bench_alloc(ctx, (size_t)nk * 2);
     p.batch = b, p.seqlen_q = sq, p.seqlen_k = sq, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
     p.causal = s.causal;
+    p.deterministic = 1; /* its workspace also serves the atomic calls */
     bench_check(tk_attention_bwd_workspace_size(&p, &p.workspace_bytes), "workspace size");
     p.workspace = bench_alloc(ctx, p.workspace_bytes);
 
     const double pairs = s.causal ? (double)sq * (double)(sq + 1) / 2.0 : (double)sq * (double)sq;
     const double flops = 2.5 * 4.0 * (double)(b * hq * d) * pairs;
-    const double ms = bench_time_ms(ctx, run_bwd, &p);
-    bench_row row = {s.op, s.shape, TK_BF16, tk_last_variant(), ms, 0.0, flops, "", 0.0};
+    p.deterministic = 0;
+    bench_settle(SETTLE_MS);
+    const double atomic_ms = bench_time_ms(ctx, run_bwd, &p);
+    bench_row row = {s.op, s.shape, TK_BF16, tk_last_variant(), atomic_ms, 0.0, flops, "", 0.0};
     bench_report(ctx, &row);
+    p.deterministic = 1;
+    bench_settle(SETTLE_MS);
+    const double ms = bench_time_ms(ctx, run_bwd, &p);
+    bench_row det = {s.deterministic_op, s.shape, TK_BF16, tk_last_variant(), ms, 0.0, flops,
+                     "atomic dQ", atomic_ms};
+    bench_report(ctx, &det);
     bench_free_all(ctx);
 }
 
@@ -61,8 +77,10 @@ void bench_shape(bench_ctx *ctx, const bwd_shape &s) {
 
 extern "C" void bench_attention_bwd(bench_ctx *ctx) {
     static const bwd_shape shapes[] = {
-        {"attention bwd dense", "B4 H32/8 S4096 D128", 4, 4096, 32, 8, 128, 0},
-        {"attention bwd causal", "B4 H32/8 S4096 D128", 4, 4096, 32, 8, 128, 1},
+        {"attention bwd dense", "attention bwd dense deterministic", "B4 H32/8 S4096 D128", 4, 4096,
+         32, 8, 128, 0},
+        {"attention bwd causal", "attention bwd causal deterministic", "B4 H32/8 S4096 D128", 4,
+         4096, 32, 8, 128, 1},
     };
     for (const bwd_shape &s : shapes)
         bench_shape(ctx, s);

@@ -4,15 +4,19 @@
  *   attn_bwd_main: one CTA per (key tile, batch, key/value head): K and V of BN keys stay in
  *                  shared memory while Q, dO tiles of BM rows of every query head of the GQA
  *                  group stream through a two-stage cp.async ring; dK, dV in registers, dQ by
- *                  f32 atomics into the accumulator;
+ *                  f32 atomics into the accumulator (deterministic: the same atomics, each
+ *                  query tile's in key-tile order, attn_bwd_order below);
  *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides;
  *   attn_bwd_dsinks (with sinks): dsinks_h = -sum_i exp(sink_h - lse_i) D_i, one CTA per head,
- *                  summed in a fixed order.
+ *                  summed in a fixed order;
+ *   attn_bwd_order_clear (deterministic): the ticket counter and semaphores zeroed.
  * The mask is attention_softmax.cuh's, seen from the keys: a CTA's table holds, per key, the
  * query rows that see it (attn_key_rows), which bounds the query tiles it visits and masks the
  * tiles that are not fully visible.
  * Tiles use rows padded by 16 bytes (every ldmatrix phase, plain or transposed, then hits 8
  * different 16-byte bank groups) and the forward's tile loader (attention.cuh). */
+#include <cuda/atomic>
+
 #include "attention.cuh"
 #include "attention_bwd.h"
 
@@ -130,6 +134,60 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dq(const attn_bwd_param
         dq[e] = tk_from_float<T>(p.dq_acc[r * D + e]);
 }
 
+/* ---- attn_bwd_order: the deterministic kernel's order of the dQ adds ----
+ * A query tile's dQ (batch, query head, BM rows) is the sum of one product per key tile that
+ * visits it. f32 addition is not associative, so the deterministic kernel makes the same atomic
+ * adds in key-tile order: each query tile has a semaphore in the workspace, zeroed before the
+ * launch, and key tile n waits until it reads n (tile n - 1 has added), adds, and publishes
+ * n + 1. Every mask gives each key a range of rows whose ends are non-decreasing in the key
+ * (attention_softmax.cuh), so the key tiles that visit a query tile are consecutive, and tile n
+ * has a predecessor at query tile m exactly when tile n - 1's last row, that of key n0 - 1,
+ * reaches m's first row; the first tile of each chain does not wait. Only the visits form the
+ * chain: a tile that the mask keeps away from a query tile neither waits for nor holds it.
+ *
+ * No deadlock: a CTA takes its (key tile, batch, key/value head) from a ticket, a counter that
+ * each CTA bumps as it starts, in the block order (key tiles slowest), so it only ever waits for
+ * a CTA with an earlier ticket, which is resident or done; a chain of waits descends in tickets
+ * and ends at a CTA that computes. Each CTA walks its query tiles from the last down, the
+ * group's heads fastest: tile n - 1's query tiles end no later than n's, so it reaches each tile
+ * they share no later in its walk than n does, and the waits mostly find the semaphore set. */
+constexpr int ORDER_HEADER = 4; /* ints before the semaphores: the ticket counter, 16 bytes */
+constexpr int ORDER_ROWS = 32;  /* query rows per semaphore in the workspace: the smallest BM */
+static_assert(attn_bwd_tile<64>::BM % ORDER_ROWS == 0 && attn_bwd_tile<128>::BM % ORDER_ROWS == 0,
+              "a query tile needs its own semaphore");
+
+/* The deterministic kernel's words, after the dQ accumulator: the ticket counter, then from
+ * ORDER_HEADER on the semaphores. */
+template <int D>
+__host__ __device__ __forceinline__ int *attn_bwd_order_words(const attn_bwd_params &p) {
+    return reinterpret_cast<int *>(p.dq_acc + (int64_t)p.batch * p.heads_q * p.seqlen_q * D);
+}
+
+/* The CTA's ticket: its place in the order in which the CTAs started. */
+__device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
+    __shared__ unsigned ticket;
+    if (threadIdx.x == 0)
+        ticket = atomicAdd(reinterpret_cast<unsigned *>(counter), 1u);
+    __syncthreads();
+    return ticket;
+}
+
+/* The last query row that sees key j, negative for none (attn_key_rows); every lane of the
+ * calling warp calls it. */
+__device__ __forceinline__ int attn_bwd_last_row(const attn_mask &m, int j) {
+    attn_docs d;
+    if (m.doc_ids)
+        d = attn_doc_band(m, j, j);
+    return attn_key_rows(m, d, j).y;
+}
+
+/* The ticket counter and the semaphores zeroed. */
+__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_order_clear(int *order, int64_t words) {
+    for (int64_t w = (int64_t)blockIdx.x * ATTN_THREADS + threadIdx.x; w < words;
+         w += (int64_t)gridDim.x * ATTN_THREADS)
+        order[w] = 0;
+}
+
 /* a[0] += x, a[1] += y (a 8-byte aligned): one vector reduction on sm_90 and newer, which halves
  * the atomic traffic of dQ, two elsewhere. */
 __device__ __forceinline__ void attn_bwd_red2(float *a, float x, float y) {
@@ -141,7 +199,7 @@ __device__ __forceinline__ void attn_bwd_red2(float *a, float x, float y) {
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, bool DET>
 __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_params p) {
     using shape = attn_bwd_shape<D>;
     constexpr int BM = shape::BM, BN = BWD_BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
@@ -156,8 +214,10 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3, lrow = lane & 7, lmat = lane >> 3;
 
-    /* Block -> (key tile, batch, key/value head), heads fastest. */
+    /* Block -> (key tile, batch, key/value head), heads fastest; deterministic: the ticket's. */
     unsigned block = blockIdx.x;
+    if constexpr (DET)
+        block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
     const int head_kv = (int)(block % (unsigned)p.heads_kv);
     block /= (unsigned)p.heads_kv;
     const int64_t batch = block % (unsigned)p.batch;
@@ -175,7 +235,19 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
     const int row_lo = table[0].x, row_hi = table[k_rows - 1].y;
     const int m_begin = row_lo / BM;
     const int m_tiles = row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0;
-    const int steps = m_tiles * p.group; /* (query head, query tile) pairs, tiles fastest */
+    const int steps = m_tiles * p.group; /* (query head, query tile) pairs */
+
+    /* Step it's query head and first row: tiles fastest, from the first; deterministic: heads
+     * fastest, tiles from the last down (attn_bwd_order). */
+    auto step_at = [&](int it, int &h, int &m0) {
+        if constexpr (DET) {
+            h = head_kv * p.group + it % p.group;
+            m0 = (m_begin + m_tiles - 1 - it / p.group) * BM;
+        } else {
+            h = head_kv * p.group + it / m_tiles;
+            m0 = (m_begin + it % m_tiles) * BM;
+        }
+    };
 
     const T *kg = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh + n0 * p.k_ss;
     const T *vg = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh + n0 * p.v_ss;
@@ -189,8 +261,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
     /* Issues the loads of step `it` into stage `st`: Q, dO by cp.async; lse, D by plain loads
      * (4-byte aligned only), stored before the barrier that publishes the stage. */
     auto load_step = [&](int it, int st) {
-        const int h = head_kv * p.group + it / m_tiles;
-        const int m0 = (m_begin + it % m_tiles) * BM;
+        int h, m0;
+        step_at(it, h, m0);
         const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
         attn_load_tile<T, D, BM, ROW, false>(s_q, static_cast<const T *>(p.q) + batch * p.q_sb +
                                                       h * p.q_sh + m0 * p.q_ss,
@@ -234,6 +306,21 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
     /* This thread's keys: j = n0 + 16 warp + g (+ 8 for e >= 2). */
     const int key_base = n0 + warp * 16 + g;
 
+    /* Deterministic: step it's semaphore, and the last row of key tile n - 1 (none before the
+     * first), whose adds come first on the query tiles it reaches (attn_bwd_order). */
+    const int n = n0 / BN;
+    auto semaphore = [&](int it) {
+        int h, m0;
+        step_at(it, h, m0);
+        const int64_t tile = (batch * p.heads_q + h) * ((p.seqlen_q + BM - 1) / BM) + m0 / BM;
+        int *const word = attn_bwd_order_words<D>(p) + ORDER_HEADER + tile;
+        return cuda::atomic_ref<int, cuda::thread_scope_device>(*word);
+    };
+    int prev_last = -1;
+    if constexpr (DET)
+        if (n > 0)
+            prev_last = attn_bwd_last_row(mask, n0 - 1);
+
     for (int it = 0; it < steps; it++) {
         const int st = it & 1;
         tk_cp_async_wait<0>();
@@ -241,8 +328,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
         if (it + 1 < steps)
             load_step(it + 1, st ^ 1);
         tk_cp_async_commit();
-        const int h = head_kv * p.group + it / m_tiles;
-        const int m0 = (m_begin + it % m_tiles) * BM;
+        int h, m0;
+        step_at(it, h, m0);
         const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
         const uint32_t s_do = s_q + shape::Q_BYTES;
         const float *lse2 = reinterpret_cast<const float *>(
@@ -332,6 +419,11 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
                                               (8 * nt + 2 * tq) * 2) =
                     tk_pack2<T>(dp[nt][2 * hh], dp[nt][2 * hh + 1]);
         __syncthreads();
+        /* Deterministic: every thread made the previous step's adds before the barriers since,
+         * so they are published (a release after a barrier covers the whole CTA's writes). */
+        if constexpr (DET)
+            if (tid == 0 && it > 0)
+                semaphore(it - 1).store(n + 1, cuda::memory_order_release);
 
         /* dQ (BM x WD columns of this warp) = dS (BM x BN) K (BN x WD), added to the
          * accumulator by f32 atomics. */
@@ -360,6 +452,15 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
                 }
             }
         }
+        if constexpr (DET) {
+            /* Key tile n - 1 adds first where it reaches these rows. */
+            if (lane == 0 && m0 <= prev_last) {
+                const auto sem = semaphore(it);
+                while (sem.load(cuda::memory_order_acquire) < n)
+                    __nanosleep(64);
+            }
+            __syncwarp();
+        }
         float *acc = p.dq_acc + ((batch * p.heads_q + h) * p.seqlen_q + m0) * (int64_t)D;
 #pragma unroll
         for (int mq = 0; mq < QS; mq++)
@@ -373,6 +474,12 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
                                       dq[mq][nt][2 * hh] * p.scale,
                                       dq[mq][nt][2 * hh + 1] * p.scale);
             }
+    }
+
+    if constexpr (DET) {
+        __syncthreads();
+        if (tid == 0 && steps > 0)
+            semaphore(steps - 1).store(n + 1, cuda::memory_order_release);
     }
 
     /* dK (times the score scale), dV of this warp's keys, straight from the accumulators. */
@@ -393,11 +500,19 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
     }
 }
 
-template <typename T, int D>
+/* Words of the deterministic kernel's workspace (attn_bwd_order): the ticket counter, one
+ * semaphore per (batch, query head, ORDER_ROWS query rows), rounded up to 16 bytes. */
+size_t attn_bwd_order_count(const tk_attention_call *c) {
+    const size_t tiles = (size_t)c->batch * (size_t)c->heads_q *
+                         (size_t)((c->seqlen_q + ORDER_ROWS - 1) / ORDER_ROWS);
+    return (ORDER_HEADER + tiles + 3) / 4 * 4;
+}
+
+template <typename T, int D, bool DET>
 cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *dev,
                             cudaStream_t stream) {
     using shape = attn_bwd_shape<D>;
-    constexpr auto kernel = attn_bwd_main<T, D>;
+    constexpr auto kernel = attn_bwd_main<T, D, DET>;
     cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
@@ -431,6 +546,12 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ATTN_THREADS, 0, stream, p, rows);
     if (err == cudaSuccess && c->sinks)
         err = tk_launch(attn_bwd_dsinks, (unsigned)c->heads_q, ATTN_THREADS, 0, stream, p);
+    if (err == cudaSuccess && DET) {
+        const int64_t words = (int64_t)attn_bwd_order_count(c);
+        const int64_t clear_blocks = (words + ATTN_THREADS - 1) / ATTN_THREADS;
+        err = tk_launch(attn_bwd_order_clear, (unsigned)(clear_blocks < 1024 ? clear_blocks : 1024),
+                        ATTN_THREADS, 0, stream, attn_bwd_order_words<D>(p), words);
+    }
     if (err != cudaSuccess)
         return err;
     const unsigned blocks =
@@ -446,15 +567,17 @@ cudaError_t attn_bwd_head_dim(const tk_attention_bwd_call *c, const tk_device *d
                               cudaStream_t stream) {
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return attn_bwd_launch<T, D>(c, dev, stream);
+        return c->deterministic ? attn_bwd_launch<T, D, true>(c, dev, stream)
+                                : attn_bwd_launch<T, D, false>(c, dev, stream);
     });
 }
 
 } // namespace
 
-extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c) {
+extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int deterministic) {
     const size_t rows = (size_t)c->batch * (size_t)c->heads_q * (size_t)c->seqlen_q;
-    return ((rows + 3) / 4 * 4 + rows * (size_t)c->head_dim) * sizeof(float);
+    const size_t order = deterministic ? attn_bwd_order_count(c) : 0;
+    return ((rows + 3) / 4 * 4 + rows * (size_t)c->head_dim + order) * sizeof(float);
 }
 
 extern "C" cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev,

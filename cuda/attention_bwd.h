@@ -21,13 +21,17 @@ typedef struct tk_attention_bwd_call {
     int64_t do_stride[3], dq_stride[3], dk_stride[3], dv_stride[3]; /* batch, sequence, head */
     float *workspace; /* tk_attention_bwd_workspace_bytes(fwd) bytes, 16-byte aligned */
     float *dsinks;    /* [heads_q], written when fwd.sinks is set */
+    int deterministic; /* 1: dQ's atomic adds in a fixed order */
 } tk_attention_bwd_call;
 
 /* Workspace of a call: D = rowsum(dO o O), [batch, heads_q, seqlen_q] f32, then the f32 dQ
- * accumulator [batch, heads_q, seqlen_q, head_dim], each starting 16-byte aligned. */
-size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c);
+ * accumulator [batch, heads_q, seqlen_q, head_dim], and when deterministic the order of the dQ
+ * adds (a ticket counter and one semaphore per 32 query rows of each batch and query head),
+ * each starting 16-byte aligned. */
+size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int deterministic);
 
-/* "mma_sm80": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, dQ by f32 atomics. */
+/* "mma_sm80": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, dQ by f32 atomics (with
+ * deterministic, in key-tile order per query tile). */
 cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);
 
 #ifdef __cplusplus

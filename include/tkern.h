@@ -769,6 +769,11 @@ TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_param
  * includes the sink term) also dsinks_h = -sum over b, i of exp(sink_h - lse_bhi) D_bhi, the
  * gradient of each sink logit, summed in a fixed order (deterministic).
  *
+ * Determinism: dK, dV and dsinks are summed in a fixed order. dQ sums one f32 product per
+ * 64-key tile with atomic adds: in whatever order they land by default, so its last bits may
+ * differ between runs; in key-tile order with deterministic = 1, so that it is bit-identical
+ * from run to run (a little slower, and a little more workspace).
+ *
  * Fields mean what they mean in tk_attention_params (same mask, scale, softcap, ALiBi, stride
  * and alignment rules, same errors); o and lse are the forward's outputs for q, k, v (lse as
  * written with return_lse = 1), dout is dO, laid out like o. dq is laid out like q, dk and dv
@@ -817,25 +822,28 @@ typedef struct tk_attention_bwd_params {
     int64_t prefix_len;       /* the forward's prefix_len */
     const int32_t *document_ids; /* the forward's document_ids [batch, seqlen_k], or NULL */
     float *dsinks;            /* written with sinks: f32 [heads_q], 4-byte aligned; else unused */
+    int deterministic;        /* 0 or 1: dq bit-identical from run to run (see above) */
 } tk_attention_bwd_params;
 #define TK_ATTENTION_BWD_PARAMS_INIT                                                              \
     {sizeof(tk_attention_bwd_params), TK_BF16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,   \
      NULL, 0, 0, 0, 0, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},              \
      {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f, 0, -1, -1, 0.0f, NULL, NULL, 0, \
-     NULL, 0, 0, NULL, NULL}
+     NULL, 0, 0, NULL, NULL, 0}
 
-/* Bytes of workspace tk_attention_bwd needs for *p (only the sizes are read; 0 for batch 0):
- * 4 * batch * heads_q * seqlen_q * (head_dim + 1) rounded up to 16 bytes, the row sums D and
- * an f32 dQ accumulator. Errors: p or bytes NULL (TK_ERROR_NULL_POINTER); p->size or the sizes
- * invalid as in tk_attention_bwd. */
+/* Bytes of workspace tk_attention_bwd needs for *p (only the sizes and deterministic are read; 0
+ * for batch 0): 4 * batch * heads_q * seqlen_q * (head_dim + 1) rounded up to 16 bytes, the row
+ * sums D and an f32 dQ accumulator; with deterministic = 1 another 4 * (4 + batch * heads_q *
+ * ceil(seqlen_q / 32)) rounded up to 16 bytes, the order of the dQ adds. Errors: p or bytes NULL
+ * (TK_ERROR_NULL_POINTER); p->size, the sizes or deterministic invalid as in tk_attention_bwd. */
 TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *p, size_t *bytes);
 
 /* Attention backward as described above: writes dq, dk, dv. Work is proportional to the
  * visible (i, j) pairs, as in the forward. dq is accumulated with f32 atomics, so its last bits
- * may differ from run to run; dk and dv are deterministic.
+ * may differ from run to run unless deterministic = 1; dk and dv are deterministic.
  * Errors (nothing is written): those of tk_attention_fwd for the shared fields; o, lse, dout,
- * dq, dk, dv or workspace NULL, dsinks NULL with sinks (TK_ERROR_NULL_POINTER); workspace_bytes too small, or a
- * gradient whose strides make elements overlap (TK_ERROR_INVALID_VALUE); head_dim other than 64
+ * dq, dk, dv or workspace NULL, dsinks NULL with sinks (TK_ERROR_NULL_POINTER); workspace_bytes too small,
+ * deterministic other than 0 or 1, or a gradient whose strides make elements overlap
+ * (TK_ERROR_INVALID_VALUE); head_dim other than 64
  * or 128 (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED); a
  * gradient overlapping an input, the workspace or another gradient (TK_ERROR_OVERLAP).
  * Variants (tk_last_variant, tk_experimental_force_variant op "attention_bwd"): "mma_sm80",

@@ -414,8 +414,8 @@ static tk_attention_params forward_params(const tk_attention_bwd_params *p) {
     return f;
 }
 
-/* Validates the sizes and the forward's fields of *p and resolves them into call->fwd;
- * *work = false for a no-op. */
+/* Validates the sizes, the forward's fields and deterministic of *p and resolves them into
+ * call->fwd and call->deterministic; *work = false for a no-op. */
 static tk_status prepare_bwd_shape(const char *fn, const tk_attention_bwd_params *p,
                                    tk_attention_bwd_call *call, bool *work) {
     const tk_attention_params f = forward_params(p);
@@ -426,6 +426,10 @@ static tk_status prepare_bwd_shape(const char *fn, const tk_attention_bwd_params
                        "p->head_dim = %lld is not supported by the backward yet; accepted: 64, 128",
                        (long long)p->head_dim);
     TK_TRY(prepare(fn, &f, &call->fwd, work));
+    if (p->deterministic != 0 && p->deterministic != 1)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->deterministic = %d; accepted: 0 or 1",
+                       p->deterministic);
+    call->deterministic = p->deterministic;
     const int64_t key_tiles = (p->seqlen_k + BWD_KEY_TILE - 1) / BWD_KEY_TILE;
     if (p->batch > 0 && key_tiles * p->heads_kv > INT32_MAX / p->batch)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
@@ -478,7 +482,7 @@ static tk_status prepare_bwd(const char *fn, const tk_attention_bwd_params *p,
     TK_TRY(bwd_tensor(fn, &dq, "p->dq", p->dq, &q, p->dq_strides, "p->dq_strides", true));
     TK_TRY(bwd_tensor(fn, &dk, "p->dk", p->dk, &k, p->dk_strides, "p->dk_strides", true));
     TK_TRY(bwd_tensor(fn, &dv, "p->dv", p->dv, &v, p->dv_strides, "p->dv_strides", true));
-    const size_t needed = tk_attention_bwd_workspace_bytes(c);
+    const size_t needed = tk_attention_bwd_workspace_bytes(c, call->deterministic);
     TK_TRY(tk_check_not_null(fn, "p->workspace", p->workspace));
     TK_TRY(tk_check_aligned(fn, "p->workspace", p->workspace, 16));
     if (p->workspace_bytes < needed)
@@ -548,7 +552,7 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
     call.fwd.heads_q = (int)p.heads_q;
     call.fwd.seqlen_q = (int)p.seqlen_q;
     call.fwd.head_dim = (int)p.head_dim;
-    *bytes = p.batch > 0 ? tk_attention_bwd_workspace_bytes(&call.fwd) : 0;
+    *bytes = p.batch > 0 ? tk_attention_bwd_workspace_bytes(&call.fwd, call.deterministic) : 0;
     return TK_SUCCESS;
 }
 

@@ -95,6 +95,13 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(workspace = NULL, TK_ERROR_NULL_POINTER, "'p->workspace'");
     REJECT(workspace = out_buf + 8200, TK_ERROR_MISALIGNED, "'p->workspace'");
     REJECT(workspace_bytes = 100, TK_ERROR_INVALID_VALUE, "p->workspace_bytes = 100");
+    REJECT(deterministic = 2, TK_ERROR_INVALID_VALUE, "p->deterministic = 2; accepted: 0 or 1");
+    REJECT(deterministic = -1, TK_ERROR_INVALID_VALUE, "p->deterministic = -1");
+    {
+        tk_attention_bwd_params p = ok; /* the atomic path's workspace: no room for the order */
+        p.deterministic = 1, p.workspace_bytes = (32 + 32 * 64) * 4;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->workspace_bytes = 8320 is smaller than the 8352");
+    }
     REJECT(dout_strides[3] = 2, TK_ERROR_NOT_SUPPORTED, "p->dout_strides[3]");
     REJECT(dq = out_buf + 2, TK_ERROR_MISALIGNED, "'p->dq'");
     {
@@ -144,6 +151,17 @@ Test(attention_bwd_args, workspace_size) {
     p.seqlen_q = 15; /* 30 rows: D rounded up to 32 floats */
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
     cr_assert_eq(bytes, (size_t)(32 + 30 * 64) * 4, "workspace %zu bytes", bytes);
+    /* deterministic: the ticket counter and one semaphore per 32 rows of each head, in words
+     * rounded up to 4: 4 + 2 x 1 -> 8 words; 4 + 2 x 4 = 12 words for 100 rows. */
+    p.deterministic = 1;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)(32 + 30 * 64 + 8) * 4, "workspace %zu bytes", bytes);
+    p.seqlen_q = 100;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)(200 + 200 * 64 + 12) * 4, "workspace %zu bytes", bytes);
+    p.deterministic = 2;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->deterministic");
+    p.deterministic = 0, p.seqlen_q = 15;
     p.batch = 0;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
     cr_assert_eq(bytes, 0);
@@ -448,7 +466,9 @@ static void check_dsinks(const bwd_case *c, const tk_attention_params *ref, cons
     free(lse);
 }
 
-static void run_case(const bwd_case *c, uint64_t seed) {
+/* The forward, then the backward `runs` times (deterministic as given), each later run on
+ * poisoned gradients and workspace and bit-identical to the first, whose gradients are checked. */
+static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, int runs) {
     char what[320];
     case_name(c, what, sizeof what);
     tk_rng rng = tk_rng_seeded(seed);
@@ -548,6 +568,7 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     p.alibi_slopes = f.alibi_slopes;
     p.sinks = f.sinks, p.dsinks = dsinks;
     p.chunk_size = c->chunk, p.prefix_len = c->prefix, p.document_ids = f.document_ids;
+    p.deterministic = deterministic;
     size_t ws_bytes = 0;
     cr_assert_eq(tk_attention_bwd_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s", tk_last_error());
     void *ws = tk_dev_alloc(ws_bytes);
@@ -559,6 +580,23 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     tk_to_host(hdq, gq, (size_t)nq * es);
     tk_to_host(hdk, gk, (size_t)nk * es);
     tk_to_host(hdv, gv, (size_t)nk * es);
+    void *rdq = malloc((size_t)nq * es), *rdk = malloc((size_t)nk * es), *rdv = malloc((size_t)nk * es);
+    cr_assert(rdq && rdk && rdv);
+    for (int r = 1; r < runs; r++) {
+        tk_dev_poison(gq, (size_t)nq * es);
+        tk_dev_poison(gk, (size_t)nk * es);
+        tk_dev_poison(gv, (size_t)nk * es);
+        tk_dev_poison(ws, ws_bytes);
+        cr_assert_eq(tk_attention_bwd(&p, NULL), TK_SUCCESS, "%s: run %d: %s", what, r, tk_last_error());
+        tk_dev_sync();
+        tk_to_host(rdq, gq, (size_t)nq * es);
+        tk_to_host(rdk, gk, (size_t)nk * es);
+        tk_to_host(rdv, gv, (size_t)nk * es);
+        cr_assert(memcmp(rdq, hdq, (size_t)nq * es) == 0, "%s: run %d's dq differs from run 0's", what, r);
+        cr_assert(memcmp(rdk, hdk, (size_t)nk * es) == 0, "%s: run %d's dk differs from run 0's", what, r);
+        cr_assert(memcmp(rdv, hdv, (size_t)nk * es) == 0, "%s: run %d's dv differs from run 0's", what, r);
+    }
+    free(rdq); free(rdk); free(rdv);
 
     double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
     double *v64 = ref_to_double(c->dtype, hv, nk), *do64 = ref_to_double(c->dtype, hdo, nq);
@@ -589,62 +627,96 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     tk_dev_free(ws); tk_dev_free(sinks); tk_dev_free(dsinks); tk_dev_free(ids);
 }
 
+static void run_case(const bwd_case *c, uint64_t seed) {
+    run_case_runs(c, seed, 0, 1);
+}
+
+static const bwd_case MASK_CASES[] = {
+    /* dense, both lengths ragged against the 64-key and query tiles */
+    {TK_BF16, 2, 130, 130, 4, 4, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    /* causal, seqlen_q < seqlen_k */
+    {TK_BF16, 1, 100, 150, 2, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    /* causal, seqlen_q > seqlen_k: the first 60 rows see no key */
+    {TK_F16, 1, 150, 90, 2, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    /* a window on both sides */
+    {TK_BF16, 1, 200, 200, 2, 2, 64, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
+    /* causal sliding window, seqlen_q < seqlen_k: keys before 150 - 10 are never seen */
+    {TK_BF16, 1, 40, 200, 2, 2, 128, false, 1, 10, -1, 0.0f, false, false, 0, 0, 0},
+};
+
 Test(attention_bwd_gpu, masks_and_lengths, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const bwd_case cases[] = {
-        /* dense, both lengths ragged against the 64-key and query tiles */
-        {TK_BF16, 2, 130, 130, 4, 4, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
-        /* causal, seqlen_q < seqlen_k */
-        {TK_BF16, 1, 100, 150, 2, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        /* causal, seqlen_q > seqlen_k: the first 60 rows see no key */
-        {TK_F16, 1, 150, 90, 2, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        /* a window on both sides */
-        {TK_BF16, 1, 200, 200, 2, 2, 64, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
-        /* causal sliding window, seqlen_q < seqlen_k: keys before 150 - 10 are never seen */
-        {TK_BF16, 1, 40, 200, 2, 2, 128, false, 1, 10, -1, 0.0f, false, false, 0, 0, 0},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(&cases[i], 100 + i);
+    for (size_t i = 0; i < sizeof MASK_CASES / sizeof MASK_CASES[0]; i++)
+        run_case(&MASK_CASES[i], 100 + i);
 }
+
+static const bwd_case GQA_CASES[] = {
+    /* GQA, group 4: dk, dv summed over 4 query heads */
+    {TK_BF16, 1, 96, 96, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    /* MQA */
+    {TK_F16, 2, 70, 70, 3, 1, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    /* softcap */
+    {TK_F16, 1, 80, 80, 2, 2, 128, false, 0, -1, -1, 30.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 80, 120, 2, 1, 64, false, 1, -1, -1, 5.0f, false, false, 0, 0, 0},
+    /* ALiBi */
+    {TK_BF16, 1, 120, 120, 4, 2, 64, false, 1, -1, -1, 0.0f, true, false, 0, 0, 0},
+    /* [B, H, S, D] strided, f16 and bf16 */
+    {TK_BF16, 2, 70, 130, 2, 2, 128, true, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 65, 65, 2, 1, 128, true, 1, 20, -1, 0.0f, true, false, 0, 0, 0},
+};
 
 Test(attention_bwd_gpu, gqa_softcap_alibi_layouts, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const bwd_case cases[] = {
-        /* GQA, group 4: dk, dv summed over 4 query heads */
-        {TK_BF16, 1, 96, 96, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        /* MQA */
-        {TK_F16, 2, 70, 70, 3, 1, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
-        /* softcap */
-        {TK_F16, 1, 80, 80, 2, 2, 128, false, 0, -1, -1, 30.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 80, 120, 2, 1, 64, false, 1, -1, -1, 5.0f, false, false, 0, 0, 0},
-        /* ALiBi */
-        {TK_BF16, 1, 120, 120, 4, 2, 64, false, 1, -1, -1, 0.0f, true, false, 0, 0, 0},
-        /* [B, H, S, D] strided, f16 and bf16 */
-        {TK_BF16, 2, 70, 130, 2, 2, 128, true, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_F16, 1, 65, 65, 2, 1, 128, true, 1, 20, -1, 0.0f, true, false, 0, 0, 0},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(&cases[i], 200 + i);
+    for (size_t i = 0; i < sizeof GQA_CASES / sizeof GQA_CASES[0]; i++)
+        run_case(&GQA_CASES[i], 200 + i);
 }
 
 /* Chunked local, prefix-LM, documents and sinks (with dsinks), with windows, GQA, softcap and
  * ALiBi, lengths that cut the 64-key and query tiles, chunks and documents anywhere. */
+static const bwd_case SPECIALISED_CASES[] = {
+    {TK_BF16, 1, 200, 200, 4, 2, 128, false, 1, -1, -1, 0.0f, false, false, 48, 0, 0},
+    {TK_F16, 2, 130, 190, 2, 2, 64, true, 0, -1, -1, 0.0f, true, false, 70, 0, 0},
+    {TK_BF16, 1, 150, 100, 2, 1, 64, false, 1, 20, -1, 0.0f, false, false, 32, 0, 0},
+    {TK_BF16, 2, 160, 160, 2, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 90, 0},
+    {TK_F16, 1, 120, 200, 4, 2, 128, false, 1, -1, -1, 10.0f, false, false, 0, 150, 0},
+    {TK_BF16, 2, 200, 200, 2, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 45},
+    {TK_BF16, 1, 150, 230, 4, 2, 128, false, 0, 30, 10, 0.0f, true, false, 40, 0, 60},
+    {TK_BF16, 2, 180, 180, 4, 2, 64, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+    {TK_F16, 1, 150, 90, 2, 1, 128, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+    {TK_BF16, 1, 200, 200, 8, 2, 64, false, 1, 37, -1, 20.0f, true, true, 0, 0, 0},
+    {TK_BF16, 2, 170, 170, 2, 2, 128, false, 1, -1, -1, 0.0f, false, true, 0, 0, 50},
+};
+
 Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const bwd_case cases[] = {
-        {TK_BF16, 1, 200, 200, 4, 2, 128, false, 1, -1, -1, 0.0f, false, false, 48, 0, 0},
-        {TK_F16, 2, 130, 190, 2, 2, 64, true, 0, -1, -1, 0.0f, true, false, 70, 0, 0},
-        {TK_BF16, 1, 150, 100, 2, 1, 64, false, 1, 20, -1, 0.0f, false, false, 32, 0, 0},
-        {TK_BF16, 2, 160, 160, 2, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 90, 0},
-        {TK_F16, 1, 120, 200, 4, 2, 128, false, 1, -1, -1, 10.0f, false, false, 0, 150, 0},
-        {TK_BF16, 2, 200, 200, 2, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 45},
-        {TK_BF16, 1, 150, 230, 4, 2, 128, false, 0, 30, 10, 0.0f, true, false, 40, 0, 60},
-        {TK_BF16, 2, 180, 180, 4, 2, 64, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
-        {TK_F16, 1, 150, 90, 2, 1, 128, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
-        {TK_BF16, 1, 200, 200, 8, 2, 64, false, 1, 37, -1, 20.0f, true, true, 0, 0, 0},
-        {TK_BF16, 2, 170, 170, 2, 2, 128, false, 1, -1, -1, 0.0f, false, true, 0, 0, 50},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(&cases[i], 300 + i);
+    for (size_t i = 0; i < sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0]; i++)
+        run_case(&SPECIALISED_CASES[i], 300 + i);
 }
 
+/* deterministic = 1 on every shape above, by the same accuracy rule, each run twice. */
+Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[3] = {
+        {MASK_CASES, sizeof MASK_CASES / sizeof MASK_CASES[0], 100},
+        {GQA_CASES, sizeof GQA_CASES / sizeof GQA_CASES[0], 200},
+        {SPECIALISED_CASES, sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0], 300},
+    };
+    for (int l = 0; l < 3; l++)
+        for (size_t i = 0; i < lists[l].count; i++)
+            run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2);
+}
+
+/* deterministic = 1: dq, dk, dv bit-identical over 3 runs where many key tiles add to each query
+ * tile (causal GQA, 16 key tiles), and under masks that keep key tiles from some query tiles
+ * (windows on both sides with seqlen_q < seqlen_k; a causal window over documents), so that
+ * the chains of adds start and end at different key tiles. */
+Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const bwd_case cases[] = {
+        {TK_BF16, 1, 1024, 1024, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 2, 600, 700, 4, 2, 64, false, 0, 100, 40, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 640, 640, 4, 1, 128, false, 1, 150, -1, 0.0f, false, false, 0, 0, 200},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case_runs(&cases[i], 400 + i, 1, 3);
+}

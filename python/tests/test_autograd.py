@@ -282,6 +282,28 @@ def test_attention_gradients_against_sdpa():
                                       alibi=alibi, **c)
 
 
+def test_attention_deterministic_gradients_repeat_bit_for_bit():
+    """deterministic=True: dq, dk, dv identical over 3 backward passes where many key tiles add
+    to each query tile (causal GQA) and under a window on both sides, and right by the rule."""
+    for case in (dict(B=1, S=1024, Hq=8, Hkv=2, D=128, causal=True),
+                 dict(B=2, S=600, Hq=4, Hkv=2, D=64, window=(100, 40))):
+        c = dict(case)
+        B, S, Hq, Hkv, D = (c.pop(n) for n in ("B", "S", "Hq", "Hkv", "D"))
+        what = f"deterministic attention bfloat16 B{B} S{S} H{Hq}/{Hkv} D{D} {c}"
+        q = rand(B, S, Hq, D, dtype=torch.bfloat16)
+        k, v = rand(B, S, Hkv, D, dtype=torch.bfloat16), rand(B, S, Hkv, D, dtype=torch.bfloat16)
+        dout = rand(B, S, Hq, D, dtype=torch.bfloat16)
+        runs = []
+        for _ in range(3):
+            mine = [leaf(t) for t in (q, k, v)]
+            tka.attention(*mine, deterministic=True, **c).backward(dout)
+            runs.append([t.grad for t in mine])
+        for r, grads in enumerate(runs[1:], 1):
+            for name, first, again in zip(("dq", "dk", "dv"), runs[0], grads):
+                assert torch.equal(first, again), f"{what}: run {r}'s {name} differs from run 0's"
+        check_attention_grads(runs[0], q, k, v, dout, what, **c)
+
+
 def test_attention_masks_and_sinks_gradients():
     """dq, dk, dv under each specialised mask against float64 autograd through attn_ref, and
     dsinks within 2 % of the magnitude of its terms (p_sink_i |dout_i . o_i|)."""

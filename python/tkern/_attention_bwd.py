@@ -10,14 +10,16 @@ from ._attention import _LAYOUTS, _dims, alibi_and_window, document_ids_checked
 def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, softcap=0.0,
                        scale=None, alibi_slopes=None, layout="bshd", dq=None, dk=None, dv=None,
                        workspace=None, stream=None, sinks=None, chunk_size=0, prefix_len=0,
-                       document_ids=None, dsinks=None):
+                       document_ids=None, dsinks=None, deterministic=False):
     """Gradients (dq, dk, dv) of attention(q, k, v, ...) for the output gradient dout, and with
     sinks (dq, dk, dv, dsinks): dsinks float32 [heads_q], summed in a fixed order.
 
     out and lse are attention's outputs for the same call (return_lse=True); every option means
     what it means in attention (same layouts, masks, softcap, scale, ALiBi). dout is laid out
     like out, dq like q, dk and dv like k and v (GQA: summed over each group). head_dim 64 or
-    128. dq is accumulated with float32 atomics, so its last bits may vary from run to run.
+    128. dq is accumulated with float32 atomics, so its last bits may vary from run to run;
+    deterministic=True makes the same adds in a fixed order, so that dq is bit-identical from
+    run to run (a little slower, and a little more workspace).
     workspace: a uint8 array of tk_attention_bwd_workspace_size bytes (at least 1), allocated
     here when None.
     """
@@ -51,7 +53,8 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, so
         window_left=left, window_right=right, softcap=softcap or 0.0, alibi_slopes=ptr(aa),
         sinks=ptr(c.get("sinks")), chunk_size=chunk_size, prefix_len=prefix_len,
         document_ids=ptr(document_ids_checked(c, batch, sk)),
-        dsinks=ptr(grads["dsinks"][1]) if sinks is not None else 0)
+        dsinks=ptr(grads["dsinks"][1]) if sinks is not None else 0,
+        deterministic=int(bool(deterministic)))
     nbytes = ctypes.c_size_t()
     _lib.call("tk_attention_bwd_workspace_size", _lib.byref(p), _lib.byref(nbytes))
     _, wsa = c.output("workspace", workspace, (max(nbytes.value, 1),), "uint8")

@@ -283,7 +283,8 @@ class AttentionBwdParams(_Params):
                 ("causal", _i32), ("window_left", _i64), ("window_right", _i64),
                 ("softcap", _f32), ("alibi_slopes", _ptr), ("workspace", _ptr),
                 ("workspace_bytes", _size), ("sinks", _ptr), ("chunk_size", _i64),
-                ("prefix_len", _i64), ("document_ids", _ptr), ("dsinks", _ptr)]
+                ("prefix_len", _i64), ("document_ids", _ptr), ("dsinks", _ptr),
+                ("deterministic", _i32)]
     DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
 
 

@@ -259,11 +259,12 @@ def gemm(a, b, bias=None, activation=None, *, c=None, alpha=1.0, beta=None, out_
 # -------------------------------------------------------------------------- attention -------
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, sinks, document_ids, kwargs):
+    def forward(ctx, q, k, v, alibi_slopes, sinks, document_ids, kwargs, deterministic):
         out, lse = _attention.attention(q, k, v, alibi_slopes=alibi_slopes, sinks=sinks,
                                         document_ids=document_ids, return_lse=True, **kwargs)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks, document_ids)
         ctx.kwargs = kwargs
+        ctx.deterministic = deterministic
         return out
 
     @staticmethod
@@ -272,19 +273,22 @@ class _Attention(torch.autograd.Function):
         # dout may be a broadcast (stride 0) gradient; the kernel needs head_dim contiguous.
         grads = _attention_bwd.attention_backward(q, k, v, out, lse, dout.contiguous(),
                                                   alibi_slopes=alibi_slopes, sinks=sinks,
-                                                  document_ids=document_ids, **ctx.kwargs)
+                                                  document_ids=document_ids,
+                                                  deterministic=ctx.deterministic, **ctx.kwargs)
         dsinks = grads[3] if sinks is not None else None
-        return grads[0], grads[1], grads[2], None, dsinks, None, None
+        return grads[0], grads[1], grads[2], None, dsinks, None, None, None
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, alibi_slopes=None,
-              layout="bshd", sinks=None, chunk_size=0, prefix_len=0, document_ids=None):
+              layout="bshd", sinks=None, chunk_size=0, prefix_len=0, document_ids=None,
+              deterministic=False):
     """tkern.attention with gradients for q, k and v (GQA: dk, dv summed over each group) and
     the sink logits (sinks, float32 [heads_q], as learnable_sink). The forward keeps its output
     and log-sum-exp for the backward kernel (tk_attention_bwd), which takes every forward
     option (chunk_size, prefix_len and document_ids too); the backward supports head_dim 64 and
     128 (another raises tkern.TkernError when backpropagated). No gradient flows to
-    alibi_slopes or document_ids."""
+    alibi_slopes or document_ids. deterministic=True makes dq bit-identical from run to run
+    (attention_backward's deterministic)."""
     kwargs = dict(causal=causal, window=window, softcap=softcap, scale=scale, layout=layout,
                   chunk_size=chunk_size, prefix_len=prefix_len)
-    return _Attention.apply(q, k, v, alibi_slopes, sinks, document_ids, kwargs)
+    return _Attention.apply(q, k, v, alibi_slopes, sinks, document_ids, kwargs, deterministic)
