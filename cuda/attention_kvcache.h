@@ -36,15 +36,18 @@ typedef struct tk_attention_kvcache_call {
     int window_left, window_right; /* -1 = unbounded */
     float scale;                  /* softmax scale, > 0 */
     float softcap;                /* 0 = off */
-    int num_splits;               /* 1 .. 1024, or 0: chosen by tk_attention_kvcache_splits */
+    int num_splits;               /* 1 .. 1024, or 0: the automatic plan */
     void *workspace;              /* partial outputs and lse when the splits are > 1 */
 } tk_attention_kvcache_call;
 
-/* The number of key ranges the call runs with on this device: c->num_splits when set, else
- * the choice that fills the device's resident CTAs best (at least 256 keys per range). */
+/* The most key ranges (splits) a sequence gets on this device: c->num_splits when set (every
+ * sequence gets that many), else the bound of the automatic plan, which the kernels make per
+ * sequence from the device-side lengths (about equal keys per split, at least 256). 1: no
+ * merge, no workspace. */
 int tk_attention_kvcache_splits(const tk_attention_kvcache_call *c, const tk_device *dev);
 
-/* Workspace bytes for `splits` ranges: f32 partial outputs and lse of every (token, head). */
+/* Workspace bytes for at most `splits` ranges a sequence: f32 partial outputs and lse of every
+ * (token, head) and split, and each row's split count. */
 size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, int splits);
 
 /* "decode_sm80": the append of k_new / v_new when given; then one CTA per (sequence, key/value

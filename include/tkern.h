@@ -635,9 +635,10 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char
  *
  * Split-KV: each (sequence, key/value head) is cut into num_splits ranges of keys, computed in
  * parallel into f32 partial outputs with their lse, then merged by a second kernel (o = sum_s
- * exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s)). num_splits = 0 lets the library choose from
- * batch, heads, the capacity and the device. The partials live in a caller's workspace of
- * tk_attention_kvcache_workspace_size bytes (0 when the call needs no split).
+ * exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s)). num_splits = 0 lets the library choose, per
+ * sequence and on the device from seqlens_k (a longer sequence gets more splits), within a bound
+ * the host derives from the capacity, heads and the device. The partials live in a caller's
+ * workspace of tk_attention_kvcache_workspace_size bytes (0 when the call needs no split).
  *
  * What the host cannot check, since it lives on the device: seqlens_k, cu_seqlens_q and the
  * block table's entries. The kernels clamp them so that no access leaves the tensors described

@@ -335,14 +335,16 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     return TK_SUCCESS;
 }
 
-/* The split count on this device, the workspace it needs and the grid it makes. */
-static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, const tk_device *dev,
+/* The most splits a sequence gets on this device, the workspace they need and the grid bound
+ * they make. */
+static tk_status plan_splits(const char *fn, const tk_attention_kvcache_call *call, const tk_device *dev,
                              size_t *workspace_bytes) {
-    call->num_splits = tk_attention_kvcache_splits(call, dev);
-    /* Grid sizes in double: their int64 products could overflow for absurd (valid) sizes. */
+    const int splits = tk_attention_kvcache_splits(call, dev);
+    /* Grid sizes in double: their int64 products could overflow for absurd (valid) sizes. The
+     * grid holds at most `splits` items per sequence. */
     const double group = (double)(call->heads_q / call->heads_kv);
     const double chunks = ceil((double)call->seqlen_q * group / QUERY_ROWS_PER_CTA);
-    const double blocks = chunks * call->batch * call->heads_kv * call->num_splits;
+    const double blocks = chunks * call->batch * call->heads_kv * splits;
     if (blocks > INT32_MAX)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
                        "batch * heads_kv * ceil(seqlen_q * heads_q / heads_kv / 16) * splits = "
@@ -355,7 +357,14 @@ static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, co
                        "batch * seqlen_q * heads_kv * head_dim / 8 = %.0f chunks to append exceed "
                        "the grid limit",
                        append_blocks * APPEND_THREADS);
-    *workspace_bytes = tk_attention_kvcache_workspace_bytes(call, call->num_splits);
+    const double merged_rows = (double)(call->cu_seqlens_q ? call->total_q : (double)call->batch * call->seqlen_q) *
+                               call->heads_q;
+    if (splits > 1 && merged_rows > INT32_MAX)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "tokens * heads_q = %.0f rows to merge across splits exceed the grid limit "
+                       "2^31 - 1; pass num_splits = 1",
+                       merged_rows);
+    *workspace_bytes = tk_attention_kvcache_workspace_bytes(call, splits);
     return TK_SUCCESS;
 }
 

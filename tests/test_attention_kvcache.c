@@ -247,7 +247,7 @@ Test(attention_kvcache_args, force_variant_names) {
 
 /* ------------------------------------------------------------------------ GPU checks ---- */
 
-#define MAX_BATCH 8
+#define MAX_BATCH 150
 
 typedef struct kv_case {
     tk_dtype dtype;
@@ -708,6 +708,35 @@ Test(attention_kvcache_gpu, automatic_splits_with_lengths_spread_widely) {
     for (int i = 0; i < 2; i++) {
         kv_case c = decode_case(TK_BF16, 128, 8, lens, 8192, i == 0 ? 16 : 0);
         run_kv_case(&c, 1100 + (uint64_t)i);
+    }
+}
+
+/* The automatic plan, made on the device from the lengths: more sequences than a CTA has
+ * threads (each thread plans several), a few near-full caches among many short and empty ones
+ * (splits in proportion to length, up to the capacity's bound), head dim 256 (64-thread CTAs),
+ * and varlen queries of a group of 8 that span up to three 16-row chunks, each chunk planned
+ * on its own. */
+Test(attention_kvcache_gpu, automatic_plan_over_many_sequences) {
+    TK_REQUIRE_GPU();
+    for (int i = 0; i < 2; i++) {
+        const int32_t capacity = i == 0 ? 2048 : 1024;
+        int32_t lens[MAX_BATCH];
+        for (int b = 0; b < MAX_BATCH; b++)
+            lens[b] = b % 37 == 5 ? capacity - b : b % 3 == 0 ? 0 : (b * 131) % 300;
+        kv_case c = decode_case(TK_BF16, i == 0 ? 128 : 256, MAX_BATCH, lens, capacity, i == 0 ? 16 : 0);
+        c.heads_q = 4, c.heads_kv = 1;
+        run_kv_case(&c, 1200 + (uint64_t)i);
+        if (i == 1)
+            continue;
+        c.head_dim = 64;
+        c.varlen = true;
+        c.heads_q = 8;
+        for (int b = 0; b < MAX_BATCH; b++)
+            c.q_lens[b] = b % 7 == 3 ? 0 : b % 6;
+        c.causal = 1;
+        run_kv_case(&c, 1210);
+        c.window_left = 100; /* chunks that see a window's keys only */
+        run_kv_case(&c, 1211);
     }
 }
 
