@@ -198,10 +198,13 @@ struct kvc_item {
 };
 
 /* The automatic plan of row chunk rc as a lane of warp 0 holds it: sequences [first, last) are
- * its share, `before` the items of the sequences ahead of them, `mine` theirs, `total` all. */
+ * its share, `before` the items of the sequences ahead of them, `mine` theirs, `total` all;
+ * `cost_before`
+ * and `cost` the same in work (tiles + KVC_ITEM_TILES an item). */
 struct kvc_planner {
     int first, last, before, mine, total;
     int chunk; /* tiles a split at most */
+    int64_t cost_before, cost;
 };
 
 /* The automatic plan, made by warp 0 of every CTA alike from the device-side lengths the host
@@ -262,26 +265,54 @@ __device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc) {
             best = cost, pl.chunk = size[k];
     }
     pl.mine = 0;
-    for (int b = pl.first; b < pl.last; b++)
-        pl.mine += kvc_splits_for(p, kvc_chunk_of(p, b, rc), pl.chunk);
+    int64_t cost = 0;
+    for (int b = pl.first; b < pl.last; b++) {
+        const kvc_chunk c = kvc_chunk_of(p, b, rc);
+        const int n = kvc_splits_for(p, c, pl.chunk);
+        pl.mine += n;
+        cost += c.tile_end - c.tile_begin + (int64_t)n * KVC_ITEM_TILES;
+    }
     int x = pl.mine;
+    int64_t y = cost;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        x += lane >= o ? y : 0;
+        const int xo = __shfl_up_sync(0xffffffffu, x, o);
+        const int64_t yo = __shfl_up_sync(0xffffffffu, y, o);
+        x += lane >= o ? xo : 0;
+        y += lane >= o ? yo : 0;
     }
     pl.before = x - pl.mine;
     pl.total = __shfl_sync(0xffffffffu, x, 31);
+    pl.cost_before = y - cost;
+    pl.cost = __shfl_sync(0xffffffffu, y, 31);
     return pl;
 }
 
-/* Item f of the plan into *out (b = -1 past the last), by warp 0: the lane whose sequences hold
+/* The items whose work starts before `work` (in the plan's order, sequence by sequence, an
+ * item's work its tiles + KVC_ITEM_TILES), summed over warp 0. Sequence b's item j is taken to
+ * start at its base + j (ceil(t_b / n_b) + KVC_ITEM_TILES), exact but for trailing empty
+ * splits (a count clamped to max_splits); monotone in `work`, so consecutive bounds deal each
+ * item once. */
+__device__ int kvc_items_before(const kvc_params &p, const kvc_planner &pl, int rc, int64_t work) {
+    int count = 0;
+    int64_t base = pl.cost_before;
+    for (int b = pl.first; b < pl.last; b++) {
+        const kvc_chunk c = kvc_chunk_of(p, b, rc);
+        const int n = kvc_splits_for(p, c, pl.chunk), tiles = c.tile_end - c.tile_begin;
+        if (n && work > base)
+            count += (int)fmin((double)n, ceil((double)(work - base) / (double)((tiles + n - 1) / n + KVC_ITEM_TILES)));
+        base += tiles + (int64_t)n * KVC_ITEM_TILES;
+    }
+    return kvc_warp_reduce<false>(count);
+}
+
+/* Item f of the plan into *out (b = -1 from f_end on), by warp 0: the lane whose sequences hold
  * it walks them. */
-__device__ void kvc_locate(const kvc_params &p, const kvc_planner &pl, int rc, int f, kvc_item *out) {
+__device__ void kvc_locate(const kvc_params &p, const kvc_planner &pl, int rc, int f, int f_end, kvc_item *out) {
     if ((threadIdx.x & 31) == 0)
         out->b = -1;
     __syncwarp();
-    if (f >= pl.before && f < pl.before + pl.mine) {
+    if (f < f_end && f >= pl.before && f < pl.before + pl.mine) {
         int before = pl.before;
         for (int b = pl.first; b < pl.last; b++) {
             const int n = kvc_splits_for(p, kvc_chunk_of(p, b, rc), pl.chunk);
@@ -535,12 +566,14 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
     }
 }
 
-/* Block -> (row chunk, first work item g, key/value head), the head fastest: the CTAs running
- * together read whole cache rows (every head of a key). A fixed split count gives each CTA its
- * item; the automatic plan launches about one wave of CTAs (p.items per row chunk and head),
- * each taking items g, g + p.items, ... of the plan it made. A grid sized for the most items
- * the plan could make queued thousands of CTAs without an item behind the working ones, and
- * they ran in the slots the working ones freed (B1 x K131072 at 0.63x copy). */
+/* Block -> (row chunk, CTA g, key/value head), the head fastest: the CTAs running together
+ * read whole cache rows (every head of a key). A fixed split count gives each CTA its item g;
+ * the automatic plan launches about one wave of CTAs (p.items per row chunk and head), CTA g
+ * taking the items whose work starts in [g W / items, (g + 1) W / items) of the plan's total
+ * work W: a contiguous run of items, each CTA about the same work (within one item), however
+ * the lengths spread. A grid sized for the most items the plan could make queued thousands of
+ * CTAs without an item behind the working ones, and they ran in the slots the working ones
+ * freed (B1 x K131072 at 0.63x copy). */
 template <typename T, int D>
 __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(const kvc_params p) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -559,11 +592,16 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     __shared__ kvc_item next;
     kvc_planner pl;
     const bool planner = threadIdx.x < 32;
-    if (planner)
+    int f = 0, f_end = 0;
+    if (planner) {
         pl = kvc_plan_chunk(p, rc);
-    for (int f = g;; f += p.items) {
+        /* The last CTA takes every item to the end, whatever the estimate of their starts. */
+        f = kvc_items_before(p, pl, rc, g * pl.cost / p.items);
+        f_end = g + 1 < p.items ? kvc_items_before(p, pl, rc, (g + 1) * pl.cost / p.items) : pl.total;
+    }
+    for (;; f++) {
         if (planner)
-            kvc_locate(p, pl, rc, f, &next);
+            kvc_locate(p, pl, rc, f, f_end, &next);
         __syncthreads(); /* `next` is set; the previous item's shared memory is free */
         const kvc_item item = next;
         __syncthreads(); /* every thread has read `next` */
