@@ -778,3 +778,50 @@ Test(attention_kvcache_gpu, bad_device_side_values_do_not_fault) {
     TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_ERROR_INVALID_VALUE, "p->workspace_bytes");
     tk_dev_free(dk); tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dtable); tk_dev_free(dlens);
 }
+
+/* The same under the automatic plan, which every CTA makes from those values: lengths past the
+ * capacity and negative, cu_seqlens_q out of order and past total_q, pages out of range; with
+ * and without an append (which writes the caches through the same values). */
+Test(attention_kvcache_gpu, bad_device_side_values_under_the_automatic_plan) {
+    TK_REQUIRE_GPU();
+    enum { BATCH = 3, PAGES = 2, PER_SEQ = 64, TOTAL_Q = 4 };
+    tk_attention_kvcache_params p = TK_ATTENTION_KVCACHE_PARAMS_INIT;
+    p.batch = BATCH, p.seqlen_q = 4, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 64;
+    p.num_pages = PAGES, p.page_size = 16, p.max_pages_per_seq = PER_SEQ; /* capacity 1024 */
+    p.total_q = TOTAL_Q;
+    const size_t cache = PAGES * 16 * 2 * 64 * 2, q_bytes = TOTAL_Q * 4 * 64 * 2, kn_bytes = TOTAL_Q * 2 * 64 * 2;
+    int32_t table[BATCH * PER_SEQ];
+    for (int i = 0; i < BATCH * PER_SEQ; i++)
+        table[i] = i % 5 == 0 ? -1 : i % 5 == 1 ? 1 << 30 : i % 2;
+    const int32_t lens[BATCH] = {5000, -7, 700}, cu[BATCH + 1] = {0, 3, 1, 9};
+    void *dk = tk_dev_alloc(cache), *dv = tk_dev_alloc(cache), *dq = tk_dev_alloc(q_bytes);
+    void *dout = tk_dev_alloc(q_bytes), *dkn = tk_dev_alloc(kn_bytes), *dvn = tk_dev_alloc(kn_bytes);
+    void *dtable = tk_dev_alloc(sizeof table), *dlens = tk_dev_alloc(sizeof lens), *dcu = tk_dev_alloc(sizeof cu);
+    void *zeros = calloc(cache, 1);
+    cr_assert(zeros != NULL);
+    tk_to_dev(dk, zeros, cache);
+    tk_to_dev(dv, zeros, cache);
+    tk_to_dev(dq, zeros, q_bytes);
+    tk_to_dev(dkn, zeros, kn_bytes);
+    tk_to_dev(dvn, zeros, kn_bytes);
+    free(zeros);
+    tk_to_dev(dtable, table, sizeof table);
+    tk_to_dev(dlens, lens, sizeof lens);
+    tk_to_dev(dcu, cu, sizeof cu);
+    p.q = dq, p.k_cache = dk, p.v_cache = dv, p.o = dout;
+    p.block_table = dtable, p.seqlens_k = dlens, p.cu_seqlens_q = dcu;
+    for (int append = 0; append < 2; append++) {
+        p.k_new = append ? dkn : NULL;
+        p.v_new = append ? dvn : NULL;
+        size_t bytes = 0;
+        cr_assert_eq(tk_attention_kvcache_workspace_size(&p, &bytes), TK_SUCCESS, "%s", tk_last_error());
+        cr_assert_gt(bytes, 0, "a capacity of 1024 keys allows splits");
+        void *ws = tk_dev_alloc(bytes);
+        p.workspace = ws, p.workspace_bytes = bytes;
+        cr_assert_eq(tk_attention_kvcache_fwd(&p, NULL), TK_SUCCESS, "%s", tk_last_error());
+        tk_dev_sync();
+        tk_dev_free(ws);
+    }
+    tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dkn);
+    tk_dev_free(dvn); tk_dev_free(dtable); tk_dev_free(dlens); tk_dev_free(dcu);
+}
