@@ -37,7 +37,9 @@
  *
  * Appending (k_new, v_new) is a small kernel before the attention, one 16-byte chunk per thread,
  * on the same stream: the attention's loads see the new rows, and the attention kernel itself
- * only adds the appended count to each sequence's length.
+ * only adds the appended count to each sequence's length. RoPE (rotary_dim > 0) rotates each
+ * new key in the append and each CTA's staged Q rows in shared memory, angles from the host's
+ * per-pair inverse frequencies (f64) through cuda/rope_angle.cuh.
  *
  * Splits. Only the device sees the lengths, so when the caller leaves the split count to the
  * library every CTA makes the same plan from seqlens_k (kvc_plan_chunk): splits of about equal
@@ -48,6 +50,7 @@
 #include "attention_kvcache.h"
 
 #include "attention.cuh"
+#include "rope_angle.cuh"
 
 namespace {
 
@@ -103,7 +106,32 @@ struct kvc_params {
     int window_left, window_right;
     int transform;
     float scale, softcap, softcap_in, exp_scale;
+    /* RoPE (rotary_dim 0: none), as tk_attention_kvcache_call has it */
+    int rotary_dim, rope_style;
+    const float *rope_cos, *rope_sin;
+    int64_t rope_cache_row_stride, rope_max_position;
+    float rope_attention_factor;
+    double rope_inv_freq[TK_KVCACHE_MAX_ROPE_PAIRS];
 };
+
+/* cos and sin of pair i at position pos (times YaRN's attention factor): from the cache (NaN
+ * for a position outside it, as tk_rope_fwd), else from the host's inverse frequencies. */
+__device__ __forceinline__ void kvc_rope_cos_sin(const kvc_params &p, int64_t pos, int i, float *c, float *s) {
+    if (p.rope_cos) {
+        const bool in = pos >= 0 && pos < p.rope_max_position;
+        *c = in ? p.rope_cos[pos * p.rope_cache_row_stride + i] : __int_as_float(0x7fffffff);
+        *s = in ? p.rope_sin[pos * p.rope_cache_row_stride + i] : __int_as_float(0x7fffffff);
+        return;
+    }
+    tk_rope_sincos<true>((double)pos * p.rope_inv_freq[i], s, c);
+    *c *= p.rope_attention_factor;
+    *s *= p.rope_attention_factor;
+}
+
+/* Elements (e1, e2) of pair i: NeoX pairs the halves of rotary_dim, GPT-J adjacent elements. */
+__device__ __forceinline__ int2 kvc_rope_pair(const kvc_params &p, int i) {
+    return p.rope_style == TK_ROPE_GPTJ ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + p.rotary_dim / 2);
+}
 
 /* Sequence b's query count and first token, clamped to what the host sized. */
 __device__ __forceinline__ void kvc_queries(const kvc_params &p, int b, int *count, int *first) {
@@ -325,6 +353,30 @@ __device__ void kvc_locate(const kvc_params &p, const kvc_planner &pl, int rc, i
     }
 }
 
+/* RoPE of the CTA's staged Q rows in shared memory (swizzled as kvc_decode_item stages them):
+ * row r of the chunk is position shift + (row0 + r) / group; rows past the sequence stay zero.
+ * The rotated values are rounded to T, as tk_rope_fwd's output would be. */
+template <typename T, int D>
+__device__ __forceinline__ void kvc_rotate_q(const kvc_params &p, unsigned char *smem, int row0, int rows, int shift) {
+    constexpr int CHUNKS = D / 8;
+    const int pairs = p.rotary_dim / 2;
+    const auto at = [&](int r, int e) {
+        return reinterpret_cast<T *>(smem + tk_swizzled_offset<CHUNKS>(r, e / 8) + (e % 8) * 2);
+    };
+    for (int idx = threadIdx.x; idx < KVC_ROWS * pairs; idx += blockDim.x) {
+        const int r = idx / pairs, i = idx % pairs;
+        if (row0 + r >= rows)
+            continue;
+        float c, s;
+        kvc_rope_cos_sin(p, shift + (row0 + r) / p.group, i, &c, &s);
+        const int2 e = kvc_rope_pair(p, i);
+        T *x1 = at(r, e.x), *x2 = at(r, e.y);
+        const float a = tk_to_float(*x1), b = tk_to_float(*x2);
+        *x1 = tk_from_float<T>(a * c - b * s);
+        *x2 = tk_from_float<T>(b * c + a * s);
+    }
+}
+
 /* One work item: split item.split of row chunk rc of sequence item.b, key/value head head_kv.
  * Ends with the CTA's shared memory free for the next item. */
 template <typename T, int D>
@@ -386,6 +438,10 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
     }
     tk_cp_async_wait<STAGES - 2>();
     __syncthreads(); /* every thread's Q chunks have landed */
+    if (p.rotary_dim > 0) {
+        kvc_rotate_q<T, D>(p, smem, row0, rows, shift);
+        __syncthreads();
+    }
 
     /* Rows of this thread's accumulators: g and g + 8 of the chunk (fragment layout of
      * core/sm80.cuh); their visible keys [lo, hi] (empty for rows past the sequence). */
@@ -639,10 +695,45 @@ __global__ void __launch_bounds__(KVC_APPEND_THREADS) kvcache_append_kernel(cons
     const int in_page = j - slot * p.page_size;
     const int64_t kn = (p.cu_seqlens_q ? (int64_t)token * p.kn_ss : b * p.kn_sb + pos * p.kn_ss) + head * p.kn_sh;
     const int64_t vn = (p.cu_seqlens_q ? (int64_t)token * p.vn_ss : b * p.vn_sb + pos * p.vn_ss) + head * p.vn_sh;
-    T *k = static_cast<T *>(p.k) + page * p.k_sp + in_page * p.k_ss + head * p.k_sh + chunk * 8;
+    T *k = static_cast<T *>(p.k) + page * p.k_sp + in_page * p.k_ss + head * p.k_sh;
     T *v = static_cast<T *>(p.v) + page * p.v_sp + in_page * p.v_ss + head * p.v_sh + chunk * 8;
-    *reinterpret_cast<uint4 *>(k) = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.k_new) + kn + chunk * 8);
+    const T *k_new = static_cast<const T *>(p.k_new) + kn;
     *reinterpret_cast<uint4 *>(v) = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.v_new) + vn + chunk * 8);
+    if (chunk * 8 >= p.rotary_dim) {
+        *reinterpret_cast<uint4 *>(k + chunk * 8) = *reinterpret_cast<const uint4 *>(k_new + chunk * 8);
+        return;
+    }
+    /* RoPE at the key's position j. NeoX: the thread of chunk c < rotary_dim / 16 rotates it
+     * with its partner c + rotary_dim / 16 (whose own thread has nothing to do); GPT-J: the
+     * chunk's 4 adjacent pairs. */
+    const int half = p.rotary_dim / 16;
+    if (p.rope_style != TK_ROPE_GPTJ && chunk >= half)
+        return;
+    const int c2 = p.rope_style == TK_ROPE_GPTJ ? chunk : chunk + half;
+    tk_pack<T, 8> x = tk_load_pack<T, 8>(k_new + chunk * 8), y = tk_load_pack<T, 8>(k_new + c2 * 8);
+    if (p.rope_style == TK_ROPE_GPTJ) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+            const int i = (chunk * 8 + e) / 2;
+            float c, s;
+            kvc_rope_cos_sin(p, j, i, &c, &s);
+            const float a = tk_to_float(x.v[e]), b = tk_to_float(x.v[e + 1]);
+            x.v[e] = tk_from_float<T>(a * c - b * s);
+            x.v[e + 1] = tk_from_float<T>(b * c + a * s);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int i = chunk * 8 + e;
+            float c, s;
+            kvc_rope_cos_sin(p, j, i, &c, &s);
+            const float a = tk_to_float(x.v[e]), b = tk_to_float(y.v[e]);
+            x.v[e] = tk_from_float<T>(a * c - b * s);
+            y.v[e] = tk_from_float<T>(b * c + a * s);
+        }
+        tk_store_pack<T, 8>(k + c2 * 8, y);
+    }
+    tk_store_pack<T, 8>(k + chunk * 8, x);
 }
 
 /* The split merge: one CTA per (token, query head), over the splits its sequence had (the
@@ -779,6 +870,14 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
     p.window_left = c->window_left;
     p.window_right = c->window_right;
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
+    p.rotary_dim = c->rotary_dim;
+    p.rope_style = c->rope_style;
+    p.rope_cos = c->rope_cos;
+    p.rope_sin = c->rope_sin;
+    p.rope_cache_row_stride = c->rope_cache_row_stride;
+    p.rope_max_position = c->rope_max_position;
+    p.rope_attention_factor = c->rope_attention_factor;
+    memcpy(p.rope_inv_freq, c->rope_inv_freq, sizeof p.rope_inv_freq);
     const bool merge = plan.max_splits > 1;
     const int64_t part_rows = (int64_t)plan.max_splits * p.tokens * p.heads_q;
     p.part_o = merge ? static_cast<float *>(c->workspace) : NULL;

@@ -12,6 +12,9 @@
 extern "C" {
 #endif
 
+/* Pairs of RoPE a head has at most (head_dim 256). */
+#define TK_KVCACHE_MAX_ROPE_PAIRS 128
+
 /* One call, resolved: strides explicit, the scale set, causal folded into window_right = 0. A
  * contiguous cache is a paged one whose page is the sequence: block_table NULL, page_size =
  * max_seqlen_k, page strides = batch strides. Every index fits in int32 except element
@@ -37,6 +40,14 @@ typedef struct tk_attention_kvcache_call {
     float scale;                  /* softmax scale, > 0 */
     float softcap;                /* 0 = off */
     int num_splits;               /* 1 .. 1024, or 0: the automatic plan */
+    /* RoPE of q and k_new (rotary_dim 0: none), resolved: the cache's row stride explicit;
+     * without a cache, each pair's inverse frequency with the scaling applied (f64) and the
+     * factor on cos and sin (YaRN's; 1 otherwise). */
+    int rotary_dim, rope_style;
+    const float *rope_cos, *rope_sin;
+    int64_t rope_cache_row_stride, rope_max_position;
+    float rope_attention_factor;
+    double rope_inv_freq[TK_KVCACHE_MAX_ROPE_PAIRS];
     void *workspace;              /* partial outputs and lse when the splits are > 1 */
 } tk_attention_kvcache_call;
 

@@ -23,7 +23,8 @@
 static unsigned char in_buf[65536] __attribute__((aligned(16)));
 static unsigned char out_buf[8192] __attribute__((aligned(16)));
 enum { Q_AT = 0, K_AT = 1024, V_AT = 17408, TABLE_AT = 33792, SEQLENS_AT = 33824,
-       CU_AT = 33840, ALIBI_AT = 33856, KNEW_AT = 34816, VNEW_AT = 35840, LSE_AT = 1024 };
+       CU_AT = 33840, ALIBI_AT = 33856, KNEW_AT = 34816, VNEW_AT = 35840, ROPE_AT = 36864,
+       LSE_AT = 1024 };
 
 static void reset_buffers(void) {
     tk_fill_sentinel(in_buf, sizeof in_buf);
@@ -176,13 +177,57 @@ Test(attention_kvcache_args, rejects_bad_arguments) {
     }
 }
 
+/* RoPE's fields: each out-of-range value named, a scaling refused with a cache, a cache's
+ * pointers, alignment and overlaps (a cos/sin table of 4 positions x 32 floats at ROPE_AT). */
+Test(attention_kvcache_args, rejects_bad_rope_arguments) {
+    tk_attention_kvcache_params ok = host_params();
+    ok.rotary_dim = 64;
+    REJECT(rotary_dim = -16, TK_ERROR_INVALID_VALUE, "p->rotary_dim", true);
+    REJECT(rotary_dim = 80, TK_ERROR_INVALID_VALUE, "p->rotary_dim", true);
+    REJECT(rotary_dim = 24, TK_ERROR_NOT_SUPPORTED, "p->rotary_dim = 24 is not a multiple of 16", true);
+    REJECT(rope_style = (tk_rope_style)2, TK_ERROR_INVALID_VALUE, "p->rope_style", true);
+    REJECT(rope_theta = 0.0f, TK_ERROR_INVALID_VALUE, "p->rope_theta", true);
+    REJECT(rope_theta = INFINITY, TK_ERROR_INVALID_VALUE, "p->rope_theta", true);
+    REJECT(rope_scaling = (tk_rope_scaling)3, TK_ERROR_INVALID_VALUE, "p->rope_scaling", true);
+    tk_attention_kvcache_params llama = ok;
+    llama.rope_scaling = TK_ROPE_SCALING_LLAMA3, llama.rope_factor = 8.0f;
+    tk_attention_kvcache_params cached = ok;
+    cached.rope_cos = (const float *)(in_buf + ROPE_AT);
+    cached.rope_sin = (const float *)(in_buf + ROPE_AT + 512);
+    cached.rope_max_position = 4;
+    {
+        const tk_attention_kvcache_params ok = llama; /* REJECT's base */
+        REJECT(rope_factor = 0.5f, TK_ERROR_INVALID_VALUE, "p->rope_factor", true);
+        REJECT(rope_original_max_position = 0, TK_ERROR_INVALID_VALUE, "p->rope_original_max_position", true);
+        REJECT(rope_low_freq_factor = 0.0f, TK_ERROR_INVALID_VALUE, "p->rope_low_freq_factor", true);
+        REJECT(rope_high_freq_factor = 1.0f, TK_ERROR_INVALID_VALUE, "p->rope_high_freq_factor", true);
+    }
+    llama.rope_scaling = TK_ROPE_SCALING_YARN;
+    {
+        const tk_attention_kvcache_params ok = llama;
+        REJECT(rope_beta_fast = 0.5f, TK_ERROR_INVALID_VALUE, "p->rope_beta_fast", true);
+        REJECT(rope_attention_factor = -1.0f, TK_ERROR_INVALID_VALUE, "p->rope_attention_factor", true);
+    }
+    {
+        const tk_attention_kvcache_params ok = cached;
+        REJECT(rope_sin = NULL, TK_ERROR_NULL_POINTER, "p->rope_sin is NULL but p->rope_cos is set", false);
+        REJECT(rope_scaling = TK_ROPE_SCALING_YARN, TK_ERROR_NOT_SUPPORTED,
+               "p->rope_scaling = 2 with a cos/sin cache", true);
+        REJECT(rope_max_position = 0, TK_ERROR_INVALID_VALUE, "p->rope_max_position", true);
+        REJECT(rope_cache_row_stride = 31, TK_ERROR_INVALID_VALUE, "p->rope_cache_row_stride", true);
+        REJECT(rope_cos = (const float *)(in_buf + ROPE_AT + 2), TK_ERROR_MISALIGNED, "'p->rope_cos'", false);
+        REJECT(o = (void *)(in_buf + ROPE_AT + 512), TK_ERROR_OVERLAP, "'p->o' overlaps 'p->rope_sin'", false);
+    }
+}
+
 /* The params size rule (tk_read_params): older sizes than the first layout and unknown non-zero
  * tails are rejected naming the size; a longer struct with a zero tail is accepted. */
 Test(attention_kvcache_args, params_size_rule) {
     static unsigned char params_buf[sizeof(tk_attention_kvcache_params) + 64] __attribute__((aligned(16)));
     const tk_attention_kvcache_params ok = host_params();
     const size_t n = sizeof ok;
-    const struct { size_t size; int tail_at; } rejected[] = {{0, -1}, {n - 1, -1}, {n + 1, 0}, {n + 64, 63}};
+    const size_t first_layout = 448; /* before the RoPE fields (src/attention_kvcache.c) */
+    const struct { size_t size; int tail_at; } rejected[] = {{0, -1}, {first_layout - 1, -1}, {n + 1, 0}, {n + 64, 63}};
     for (size_t i = 0; i < sizeof rejected / sizeof rejected[0]; i++) {
         memset(params_buf, 0, sizeof params_buf);
         memcpy(params_buf, &ok, n);
@@ -194,14 +239,18 @@ Test(attention_kvcache_args, params_size_rule) {
     }
     if (tk_test_have_device())
         return; /* host buffers cannot stand in for a valid call on a GPU machine */
-    memset(params_buf, 0, sizeof params_buf);
-    memcpy(params_buf, &ok, n);
-    const size_t longer = n + 64;
-    memcpy(params_buf, &longer, sizeof longer);
-    reset_buffers();
-    TK_EXPECT_STATUS(tk_attention_kvcache_fwd((const tk_attention_kvcache_params *)params_buf, NULL),
-                     TK_ERROR_NO_DEVICE, "no usable CUDA device");
-    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+    /* A longer struct with a zero tail, and the first layout (a caller built before RoPE, whose
+     * missing fields read as zero: no RoPE), get as far as the device. */
+    const size_t accepted[] = {n + 64, first_layout};
+    for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
+        memset(params_buf, 0, sizeof params_buf);
+        memcpy(params_buf, &ok, accepted[i] < n ? accepted[i] : n);
+        memcpy(params_buf, &accepted[i], sizeof accepted[i]);
+        reset_buffers();
+        TK_EXPECT_STATUS(tk_attention_kvcache_fwd((const tk_attention_kvcache_params *)params_buf, NULL),
+                         TK_ERROR_NO_DEVICE, "no usable CUDA device");
+        cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+    }
 }
 
 Test(attention_kvcache_args, empty_calls_are_noops) {
@@ -265,6 +314,10 @@ typedef struct kv_case {
     bool alibi, lse;
     int64_t num_splits;
     bool append;               /* k_new / v_new: one new key per query, appended first */
+    int64_t rotary_dim;        /* RoPE of q and k_new: 0 = none */
+    tk_rope_style rope_style;
+    tk_rope_scaling rope_scaling;
+    bool rope_cache;           /* angles from a cos/sin table (padded rows) instead of theta */
 } kv_case;
 
 static void kv_case_name(const kv_case *c, char *out, size_t size) {
@@ -274,13 +327,14 @@ static void kv_case_name(const kv_case *c, char *out, size_t size) {
                       c->varlen ? c->q_lens[b] : (int)c->seqlen_q, c->k_lens[b]);
     snprintf(out, size,
              "%s B%lld H%lld/%lld D%lld q/k [%s] cap %lld page %lld%s causal %d window (%lld, "
-             "%lld) softcap %g%s%s splits %lld%s",
+             "%lld) softcap %g%s%s splits %lld%s rope %lld/%d/%d%s",
              tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->heads_q,
              (long long)c->heads_kv, (long long)c->head_dim, lens, (long long)c->capacity,
              (long long)c->page_size, c->padded ? " padded" : "", c->causal,
              (long long)c->window_left, (long long)c->window_right, (double)c->softcap,
              c->alibi ? " alibi" : "", c->lse ? " lse" : "", (long long)c->num_splits,
-             c->append ? " append" : "");
+             c->append ? " append" : "", (long long)c->rotary_dim, (int)c->rope_style,
+             (int)c->rope_scaling, c->rope_cache ? " cache" : "");
 }
 
 /* FlashAttention's representation term (tests/test_attention.c). */
@@ -317,6 +371,14 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     p.softcap = c->softcap;
     p.return_lse = c->lse;
     p.num_splits = c->num_splits;
+    p.rotary_dim = c->rotary_dim;
+    p.rope_style = c->rope_style;
+    p.rope_scaling = c->rope_scaling;
+    if (c->rope_scaling == TK_ROPE_SCALING_LLAMA3) /* Llama 3.1's values */
+        p.rope_theta = 500000.0f, p.rope_factor = 8.0f, p.rope_low_freq_factor = 1.0f,
+        p.rope_high_freq_factor = 4.0f, p.rope_original_max_position = 8192;
+    if (c->rope_scaling == TK_ROPE_SCALING_YARN) /* a ramp inside the pairs at these sizes */
+        p.rope_theta = 10000.0f, p.rope_factor = 4.0f, p.rope_original_max_position = 4096;
 
     /* Queries: cu_seqlens from the lengths, or seqlen_q each. */
     int32_t cu[MAX_BATCH + 1] = {0};
@@ -337,6 +399,27 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     const int64_t held = paged ? pages_per_seq * c->page_size : c->capacity;
     /* Keys each sequence attends to: the cache, plus its queries' keys when appending (up to
      * what the sequence holds). */
+    /* A RoPE cache covering every position of the call, rows padded by 4 floats. */
+    float *rope_table = NULL;
+    void *drope = NULL;
+    if (c->rope_cache) {
+        const int64_t half = c->rotary_dim / 2, stride = half + 4, positions = held + 8;
+        rope_table = malloc((size_t)(2 * positions * stride) * sizeof(float));
+        cr_assert(rope_table != NULL);
+        for (int64_t pos = 0; pos < positions; pos++)
+            for (int64_t i = 0; i < stride; i++) {
+                const double angle = (double)pos * pow(10000.0, -2.0 * (double)i / (double)c->rotary_dim);
+                rope_table[pos * stride + i] = (float)cos(angle);
+                rope_table[(positions + pos) * stride + i] = (float)sin(angle);
+            }
+        drope = tk_dev_alloc((size_t)(2 * positions * stride) * sizeof(float));
+        tk_to_dev(drope, rope_table, (size_t)(2 * positions * stride) * sizeof(float));
+        p.rope_cos = (const float *)drope;
+        p.rope_sin = (const float *)drope + positions * stride;
+        p.rope_cache_row_stride = stride;
+        p.rope_max_position = positions;
+    }
+    const float *ref_cos = rope_table, *ref_sin = rope_table ? rope_table + (held + 8) * (c->rotary_dim / 2 + 4) : NULL;
     int32_t k_after[MAX_BATCH] = {0};
     for (int64_t b = 0; b < c->batch; b++) {
         const int64_t n = c->k_lens[b] + (c->append ? cu[b + 1] - cu[b] : 0);
@@ -467,16 +550,41 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
                 for (int64_t h = 0; h < hkv; h++) {
                     const int64_t kat = ref_kvcache_key_offset(&keys, b, j, h, false);
                     const int64_t vat = ref_kvcache_key_offset(&keys, b, j, h, true);
-                    memcpy((char *)hk + kat * (int64_t)es, (char *)hkn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
+                    double row[256];
+                    for (int64_t e = 0; e < d; e++)
+                        row[e] = tk_test_load(c->dtype, hkn, (t * hkv + h) * d + e);
+                    if (c->rotary_dim > 0) /* the new key at its position j */
+                        ref_kvcache_rope(&ref, ref_cos, ref_sin, j, row);
+                    for (int64_t e = 0; e < d; e++)
+                        tk_test_store(c->dtype, hk, kat + e, row[e]);
                     memcpy((char *)hv + vat * (int64_t)es, (char *)hvn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
                 }
             }
-        tk_assert_dev_bytes_equal(dk, hk, (size_t)nk * es, "k_cache after the append");
         tk_assert_dev_bytes_equal(dv, hv, (size_t)nk * es, "v_cache after the append");
+        if (c->rotary_dim == 0) {
+            tk_assert_dev_bytes_equal(dk, hk, (size_t)nk * es, "k_cache after the append");
+        } else { /* rotated in f32 on the device: within one unit of the last place */
+            void *got = malloc((size_t)nk * es);
+            cr_assert(got != NULL);
+            tk_to_host(got, dk, (size_t)nk * es);
+            const double ulp = c->dtype == TK_BF16 ? 0x1p-7 : 0x1p-10;
+            for (int64_t e = 0; e < nk; e++) {
+                const double want = tk_test_load(c->dtype, hk, e), have = tk_test_load(c->dtype, got, e);
+                cr_assert(fabs(have - want) <= ulp * fabs(want) + 1e-5, "%s: k_cache[%lld] = %g after the append, want %g",
+                          what, (long long)e, have, want);
+            }
+            free(got);
+        }
     }
     ref.q_strides[0] = c->seqlen_q * hq * d, ref.q_strides[1] = hq * d, ref.q_strides[2] = d,
     ref.q_strides[3] = 1;
     double *q64 = to_double(c->dtype, hqb, nq), *k64 = to_double(c->dtype, hk, nk);
+    if (c->rotary_dim > 0) /* query i of sequence b at position seqlen_k(b) - seqlen_q(b) + i */
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t t = cu[b]; t < cu[b + 1]; t++)
+                for (int64_t h = 0; h < hq; h++)
+                    ref_kvcache_rope(&ref, ref_cos, ref_sin, k_after[b] - (cu[b + 1] - cu[b]) + t - cu[b],
+                                     q64 + (t * hq + h) * d);
     double *v64 = to_double(c->dtype, hv, nk);
     const ref_kvcache_inputs in = {&ref, q64, k64, v64, k_after, c->varlen ? cu : NULL, table,
                                    c->alibi ? hslopes : NULL};
@@ -524,7 +632,9 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     cr_assert(lse_bad == 0, "%s: %lld lse values wrong (max error of the good ones %.3g)", what,
               (long long)lse_bad, lse_err);
 
-    free(q64); free(k64); free(v64); free(exact); free(naive); free(table);
+    free(q64); free(k64); free(v64); free(exact); free(naive); free(table); free(rope_table);
+    if (drope)
+        tk_dev_free(drope);
     free(hqb); free(hk); free(hv); free(ho); free(hlse); free(hslopes); free(hkn); free(hvn);
     if (dkn)
         tk_dev_free(dkn), tk_dev_free(dvn);
@@ -668,6 +778,18 @@ Test(attention_kvcache_gpu, chunked_prefill_on_a_paged_cache) {
     run_kv_case(&c, 800);
 }
 
+/* Causal varlen appends into caches of k_lens (6 sequences, page 16), two sequences without
+ * queries. */
+static kv_case varlen_append_case(tk_dtype dtype, int64_t head_dim, const int32_t *k_lens) {
+    kv_case c = decode_case(dtype, head_dim, 6, k_lens, 300, 16);
+    c.append = true;
+    c.varlen = true;
+    const int32_t q_lens[6] = {2, 0, 3, 1, 0, 4};
+    memcpy(c.q_lens, q_lens, sizeof q_lens);
+    c.causal = 1;
+    return c;
+}
+
 /* Appends of 1 and 3 keys that cross a page (lengths page - 1 and page - 2 +3), into empty
  * caches, past the capacity (dropped), varlen with empty sequences; then attention over the
  * new lengths. */
@@ -683,12 +805,7 @@ Test(attention_kvcache_gpu, appends_crossing_pages) {
         c.num_splits = i == 2 ? 3 : 0;
         run_kv_case(&c, 1000 + (uint64_t)i);
     }
-    kv_case c = decode_case(TK_F16, 64, 6, lens, 300, 16);
-    c.append = true;
-    c.varlen = true;
-    const int32_t q_lens[6] = {2, 0, 3, 1, 0, 4};
-    memcpy(c.q_lens, q_lens, sizeof q_lens);
-    c.causal = 1;
+    kv_case c = varlen_append_case(TK_F16, 64, lens);
     c.window_left = 7;
     run_kv_case(&c, 1010);
 }
@@ -738,6 +855,49 @@ Test(attention_kvcache_gpu, automatic_plan_over_many_sequences) {
         c.window_left = 100; /* chunks that see a window's keys only */
         run_kv_case(&c, 1211);
     }
+}
+
+/* RoPE of q and of the appended keys in the same call, against tk_rope_fwd's math in fp64: NeoX
+ * and GPT-J, angles from theta (also with Llama 3.1's and YaRN's scalings) or from a cos/sin
+ * table with padded rows, all of head_dim or a part of it; appends that cross pages, varlen
+ * with empty sequences, and a call without an append (q alone rotated). */
+Test(attention_kvcache_gpu, rope_on_q_and_the_appended_keys) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[6] = {0, 15, 14, 63, 64, 298};
+    const struct {
+        tk_rope_style style;
+        tk_rope_scaling scaling;
+        bool cache;
+        int64_t head_dim, rotary_dim, page_size;
+    } cases[] = {
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_NONE, false, 128, 128, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_NONE, false, 128, 64, 0},
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_NONE, true, 64, 32, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_NONE, true, 128, 128, 5},
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_LLAMA3, false, 128, 128, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_LLAMA3, false, 256, 256, 0},
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_YARN, false, 128, 128, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_YARN, false, 64, 64, 16},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        kv_case c = decode_case(i % 2 ? TK_F16 : TK_BF16, cases[i].head_dim, 6, lens, 300, cases[i].page_size);
+        c.append = true;
+        c.seqlen_q = 3;
+        c.causal = 1;
+        c.num_splits = i % 3 == 0 ? 2 : 0;
+        c.rotary_dim = cases[i].rotary_dim;
+        c.rope_style = cases[i].style;
+        c.rope_scaling = cases[i].scaling;
+        c.rope_cache = cases[i].cache;
+        run_kv_case(&c, 1300 + (uint64_t)i);
+    }
+    kv_case c = varlen_append_case(TK_BF16, 128, lens);
+    c.rotary_dim = 128;
+    c.rope_scaling = TK_ROPE_SCALING_YARN;
+    run_kv_case(&c, 1320);
+    c.append = false; /* q alone, at the positions the cache's last keys have */
+    c.rope_style = TK_ROPE_GPTJ;
+    run_kv_case(&c, 1321);
 }
 
 /* Device-side lengths and pages the host cannot check: out-of-range values must not fault. */
