@@ -37,22 +37,30 @@
  *
  * Appending (k_new, v_new) is a small kernel before the attention, one 16-byte chunk per thread,
  * on the same stream: the attention's loads see the new rows, and the attention kernel itself
- * only adds the appended count to each sequence's length.
+ * only adds the appended count to each sequence's length. RoPE (rotary_dim > 0) rotates each
+ * new key in the append and each CTA's staged Q rows in shared memory, angles from the host's
+ * per-pair inverse frequencies (f64) through cuda/rope_angle.cuh.
  *
- * The number of splits (when the caller leaves it to the library) fills the device's resident
- * CTAs: FlashAttention's heuristic, the smallest count within 85 % of the best wave efficiency.
+ * Splits. Only the device sees the lengths, so when the caller leaves the split count to the
+ * library every CTA makes the same plan from seqlens_k (kvc_plan_chunk): splits of about equal
+ * size, as many per sequence as its length calls for, a flat list of (sequence, split) items
+ * found by a prefix sum; one wave of CTAs walks the list. The host bounds the plan (splits per
+ * sequence, hence the workspace) from the capacity alone. The merge reads each row's own count.
  */
 #include "attention_kvcache.h"
 
 #include "attention.cuh"
+#include "rope_angle.cuh"
 
 namespace {
 
 constexpr int KVC_ROWS = 16;  /* query rows per CTA: the m16 of mma.sync */
 constexpr int KVC_KEYS = 16;  /* keys per warp tile: one k16 step of P V */
 constexpr int KVC_MAX_SPLITS = 1024;
-constexpr int KVC_MIN_SPLIT_KEYS = 256;
-constexpr int KVC_COMBINE_THREADS = 128;
+constexpr int KVC_MIN_SPLIT_TILES = 16; /* 256 keys: a split reads at least 128 KB at D = 128 */
+constexpr int KVC_PLAN_WAVES = 8;       /* the automatic plan's candidates: 1 .. 8 waves of items */
+constexpr int KVC_ITEM_TILES = 8;       /* a work item's fixed cost (start, drain, merge), in tiles */
+constexpr int KVC_COMBINE_THREADS = 256;
 constexpr int KVC_APPEND_THREADS = 256;
 
 template <int D> struct kvc_config;
@@ -81,19 +89,49 @@ struct kvc_params {
     float *lse;
     const float *alibi_slopes;
     const int32_t *cu_seqlens_q, *seqlens_k, *block_table;
-    float *part_o;   /* [splits, tokens, heads_q, D] */
-    float *part_lse; /* [splits, tokens, heads_q] */
+    float *part_o;   /* [max_splits, tokens, heads_q, D] */
+    float *part_lse; /* [max_splits, tokens, heads_q] */
+    int *part_count; /* [tokens, heads_q]: the row's splits; NULL when nothing is merged */
     int64_t bt_stride;
     int64_t q_sb, q_ss, q_sh, o_sb, o_ss, o_sh;
     int64_t k_sp, k_ss, k_sh, v_sp, v_ss, v_sh;
     int64_t kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh;
     int batch, seqlen_q, total_q, tokens, heads_q, heads_kv, group;
     int page_size, num_pages, capacity;
-    int row_chunks, splits;
+    int row_chunks;
+    int splits;      /* every sequence's, or 0: the automatic plan (kvc_plan_chunk) */
+    int max_splits;  /* the most a sequence gets */
+    int budget;      /* automatic plan: CTA slots of one wave per (row chunk, key/value head) */
+    int items;       /* CTAs per (row chunk, key/value head): one per item with fixed splits */
     int window_left, window_right;
     int transform;
     float scale, softcap, softcap_in, exp_scale;
+    /* RoPE (rotary_dim 0: none), as tk_attention_kvcache_call has it */
+    int rotary_dim, rope_style;
+    const float *rope_cos, *rope_sin;
+    int64_t rope_cache_row_stride, rope_max_position;
+    float rope_attention_factor;
+    double rope_inv_freq[TK_KVCACHE_MAX_ROPE_PAIRS];
 };
+
+/* cos and sin of pair i at position pos (times YaRN's attention factor): from the cache (NaN
+ * for a position outside it, as tk_rope_fwd), else from the host's inverse frequencies. */
+__device__ __forceinline__ void kvc_rope_cos_sin(const kvc_params &p, int64_t pos, int i, float *c, float *s) {
+    if (p.rope_cos) {
+        const bool in = pos >= 0 && pos < p.rope_max_position;
+        *c = in ? p.rope_cos[pos * p.rope_cache_row_stride + i] : __int_as_float(0x7fffffff);
+        *s = in ? p.rope_sin[pos * p.rope_cache_row_stride + i] : __int_as_float(0x7fffffff);
+        return;
+    }
+    tk_rope_sincos<true>((double)pos * p.rope_inv_freq[i], s, c);
+    *c *= p.rope_attention_factor;
+    *s *= p.rope_attention_factor;
+}
+
+/* Elements (e1, e2) of pair i: NeoX pairs the halves of rotary_dim, GPT-J adjacent elements. */
+__device__ __forceinline__ int2 kvc_rope_pair(const kvc_params &p, int i) {
+    return p.rope_style == TK_ROPE_GPTJ ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + p.rotary_dim / 2);
+}
 
 /* Sequence b's query count and first token, clamped to what the host sized. */
 __device__ __forceinline__ void kvc_queries(const kvc_params &p, int b, int *count, int *first) {
@@ -143,40 +181,222 @@ __device__ __forceinline__ void kvc_issue_tile(const kvc_params &p, uint32_t s_k
     }
 }
 
+/* Row chunk rc of sequence b: its queries, keys and the 16-key tiles its rows see. */
+struct kvc_chunk {
+    int seqlen_q, token0, rows, row0, seqlen_k, shift, key_lo, key_hi, tile_begin, tile_end;
+};
+
+__device__ __forceinline__ kvc_chunk kvc_chunk_of(const kvc_params &p, int b, int rc) {
+    kvc_chunk c;
+    kvc_queries(p, b, &c.seqlen_q, &c.token0);
+    c.rows = c.seqlen_q * p.group;
+    c.row0 = rc * KVC_ROWS;
+    c.seqlen_k = kvc_seqlen_k(p, b, c.seqlen_q);
+    c.shift = c.seqlen_k - c.seqlen_q;
+    const int pos_last = min(c.row0 + KVC_ROWS, c.rows) - 1;
+    attn_visible_keys(c.row0 / p.group, pos_last / p.group, c.shift, c.seqlen_k, p.window_left, p.window_right,
+                      c.key_lo, c.key_hi);
+    c.tile_begin = c.key_lo / KVC_KEYS;
+    c.tile_end = c.key_hi >= c.key_lo && c.row0 < c.rows ? c.key_hi / KVC_KEYS + 1 : c.tile_begin;
+    return c;
+}
+
+/* A chunk's split count for splits of at most `size` tiles: none when the chunk has no rows,
+ * one (which writes o = 0, lse = -inf) when it sees no key. */
+__device__ __forceinline__ int kvc_splits_for(const kvc_params &p, const kvc_chunk &c, int size) {
+    if (c.row0 >= c.rows)
+        return 0;
+    const int tiles = c.tile_end - c.tile_begin;
+    return tiles > 0 ? min(p.max_splits, (tiles - 1) / size + 1) : 1;
+}
+
+/* Sum (or max) over the warp, returned to every lane. */
+template <bool MAX, typename I> __device__ __forceinline__ I kvc_warp_reduce(I v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const I x = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? max(v, x) : v + x;
+    }
+    return v;
+}
+
+/* A CTA's work: sequence b (-1: none), split and the sequence's split count. */
+struct kvc_item {
+    int b, split, splits;
+};
+
+/* The automatic plan of row chunk rc as a lane of warp 0 holds it: sequences [first, last) are
+ * its share, `before` the items of the sequences ahead of them, `mine` theirs, `total` all;
+ * `cost_before`
+ * and `cost` the same in work (tiles + KVC_ITEM_TILES an item). */
+struct kvc_planner {
+    int first, last, before, mine, total;
+    int chunk; /* tiles a split at most */
+    int64_t cost_before, cost;
+};
+
+/* The automatic plan, made by warp 0 of every CTA alike from the device-side lengths the host
+ * cannot see (one warp: shuffles, no barrier, while the CTA has nothing else to do). With T the
+ * tiles of all sequences' chunk rc, B the chunks with rows and m = p.budget the CTA slots a (row
+ * chunk, key/value head) has in one wave, candidate k cuts the keys into splits of at most C_k
+ * = ceil(T / (k m - B)) tiles: sum_b ceil(t_b / C_k) <= T / C_k + B <= k m items, k waves at
+ * most. Each candidate's time is estimated as its waves times its largest split, plus a
+ * per-item cost (a start and an end, KVC_ITEM_TILES tiles' worth); the cheapest wins. Equal
+ * lengths get few splits that fill whole waves (1 x 131072 keys: 48, one wave), spread lengths
+ * small splits that keep every slot busy to the end. */
+__device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc) {
+    constexpr int K = KVC_PLAN_WAVES;
+    const int lane = threadIdx.x & 31;
+    kvc_planner pl;
+    const int per = (p.batch + 31) / 32;
+    pl.first = min(p.batch, lane * per);
+    pl.last = min(p.batch, pl.first + per);
+    int64_t tiles = 0, chunks = 0;
+    for (int b = pl.first; b < pl.last; b++) {
+        const kvc_chunk c = kvc_chunk_of(p, b, rc);
+        tiles += c.tile_end - c.tile_begin;
+        chunks += c.row0 < c.rows;
+    }
+    tiles = kvc_warp_reduce<false>(tiles);
+    chunks = kvc_warp_reduce<false>(chunks);
+    /* Candidate k + 1: split size, items, largest split. Every CTA waits on this before its
+     * first load, so the arithmetic avoids int64 division (a long subroutine): sizes in f64,
+     * the rest in int32 and f32 (the counts are bounded by the grid). */
+    int size[K], items[K], largest[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int64_t slots = (int64_t)(k + 1) * p.budget - chunks;
+        size[k] = slots > 0 ? (int)fmin((double)INT32_MAX, fmax((double)KVC_MIN_SPLIT_TILES, ceil((double)tiles / (double)slots)))
+                            : -1;
+        items[k] = largest[k] = 0;
+    }
+    for (int b = pl.first; b < pl.last; b++) {
+        const kvc_chunk c = kvc_chunk_of(p, b, rc);
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (size[k] > 0) {
+                const int n = kvc_splits_for(p, c, size[k]);
+                items[k] += n;
+                if (n)
+                    largest[k] = max(largest[k], (c.tile_end - c.tile_begin + n - 1) / n);
+            }
+    }
+    /* No candidate (more chunks than K waves of slots): one split each. */
+    float best = INFINITY;
+    pl.chunk = INT32_MAX;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int n = kvc_warp_reduce<false>(items[k]), waves = (n + p.budget - 1) / p.budget;
+        const float cost = (float)waves * (float)kvc_warp_reduce<true>(largest[k]) +
+                           (float)n * KVC_ITEM_TILES / (float)p.budget;
+        if (size[k] > 0 && cost < best)
+            best = cost, pl.chunk = size[k];
+    }
+    pl.mine = 0;
+    int64_t cost = 0;
+    for (int b = pl.first; b < pl.last; b++) {
+        const kvc_chunk c = kvc_chunk_of(p, b, rc);
+        const int n = kvc_splits_for(p, c, pl.chunk);
+        pl.mine += n;
+        cost += c.tile_end - c.tile_begin + (int64_t)n * KVC_ITEM_TILES;
+    }
+    int x = pl.mine;
+    int64_t y = cost;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int xo = __shfl_up_sync(0xffffffffu, x, o);
+        const int64_t yo = __shfl_up_sync(0xffffffffu, y, o);
+        x += lane >= o ? xo : 0;
+        y += lane >= o ? yo : 0;
+    }
+    pl.before = x - pl.mine;
+    pl.total = __shfl_sync(0xffffffffu, x, 31);
+    pl.cost_before = y - cost;
+    pl.cost = __shfl_sync(0xffffffffu, y, 31);
+    return pl;
+}
+
+/* The items whose work starts before `work` (in the plan's order, sequence by sequence, an
+ * item's work its tiles + KVC_ITEM_TILES), summed over warp 0. Sequence b's item j is taken to
+ * start at its base + j (ceil(t_b / n_b) + KVC_ITEM_TILES), exact but for trailing empty
+ * splits (a count clamped to max_splits); monotone in `work`, so consecutive bounds deal each
+ * item once. */
+__device__ int kvc_items_before(const kvc_params &p, const kvc_planner &pl, int rc, int64_t work) {
+    int count = 0;
+    int64_t base = pl.cost_before;
+    for (int b = pl.first; b < pl.last; b++) {
+        const kvc_chunk c = kvc_chunk_of(p, b, rc);
+        const int n = kvc_splits_for(p, c, pl.chunk), tiles = c.tile_end - c.tile_begin;
+        if (n && work > base)
+            count += (int)fmin((double)n, ceil((double)(work - base) / (double)((tiles + n - 1) / n + KVC_ITEM_TILES)));
+        base += tiles + (int64_t)n * KVC_ITEM_TILES;
+    }
+    return kvc_warp_reduce<false>(count);
+}
+
+/* Item f of the plan into *out (b = -1 from f_end on), by warp 0: the lane whose sequences hold
+ * it walks them. */
+__device__ void kvc_locate(const kvc_params &p, const kvc_planner &pl, int rc, int f, int f_end, kvc_item *out) {
+    if ((threadIdx.x & 31) == 0)
+        out->b = -1;
+    __syncwarp();
+    if (f < f_end && f >= pl.before && f < pl.before + pl.mine) {
+        int before = pl.before;
+        for (int b = pl.first; b < pl.last; b++) {
+            const int n = kvc_splits_for(p, kvc_chunk_of(p, b, rc), pl.chunk);
+            if (f < before + n) {
+                *out = kvc_item{b, f - before, n};
+                break;
+            }
+            before += n;
+        }
+    }
+}
+
+/* RoPE of the CTA's staged Q rows in shared memory (swizzled as kvc_decode_item stages them):
+ * row r of the chunk is position shift + (row0 + r) / group; rows past the sequence stay zero.
+ * The rotated values are rounded to T, as tk_rope_fwd's output would be. */
 template <typename T, int D>
-__global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(const kvc_params p) {
+__device__ __forceinline__ void kvc_rotate_q(const kvc_params &p, unsigned char *smem, int row0, int rows, int shift) {
+    constexpr int CHUNKS = D / 8;
+    const int pairs = p.rotary_dim / 2;
+    const auto at = [&](int r, int e) {
+        return reinterpret_cast<T *>(smem + tk_swizzled_offset<CHUNKS>(r, e / 8) + (e % 8) * 2);
+    };
+    for (int idx = threadIdx.x; idx < KVC_ROWS * pairs; idx += blockDim.x) {
+        const int r = idx / pairs, i = idx % pairs;
+        if (row0 + r >= rows)
+            continue;
+        float c, s;
+        kvc_rope_cos_sin(p, shift + (row0 + r) / p.group, i, &c, &s);
+        const int2 e = kvc_rope_pair(p, i);
+        T *x1 = at(r, e.x), *x2 = at(r, e.y);
+        const float a = tk_to_float(*x1), b = tk_to_float(*x2);
+        *x1 = tk_from_float<T>(a * c - b * s);
+        *x2 = tk_from_float<T>(b * c + a * s);
+    }
+}
+
+/* One work item: split item.split of row chunk rc of sequence item.b, key/value head head_kv.
+ * Ends with the CTA's shared memory free for the next item. */
+template <typename T, int D>
+__device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_item item, int rc, int head_kv,
+                                                unsigned char *smem) {
     using shape = kvc_shape<D>;
     constexpr int WARPS = shape::WARPS, STAGES = shape::STAGES, CHUNKS = shape::CHUNKS;
     constexpr int KSTEPS = D / 16, DT = D / 8;
-    extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    /* Block -> (split, key/value head, sequence, row chunk), split fastest. */
-    unsigned block = blockIdx.x;
-    const int split = (int)(block % (unsigned)p.splits);
-    block /= (unsigned)p.splits;
-    const int head_kv = (int)(block % (unsigned)p.heads_kv);
-    block /= (unsigned)p.heads_kv;
-    const int b = (int)(block % (unsigned)p.batch);
-    const int chunk = (int)(block / (unsigned)p.batch);
-
-    int seqlen_q, token0;
-    kvc_queries(p, b, &seqlen_q, &token0);
-    const int rows = seqlen_q * p.group;
-    const int row0 = chunk * KVC_ROWS;
+    const int b = item.b;
+    const kvc_chunk ck = kvc_chunk_of(p, b, rc);
+    const int rows = ck.rows, row0 = ck.row0, seqlen_k = ck.seqlen_k, shift = ck.shift, token0 = ck.token0;
     if (row0 >= rows)
         return;
-    const int seqlen_k = kvc_seqlen_k(p, b, seqlen_q);
-    const int shift = seqlen_k - seqlen_q;
+    const int key_lo = ck.key_lo, key_hi = ck.key_hi;
 
-    /* Keys any row of the chunk sees, its 16-key tiles, and this split's share of them. */
-    const int pos_first = row0 / p.group, pos_last = min(row0 + KVC_ROWS, rows) - 1;
-    int key_lo, key_hi;
-    attn_visible_keys(pos_first, pos_last / p.group, shift, seqlen_k, p.window_left, p.window_right, key_lo, key_hi);
-    int tile_begin = key_lo / KVC_KEYS, tile_end = key_hi >= key_lo ? key_hi / KVC_KEYS + 1 : tile_begin;
-    const int per_split = (tile_end - tile_begin + p.splits - 1) / p.splits;
-    tile_begin = min(tile_end, tile_begin + split * per_split);
-    tile_end = min(tile_end, tile_begin + per_split);
+    /* This split's share of the chunk's tiles. */
+    const int per_split = (ck.tile_end - ck.tile_begin + item.splits - 1) / item.splits;
+    const int tile_begin = min(ck.tile_end, ck.tile_begin + item.split * per_split);
+    const int tile_end = min(ck.tile_end, tile_begin + per_split);
     /* This warp's tiles: tile_begin + warp, + WARPS, ... */
     const int my_tiles = max(0, (tile_end - tile_begin - warp + WARPS - 1) / WARPS);
 
@@ -218,6 +438,10 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     }
     tk_cp_async_wait<STAGES - 2>();
     __syncthreads(); /* every thread's Q chunks have landed */
+    if (p.rotary_dim > 0) {
+        kvc_rotate_q<T, D>(p, smem, row0, rows, shift);
+        __syncthreads();
+    }
 
     /* Rows of this thread's accumulators: g and g + 8 of the chunk (fragment layout of
      * core/sm80.cuh); their visible keys [lo, hi] (empty for rows past the sequence). */
@@ -378,11 +602,13 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const float lse = l > 0.0f ? (m + __log2f(l)) * ATTN_LN2 : -INFINITY;
         const int64_t row_index = (int64_t)token * p.heads_q + head;
-        if (p.splits > 1) {
-            *reinterpret_cast<float4 *>(p.part_o + ((int64_t)split * p.tokens * p.heads_q + row_index) * D + d) =
+        if (p.part_count && item.split == 0 && d == 0)
+            p.part_count[row_index] = item.splits;
+        if (item.splits > 1) {
+            *reinterpret_cast<float4 *>(p.part_o + ((int64_t)item.split * p.tokens * p.heads_q + row_index) * D + d) =
                 make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
             if (d == 0)
-                p.part_lse[(int64_t)split * p.tokens * p.heads_q + row_index] = lse;
+                p.part_lse[(int64_t)item.split * p.tokens * p.heads_q + row_index] = lse;
             continue;
         }
         const int64_t at = (p.cu_seqlens_q ? (int64_t)token * p.o_ss : b * p.o_sb + pos * p.o_ss) + head * p.o_sh + d;
@@ -393,6 +619,51 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
         if (p.lse && d == 0)
             p.lse[p.cu_seqlens_q ? (int64_t)head * p.total_q + token
                                  : ((int64_t)b * p.heads_q + head) * p.seqlen_q + pos] = lse;
+    }
+}
+
+/* Block -> (row chunk, CTA g, key/value head), the head fastest: the CTAs running together
+ * read whole cache rows (every head of a key). A fixed split count gives each CTA its item g;
+ * the automatic plan launches about one wave of CTAs (p.items per row chunk and head), CTA g
+ * taking the items whose work starts in [g W / items, (g + 1) W / items) of the plan's total
+ * work W: a contiguous run of items, each CTA about the same work (within one item), however
+ * the lengths spread. A grid sized for the most items the plan could make queued thousands of
+ * CTAs without an item behind the working ones, and they ran in the slots the working ones
+ * freed (B1 x K131072 at 0.63x copy). */
+template <typename T, int D>
+__global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(const kvc_params p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+#if __CUDA_ARCH__ >= 900
+    /* The merge may be scheduled once every CTA here has started: it waits for this grid's end
+     * (cudaGridDependencySynchronize) with its launch already done. */
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+    const int head_kv = (int)(blockIdx.x % (unsigned)p.heads_kv);
+    const int rest = (int)(blockIdx.x / (unsigned)p.heads_kv);
+    const int rc = rest / p.items, g = rest % p.items;
+    if (p.splits > 0) {
+        kvc_decode_item<T, D>(p, kvc_item{g / p.splits, g % p.splits, p.splits}, rc, head_kv, smem);
+        return;
+    }
+    __shared__ kvc_item next;
+    kvc_planner pl;
+    const bool planner = threadIdx.x < 32;
+    int f = 0, f_end = 0;
+    if (planner) {
+        pl = kvc_plan_chunk(p, rc);
+        /* The last CTA takes every item to the end, whatever the estimate of their starts. */
+        f = kvc_items_before(p, pl, rc, g * pl.cost / p.items);
+        f_end = g + 1 < p.items ? kvc_items_before(p, pl, rc, (g + 1) * pl.cost / p.items) : pl.total;
+    }
+    for (;; f++) {
+        if (planner)
+            kvc_locate(p, pl, rc, f, f_end, &next);
+        __syncthreads(); /* `next` is set; the previous item's shared memory is free */
+        const kvc_item item = next;
+        __syncthreads(); /* every thread has read `next` */
+        if (item.b < 0)
+            return;
+        kvc_decode_item<T, D>(p, item, rc, head_kv, smem);
     }
 }
 
@@ -424,57 +695,130 @@ __global__ void __launch_bounds__(KVC_APPEND_THREADS) kvcache_append_kernel(cons
     const int in_page = j - slot * p.page_size;
     const int64_t kn = (p.cu_seqlens_q ? (int64_t)token * p.kn_ss : b * p.kn_sb + pos * p.kn_ss) + head * p.kn_sh;
     const int64_t vn = (p.cu_seqlens_q ? (int64_t)token * p.vn_ss : b * p.vn_sb + pos * p.vn_ss) + head * p.vn_sh;
-    T *k = static_cast<T *>(p.k) + page * p.k_sp + in_page * p.k_ss + head * p.k_sh + chunk * 8;
+    T *k = static_cast<T *>(p.k) + page * p.k_sp + in_page * p.k_ss + head * p.k_sh;
     T *v = static_cast<T *>(p.v) + page * p.v_sp + in_page * p.v_ss + head * p.v_sh + chunk * 8;
-    *reinterpret_cast<uint4 *>(k) = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.k_new) + kn + chunk * 8);
+    const T *k_new = static_cast<const T *>(p.k_new) + kn;
     *reinterpret_cast<uint4 *>(v) = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.v_new) + vn + chunk * 8);
+    if (chunk * 8 >= p.rotary_dim) {
+        *reinterpret_cast<uint4 *>(k + chunk * 8) = *reinterpret_cast<const uint4 *>(k_new + chunk * 8);
+        return;
+    }
+    /* RoPE at the key's position j. NeoX: the thread of chunk c < rotary_dim / 16 rotates it
+     * with its partner c + rotary_dim / 16 (whose own thread has nothing to do); GPT-J: the
+     * chunk's 4 adjacent pairs. */
+    const int half = p.rotary_dim / 16;
+    if (p.rope_style != TK_ROPE_GPTJ && chunk >= half)
+        return;
+    const int c2 = p.rope_style == TK_ROPE_GPTJ ? chunk : chunk + half;
+    tk_pack<T, 8> x = tk_load_pack<T, 8>(k_new + chunk * 8), y = tk_load_pack<T, 8>(k_new + c2 * 8);
+    if (p.rope_style == TK_ROPE_GPTJ) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+            const int i = (chunk * 8 + e) / 2;
+            float c, s;
+            kvc_rope_cos_sin(p, j, i, &c, &s);
+            const float a = tk_to_float(x.v[e]), b = tk_to_float(x.v[e + 1]);
+            x.v[e] = tk_from_float<T>(a * c - b * s);
+            x.v[e + 1] = tk_from_float<T>(b * c + a * s);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int i = chunk * 8 + e;
+            float c, s;
+            kvc_rope_cos_sin(p, j, i, &c, &s);
+            const float a = tk_to_float(x.v[e]), b = tk_to_float(y.v[e]);
+            x.v[e] = tk_from_float<T>(a * c - b * s);
+            y.v[e] = tk_from_float<T>(b * c + a * s);
+        }
+        tk_store_pack<T, 8>(k + c2 * 8, y);
+    }
+    tk_store_pack<T, 8>(k + chunk * 8, x);
 }
 
-/* The split merge: one warp per (token, query head). */
+/* The split merge: one CTA per (token, query head), over the splits its sequence had (the
+ * count its split 0 left; 1: that CTA wrote o itself). The splits' weights go to shared memory;
+ * then each group of threads that spans a row of D floats takes every GROUPS-th split, so a
+ * batch-1 call (heads_q rows, up to 8 waves of splits each) still has thousands of 16-byte
+ * loads in flight: a loop that waited on each split's load took longer than the decode's
+ * tail. The groups' sums meet in shared memory. */
 template <typename T, int D>
 __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(const kvc_params p) {
-    const int64_t row = (int64_t)blockIdx.x * (KVC_COMBINE_THREADS / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
+    constexpr int COLS = D / 4;                             /* float4 columns of a row */
+    constexpr int LANES = COLS < 32 ? COLS : 32;            /* threads per split */
+    constexpr int GROUPS = KVC_COMBINE_THREADS / LANES;     /* splits in flight per step */
+    constexpr int PER_LANE = COLS / LANES;
+    __shared__ float weight[KVC_MAX_SPLITS];
+    __shared__ float scratch[32];
+    __shared__ float4 sums[GROUPS][COLS];
+    const int64_t row = blockIdx.x;
+    const int tid = threadIdx.x, col = tid % LANES, group = tid / LANES;
     const int64_t rows = (int64_t)p.tokens * p.heads_q;
-    if (row >= rows)
+#if __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize(); /* launched early (programmatic dependent launch) */
+#endif
+    const int n = min(max(p.part_count[row], 0), p.max_splits);
+    if (n <= 1)
         return;
+    const float *lse_s = p.part_lse + row;
     float m = -INFINITY;
-    for (int s = lane; s < p.splits; s += 32)
-        m = fmaxf(m, p.part_lse[s * rows + row]);
-    m = tk_warp_max(m);
+    for (int s = tid; s < n; s += KVC_COMBINE_THREADS)
+        m = fmaxf(m, weight[s] = lse_s[s * rows]);
+    m = tk_block_max(m, scratch);
     float l = 0.0f;
-    if (m != -INFINITY)
-        for (int s = lane; s < p.splits; s += 32)
-            l += __expf(p.part_lse[s * rows + row] - m);
-    l = tk_warp_sum(l);
+    for (int s = tid; s < n; s += KVC_COMBINE_THREADS) {
+        const float w = m == -INFINITY || weight[s] == -INFINITY ? 0.0f : __expf(weight[s] - m);
+        weight[s] = w;
+        l += w;
+    }
+    l = tk_block_sum(l, scratch); /* its barriers also publish weight[] */
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float4 acc[PER_LANE];
+#pragma unroll
+    for (int c = 0; c < PER_LANE; c++)
+        acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int s = group; s < n; s += GROUPS) {
+        const float w = weight[s];
+        if (w == 0.0f)
+            continue;
+        const float4 *part = reinterpret_cast<const float4 *>(p.part_o + (s * rows + row) * D);
+#pragma unroll
+        for (int c = 0; c < PER_LANE; c++) {
+            const float4 x = part[col + c * LANES];
+            acc[c].x += w * x.x, acc[c].y += w * x.y, acc[c].z += w * x.z, acc[c].w += w * x.w;
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < PER_LANE; c++)
+        sums[group][col + c * LANES] = acc[c];
+    __syncthreads();
     const int token = (int)(row / p.heads_q), head = (int)(row % p.heads_q);
     int b = 0, pos = token;
     if (!p.cu_seqlens_q)
         b = token / p.seqlen_q, pos = token % p.seqlen_q;
     T *out = static_cast<T *>(p.o) +
              (p.cu_seqlens_q ? (int64_t)token * p.o_ss : b * p.o_sb + pos * p.o_ss) + head * p.o_sh;
-    for (int d = lane * 4; d < D; d += 128) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (m != -INFINITY)
-            for (int s = 0; s < p.splits; s++) {
-                const float ls = p.part_lse[s * rows + row];
-                if (ls == -INFINITY)
-                    continue;
-                const float w = __expf(ls - m) * inv;
-                const float4 x = *reinterpret_cast<const float4 *>(p.part_o + (s * rows + row) * D + d);
-                acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
-            }
+    for (int c = tid; c < COLS; c += KVC_COMBINE_THREADS) {
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int g = 0; g < GROUPS; g++)
+            x.x += sums[g][c].x, x.y += sums[g][c].y, x.z += sums[g][c].z, x.w += sums[g][c].w;
         uint2 packed;
-        packed.x = tk_pack2<T>(acc[0], acc[1]);
-        packed.y = tk_pack2<T>(acc[2], acc[3]);
-        *reinterpret_cast<uint2 *>(out + d) = packed;
+        packed.x = tk_pack2<T>(x.x * inv, x.y * inv);
+        packed.y = tk_pack2<T>(x.z * inv, x.w * inv);
+        *reinterpret_cast<uint2 *>(out + c * 4) = packed;
     }
-    if (p.lse && lane == 0)
+    if (p.lse && tid == 0)
         p.lse[p.cu_seqlens_q ? (int64_t)head * p.total_q + token
                              : ((int64_t)b * p.heads_q + head) * p.seqlen_q + pos] =
             l > 0.0f ? m + logf(l) : -INFINITY;
 }
+
+/* How a call is cut into work items (the fields of kvc_params of the same names). */
+struct kvc_plan {
+    int splits, max_splits, budget, items;
+};
 
 int kvc_row_chunks(const tk_attention_kvcache_call *c) {
     const int64_t rows = (int64_t)c->seqlen_q * (c->heads_q / c->heads_kv);
@@ -486,7 +830,7 @@ int64_t kvc_tokens(const tk_attention_kvcache_call *c) {
 }
 
 template <typename T, int D>
-cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_device *dev,
+cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan, const tk_device *dev,
                        cudaStream_t stream) {
     using shape = kvc_shape<D>;
     constexpr auto kernel = kvcache_decode_kernel<T, D>;
@@ -519,13 +863,26 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_
     p.num_pages = c->num_pages;
     p.capacity = c->pages_per_seq * c->page_size;
     p.row_chunks = kvc_row_chunks(c);
-    p.splits = splits;
+    p.splits = plan.splits;
+    p.max_splits = plan.max_splits;
+    p.budget = plan.budget;
+    p.items = plan.items;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
-    const int64_t part_rows = (int64_t)splits * p.tokens * p.heads_q;
-    p.part_o = static_cast<float *>(c->workspace);
-    p.part_lse = splits > 1 ? p.part_o + part_rows * D : NULL;
+    p.rotary_dim = c->rotary_dim;
+    p.rope_style = c->rope_style;
+    p.rope_cos = c->rope_cos;
+    p.rope_sin = c->rope_sin;
+    p.rope_cache_row_stride = c->rope_cache_row_stride;
+    p.rope_max_position = c->rope_max_position;
+    p.rope_attention_factor = c->rope_attention_factor;
+    memcpy(p.rope_inv_freq, c->rope_inv_freq, sizeof p.rope_inv_freq);
+    const bool merge = plan.max_splits > 1;
+    const int64_t part_rows = (int64_t)plan.max_splits * p.tokens * p.heads_q;
+    p.part_o = merge ? static_cast<float *>(c->workspace) : NULL;
+    p.part_lse = merge ? p.part_o + part_rows * D : NULL;
+    p.part_count = merge ? reinterpret_cast<int *>(p.part_lse + part_rows) : NULL;
     if (c->k_new) {
         const int64_t chunks = (int64_t)c->batch * c->seqlen_q * c->heads_kv * (D / 8);
         err = tk_launch(kvcache_append_kernel<T, D>,
@@ -534,22 +891,26 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_
         if (err != cudaSuccess)
             return err;
     }
-    const unsigned blocks = (unsigned)((int64_t)p.row_chunks * c->batch * c->heads_kv * splits);
+    const unsigned blocks = (unsigned)((int64_t)p.row_chunks * plan.items * c->heads_kv);
     err = tk_launch(kernel, blocks, shape::THREADS, shape::SMEM_BYTES, stream, p);
-    if (err != cudaSuccess || splits == 1)
+    if (err != cudaSuccess || !merge)
         return err;
     const int64_t rows = (int64_t)p.tokens * p.heads_q;
-    const int per_block = KVC_COMBINE_THREADS / 32;
-    return tk_launch(kvcache_combine_kernel<T, D>, (unsigned)((rows + per_block - 1) / per_block),
-                     KVC_COMBINE_THREADS, 0, stream, p);
+    /* On sm_90 the merge's launch overlaps the decode kernel's last CTAs. */
+    cudaLaunchAttribute early;
+    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early.val.programmaticStreamSerializationAllowed = 1;
+    const bool pdl = dev->cc >= 900;
+    return tk_launch(tk_launch_config((unsigned)rows, KVC_COMBINE_THREADS, 0, stream, &early, pdl ? 1 : 0),
+                     kvcache_combine_kernel<T, D>, p);
 }
 
 template <int D>
-cudaError_t kvc_launch_head_dim(const tk_attention_kvcache_call *c, int splits,
+cudaError_t kvc_launch_head_dim(const tk_attention_kvcache_call *c, const kvc_plan &plan,
                                 const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return kvc_launch<T, D>(c, splits, dev, stream);
+        return kvc_launch<T, D>(c, plan, dev, stream);
     });
 }
 
@@ -575,12 +936,6 @@ template <int D> int kvc_blocks_per_sm(const tk_attention_kvcache_call *c, const
     return err == cudaSuccess ? blocks : 1;
 }
 
-/* Busy fraction of the slots over the waves n CTAs take. */
-double kvc_wave_fill(int64_t n, int64_t slots) {
-    const double waves = (double)n / (double)slots;
-    return waves / ceil(waves);
-}
-
 int kvc_resident_slots(const tk_attention_kvcache_call *c, const tk_device *dev) {
     const int per_sm = c->head_dim == 64    ? kvc_blocks_per_sm<64>(c, dev)
                        : c->head_dim == 128 ? kvc_blocks_per_sm<128>(c, dev)
@@ -588,42 +943,47 @@ int kvc_resident_slots(const tk_attention_kvcache_call *c, const tk_device *dev)
     return per_sm * dev->sm_count;
 }
 
+/* The split plan the host can make: a caller's count as it is (a CTA per item); else the
+ * frame of the automatic plan that every CTA makes from the lengths (kvc_plan_chunk): `budget`
+ * = the CTA slots of one wave per (row chunk, key/value head), as many CTAs, each looping over
+ * its items; at most ceil(capacity tiles / 16) splits a sequence (which bounds the workspace). */
+kvc_plan kvc_plan_of(const tk_attention_kvcache_call *c, const tk_device *dev) {
+    if (c->num_splits > 0)
+        return kvc_plan{c->num_splits, c->num_splits, 0, c->batch * c->num_splits};
+    const int64_t per_item = (int64_t)c->heads_kv * kvc_row_chunks(c);
+    const int64_t budget = max((int64_t)1, kvc_resident_slots(c, dev) / per_item);
+    const int64_t capacity = (int64_t)c->pages_per_seq * c->page_size;
+    const int64_t cap_tiles = (capacity + KVC_KEYS - 1) / KVC_KEYS;
+    const int64_t most = min(min(KVC_PLAN_WAVES * budget, (int64_t)KVC_MAX_SPLITS),
+                             (cap_tiles + KVC_MIN_SPLIT_TILES - 1) / KVC_MIN_SPLIT_TILES);
+    /* Equal query counts and at least as many sequences as KVC_PLAN_WAVES waves of slots: no
+     * candidate of the plan exists, every sequence runs unsplit. */
+    const bool unsplit = !c->cu_seqlens_q && c->batch >= KVC_PLAN_WAVES * budget;
+    if (most <= 1 || unsplit)
+        return kvc_plan{1, 1, 0, c->batch};
+    return kvc_plan{0, (int)most, (int)budget, (int)min(budget, (int64_t)c->batch * most)};
+}
+
 } // namespace
 
 extern "C" int tk_attention_kvcache_splits(const tk_attention_kvcache_call *c, const tk_device *dev) {
-    if (c->num_splits > 0)
-        return c->num_splits;
-    const int64_t ctas = (int64_t)c->batch * c->heads_kv * kvc_row_chunks(c);
-    const int64_t slots = kvc_resident_slots(c, dev);
-    const int64_t capacity = (int64_t)c->pages_per_seq * c->page_size;
-    const int64_t max_splits = min((int64_t)KVC_MAX_SPLITS, max((int64_t)1, capacity / KVC_MIN_SPLIT_KEYS));
-    /* A launch of n CTAs on `slots` resident slots runs ceil(n / slots) waves; the last one's
-     * idle slots are lost bandwidth. Take the fewest splits whose wave fill is within 5 % of the
-     * best any split count up to eight waves reaches: more splits only add partials to merge. */
-    const int limit = (int)min(max_splits, max((int64_t)1, 8 * slots / max(ctas, (int64_t)1)));
-    double best = 0.0;
-    for (int s = 1; s <= limit; s++)
-        best = fmax(best, kvc_wave_fill(ctas * s, slots));
-    for (int s = 1; s < limit; s++)
-        if (kvc_wave_fill(ctas * s, slots) >= 0.95 * best)
-            return s;
-    return limit;
+    return kvc_plan_of(c, dev).max_splits;
 }
-
 extern "C" size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, int splits) {
     if (splits <= 1)
         return 0;
-    return (size_t)splits * (size_t)kvc_tokens(c) * (size_t)c->heads_q * ((size_t)c->head_dim + 1) * 4;
+    const size_t rows = (size_t)kvc_tokens(c) * (size_t)c->heads_q;
+    return ((size_t)splits * rows * ((size_t)c->head_dim + 1) + rows) * 4;
 }
 
 extern "C" cudaError_t tk_attention_kvcache_launch_decode(const void *call, const tk_device *dev,
                                                           cudaStream_t stream) {
     const tk_attention_kvcache_call *c = static_cast<const tk_attention_kvcache_call *>(call);
-    const int splits = tk_attention_kvcache_splits(c, dev);
+    const kvc_plan plan = kvc_plan_of(c, dev);
     switch (c->head_dim) {
-    case 64: return kvc_launch_head_dim<64>(c, splits, dev, stream);
-    case 128: return kvc_launch_head_dim<128>(c, splits, dev, stream);
-    case 256: return kvc_launch_head_dim<256>(c, splits, dev, stream);
+    case 64: return kvc_launch_head_dim<64>(c, plan, dev, stream);
+    case 128: return kvc_launch_head_dim<128>(c, plan, dev, stream);
+    case 256: return kvc_launch_head_dim<256>(c, plan, dev, stream);
     }
     return cudaErrorInvalidValue; /* src/attention_kvcache.c admits only the head dims above */
 }

@@ -12,6 +12,9 @@
 extern "C" {
 #endif
 
+/* Pairs of RoPE a head has at most (head_dim 256). */
+#define TK_KVCACHE_MAX_ROPE_PAIRS 128
+
 /* One call, resolved: strides explicit, the scale set, causal folded into window_right = 0. A
  * contiguous cache is a paged one whose page is the sequence: block_table NULL, page_size =
  * max_seqlen_k, page strides = batch strides. Every index fits in int32 except element
@@ -36,15 +39,26 @@ typedef struct tk_attention_kvcache_call {
     int window_left, window_right; /* -1 = unbounded */
     float scale;                  /* softmax scale, > 0 */
     float softcap;                /* 0 = off */
-    int num_splits;               /* 1 .. 1024, or 0: chosen by tk_attention_kvcache_splits */
+    int num_splits;               /* 1 .. 1024, or 0: the automatic plan */
+    /* RoPE of q and k_new (rotary_dim 0: none), resolved: the cache's row stride explicit;
+     * without a cache, each pair's inverse frequency with the scaling applied (f64) and the
+     * factor on cos and sin (YaRN's; 1 otherwise). */
+    int rotary_dim, rope_style;
+    const float *rope_cos, *rope_sin;
+    int64_t rope_cache_row_stride, rope_max_position;
+    float rope_attention_factor;
+    double rope_inv_freq[TK_KVCACHE_MAX_ROPE_PAIRS];
     void *workspace;              /* partial outputs and lse when the splits are > 1 */
 } tk_attention_kvcache_call;
 
-/* The number of key ranges the call runs with on this device: c->num_splits when set, else
- * the choice that fills the device's resident CTAs best (at least 256 keys per range). */
+/* The most key ranges (splits) a sequence gets on this device: c->num_splits when set (every
+ * sequence gets that many), else the bound of the automatic plan, which the kernels make per
+ * sequence from the device-side lengths (about equal keys per split, at least 256). 1: no
+ * merge, no workspace. */
 int tk_attention_kvcache_splits(const tk_attention_kvcache_call *c, const tk_device *dev);
 
-/* Workspace bytes for `splits` ranges: f32 partial outputs and lse of every (token, head). */
+/* Workspace bytes for at most `splits` ranges a sequence: f32 partial outputs and lse of every
+ * (token, head) and split, and each row's split count. */
 size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, int splits);
 
 /* "decode_sm80": the append of k_new / v_new when given; then one CTA per (sequence, key/value

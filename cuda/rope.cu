@@ -60,6 +60,7 @@
 
 #include "common.cuh"
 #include "rope.h"
+#include "rope_angle.cuh"
 
 namespace {
 
@@ -72,11 +73,6 @@ constexpr int PER_THREAD = 5;
 constexpr int MIN_BLOCKS = 3;
 /* (token, pair) angles a block's table holds at most: 16 KB of cos and sin. */
 constexpr int64_t TABLE_PAIRS = 2048;
-
-/* 2 pi as a sum of two doubles (hi has 53 bits, lo the next 53). */
-constexpr double TWO_PI_HI = 6.283185307179586232;
-constexpr double TWO_PI_LO = 2.4492935982947063e-16;
-constexpr double INV_TWO_PI = 0.15915494309189533577;
 
 __device__ __forceinline__ int64_t token_position(const tk_rope_call &a, int64_t t) {
     if (a.positions32)
@@ -102,10 +98,7 @@ __device__ __forceinline__ void pair_cos_sin(const tk_rope_call &a, int64_t pos,
         cached_cos_sin(a, pos, i, c, s);
     } else {
         const double inv_freq = exp2((double)i * a.log2_inv_freq_step);
-        const double angle = (double)pos * inv_freq;
-        const double k = rint(angle * INV_TWO_PI);
-        const double reduced = fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, angle));
-        sincosf((float)reduced, s, c);
+        tk_rope_sincos((double)pos * inv_freq, s, c);
     }
     if (a.backward)
         *s = -*s;

@@ -661,12 +661,27 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char
  * seqlens_k itself is not updated: the caller adds seqlen_q(b) for the next step. Rows that
  * would pass the capacity are not written. k_new / v_new must not overlap the caches, and the
  * caches, written then, must not overlap each other or any other tensor of the call.
+ * RoPE (rotary_dim > 0): q and k_new are rotated as tk_rope_fwd would (style, rotary_dim, theta
+ * or a cos/sin cache: see the RoPE section) in the same launch, query i of sequence b and its
+ * new key at position seqlen_k(b) - seqlen_q(b) + i (= seqlens_k[b] + i when appending); the
+ * rotated keys are what the cache keeps, and q itself is not written. Angles from theta may be
+ * scaled: TK_ROPE_SCALING_LLAMA3 (Llama 3.1's rope_type "llama3": with wavelength w_i = 2 pi /
+ * inv_freq_i and L = rope_original_max_position, inv_freq_i / rope_factor where w_i > L /
+ * rope_low_freq_factor, unchanged where w_i < L / rope_high_freq_factor, between them (1 - t)
+ * inv_freq_i / rope_factor + t inv_freq_i with t = (L / w_i - low) / (high - low)) or
+ * TK_ROPE_SCALING_YARN (YaRN as Hugging Face's rope_type "yarn": with d = rotary_dim, ramp
+ * bounds lo = max(0, floor(c(rope_beta_fast))), hi = min(d - 1, ceil(c(rope_beta_slow))), c(r) =
+ * d ln(L / (2 pi r)) / (2 ln theta), ramp_i = clamp((i - lo) / (hi - lo), 0, 1) (hi - lo at
+ * least 0.001), inv_freq_i (1 - ramp_i) + inv_freq_i / rope_factor ramp_i, and cos, sin times
+ * rope_attention_factor, 0 meaning 0.1 ln(rope_factor) + 1). The new fields' zero values (INIT)
+ * mean no RoPE.
  *
  * Split-KV: each (sequence, key/value head) is cut into num_splits ranges of keys, computed in
  * parallel into f32 partial outputs with their lse, then merged by a second kernel (o = sum_s
- * exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s)). num_splits = 0 lets the library choose from
- * batch, heads, the capacity and the device. The partials live in a caller's workspace of
- * tk_attention_kvcache_workspace_size bytes (0 when the call needs no split).
+ * exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s)). num_splits = 0 lets the library choose, per
+ * sequence and on the device from seqlens_k (a longer sequence gets more splits), within a bound
+ * the host derives from the capacity, heads and the device. The partials live in a caller's
+ * workspace of tk_attention_kvcache_workspace_size bytes (0 when the call needs no split).
  *
  * What the host cannot check, since it lives on the device: seqlens_k, cu_seqlens_q and the
  * block table's entries. The kernels clamp them so that no access leaves the tensors described
@@ -679,6 +694,13 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char
  * aligned; the workspace 16-byte aligned. Initialise with TK_ATTENTION_KVCACHE_PARAMS_INIT; fields
  * are only ever appended.
  * ------------------------------------------------------------------------------------------- */
+/* How RoPE angles from theta are scaled for a context longer than the model was trained on. */
+typedef enum tk_rope_scaling {
+    TK_ROPE_SCALING_NONE = 0,
+    TK_ROPE_SCALING_LLAMA3 = 1, /* Llama 3.1 */
+    TK_ROPE_SCALING_YARN = 2    /* YaRN */
+} tk_rope_scaling;
+
 typedef struct tk_attention_kvcache_params {
     size_t size;               /* sizeof(tk_attention_kvcache_params), set by the INIT macro */
     tk_dtype dtype;            /* TK_F16 or TK_BF16 */
@@ -719,11 +741,28 @@ typedef struct tk_attention_kvcache_params {
     const void *v_new;         /* with k_new: the values to append */
     int64_t k_new_strides[4];  /* as q_strides; all 0 = dense */
     int64_t v_new_strides[4];
+    int64_t rotary_dim;        /* 0 = no RoPE; else a multiple of 16, <= head_dim */
+    tk_rope_style rope_style;  /* TK_ROPE_NEOX or TK_ROPE_GPTJ */
+    float rope_theta;          /* without a cache: > 0 and finite */
+    const float *rope_cos;     /* NULL: angles from rope_theta; else with rope_sin, as tk_rope's */
+    const float *rope_sin;     /*   cos_cache / sin_cache: [rope_max_position, row stride] f32 */
+    int64_t rope_cache_row_stride; /* >= rotary_dim / 2; 0 = rotary_dim / 2 */
+    int64_t rope_max_position; /* rows of the cache, >= 1 (with a cache only) */
+    tk_rope_scaling rope_scaling; /* of angles from theta (not with a cache) */
+    float rope_factor;         /* LLAMA3, YARN: >= 1 */
+    float rope_low_freq_factor;  /* LLAMA3: > 0 */
+    float rope_high_freq_factor; /* LLAMA3: > rope_low_freq_factor */
+    int64_t rope_original_max_position; /* LLAMA3, YARN: >= 1, the pre-scaling context */
+    float rope_beta_fast;      /* YARN: > rope_beta_slow > 0 (32 and 1 in Hugging Face) */
+    float rope_beta_slow;
+    float rope_attention_factor; /* YARN: > 0, or 0 = 0.1 ln(rope_factor) + 1 */
 } tk_attention_kvcache_params;
 #define TK_ATTENTION_KVCACHE_PARAMS_INIT                                                         \
     {sizeof(tk_attention_kvcache_params), TK_BF16, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, NULL,  \
      0, 0, 0, 0, NULL, 0, 0, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},      \
-     0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, {0, 0, 0, 0}, {0, 0, 0, 0}}
+     0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, {0, 0, 0, 0}, {0, 0, 0, 0},  \
+     0, TK_ROPE_NEOX, 10000.0f, NULL, NULL, 0, 0, TK_ROPE_SCALING_NONE, 1.0f, 1.0f, 4.0f, 8192,    \
+     32.0f, 1.0f, 0.0f}
 
 /* Attention of the new queries over the cache, as described above: writes o (and lse). Work and
  * traffic are proportional to the visible keys: pages outside a window are not read.
@@ -733,9 +772,12 @@ typedef struct tk_attention_kvcache_params {
  * wrong, batch < 0, seqlen_q, heads, max_seqlen_k, num_pages, page_size or max_pages_per_seq <
  * 1 where used, total_q < 0, heads_q % heads_kv != 0, a stride < 0, a block_table_stride
  * smaller than max_pages_per_seq, o strides that make rows overlap, a window, scale, softcap,
- * flag or num_splits out of range, a workspace smaller than needed (TK_ERROR_INVALID_VALUE);
- * head_dim other than 64, 128, 256, dtype TK_F32, strides[3] != 1, sizes past the kernel's
- * limits (2^30 keys or queries per sequence) (TK_ERROR_NOT_SUPPORTED); unaligned pointers or
+ * flag or num_splits out of range, a workspace smaller than needed, a RoPE field out of range
+ * (rotary_dim < 0 or > head_dim, unknown style or scaling, theta, factors or positions as
+ * documented above) (TK_ERROR_INVALID_VALUE); rope_cos without rope_sin or the reverse
+ * (TK_ERROR_NULL_POINTER); head_dim other than 64, 128, 256, dtype TK_F32, strides[3] != 1,
+ * sizes past the kernel's limits (2^30 keys or queries per sequence), rotary_dim not a multiple
+ * of 16, a scaling with a cos/sin cache (TK_ERROR_NOT_SUPPORTED); unaligned pointers or
  * strides (TK_ERROR_MISALIGNED); overlapping outputs (TK_ERROR_OVERLAP). */
 TK_API tk_status tk_attention_kvcache_fwd(const tk_attention_kvcache_params *p,
                                           tk_stream_t stream);

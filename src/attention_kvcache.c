@@ -102,6 +102,109 @@ static tk_status check_limit(const char *fn, const char *what, int64_t value, in
                    (long long)value, (long long)limit);
 }
 
+static bool finite_at_least(float x, float least) {
+    return isfinite(x) && x >= least;
+}
+
+/* The RoPE fields (rotary_dim 0: none, the others not read). A cache is told by its pointers
+ * (not read here). */
+static tk_status check_rope(const char *fn, const tk_attention_kvcache_params *p) {
+    if (p->rotary_dim == 0)
+        return TK_SUCCESS;
+    if (p->rotary_dim < 0 || p->rotary_dim > p->head_dim)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->rotary_dim = %lld; accepted: 0 (no RoPE) or 1 .. head_dim = %lld",
+                       (long long)p->rotary_dim, (long long)p->head_dim);
+    if (p->rotary_dim % 16 != 0)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->rotary_dim = %lld is not a multiple of 16 (the kernels rotate 16-byte "
+                       "chunks whose NeoX partners are whole chunks)",
+                       (long long)p->rotary_dim);
+    if (p->rope_style != TK_ROPE_NEOX && p->rope_style != TK_ROPE_GPTJ)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->rope_style = %d; accepted: TK_ROPE_NEOX, TK_ROPE_GPTJ", (int)p->rope_style);
+    if (p->rope_scaling != TK_ROPE_SCALING_NONE && p->rope_scaling != TK_ROPE_SCALING_LLAMA3 &&
+        p->rope_scaling != TK_ROPE_SCALING_YARN)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->rope_scaling = %d; accepted: TK_ROPE_SCALING_NONE, _LLAMA3, _YARN",
+                       (int)p->rope_scaling);
+    if (p->rope_cos || p->rope_sin) {
+        if (p->rope_scaling != TK_ROPE_SCALING_NONE)
+            return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                           "p->rope_scaling = %d with a cos/sin cache; a cache holds its angles "
+                           "already scaled: pass TK_ROPE_SCALING_NONE",
+                           (int)p->rope_scaling);
+        TK_TRY(check_at_least(fn, "rope_max_position", p->rope_max_position, 1));
+        if (p->rope_cache_row_stride != 0 && p->rope_cache_row_stride < p->rotary_dim / 2)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "p->rope_cache_row_stride = %lld is smaller than rotary_dim / 2 = %lld "
+                           "(0 means rotary_dim / 2)",
+                           (long long)p->rope_cache_row_stride, (long long)(p->rotary_dim / 2));
+        return TK_SUCCESS;
+    }
+    if (!finite_at_least(p->rope_theta, 0.0f) || p->rope_theta == 0.0f)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->rope_theta = %g; accepted: finite and > 0",
+                       (double)p->rope_theta);
+    if (p->rope_scaling == TK_ROPE_SCALING_NONE)
+        return TK_SUCCESS;
+    if (!finite_at_least(p->rope_factor, 1.0f))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->rope_factor = %g; accepted: finite and >= 1",
+                       (double)p->rope_factor);
+    TK_TRY(check_at_least(fn, "rope_original_max_position", p->rope_original_max_position, 1));
+    if (p->rope_scaling == TK_ROPE_SCALING_LLAMA3) {
+        if (!finite_at_least(p->rope_low_freq_factor, 0.0f) || p->rope_low_freq_factor == 0.0f ||
+            !finite_at_least(p->rope_high_freq_factor, p->rope_low_freq_factor) ||
+            p->rope_high_freq_factor == p->rope_low_freq_factor)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "p->rope_low_freq_factor = %g, p->rope_high_freq_factor = %g; accepted: "
+                           "finite, 0 < low < high",
+                           (double)p->rope_low_freq_factor, (double)p->rope_high_freq_factor);
+        return TK_SUCCESS;
+    }
+    if (!finite_at_least(p->rope_beta_slow, 0.0f) || p->rope_beta_slow == 0.0f ||
+        !finite_at_least(p->rope_beta_fast, p->rope_beta_slow) || p->rope_beta_fast == p->rope_beta_slow)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->rope_beta_fast = %g, p->rope_beta_slow = %g; accepted: finite, 0 < slow "
+                       "< fast",
+                       (double)p->rope_beta_fast, (double)p->rope_beta_slow);
+    if (!finite_at_least(p->rope_attention_factor, 0.0f))
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                       "p->rope_attention_factor = %g; accepted: finite and > 0, or 0 for 0.1 "
+                       "ln(rope_factor) + 1",
+                       (double)p->rope_attention_factor);
+    return TK_SUCCESS;
+}
+
+/* RoPE pair i's inverse frequency, theta^(-2i / rotary_dim) with p's scaling (the formulas of
+ * include/tkern.h, as Hugging Face's rope_type "llama3" and "yarn" compute them), in f64: the
+ * kernels form p * inv_freq in f64 as tk_rope_fwd does. */
+static double rope_inv_freq(const tk_attention_kvcache_params *p, int64_t i) {
+    const double two_pi = 6.283185307179586, d = (double)p->rotary_dim;
+    const double inv_freq = pow((double)p->rope_theta, -2.0 * (double)i / d);
+    const double factor = p->rope_factor, context = (double)p->rope_original_max_position;
+    if (p->rope_scaling == TK_ROPE_SCALING_LLAMA3) {
+        const double low = p->rope_low_freq_factor, high = p->rope_high_freq_factor;
+        const double wavelen = two_pi / inv_freq;
+        if (wavelen < context / high)
+            return inv_freq;
+        if (wavelen > context / low)
+            return inv_freq / factor;
+        const double t = (context / wavelen - low) / (high - low);
+        return (1.0 - t) * inv_freq / factor + t * inv_freq;
+    }
+    if (p->rope_scaling == TK_ROPE_SCALING_YARN) {
+        /* Dimensions below lo keep their frequency, above hi are interpolated by the factor. */
+        const double per_rotation = d / (2.0 * log((double)p->rope_theta));
+        const double lo = fmax(0.0, floor(per_rotation * log(context / ((double)p->rope_beta_fast * two_pi))));
+        double hi = fmin(d - 1.0, ceil(per_rotation * log(context / ((double)p->rope_beta_slow * two_pi))));
+        if (hi == lo)
+            hi += 0.001;
+        const double ramp = fmin(1.0, fmax(0.0, ((double)i - lo) / (hi - lo)));
+        return inv_freq * (1.0 - ramp) + inv_freq / factor * ramp;
+    }
+    return inv_freq;
+}
+
 /* Scalars, sizes and flags: everything tk_attention_kvcache_workspace_size needs too. */
 static tk_status check_sizes(const char *fn, const tk_attention_kvcache_params *p) {
     TK_TRY(tk_check_dtype(fn, "p->dtype", p->dtype));
@@ -159,6 +262,7 @@ static tk_status check_sizes(const char *fn, const tk_attention_kvcache_params *
         return tk_fail(TK_ERROR_INVALID_VALUE, fn,
                        "p->num_splits = %lld; accepted: 0 (the library chooses) or 1 .. %d",
                        (long long)p->num_splits, MAX_SPLITS);
+    TK_TRY(check_rope(fn, p));
     /* Limits that keep the kernels' indices in int32. */
     const int64_t group = p->heads_q / p->heads_kv;
     TK_TRY(check_limit(fn, "p->seqlen_q", p->seqlen_q, MAX_SEQLEN));
@@ -266,6 +370,10 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
         return tk_fail(TK_ERROR_NULL_POINTER, fn,
                        "p->lse is NULL but p->return_lse = 1; pass a device buffer of heads_q * "
                        "tokens floats");
+    if (p->rotary_dim > 0 && (p->rope_cos == NULL) != (p->rope_sin == NULL))
+        return tk_fail(TK_ERROR_NULL_POINTER, fn,
+                       "%s is NULL but %s is set; a RoPE cache takes both (or neither)",
+                       p->rope_cos ? "p->rope_sin" : "p->rope_cos", p->rope_cos ? "p->rope_cos" : "p->rope_sin");
     if (append && (p->k_new == NULL || p->v_new == NULL))
         return tk_fail(TK_ERROR_NULL_POINTER, fn,
                        "%s is NULL but %s is set; appending takes both (or neither)",
@@ -286,19 +394,24 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     const tensor cu = flat("p->cu_seqlens_q", p->cu_seqlens_q, p->batch + 1);
     const tensor table = flat("p->block_table", p->block_table,
                               paged ? (p->batch - 1) * bt_stride + p->max_pages_per_seq : 0);
-    const tensor *small[] = {&lse, &alibi, &seqlens, &cu, &table};
-    for (int i = 0; i < 5; i++)
+    const bool rope_cache = p->rotary_dim > 0 && p->rope_cos != NULL;
+    const int64_t rope_stride = p->rope_cache_row_stride ? p->rope_cache_row_stride : p->rotary_dim / 2;
+    const int64_t rope_floats = rope_cache ? (p->rope_max_position - 1) * rope_stride + p->rotary_dim / 2 : 0;
+    const tensor rope_cos = flat("p->rope_cos", rope_cache ? p->rope_cos : NULL, rope_floats);
+    const tensor rope_sin = flat("p->rope_sin", rope_cache ? p->rope_sin : NULL, rope_floats);
+    const tensor *small[] = {&lse, &alibi, &seqlens, &cu, &table, &rope_cos, &rope_sin};
+    for (int i = 0; i < 7; i++)
         TK_TRY(tk_check_aligned(fn, small[i]->name, small[i]->ptr, 4));
-    const tensor *inputs[] = {&q, &k, &v, &alibi, &seqlens, &cu, &table, &kn, &vn};
-    for (int i = 0; i < 9; i++) {
+    const tensor *inputs[] = {&q, &k, &v, &alibi, &seqlens, &cu, &table, &kn, &vn, &rope_cos, &rope_sin};
+    for (int i = 0; i < 11; i++) {
         TK_TRY(check_no_overlap(fn, &o, inputs[i]));
         if (lse.ptr)
             TK_TRY(check_no_overlap(fn, &lse, inputs[i]));
     }
     TK_TRY(check_no_overlap(fn, &o, &lse));
     if (append) { /* the caches are written: they meet nothing else, not even each other */
-        const tensor *others[] = {&q, &alibi, &seqlens, &cu, &table, &kn, &vn, &o, &lse};
-        for (int i = 0; i < 9; i++) {
+        const tensor *others[] = {&q, &alibi, &seqlens, &cu, &table, &kn, &vn, &o, &lse, &rope_cos, &rope_sin};
+        for (int i = 0; i < 11; i++) {
             TK_TRY(check_no_overlap(fn, &k, others[i]));
             TK_TRY(check_no_overlap(fn, &v, others[i]));
         }
@@ -332,17 +445,33 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     call->scale = p->softmax_scale > 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     call->softcap = p->softcap;
     call->workspace = p->workspace;
+    call->rotary_dim = (int)p->rotary_dim;
+    call->rope_style = (int)p->rope_style;
+    call->rope_cos = rope_cache ? p->rope_cos : NULL;
+    call->rope_sin = rope_cache ? p->rope_sin : NULL;
+    call->rope_cache_row_stride = rope_stride;
+    call->rope_max_position = p->rope_max_position;
+    const bool yarn = !rope_cache && p->rope_scaling == TK_ROPE_SCALING_YARN;
+    call->rope_attention_factor = !yarn                             ? 1.0f
+                                  : p->rope_attention_factor > 0.0f ? p->rope_attention_factor
+                                  : p->rope_factor > 1.0f           ? 0.1f * logf(p->rope_factor) + 1.0f
+                                                                    : 1.0f;
+    if (p->rotary_dim > 0 && !rope_cache)
+        for (int64_t i = 0; i < p->rotary_dim / 2; i++)
+            call->rope_inv_freq[i] = rope_inv_freq(p, i);
     return TK_SUCCESS;
 }
 
-/* The split count on this device, the workspace it needs and the grid it makes. */
-static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, const tk_device *dev,
+/* The most splits a sequence gets on this device, the workspace they need and the grid bound
+ * they make. */
+static tk_status plan_splits(const char *fn, const tk_attention_kvcache_call *call, const tk_device *dev,
                              size_t *workspace_bytes) {
-    call->num_splits = tk_attention_kvcache_splits(call, dev);
-    /* Grid sizes in double: their int64 products could overflow for absurd (valid) sizes. */
+    const int splits = tk_attention_kvcache_splits(call, dev);
+    /* Grid sizes in double: their int64 products could overflow for absurd (valid) sizes. The
+     * grid holds at most `splits` items per sequence. */
     const double group = (double)(call->heads_q / call->heads_kv);
     const double chunks = ceil((double)call->seqlen_q * group / QUERY_ROWS_PER_CTA);
-    const double blocks = chunks * call->batch * call->heads_kv * call->num_splits;
+    const double blocks = chunks * call->batch * call->heads_kv * splits;
     if (blocks > INT32_MAX)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
                        "batch * heads_kv * ceil(seqlen_q * heads_q / heads_kv / 16) * splits = "
@@ -355,7 +484,14 @@ static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, co
                        "batch * seqlen_q * heads_kv * head_dim / 8 = %.0f chunks to append exceed "
                        "the grid limit",
                        append_blocks * APPEND_THREADS);
-    *workspace_bytes = tk_attention_kvcache_workspace_bytes(call, call->num_splits);
+    const double merged_rows = (double)(call->cu_seqlens_q ? call->total_q : (double)call->batch * call->seqlen_q) *
+                               call->heads_q;
+    if (splits > 1 && merged_rows > INT32_MAX)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "tokens * heads_q = %.0f rows to merge across splits exceed the grid limit "
+                       "2^31 - 1; pass num_splits = 1",
+                       merged_rows);
+    *workspace_bytes = tk_attention_kvcache_workspace_bytes(call, splits);
     return TK_SUCCESS;
 }
 

@@ -23,7 +23,8 @@
 static unsigned char in_buf[65536] __attribute__((aligned(16)));
 static unsigned char out_buf[8192] __attribute__((aligned(16)));
 enum { Q_AT = 0, K_AT = 1024, V_AT = 17408, TABLE_AT = 33792, SEQLENS_AT = 33824,
-       CU_AT = 33840, ALIBI_AT = 33856, KNEW_AT = 34816, VNEW_AT = 35840, LSE_AT = 1024 };
+       CU_AT = 33840, ALIBI_AT = 33856, KNEW_AT = 34816, VNEW_AT = 35840, ROPE_AT = 36864,
+       LSE_AT = 1024 };
 
 static void reset_buffers(void) {
     tk_fill_sentinel(in_buf, sizeof in_buf);
@@ -176,13 +177,57 @@ Test(attention_kvcache_args, rejects_bad_arguments) {
     }
 }
 
+/* RoPE's fields: each out-of-range value named, a scaling refused with a cache, a cache's
+ * pointers, alignment and overlaps (a cos/sin table of 4 positions x 32 floats at ROPE_AT). */
+Test(attention_kvcache_args, rejects_bad_rope_arguments) {
+    tk_attention_kvcache_params ok = host_params();
+    ok.rotary_dim = 64;
+    REJECT(rotary_dim = -16, TK_ERROR_INVALID_VALUE, "p->rotary_dim", true);
+    REJECT(rotary_dim = 80, TK_ERROR_INVALID_VALUE, "p->rotary_dim", true);
+    REJECT(rotary_dim = 24, TK_ERROR_NOT_SUPPORTED, "p->rotary_dim = 24 is not a multiple of 16", true);
+    REJECT(rope_style = (tk_rope_style)2, TK_ERROR_INVALID_VALUE, "p->rope_style", true);
+    REJECT(rope_theta = 0.0f, TK_ERROR_INVALID_VALUE, "p->rope_theta", true);
+    REJECT(rope_theta = INFINITY, TK_ERROR_INVALID_VALUE, "p->rope_theta", true);
+    REJECT(rope_scaling = (tk_rope_scaling)3, TK_ERROR_INVALID_VALUE, "p->rope_scaling", true);
+    tk_attention_kvcache_params llama = ok;
+    llama.rope_scaling = TK_ROPE_SCALING_LLAMA3, llama.rope_factor = 8.0f;
+    tk_attention_kvcache_params cached = ok;
+    cached.rope_cos = (const float *)(in_buf + ROPE_AT);
+    cached.rope_sin = (const float *)(in_buf + ROPE_AT + 512);
+    cached.rope_max_position = 4;
+    {
+        const tk_attention_kvcache_params ok = llama; /* REJECT's base */
+        REJECT(rope_factor = 0.5f, TK_ERROR_INVALID_VALUE, "p->rope_factor", true);
+        REJECT(rope_original_max_position = 0, TK_ERROR_INVALID_VALUE, "p->rope_original_max_position", true);
+        REJECT(rope_low_freq_factor = 0.0f, TK_ERROR_INVALID_VALUE, "p->rope_low_freq_factor", true);
+        REJECT(rope_high_freq_factor = 1.0f, TK_ERROR_INVALID_VALUE, "p->rope_high_freq_factor", true);
+    }
+    llama.rope_scaling = TK_ROPE_SCALING_YARN;
+    {
+        const tk_attention_kvcache_params ok = llama;
+        REJECT(rope_beta_fast = 0.5f, TK_ERROR_INVALID_VALUE, "p->rope_beta_fast", true);
+        REJECT(rope_attention_factor = -1.0f, TK_ERROR_INVALID_VALUE, "p->rope_attention_factor", true);
+    }
+    {
+        const tk_attention_kvcache_params ok = cached;
+        REJECT(rope_sin = NULL, TK_ERROR_NULL_POINTER, "p->rope_sin is NULL but p->rope_cos is set", false);
+        REJECT(rope_scaling = TK_ROPE_SCALING_YARN, TK_ERROR_NOT_SUPPORTED,
+               "p->rope_scaling = 2 with a cos/sin cache", true);
+        REJECT(rope_max_position = 0, TK_ERROR_INVALID_VALUE, "p->rope_max_position", true);
+        REJECT(rope_cache_row_stride = 31, TK_ERROR_INVALID_VALUE, "p->rope_cache_row_stride", true);
+        REJECT(rope_cos = (const float *)(in_buf + ROPE_AT + 2), TK_ERROR_MISALIGNED, "'p->rope_cos'", false);
+        REJECT(o = (void *)(in_buf + ROPE_AT + 512), TK_ERROR_OVERLAP, "'p->o' overlaps 'p->rope_sin'", false);
+    }
+}
+
 /* The params size rule (tk_read_params): older sizes than the first layout and unknown non-zero
  * tails are rejected naming the size; a longer struct with a zero tail is accepted. */
 Test(attention_kvcache_args, params_size_rule) {
     static unsigned char params_buf[sizeof(tk_attention_kvcache_params) + 64] __attribute__((aligned(16)));
     const tk_attention_kvcache_params ok = host_params();
     const size_t n = sizeof ok;
-    const struct { size_t size; int tail_at; } rejected[] = {{0, -1}, {n - 1, -1}, {n + 1, 0}, {n + 64, 63}};
+    const size_t first_layout = 448; /* before the RoPE fields (src/attention_kvcache.c) */
+    const struct { size_t size; int tail_at; } rejected[] = {{0, -1}, {first_layout - 1, -1}, {n + 1, 0}, {n + 64, 63}};
     for (size_t i = 0; i < sizeof rejected / sizeof rejected[0]; i++) {
         memset(params_buf, 0, sizeof params_buf);
         memcpy(params_buf, &ok, n);
@@ -194,14 +239,18 @@ Test(attention_kvcache_args, params_size_rule) {
     }
     if (tk_test_have_device())
         return; /* host buffers cannot stand in for a valid call on a GPU machine */
-    memset(params_buf, 0, sizeof params_buf);
-    memcpy(params_buf, &ok, n);
-    const size_t longer = n + 64;
-    memcpy(params_buf, &longer, sizeof longer);
-    reset_buffers();
-    TK_EXPECT_STATUS(tk_attention_kvcache_fwd((const tk_attention_kvcache_params *)params_buf, NULL),
-                     TK_ERROR_NO_DEVICE, "no usable CUDA device");
-    cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+    /* A longer struct with a zero tail, and the first layout (a caller built before RoPE, whose
+     * missing fields read as zero: no RoPE), get as far as the device. */
+    const size_t accepted[] = {n + 64, first_layout};
+    for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
+        memset(params_buf, 0, sizeof params_buf);
+        memcpy(params_buf, &ok, accepted[i] < n ? accepted[i] : n);
+        memcpy(params_buf, &accepted[i], sizeof accepted[i]);
+        reset_buffers();
+        TK_EXPECT_STATUS(tk_attention_kvcache_fwd((const tk_attention_kvcache_params *)params_buf, NULL),
+                         TK_ERROR_NO_DEVICE, "no usable CUDA device");
+        cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
+    }
 }
 
 Test(attention_kvcache_args, empty_calls_are_noops) {
@@ -247,7 +296,7 @@ Test(attention_kvcache_args, force_variant_names) {
 
 /* ------------------------------------------------------------------------ GPU checks ---- */
 
-#define MAX_BATCH 8
+#define MAX_BATCH 150
 
 typedef struct kv_case {
     tk_dtype dtype;
@@ -265,6 +314,10 @@ typedef struct kv_case {
     bool alibi, lse;
     int64_t num_splits;
     bool append;               /* k_new / v_new: one new key per query, appended first */
+    int64_t rotary_dim;        /* RoPE of q and k_new: 0 = none */
+    tk_rope_style rope_style;
+    tk_rope_scaling rope_scaling;
+    bool rope_cache;           /* angles from a cos/sin table (padded rows) instead of theta */
 } kv_case;
 
 static void kv_case_name(const kv_case *c, char *out, size_t size) {
@@ -274,13 +327,14 @@ static void kv_case_name(const kv_case *c, char *out, size_t size) {
                       c->varlen ? c->q_lens[b] : (int)c->seqlen_q, c->k_lens[b]);
     snprintf(out, size,
              "%s B%lld H%lld/%lld D%lld q/k [%s] cap %lld page %lld%s causal %d window (%lld, "
-             "%lld) softcap %g%s%s splits %lld%s",
+             "%lld) softcap %g%s%s splits %lld%s rope %lld/%d/%d%s",
              tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->heads_q,
              (long long)c->heads_kv, (long long)c->head_dim, lens, (long long)c->capacity,
              (long long)c->page_size, c->padded ? " padded" : "", c->causal,
              (long long)c->window_left, (long long)c->window_right, (double)c->softcap,
              c->alibi ? " alibi" : "", c->lse ? " lse" : "", (long long)c->num_splits,
-             c->append ? " append" : "");
+             c->append ? " append" : "", (long long)c->rotary_dim, (int)c->rope_style,
+             (int)c->rope_scaling, c->rope_cache ? " cache" : "");
 }
 
 /* FlashAttention's representation term (tests/test_attention.c). */
@@ -317,6 +371,14 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     p.softcap = c->softcap;
     p.return_lse = c->lse;
     p.num_splits = c->num_splits;
+    p.rotary_dim = c->rotary_dim;
+    p.rope_style = c->rope_style;
+    p.rope_scaling = c->rope_scaling;
+    if (c->rope_scaling == TK_ROPE_SCALING_LLAMA3) /* Llama 3.1's values */
+        p.rope_theta = 500000.0f, p.rope_factor = 8.0f, p.rope_low_freq_factor = 1.0f,
+        p.rope_high_freq_factor = 4.0f, p.rope_original_max_position = 8192;
+    if (c->rope_scaling == TK_ROPE_SCALING_YARN) /* a ramp inside the pairs at these sizes */
+        p.rope_theta = 10000.0f, p.rope_factor = 4.0f, p.rope_original_max_position = 4096;
 
     /* Queries: cu_seqlens from the lengths, or seqlen_q each. */
     int32_t cu[MAX_BATCH + 1] = {0};
@@ -337,6 +399,27 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     const int64_t held = paged ? pages_per_seq * c->page_size : c->capacity;
     /* Keys each sequence attends to: the cache, plus its queries' keys when appending (up to
      * what the sequence holds). */
+    /* A RoPE cache covering every position of the call, rows padded by 4 floats. */
+    float *rope_table = NULL;
+    void *drope = NULL;
+    if (c->rope_cache) {
+        const int64_t half = c->rotary_dim / 2, stride = half + 4, positions = held + 8;
+        rope_table = malloc((size_t)(2 * positions * stride) * sizeof(float));
+        cr_assert(rope_table != NULL);
+        for (int64_t pos = 0; pos < positions; pos++)
+            for (int64_t i = 0; i < stride; i++) {
+                const double angle = (double)pos * pow(10000.0, -2.0 * (double)i / (double)c->rotary_dim);
+                rope_table[pos * stride + i] = (float)cos(angle);
+                rope_table[(positions + pos) * stride + i] = (float)sin(angle);
+            }
+        drope = tk_dev_alloc((size_t)(2 * positions * stride) * sizeof(float));
+        tk_to_dev(drope, rope_table, (size_t)(2 * positions * stride) * sizeof(float));
+        p.rope_cos = (const float *)drope;
+        p.rope_sin = (const float *)drope + positions * stride;
+        p.rope_cache_row_stride = stride;
+        p.rope_max_position = positions;
+    }
+    const float *ref_cos = rope_table, *ref_sin = rope_table ? rope_table + (held + 8) * (c->rotary_dim / 2 + 4) : NULL;
     int32_t k_after[MAX_BATCH] = {0};
     for (int64_t b = 0; b < c->batch; b++) {
         const int64_t n = c->k_lens[b] + (c->append ? cu[b + 1] - cu[b] : 0);
@@ -467,22 +550,52 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
                 for (int64_t h = 0; h < hkv; h++) {
                     const int64_t kat = ref_kvcache_key_offset(&keys, b, j, h, false);
                     const int64_t vat = ref_kvcache_key_offset(&keys, b, j, h, true);
-                    memcpy((char *)hk + kat * (int64_t)es, (char *)hkn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
+                    double row[256];
+                    for (int64_t e = 0; e < d; e++)
+                        row[e] = tk_test_load(c->dtype, hkn, (t * hkv + h) * d + e);
+                    if (c->rotary_dim > 0) /* the new key at its position j */
+                        ref_kvcache_rope(&ref, ref_cos, ref_sin, j, row);
+                    for (int64_t e = 0; e < d; e++)
+                        tk_test_store(c->dtype, hk, kat + e, row[e]);
                     memcpy((char *)hv + vat * (int64_t)es, (char *)hvn + (t * hkv + h) * d * (int64_t)es, (size_t)d * es);
                 }
             }
-        tk_assert_dev_bytes_equal(dk, hk, (size_t)nk * es, "k_cache after the append");
         tk_assert_dev_bytes_equal(dv, hv, (size_t)nk * es, "v_cache after the append");
+        if (c->rotary_dim == 0) {
+            tk_assert_dev_bytes_equal(dk, hk, (size_t)nk * es, "k_cache after the append");
+        } else { /* rotated in f32 on the device: within one unit of the last place */
+            void *got = malloc((size_t)nk * es);
+            cr_assert(got != NULL);
+            tk_to_host(got, dk, (size_t)nk * es);
+            const double ulp = c->dtype == TK_BF16 ? 0x1p-7 : 0x1p-10;
+            for (int64_t e = 0; e < nk; e++) {
+                const double want = tk_test_load(c->dtype, hk, e), have = tk_test_load(c->dtype, got, e);
+                cr_assert(fabs(have - want) <= ulp * fabs(want) + 1e-5, "%s: k_cache[%lld] = %g after the append, want %g",
+                          what, (long long)e, have, want);
+            }
+            free(got);
+        }
     }
     ref.q_strides[0] = c->seqlen_q * hq * d, ref.q_strides[1] = hq * d, ref.q_strides[2] = d,
     ref.q_strides[3] = 1;
     double *q64 = to_double(c->dtype, hqb, nq), *k64 = to_double(c->dtype, hk, nk);
+    if (c->rotary_dim > 0) /* query i of sequence b at position seqlen_k(b) - seqlen_q(b) + i */
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t t = cu[b]; t < cu[b + 1]; t++)
+                for (int64_t h = 0; h < hq; h++)
+                    ref_kvcache_rope(&ref, ref_cos, ref_sin, k_after[b] - (cu[b + 1] - cu[b]) + t - cu[b],
+                                     q64 + (t * hq + h) * d);
     double *v64 = to_double(c->dtype, hv, nk);
     const ref_kvcache_inputs in = {&ref, q64, k64, v64, k_after, c->varlen ? cu : NULL, table,
                                    c->alibi ? hslopes : NULL};
     double *exact = malloc((size_t)d * sizeof(double)), *naive = malloc((size_t)d * sizeof(double));
     cr_assert(exact && naive);
     double err = 0.0, err_naive = 0.0, atol = 0.0, lse_err = 0.0;
+    /* lse is f32 arithmetic on the call's inputs; with RoPE the rotated q, rounded to the dtype
+     * on the device and in the reference apart, may differ by a unit in the last place in an
+     * element (the angles' sin and cos differ by under 1e-6), which moves a score, and lse with it,
+     * by about that much: held to the dtype's tolerance then (o keeps FlashAttention's rule). */
+    const double lse_rtol = tk_default_rtol(c->rotary_dim > 0 ? c->dtype : TK_F32);
     int64_t bad = 0, first_bad = -1, worst = -1, lse_bad = 0;
     for (int64_t b = 0; b < c->batch; b++) {
         int64_t first;
@@ -510,7 +623,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
                     lse_bad += !isnan(got);
                 else if (isinf(lse_exact))
                     lse_bad += !(isinf(got) && got < 0);
-                else if (!isfinite(got) || fabs(got - lse_exact) > tk_default_rtol(TK_F32) * (1.0 + fabs(lse_exact)))
+                else if (!isfinite(got) || fabs(got - lse_exact) > lse_rtol * (1.0 + fabs(lse_exact)))
                     lse_bad++;
                 else
                     lse_err = fmax(lse_err, fabs(got - lse_exact));
@@ -524,7 +637,9 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     cr_assert(lse_bad == 0, "%s: %lld lse values wrong (max error of the good ones %.3g)", what,
               (long long)lse_bad, lse_err);
 
-    free(q64); free(k64); free(v64); free(exact); free(naive); free(table);
+    free(q64); free(k64); free(v64); free(exact); free(naive); free(table); free(rope_table);
+    if (drope)
+        tk_dev_free(drope);
     free(hqb); free(hk); free(hv); free(ho); free(hlse); free(hslopes); free(hkn); free(hvn);
     if (dkn)
         tk_dev_free(dkn), tk_dev_free(dvn);
@@ -668,6 +783,18 @@ Test(attention_kvcache_gpu, chunked_prefill_on_a_paged_cache) {
     run_kv_case(&c, 800);
 }
 
+/* Causal varlen appends into caches of k_lens (6 sequences, page 16), two sequences without
+ * queries. */
+static kv_case varlen_append_case(tk_dtype dtype, int64_t head_dim, const int32_t *k_lens) {
+    kv_case c = decode_case(dtype, head_dim, 6, k_lens, 300, 16);
+    c.append = true;
+    c.varlen = true;
+    const int32_t q_lens[6] = {2, 0, 3, 1, 0, 4};
+    memcpy(c.q_lens, q_lens, sizeof q_lens);
+    c.causal = 1;
+    return c;
+}
+
 /* Appends of 1 and 3 keys that cross a page (lengths page - 1 and page - 2 +3), into empty
  * caches, past the capacity (dropped), varlen with empty sequences; then attention over the
  * new lengths. */
@@ -683,12 +810,7 @@ Test(attention_kvcache_gpu, appends_crossing_pages) {
         c.num_splits = i == 2 ? 3 : 0;
         run_kv_case(&c, 1000 + (uint64_t)i);
     }
-    kv_case c = decode_case(TK_F16, 64, 6, lens, 300, 16);
-    c.append = true;
-    c.varlen = true;
-    const int32_t q_lens[6] = {2, 0, 3, 1, 0, 4};
-    memcpy(c.q_lens, q_lens, sizeof q_lens);
-    c.causal = 1;
+    kv_case c = varlen_append_case(TK_F16, 64, lens);
     c.window_left = 7;
     run_kv_case(&c, 1010);
 }
@@ -709,6 +831,78 @@ Test(attention_kvcache_gpu, automatic_splits_with_lengths_spread_widely) {
         kv_case c = decode_case(TK_BF16, 128, 8, lens, 8192, i == 0 ? 16 : 0);
         run_kv_case(&c, 1100 + (uint64_t)i);
     }
+}
+
+/* The automatic plan, made on the device from the lengths: more sequences than a CTA has
+ * threads (each thread plans several), a few near-full caches among many short and empty ones
+ * (splits in proportion to length, up to the capacity's bound), head dim 256 (64-thread CTAs),
+ * and varlen queries of a group of 8 that span up to three 16-row chunks, each chunk planned
+ * on its own. */
+Test(attention_kvcache_gpu, automatic_plan_over_many_sequences) {
+    TK_REQUIRE_GPU();
+    for (int i = 0; i < 2; i++) {
+        const int32_t capacity = i == 0 ? 2048 : 1024;
+        int32_t lens[MAX_BATCH];
+        for (int b = 0; b < MAX_BATCH; b++)
+            lens[b] = b % 37 == 5 ? capacity - b : b % 3 == 0 ? 0 : (b * 131) % 300;
+        kv_case c = decode_case(TK_BF16, i == 0 ? 128 : 256, MAX_BATCH, lens, capacity, i == 0 ? 16 : 0);
+        c.heads_q = 4, c.heads_kv = 1;
+        run_kv_case(&c, 1200 + (uint64_t)i);
+        if (i == 1)
+            continue;
+        c.head_dim = 64;
+        c.varlen = true;
+        c.heads_q = 8;
+        for (int b = 0; b < MAX_BATCH; b++)
+            c.q_lens[b] = b % 7 == 3 ? 0 : b % 6;
+        c.causal = 1;
+        run_kv_case(&c, 1210);
+        c.window_left = 100; /* chunks that see a window's keys only */
+        run_kv_case(&c, 1211);
+    }
+}
+
+/* RoPE of q and of the appended keys in the same call, against tk_rope_fwd's math in fp64: NeoX
+ * and GPT-J, angles from theta (also with Llama 3.1's and YaRN's scalings) or from a cos/sin
+ * table with padded rows, all of head_dim or a part of it; appends that cross pages, varlen
+ * with empty sequences, and a call without an append (q alone rotated). */
+Test(attention_kvcache_gpu, rope_on_q_and_the_appended_keys) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[6] = {0, 15, 14, 63, 64, 298};
+    const struct {
+        tk_rope_style style;
+        tk_rope_scaling scaling;
+        bool cache;
+        int64_t head_dim, rotary_dim, page_size;
+    } cases[] = {
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_NONE, false, 128, 128, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_NONE, false, 128, 64, 0},
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_NONE, true, 64, 32, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_NONE, true, 128, 128, 5},
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_LLAMA3, false, 128, 128, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_LLAMA3, false, 256, 256, 0},
+        {TK_ROPE_NEOX, TK_ROPE_SCALING_YARN, false, 128, 128, 16},
+        {TK_ROPE_GPTJ, TK_ROPE_SCALING_YARN, false, 64, 64, 16},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        kv_case c = decode_case(i % 2 ? TK_F16 : TK_BF16, cases[i].head_dim, 6, lens, 300, cases[i].page_size);
+        c.append = true;
+        c.seqlen_q = 3;
+        c.causal = 1;
+        c.num_splits = i % 3 == 0 ? 2 : 0;
+        c.rotary_dim = cases[i].rotary_dim;
+        c.rope_style = cases[i].style;
+        c.rope_scaling = cases[i].scaling;
+        c.rope_cache = cases[i].cache;
+        run_kv_case(&c, 1300 + (uint64_t)i);
+    }
+    kv_case c = varlen_append_case(TK_BF16, 128, lens);
+    c.rotary_dim = 128;
+    c.rope_scaling = TK_ROPE_SCALING_YARN;
+    run_kv_case(&c, 1320);
+    c.append = false; /* q alone, at the positions the cache's last keys have */
+    c.rope_style = TK_ROPE_GPTJ;
+    run_kv_case(&c, 1321);
 }
 
 /* Device-side lengths and pages the host cannot check: out-of-range values must not fault. */
@@ -748,4 +942,51 @@ Test(attention_kvcache_gpu, bad_device_side_values_do_not_fault) {
     p.workspace = dk, p.workspace_bytes = 4;
     TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_ERROR_INVALID_VALUE, "p->workspace_bytes");
     tk_dev_free(dk); tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dtable); tk_dev_free(dlens);
+}
+
+/* The same under the automatic plan, which every CTA makes from those values: lengths past the
+ * capacity and negative, cu_seqlens_q out of order and past total_q, pages out of range; with
+ * and without an append (which writes the caches through the same values). */
+Test(attention_kvcache_gpu, bad_device_side_values_under_the_automatic_plan) {
+    TK_REQUIRE_GPU();
+    enum { BATCH = 3, PAGES = 2, PER_SEQ = 64, TOTAL_Q = 4 };
+    tk_attention_kvcache_params p = TK_ATTENTION_KVCACHE_PARAMS_INIT;
+    p.batch = BATCH, p.seqlen_q = 4, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 64;
+    p.num_pages = PAGES, p.page_size = 16, p.max_pages_per_seq = PER_SEQ; /* capacity 1024 */
+    p.total_q = TOTAL_Q;
+    const size_t cache = PAGES * 16 * 2 * 64 * 2, q_bytes = TOTAL_Q * 4 * 64 * 2, kn_bytes = TOTAL_Q * 2 * 64 * 2;
+    int32_t table[BATCH * PER_SEQ];
+    for (int i = 0; i < BATCH * PER_SEQ; i++)
+        table[i] = i % 5 == 0 ? -1 : i % 5 == 1 ? 1 << 30 : i % 2;
+    const int32_t lens[BATCH] = {5000, -7, 700}, cu[BATCH + 1] = {0, 3, 1, 9};
+    void *dk = tk_dev_alloc(cache), *dv = tk_dev_alloc(cache), *dq = tk_dev_alloc(q_bytes);
+    void *dout = tk_dev_alloc(q_bytes), *dkn = tk_dev_alloc(kn_bytes), *dvn = tk_dev_alloc(kn_bytes);
+    void *dtable = tk_dev_alloc(sizeof table), *dlens = tk_dev_alloc(sizeof lens), *dcu = tk_dev_alloc(sizeof cu);
+    void *zeros = calloc(cache, 1);
+    cr_assert(zeros != NULL);
+    tk_to_dev(dk, zeros, cache);
+    tk_to_dev(dv, zeros, cache);
+    tk_to_dev(dq, zeros, q_bytes);
+    tk_to_dev(dkn, zeros, kn_bytes);
+    tk_to_dev(dvn, zeros, kn_bytes);
+    free(zeros);
+    tk_to_dev(dtable, table, sizeof table);
+    tk_to_dev(dlens, lens, sizeof lens);
+    tk_to_dev(dcu, cu, sizeof cu);
+    p.q = dq, p.k_cache = dk, p.v_cache = dv, p.o = dout;
+    p.block_table = dtable, p.seqlens_k = dlens, p.cu_seqlens_q = dcu;
+    for (int append = 0; append < 2; append++) {
+        p.k_new = append ? dkn : NULL;
+        p.v_new = append ? dvn : NULL;
+        size_t bytes = 0;
+        cr_assert_eq(tk_attention_kvcache_workspace_size(&p, &bytes), TK_SUCCESS, "%s", tk_last_error());
+        cr_assert_gt(bytes, 0, "a capacity of 1024 keys allows splits");
+        void *ws = tk_dev_alloc(bytes);
+        p.workspace = ws, p.workspace_bytes = bytes;
+        cr_assert_eq(tk_attention_kvcache_fwd(&p, NULL), TK_SUCCESS, "%s", tk_last_error());
+        tk_dev_sync();
+        tk_dev_free(ws);
+    }
+    tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dkn);
+    tk_dev_free(dvn); tk_dev_free(dtable); tk_dev_free(dlens); tk_dev_free(dcu);
 }

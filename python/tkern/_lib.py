@@ -93,6 +93,7 @@ GLU_KINDS = {                                                    # tk_glu
 GLU_LAYOUTS = {"gate_first": 0, "up_first": 1, "interleaved": 2}  # tk_glu_layout
 NORM_KINDS = {"rms": 0, "layer": 1}                              # tk_norm_kind
 ROPE_STYLES = {"neox": 0, "gptj": 1}                             # tk_rope_style
+ROPE_SCALINGS = {"none": 0, "llama3": 1, "yarn": 2}              # tk_rope_scaling
 GEMM_B_LAYOUTS = {"kn": 0, "nk": 1}                              # tk_gemm_b_layout
 
 # Header enum constant -> (table above, key), for the test that compares them with the header.
@@ -113,6 +114,9 @@ ENUM_MIRRORS = {
                                     "TK_GLU_INTERLEAVED": "interleaved"}),
     "tk_norm_kind": (NORM_KINDS, {"TK_NORM_RMS": "rms", "TK_NORM_LAYER": "layer"}),
     "tk_rope_style": (ROPE_STYLES, {"TK_ROPE_NEOX": "neox", "TK_ROPE_GPTJ": "gptj"}),
+    "tk_rope_scaling": (ROPE_SCALINGS, {"TK_ROPE_SCALING_NONE": "none",
+                                        "TK_ROPE_SCALING_LLAMA3": "llama3",
+                                        "TK_ROPE_SCALING_YARN": "yarn"}),
     "tk_gemm_b_layout": (GEMM_B_LAYOUTS, {"TK_GEMM_B_KN": "kn", "TK_GEMM_B_NK": "nk"}),
 }
 
@@ -268,8 +272,17 @@ class AttentionKvcacheParams(_Params):
                 ("alibi_slopes", _ptr), ("return_lse", _i32), ("lse", _ptr),
                 ("num_splits", _i64), ("workspace", _ptr), ("workspace_bytes", _size),
                 ("k_new", _ptr), ("v_new", _ptr), ("k_new_strides", _i64 * 4),
-                ("v_new_strides", _i64 * 4)]
-    DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1}
+                ("v_new_strides", _i64 * 4), ("rotary_dim", _i64), ("rope_style", _i32),
+                ("rope_theta", _f32), ("rope_cos", _ptr), ("rope_sin", _ptr),
+                ("rope_cache_row_stride", _i64), ("rope_max_position", _i64),
+                ("rope_scaling", _i32), ("rope_factor", _f32), ("rope_low_freq_factor", _f32),
+                ("rope_high_freq_factor", _f32), ("rope_original_max_position", _i64),
+                ("rope_beta_fast", _f32), ("rope_beta_slow", _f32),
+                ("rope_attention_factor", _f32)]
+    DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1,
+                "rope_theta": 10000.0, "rope_factor": 1.0, "rope_low_freq_factor": 1.0,
+                "rope_high_freq_factor": 4.0, "rope_original_max_position": 8192,
+                "rope_beta_fast": 32.0, "rope_beta_slow": 1.0}
 
 
 class AttentionBwdParams(_Params):

@@ -91,3 +91,63 @@ void ref_kvcache_row(const ref_kvcache_inputs *in, int64_t b, int64_t i, int64_t
     *lse = sum > 0.0 ? max + log(sum) : -INFINITY;
     free(s);
 }
+
+#define REF_PI 3.14159265358979323846
+
+/* Hugging Face's inverse frequency of pair i (rope_init_fn of "default", "llama3", "yarn"). */
+static double rope_inv_freq(const tk_attention_kvcache_params *p, int64_t i) {
+    const double dim = (double)p->rotary_dim, base = p->rope_theta, factor = p->rope_factor;
+    const double old_len = (double)p->rope_original_max_position;
+    const double freq = 1.0 / pow(base, (double)(2 * i) / dim);
+    switch (p->rope_scaling) {
+    case TK_ROPE_SCALING_LLAMA3: {
+        const double low_wavelen = old_len / p->rope_low_freq_factor;
+        const double high_wavelen = old_len / p->rope_high_freq_factor;
+        const double wavelen = 2.0 * REF_PI / freq;
+        const double llama = wavelen > low_wavelen ? freq / factor : freq;
+        const double smooth = (old_len / wavelen - p->rope_low_freq_factor) /
+                              (p->rope_high_freq_factor - p->rope_low_freq_factor);
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        return medium ? (1.0 - smooth) * llama / factor + smooth * llama : llama;
+    }
+    case TK_ROPE_SCALING_YARN: {
+        /* find_correction_range(beta_fast, beta_slow, dim, base, old_len, truncate = True) */
+        const double low = fmax(floor(dim * log(old_len / (p->rope_beta_fast * 2.0 * REF_PI)) / (2.0 * log(base))), 0.0);
+        double high = fmin(ceil(dim * log(old_len / (p->rope_beta_slow * 2.0 * REF_PI)) / (2.0 * log(base))), dim - 1.0);
+        if (low == high)
+            high += 0.001;
+        const double ramp = fmin(fmax(((double)i - low) / (high - low), 0.0), 1.0);
+        const double extrapolation_factor = 1.0 - ramp;
+        return freq / factor * (1.0 - extrapolation_factor) + freq * extrapolation_factor;
+    }
+    default:
+        return freq;
+    }
+}
+
+void ref_kvcache_rope(const tk_attention_kvcache_params *p, const float *cos_cache,
+                      const float *sin_cache, int64_t pos, double *x) {
+    const int64_t half = p->rotary_dim / 2;
+    const int64_t stride = p->rope_cache_row_stride ? p->rope_cache_row_stride : half;
+    double mscale = 1.0;
+    if (!cos_cache && p->rope_scaling == TK_ROPE_SCALING_YARN)
+        mscale = p->rope_attention_factor > 0.0f ? (double)p->rope_attention_factor
+                 : p->rope_factor > 1.0f         ? 0.1 * log((double)p->rope_factor) + 1.0
+                                                 : 1.0;
+    for (int64_t i = 0; i < half; i++) {
+        double c, s;
+        if (cos_cache) {
+            c = cos_cache[pos * stride + i];
+            s = sin_cache[pos * stride + i];
+        } else {
+            const double angle = (double)pos * rope_inv_freq(p, i);
+            c = cos(angle) * mscale;
+            s = sin(angle) * mscale;
+        }
+        const int64_t e1 = p->rope_style == TK_ROPE_GPTJ ? 2 * i : i;
+        const int64_t e2 = p->rope_style == TK_ROPE_GPTJ ? 2 * i + 1 : i + half;
+        const double a = x[e1], b = x[e2];
+        x[e1] = tk_test_round(p->dtype, a * c - b * s);
+        x[e2] = tk_test_round(p->dtype, b * c + a * s);
+    }
+}

@@ -36,4 +36,11 @@ int64_t ref_kvcache_key_offset(const ref_kvcache_inputs *in, int64_t b, int64_t 
 void ref_kvcache_row(const ref_kvcache_inputs *in, int64_t b, int64_t i, int64_t h, bool naive,
                      double *o, double *lse);
 
+/* RoPE in fp64 of one head's row x (head_dim values, in place) at position pos, as p describes
+ * it (rope_style, rotary_dim, angles from rope_theta with p's scaling, or from the host copies
+ * cos_cache / sin_cache of p's cache), each rotated value rounded to p->dtype. The frequencies
+ * follow Hugging Face's rope_init functions "default", "llama3" and "yarn", in fp64. */
+void ref_kvcache_rope(const tk_attention_kvcache_params *p, const float *cos_cache,
+                      const float *sin_cache, int64_t pos, double *x);
+
 #endif
