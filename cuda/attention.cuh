@@ -472,6 +472,21 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     }
 }
 
+/* The pointers and strides of attn_params P from a resolved call C (tk_attention_call, or a KV
+ * cache's call: the same field names, the cache's page strides as the batch strides). */
+template <typename P, typename C> inline void attn_set_tensors(P &p, const C *c) {
+    p.q = c->q;
+    p.k = c->k;
+    p.v = c->v;
+    p.o = c->o;
+    p.lse = c->lse;
+    p.alibi_slopes = c->alibi_slopes;
+    p.q_sb = c->q_stride[0], p.q_ss = c->q_stride[1], p.q_sh = c->q_stride[2];
+    p.k_sb = c->k_stride[0], p.k_ss = c->k_stride[1], p.k_sh = c->k_stride[2];
+    p.v_sb = c->v_stride[0], p.v_ss = c->v_stride[1], p.v_sh = c->v_stride[2];
+    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
+}
+
 /* Launches attention_fwd_kernel<T, D, PACKED> for one call, heads_per_tile query heads per CTA
  * (1 unless PACKED; else 2 or 4, dividing heads_q / heads_kv). */
 template <typename T, int D, bool PACKED>
@@ -483,16 +498,7 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
     if (err != cudaSuccess)
         return err;
     attn_params p;
-    p.q = c->q;
-    p.k = c->k;
-    p.v = c->v;
-    p.o = c->o;
-    p.lse = c->lse;
-    p.alibi_slopes = c->alibi_slopes;
-    p.q_sb = c->q_stride[0], p.q_ss = c->q_stride[1], p.q_sh = c->q_stride[2];
-    p.k_sb = c->k_stride[0], p.k_ss = c->k_stride[1], p.k_sh = c->k_stride[2];
-    p.v_sb = c->v_stride[0], p.v_ss = c->v_stride[1], p.v_sh = c->v_stride[2];
-    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
+    attn_set_tensors(p, c);
     p.seqlen_q = c->seqlen_q;
     p.seqlen_k = c->seqlen_k;
     p.heads_q = c->heads_q;

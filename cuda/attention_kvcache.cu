@@ -485,9 +485,10 @@ int64_t kvc_tokens(const tk_attention_kvcache_call *c) {
     return c->cu_seqlens_q ? c->total_q : (int64_t)c->batch * c->seqlen_q;
 }
 
+/* The append (when k_new is set), then, unless append_only, the decode kernel and the merge. */
 template <typename T, int D>
 cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_device *dev,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, bool append_only) {
     using shape = kvc_shape<D>;
     constexpr auto kernel = kvcache_decode_kernel<T, D>;
     cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
@@ -534,6 +535,8 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_
         if (err != cudaSuccess)
             return err;
     }
+    if (append_only)
+        return cudaSuccess;
     const unsigned blocks = (unsigned)((int64_t)p.row_chunks * c->batch * c->heads_kv * splits);
     err = tk_launch(kernel, blocks, shape::THREADS, shape::SMEM_BYTES, stream, p);
     if (err != cudaSuccess || splits == 1)
@@ -546,10 +549,10 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, int splits, const tk_
 
 template <int D>
 cudaError_t kvc_launch_head_dim(const tk_attention_kvcache_call *c, int splits,
-                                const tk_device *dev, cudaStream_t stream) {
+                                const tk_device *dev, cudaStream_t stream, bool append_only) {
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return kvc_launch<T, D>(c, splits, dev, stream);
+        return kvc_launch<T, D>(c, splits, dev, stream, append_only);
     });
 }
 
@@ -621,9 +624,19 @@ extern "C" cudaError_t tk_attention_kvcache_launch_decode(const void *call, cons
     const tk_attention_kvcache_call *c = static_cast<const tk_attention_kvcache_call *>(call);
     const int splits = tk_attention_kvcache_splits(c, dev);
     switch (c->head_dim) {
-    case 64: return kvc_launch_head_dim<64>(c, splits, dev, stream);
-    case 128: return kvc_launch_head_dim<128>(c, splits, dev, stream);
-    case 256: return kvc_launch_head_dim<256>(c, splits, dev, stream);
+    case 64: return kvc_launch_head_dim<64>(c, splits, dev, stream, false);
+    case 128: return kvc_launch_head_dim<128>(c, splits, dev, stream, false);
+    case 256: return kvc_launch_head_dim<256>(c, splits, dev, stream, false);
     }
     return cudaErrorInvalidValue; /* src/attention_kvcache.c admits only the head dims above */
+}
+
+extern "C" cudaError_t tk_attention_kvcache_append(const tk_attention_kvcache_call *c, const tk_device *dev,
+                                                   cudaStream_t stream) {
+    switch (c->head_dim) {
+    case 64: return kvc_launch_head_dim<64>(c, 1, dev, stream, true);
+    case 128: return kvc_launch_head_dim<128>(c, 1, dev, stream, true);
+    case 256: return kvc_launch_head_dim<256>(c, 1, dev, stream, true);
+    }
+    return cudaErrorInvalidValue;
 }

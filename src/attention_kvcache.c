@@ -1,9 +1,11 @@
 /*
  * Attention over a KV cache: argument checks, the split count and dispatch. The kernels are in
- * cuda/attention_kvcache.cu; the conventions are in include/tkern.h and the design in
- * docs/kernels/attention_kvcache.md.
+ * cuda/attention_kvcache.cu and cuda/attention_kvcache_prefill.cu; the conventions are in
+ * include/tkern.h and the design in docs/kernels/attention_kvcache.md.
  *
- * Variants: "decode_sm80" (mma.sync, cp.async, sm_80 and newer; every call). The host sees the
+ * Variants, in selection order: "prefill_sm80" (the FlashAttention-2 forward over the cache, for
+ * calls with at least half its query tile of queries per sequence and one split; sm_80 and newer)
+ * and "decode_sm80" (mma.sync, cp.async, sm_80 and newer; every call). The host sees the
  * sizes of every tensor but not the device-side lengths, query offsets or page numbers; those the
  * kernels clamp (tkern.h says how).
  */
@@ -14,7 +16,16 @@
 #include "runtime.h"
 #include "../cuda/attention_kvcache.h"
 
+/* Chunks of many queries per sequence, without splits: the prefill kernel's query tiles are at
+ * least half used (cuda/attention_kvcache_prefill.cu says why). */
+static bool prefill_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    const tk_attention_kvcache_call *c = call;
+    return c->num_splits == 1 && c->seqlen_q >= tk_attention_kvcache_prefill_min_queries(c->head_dim);
+}
+
 static const tk_variant kvcache_variants[] = {
+    {"prefill_sm80", TK_CC_AMPERE, false, prefill_supports, tk_attention_kvcache_launch_prefill},
     {"decode_sm80", TK_CC_AMPERE, false, NULL, tk_attention_kvcache_launch_decode},
 };
 const tk_op tk_op_attention_kvcache = {"attention_kvcache", kvcache_variants,
