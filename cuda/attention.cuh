@@ -196,15 +196,19 @@ __device__ __forceinline__ void attn_load_q(uint32_t s_tile, const T *g, int64_t
 }
 
 /* The K/V tiles of one sequence stored as rows: key n at k + n k_ss and v + n v_ss; keys at or
- * past seqlen_k zero-filled. The kernel calls load(s_k, s_v, n0, tid) with every thread to issue
- * the cp.async of keys n0 .. n0 + BN - 1 into a K and a V stage; a KV cache's pages are another
- * loader with this call (cuda/attention_kvcache_prefill.cu). The fields are references so that
- * the kernel reads its params where it always did. */
+ * past seqlen_k zero-filled. The kernel calls, with every thread, lookup(n0, tid) for its first
+ * tile and lookup_next(tid) for each next one before the wait that precedes its load (a loader
+ * that must find its rows, as a KV cache's pages, reads its table there: the read is in flight
+ * over the wait; cuda/attention_kvcache_prefill.cu), then load(s_k, s_v, n0, tid) to issue the
+ * cp.async of keys n0 .. n0 + BN - 1 into a K and a V stage. Rows need no lookup. The fields
+ * are references so that the kernel reads its params where it always did. */
 template <typename T, int D> struct attn_rows_kv {
     const T *k, *v;
     const int64_t &k_ss, &v_ss;
     const int &seqlen_k;
 
+    __device__ __forceinline__ void lookup(int, int) {}
+    __device__ __forceinline__ void lookup_next(int) {}
     __device__ __forceinline__ void load(uint32_t s_k, uint32_t s_v, int n0, int tid) const {
         using shape = attn_shape<D>;
         attn_load_tile<T, D, shape::BN, shape::ROW_BYTES, true>(s_k, k + n0 * k_ss, k_ss, seqlen_k - n0, tid);
@@ -309,9 +313,11 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int2 front = table[0], back = table[q_rows - 1];
     const int tile_begin = front.x / BN;
     const int tile_end = back.y >= front.x ? back.y / BN + 1 : tile_begin;
-    const auto kv = seq.template kv_tiles<T, D>(k, v);
-    if (tile_begin < tile_end)
+    auto kv = seq.template kv_tiles<T, D>(k, v);
+    if (tile_begin < tile_end) {
+        kv.lookup(tile_begin * BN, tid);
         kv.load(s_k, s_v, tile_begin * BN, tid);
+    }
     tk_cp_async_commit();
 
     /* ldmatrix.x4: lane l gives the address of row (l & 7) of matrix (l >> 3); all three
@@ -360,6 +366,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     for (int t = tile_begin; t < tile_end; t++) {
         const int stage = (t - tile_begin) & 1;
+        kv.lookup_next(tid); /* the next tile's addresses, in flight over the wait */
         tk_cp_async_wait<0>();
         __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
         if (t + 1 < tile_end) {

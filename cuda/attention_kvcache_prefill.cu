@@ -23,8 +23,9 @@
  * Pages. Key n of sequence b is row n % page_size of page block_table[b * stride + n /
  * page_size]; a tile of BN keys may span pages. Per tile, lane l of each warp reads the table
  * entry of key n0 + l (and n0 + l + 32 when BN = 64): one coalesced read of the entries the tile
- * needs (cached: every head of the sequence reads the same ones); each thread copying a row takes
- * that row's page and offset from the lane that looked it up, by shuffle. Keys past the sequence
+ * needs (cached: every head of the sequence reads the same ones), issued before the wait and
+ * barrier that precede the tile's copies, so its latency hides behind them; each thread copying
+ * a row takes that row's page and offset from the lane that looked it up, by shuffle. Keys past the sequence
  * and pages outside [0, num_pages) are zero-filled, not read. A contiguous cache keeps the row
  * loader of attention.cuh (the sequence is page b).
  *
@@ -45,21 +46,22 @@ struct kvp_params : attn_params {
 };
 
 /* Keys n0 .. n0 + BN - 1 of one sequence of a paged cache (k, v: key/value head head_kv's rows in
- * page 0; table: the sequence's block table row). */
+ * page 0; table: the sequence's block table row). lookup(n0) reads the table entries of a tile
+ * (the kernel calls it before the wait that precedes the tile's load, so the read is in flight
+ * over the wait), lookup_next() those of the tile after the last one looked up, load() issues
+ * the copies of the tile looked up last. */
 template <typename T, int D> struct kvp_pages {
+    static constexpr int BN = attn_shape<D>::BN, KEYS_PER_LANE = BN / 32;
     const T *k, *v;
     const int32_t *table;
     const kvp_params &p;
     int seqlen_k;
+    int next_n0;                    /* the tile lookup_next() reads */
+    int page[KEYS_PER_LANE];        /* of key n0 + lane + 32 e: -1 = past the sequence or pool */
+    int slot_row[KEYS_PER_LANE];    /* its row in the page */
 
-    __device__ __forceinline__ void load(uint32_t s_k, uint32_t s_v, int n0, int tid) const {
-        using shape = attn_shape<D>;
-        constexpr int BN = shape::BN, CHUNKS = D / 8;
-        constexpr int ROWS_PER_PASS = ATTN_THREADS / CHUNKS;
-        constexpr int KEYS_PER_LANE = BN / 32;
-        static_assert(BN % 32 == 0 && 32 % ROWS_PER_PASS == 0, "rows map onto lanes");
+    __device__ __forceinline__ void lookup(int n0, int tid) {
         const int lane = tid & 31;
-        int page[KEYS_PER_LANE], slot_row[KEYS_PER_LANE];
 #pragma unroll
         for (int e = 0; e < KEYS_PER_LANE; e++) {
             const int n = n0 + lane + 32 * e;
@@ -71,6 +73,15 @@ template <typename T, int D> struct kvp_pages {
                 slot_row[e] = n - slot * p.page_size;
             }
         }
+        next_n0 = n0 + BN;
+    }
+    __device__ __forceinline__ void lookup_next(int tid) { lookup(next_n0, tid); }
+
+    __device__ __forceinline__ void load(uint32_t s_k, uint32_t s_v, int, int tid) const {
+        using shape = attn_shape<D>;
+        constexpr int CHUNKS = D / 8;
+        constexpr int ROWS_PER_PASS = ATTN_THREADS / CHUNKS;
+        static_assert(BN % 32 == 0 && 32 % ROWS_PER_PASS == 0, "rows map onto lanes");
         /* attn_load_tile's mapping: this thread copies chunk tid % CHUNKS of rows tid / CHUNKS +
          * i ROWS_PER_PASS, which lie in lane group (i ROWS_PER_PASS) / 32 of the lookups. */
         const int chunk = tid % CHUNKS;
@@ -123,7 +134,7 @@ template <bool PAGED> struct kvp_sequence {
     }
     template <typename T, int D> __device__ __forceinline__ auto kv_tiles(const T *k, const T *v) const {
         if constexpr (PAGED)
-            return kvp_pages<T, D>{k, v, p.block_table + b * p.bt_stride, p, seqlen_k};
+            return kvp_pages<T, D>{k, v, p.block_table + b * p.bt_stride, p, seqlen_k, 0, {}, {}};
         else
             return attn_rows_kv<T, D>{k, v, p.k_ss, p.v_ss, seqlen_k};
     }
