@@ -195,11 +195,61 @@ __device__ __forceinline__ void attn_load_q(uint32_t s_tile, const T *g, int64_t
     }
 }
 
+/* The K/V tiles of one sequence stored as rows: key n at k + n k_ss and v + n v_ss; keys at or
+ * past seqlen_k zero-filled. The kernel calls, with every thread, lookup(n0, tid) for its first
+ * tile and lookup_next(tid) for each next one before the wait that precedes its load (a loader
+ * that must find its rows, as a KV cache's pages, reads its table there: the read is in flight
+ * over the wait; cuda/attention_kvcache_prefill.cu), then load(s_k, s_v, n0, tid) to issue the
+ * cp.async of keys n0 .. n0 + BN - 1 into a K and a V stage. Rows need no lookup. The fields
+ * are references so that the kernel reads its params where it always did. */
+template <typename T, int D> struct attn_rows_kv {
+    const T *k, *v;
+    const int64_t &k_ss, &v_ss;
+    const int &seqlen_k;
+
+    __device__ __forceinline__ void lookup(int, int) {}
+    __device__ __forceinline__ void lookup_next(int) {}
+    __device__ __forceinline__ void load(uint32_t s_k, uint32_t s_v, int n0, int tid) const {
+        using shape = attn_shape<D>;
+        attn_load_tile<T, D, shape::BN, shape::ROW_BYTES, true>(s_k, k + n0 * k_ss, k_ss, seqlen_k - n0, tid);
+        attn_load_tile<T, D, shape::BN, shape::V_ROW_BYTES, false>(s_v, v + n0 * v_ss, v_ss, seqlen_k - n0,
+                                                                   tid);
+    }
+};
+
+/* One batch entry of tk_attention_fwd for attention_fwd_kernel: every entry has the call's
+ * lengths, rows at batch times the batch strides. */
+struct attn_batch {
+    using params = attn_params;
+    const attn_params &p;
+    const int64_t batch;
+    const int &seqlen_q, &seqlen_k;
+
+    __device__ __forceinline__ attn_batch(const attn_params &p, int64_t batch)
+        : p(p), batch(batch), seqlen_q(p.seqlen_q), seqlen_k(p.seqlen_k) {}
+    /* Whether query tile m0 lies past this entry's queries (never: the grid is sized for it). */
+    __device__ __forceinline__ bool past(int) const { return false; }
+    __device__ __forceinline__ int64_t q_at() const { return batch * p.q_sb; }
+    __device__ __forceinline__ int64_t k_at() const { return batch * p.k_sb; }
+    __device__ __forceinline__ int64_t v_at() const { return batch * p.v_sb; }
+    __device__ __forceinline__ int64_t o_at() const { return batch * p.o_sb; }
+    /* lse [batch, heads_q, seqlen_q]: the index of (head, position m). */
+    __device__ __forceinline__ int64_t lse_at(int head, int m) const {
+        return ((int64_t)batch * p.heads_q + head) * p.seqlen_q + m;
+    }
+    template <typename T, int D>
+    __device__ __forceinline__ attn_rows_kv<T, D> kv_tiles(const T *k, const T *v) const {
+        return {k, v, p.k_ss, p.v_ss, p.seqlen_k};
+    }
+};
+
 /* PACKED: heads_per_tile comes from p (2 or 4); otherwise it is 1 at compile time, so the
- * one-head kernel keeps the plain tile load and index arithmetic. */
-template <typename T, int D, bool PACKED>
+ * one-head kernel keeps the plain tile load and index arithmetic. SEQ: how a batch entry's
+ * lengths, rows and K/V tiles are found (attn_batch: tk_attention_fwd's dense batches;
+ * cuda/attention_kvcache_prefill.cu has a KV cache's sequences), with its params type. */
+template <typename T, int D, bool PACKED, typename SEQ = attn_batch>
 __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
-    attention_fwd_kernel(const attn_params p) {
+    attention_fwd_kernel(const typename SEQ::params p) {
     using shape = attn_shape<D>;
     constexpr int MT = shape::MT, BN = shape::BN, BM = shape::BM, ROW_BYTES = shape::ROW_BYTES;
     constexpr int V_ROW_BYTES = shape::V_ROW_BYTES;
@@ -230,8 +280,11 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int m_block = p.m_blocks - 1 - (int)(block / (unsigned)p.batch);
     const int head_kv = head0 / p.group;
     const int m0 = m_block * tile_rows;
-    const int q_rows = min(tile_rows, p.seqlen_q - m0);
-    const int shift = p.seqlen_k - p.seqlen_q;
+    const SEQ seq(p, batch);
+    if (seq.past(m0))
+        return;
+    const int q_rows = min(tile_rows, seq.seqlen_q - m0);
+    const int shift = seq.seqlen_k - seq.seqlen_q;
     const int warp_row = warp * WARP_ROWS; /* in the CTA's tile */
     const int warp_head = PACKED ? head0 + warp_row / tile_rows : head0;
     const int warp_m0 = m0 + (PACKED ? warp_row % tile_rows : warp_row);
@@ -240,13 +293,13 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
      * first and last the keys any row of this tile can see, the key tiles that hold them and the
      * keys every row sees. */
     int2 *const table = reinterpret_cast<int2 *>(smem + shape::TABLE_OFFSET);
-    const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
-                            p.doc_ids ? p.doc_ids + batch * p.seqlen_k : nullptr};
+    const attn_mask mask = {shift, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
+                            p.doc_ids ? p.doc_ids + batch * seq.seqlen_k : nullptr};
     attn_fill_table(mask, table, m0, m0 + q_rows - 1, tile_rows, false, tid, ATTN_THREADS);
 
-    const T *q = static_cast<const T *>(p.q) + batch * p.q_sb + head0 * p.q_sh + m0 * p.q_ss;
-    const T *k = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh;
-    const T *v = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh;
+    const T *q = static_cast<const T *>(p.q) + seq.q_at() + head0 * p.q_sh + m0 * p.q_ss;
+    const T *k = static_cast<const T *>(p.k) + seq.k_at() + head_kv * p.k_sh;
+    const T *v = static_cast<const T *>(p.v) + seq.v_at() + head_kv * p.v_sh;
 
     const uint32_t s_q = tk_smem_address(smem);
     const uint32_t s_k = s_q + shape::Q_BYTES;     /* two stages */
@@ -260,12 +313,10 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int2 front = table[0], back = table[q_rows - 1];
     const int tile_begin = front.x / BN;
     const int tile_end = back.y >= front.x ? back.y / BN + 1 : tile_begin;
+    auto kv = seq.template kv_tiles<T, D>(k, v);
     if (tile_begin < tile_end) {
-        const int n0 = tile_begin * BN;
-        attn_load_tile<T, D, BN, ROW_BYTES, true>(s_k, k + n0 * p.k_ss, p.k_ss, p.seqlen_k - n0,
-                                                  tid);
-        attn_load_tile<T, D, BN, V_ROW_BYTES, false>(s_v, v + n0 * p.v_ss, p.v_ss, p.seqlen_k - n0,
-                                                     tid);
+        kv.lookup(tile_begin * BN, tid);
+        kv.load(s_k, s_v, tile_begin * BN, tid);
     }
     tk_cp_async_commit();
 
@@ -315,16 +366,12 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     for (int t = tile_begin; t < tile_end; t++) {
         const int stage = (t - tile_begin) & 1;
+        kv.lookup_next(tid); /* the next tile's addresses, in flight over the wait */
         tk_cp_async_wait<0>();
         __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
         if (t + 1 < tile_end) {
             const int n1 = (t + 1) * BN;
-            attn_load_tile<T, D, BN, ROW_BYTES, true>(s_k + (stage ^ 1) * shape::K_BYTES,
-                                                      k + n1 * p.k_ss, p.k_ss, p.seqlen_k - n1,
-                                                      tid);
-            attn_load_tile<T, D, BN, V_ROW_BYTES, false>(s_v + (stage ^ 1) * shape::V_BYTES,
-                                                         v + n1 * p.v_ss, p.v_ss, p.seqlen_k - n1,
-                                                         tid);
+            kv.load(s_k + (stage ^ 1) * shape::K_BYTES, s_v + (stage ^ 1) * shape::V_BYTES, n1, tid);
         }
         tk_cp_async_commit();
         const uint32_t s_kt = s_k + stage * shape::K_BYTES;
@@ -398,8 +445,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     const int out_head = PACKED ? warp_head : head0;
     const int out_m0 = PACKED ? warp_m0 : m0;
     const int out_r0 = PACKED ? warp_row : 0;
-    const int out_rows = PACKED ? min(WARP_ROWS, p.seqlen_q - warp_m0) : q_rows;
-    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + out_head) * p.seqlen_q + out_m0;
+    const int out_rows = PACKED ? min(WARP_ROWS, seq.seqlen_q - warp_m0) : q_rows;
+    const int64_t lse_row0 = seq.lse_at(out_head, out_m0);
     const float sink2 = p.sinks ? p.sinks[warp_head] * ATTN_LOG2E : -INFINITY;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -422,7 +469,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
                 p.lse[lse_row0 + r - out_r0] = lse;
         }
     __syncwarp();
-    T *out = static_cast<T *>(p.o) + batch * p.o_sb + out_head * p.o_sh + out_m0 * p.o_ss;
+    T *out = static_cast<T *>(p.o) + seq.o_at() + out_head * p.o_sh + out_m0 * p.o_ss;
 #pragma unroll
     for (int idx = lane; idx < WARP_ROWS * CHUNKS; idx += 32) {
         const int r = warp_row + idx / CHUNKS, c = idx % CHUNKS;
@@ -430,6 +477,21 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
             *reinterpret_cast<uint4 *>(out + (r - out_r0) * p.o_ss + c * 8) =
                 *reinterpret_cast<const uint4 *>(smem + attn_chunk_offset<ROW_BYTES, true>(r, c));
     }
+}
+
+/* The pointers and strides of attn_params P from a resolved call C (tk_attention_call, or a KV
+ * cache's call: the same field names, the cache's page strides as the batch strides). */
+template <typename P, typename C> inline void attn_set_tensors(P &p, const C *c) {
+    p.q = c->q;
+    p.k = c->k;
+    p.v = c->v;
+    p.o = c->o;
+    p.lse = c->lse;
+    p.alibi_slopes = c->alibi_slopes;
+    p.q_sb = c->q_stride[0], p.q_ss = c->q_stride[1], p.q_sh = c->q_stride[2];
+    p.k_sb = c->k_stride[0], p.k_ss = c->k_stride[1], p.k_sh = c->k_stride[2];
+    p.v_sb = c->v_stride[0], p.v_ss = c->v_stride[1], p.v_sh = c->v_stride[2];
+    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
 }
 
 /* Launches attention_fwd_kernel<T, D, PACKED> for one call, heads_per_tile query heads per CTA
@@ -443,16 +505,7 @@ cudaError_t attn_launch(const tk_attention_call *c, int heads_per_tile, const tk
     if (err != cudaSuccess)
         return err;
     attn_params p;
-    p.q = c->q;
-    p.k = c->k;
-    p.v = c->v;
-    p.o = c->o;
-    p.lse = c->lse;
-    p.alibi_slopes = c->alibi_slopes;
-    p.q_sb = c->q_stride[0], p.q_ss = c->q_stride[1], p.q_sh = c->q_stride[2];
-    p.k_sb = c->k_stride[0], p.k_ss = c->k_stride[1], p.k_sh = c->k_stride[2];
-    p.v_sb = c->v_stride[0], p.v_ss = c->v_stride[1], p.v_sh = c->v_stride[2];
-    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
+    attn_set_tensors(p, c);
     p.seqlen_q = c->seqlen_q;
     p.seqlen_k = c->seqlen_k;
     p.heads_q = c->heads_q;

@@ -829,9 +829,10 @@ int64_t kvc_tokens(const tk_attention_kvcache_call *c) {
     return c->cu_seqlens_q ? c->total_q : (int64_t)c->batch * c->seqlen_q;
 }
 
+/* The append (when k_new is set), then, unless append_only, the decode kernel and the merge. */
 template <typename T, int D>
 cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan, const tk_device *dev,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, bool append_only) {
     using shape = kvc_shape<D>;
     constexpr auto kernel = kvcache_decode_kernel<T, D>;
     cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
@@ -891,6 +892,8 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
         if (err != cudaSuccess)
             return err;
     }
+    if (append_only)
+        return cudaSuccess;
     const unsigned blocks = (unsigned)((int64_t)p.row_chunks * plan.items * c->heads_kv);
     err = tk_launch(kernel, blocks, shape::THREADS, shape::SMEM_BYTES, stream, p);
     if (err != cudaSuccess || !merge)
@@ -907,10 +910,10 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
 
 template <int D>
 cudaError_t kvc_launch_head_dim(const tk_attention_kvcache_call *c, const kvc_plan &plan,
-                                const tk_device *dev, cudaStream_t stream) {
+                                const tk_device *dev, cudaStream_t stream, bool append_only) {
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return kvc_launch<T, D>(c, plan, dev, stream);
+        return kvc_launch<T, D>(c, plan, dev, stream, append_only);
     });
 }
 
@@ -981,9 +984,20 @@ extern "C" cudaError_t tk_attention_kvcache_launch_decode(const void *call, cons
     const tk_attention_kvcache_call *c = static_cast<const tk_attention_kvcache_call *>(call);
     const kvc_plan plan = kvc_plan_of(c, dev);
     switch (c->head_dim) {
-    case 64: return kvc_launch_head_dim<64>(c, plan, dev, stream);
-    case 128: return kvc_launch_head_dim<128>(c, plan, dev, stream);
-    case 256: return kvc_launch_head_dim<256>(c, plan, dev, stream);
+    case 64: return kvc_launch_head_dim<64>(c, plan, dev, stream, false);
+    case 128: return kvc_launch_head_dim<128>(c, plan, dev, stream, false);
+    case 256: return kvc_launch_head_dim<256>(c, plan, dev, stream, false);
     }
     return cudaErrorInvalidValue; /* src/attention_kvcache.c admits only the head dims above */
+}
+
+extern "C" cudaError_t tk_attention_kvcache_append(const tk_attention_kvcache_call *c, const tk_device *dev,
+                                                   cudaStream_t stream) {
+    const kvc_plan unsplit = {1, 1, 0, c->batch}; /* the append reads no plan */
+    switch (c->head_dim) {
+    case 64: return kvc_launch_head_dim<64>(c, unsplit, dev, stream, true);
+    case 128: return kvc_launch_head_dim<128>(c, unsplit, dev, stream, true);
+    case 256: return kvc_launch_head_dim<256>(c, unsplit, dev, stream, true);
+    }
+    return cudaErrorInvalidValue;
 }

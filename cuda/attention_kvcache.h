@@ -68,6 +68,22 @@ size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, 
 cudaError_t tk_attention_kvcache_launch_decode(const void *call, const tk_device *dev,
                                                cudaStream_t stream);
 
+/* The append step of "decode_sm80" alone (k_new / v_new written into the cache at each
+ * sequence's length): the first launch of every variant that appends. */
+cudaError_t tk_attention_kvcache_append(const tk_attention_kvcache_call *c, const tk_device *dev,
+                                        cudaStream_t stream);
+
+/* "prefill_sm80": the append when k_new is set, then the FlashAttention-2 forward of
+ * cuda/attention.cuh over the cache (one CTA per 128 positions, 64 at head dim 256, of one query
+ * head), its K/V tiles read as rows of a contiguous cache or through the block table. Head dims
+ * 64, 128 and 256, one split, any sm_80+ device. */
+cudaError_t tk_attention_kvcache_launch_prefill(const void *call, const tk_device *dev,
+                                                cudaStream_t stream);
+
+/* The fewest queries per sequence (seqlen_q) for which "prefill_sm80" is chosen: half its query
+ * tile. */
+int tk_attention_kvcache_prefill_min_queries(int head_dim);
+
 #ifdef __cplusplus
 }
 #endif

@@ -791,8 +791,11 @@ TK_API tk_status tk_attention_kvcache_workspace_size(const tk_attention_kvcache_
 /* Whether tk_attention_kvcache_fwd(p) would run on the calling thread's current device, as
  * tk_attention_supported: the status that call would return and the variant's name ("" for a
  * call with nothing to do, NULL on failure). Variants (tk_last_variant,
- * tk_experimental_force_variant op "attention_kvcache"): "decode_sm80" (every supported call, on
- * compute capability 8.0 and newer). */
+ * tk_experimental_force_variant op "attention_kvcache"), in selection order: "prefill_sm80"
+ * (chunked prefill on the attention forward's kernel: seqlen_q at least 64, or 32 at head_dim 256,
+ * no RoPE, and num_splits = 1, or 0 when the chunk's query tiles, ceil(seqlen_q / 128) (64 at
+ * head_dim 256) x heads_q x batch, are at least the SM count; it then needs no workspace) and
+ * "decode_sm80" (every supported call); both on compute capability 8.0 and newer. */
 TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_params *p,
                                                 const char **variant_name);
 

@@ -1,9 +1,11 @@
 /*
  * Attention over a KV cache: argument checks, the split count and dispatch. The kernels are in
- * cuda/attention_kvcache.cu; the conventions are in include/tkern.h and the design in
- * docs/kernels/attention_kvcache.md.
+ * cuda/attention_kvcache.cu and cuda/attention_kvcache_prefill.cu; the conventions are in
+ * include/tkern.h and the design in docs/kernels/attention_kvcache.md.
  *
- * Variants: "decode_sm80" (mma.sync, cp.async, sm_80 and newer; every call). The host sees the
+ * Variants, in selection order: "prefill_sm80" (the FlashAttention-2 forward over the cache, for
+ * calls with at least half its query tile of queries per sequence and one split; sm_80 and newer)
+ * and "decode_sm80" (mma.sync, cp.async, sm_80 and newer; every call). The host sees the
  * sizes of every tensor but not the device-side lengths, query offsets or page numbers; those the
  * kernels clamp (tkern.h says how).
  */
@@ -14,7 +16,28 @@
 #include "runtime.h"
 #include "../cuda/attention_kvcache.h"
 
+/* Chunks of many queries per sequence, without splits: the prefill kernel's query tiles are at
+ * least half used (cuda/attention_kvcache_prefill.cu says why). RoPE is applied by the decode
+ * kernel only, as it stages its query rows. */
+static bool prefill_supports(tk_call_args call, const tk_device *dev) {
+    (void)dev;
+    const tk_attention_kvcache_call *c = call;
+    return c->num_splits == 1 && c->rotary_dim == 0 &&
+           c->seqlen_q >= tk_attention_kvcache_prefill_min_queries(c->head_dim);
+}
+
+/* Whether the library's own choice (num_splits = 0) runs c unsplit on the prefill kernel: a
+ * chunk long enough for it whose query tiles alone give every SM a CTA; splits then only add
+ * a merge. Shorter or fewer chunks keep the decode kernel's split plan. */
+static bool prefill_by_choice(const tk_attention_kvcache_call *c, const tk_device *dev) {
+    const int64_t min_queries = tk_attention_kvcache_prefill_min_queries((int)c->head_dim);
+    const int64_t tile_rows = 2 * min_queries; /* min_queries is half a query tile */
+    const double ctas = ceil((double)c->seqlen_q / (double)tile_rows) * (double)c->heads_q * (double)c->batch;
+    return c->num_splits == 0 && c->rotary_dim == 0 && c->seqlen_q >= min_queries && ctas >= dev->sm_count;
+}
+
 static const tk_variant kvcache_variants[] = {
+    {"prefill_sm80", TK_CC_AMPERE, false, prefill_supports, tk_attention_kvcache_launch_prefill},
     {"decode_sm80", TK_CC_AMPERE, false, NULL, tk_attention_kvcache_launch_decode},
 };
 const tk_op tk_op_attention_kvcache = {"attention_kvcache", kvcache_variants,
@@ -464,8 +487,10 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
 
 /* The most splits a sequence gets on this device, the workspace they need and the grid bound
  * they make. */
-static tk_status plan_splits(const char *fn, const tk_attention_kvcache_call *call, const tk_device *dev,
+static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, const tk_device *dev,
                              size_t *workspace_bytes) {
+    if (prefill_by_choice(call, dev))
+        call->num_splits = 1;
     const int splits = tk_attention_kvcache_splits(call, dev);
     /* Grid sizes in double: their int64 products could overflow for absurd (valid) sizes. The
      * grid holds at most `splits` items per sequence. */

@@ -351,6 +351,9 @@ static double *to_double(tk_dtype dtype, const void *host, int64_t n) {
     return r;
 }
 
+/* The variant run_kv_case expects the call to choose (or to be forced to). */
+static const char *kv_expected = "decode_sm80";
+
 /* Runs one case on inputs drawn from `seed` and checks o and lse against the reference. */
 static void run_kv_case(const kv_case *c, uint64_t seed) {
     char what[512];
@@ -529,7 +532,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     p.workspace_bytes = ws_bytes;
     const char *named = NULL;
     TK_EXPECT_STATUS(tk_attention_kvcache_supported(&p, &named), TK_SUCCESS, "");
-    cr_assert_str_eq(named, tokens > 0 ? "decode_sm80" : "");
+    cr_assert_str_eq(named, tokens > 0 ? kv_expected : "");
     const tk_status s = tk_attention_kvcache_fwd(&p, NULL);
     cr_assert_eq(s, TK_SUCCESS, "%s: %s", what, tk_last_error());
     tk_dev_sync();
@@ -989,4 +992,212 @@ Test(attention_kvcache_gpu, bad_device_side_values_under_the_automatic_plan) {
     }
     tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dkn);
     tk_dev_free(dvn); tk_dev_free(dtable); tk_dev_free(dlens); tk_dev_free(dcu);
+}
+
+/* ------------------------------------------------------- chunked prefill, prefill_sm80 ---- */
+
+/* A chunk of seqlen_q queries per sequence, causal, GQA 8/2, one split (the prefill kernel's). */
+static kv_case prefill_case(tk_dtype dtype, int64_t head_dim, int64_t batch, const int32_t *k_lens,
+                            int64_t capacity, int64_t page_size, int64_t seqlen_q) {
+    kv_case c = decode_case(dtype, head_dim, batch, k_lens, capacity, page_size);
+    c.seqlen_q = seqlen_q;
+    c.causal = 1;
+    c.num_splits = 1;
+    return c;
+}
+
+/* Runs c with "prefill_sm80" forced. */
+static void run_prefill(const kv_case *c, uint64_t seed) {
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_kvcache", "prefill_sm80"), TK_SUCCESS, "");
+    kv_expected = "prefill_sm80";
+    run_kv_case(c, seed);
+    kv_expected = "decode_sm80";
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_kvcache", NULL), TK_SUCCESS, "");
+}
+
+/* Lengths 0 (no keys: o = 0, lse = -inf), shorter than the chunk (the first rows see nothing
+ * under the bottom-right causal mask), a page boundary + 1 and a long one. */
+static const int32_t PREFILL_LENS[4] = {0, 100, 257, 700};
+
+Test(attention_kvcache_gpu, prefill_contiguous_and_paged_every_head_dim) {
+    TK_REQUIRE_GPU();
+    const int64_t dims[3] = {64, 128, 256};
+    const int64_t pages[4] = {0, 16, 64, 256};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++) {
+            kv_case c = prefill_case((i + j) % 2 ? TK_F16 : TK_BF16, dims[i], 4, PREFILL_LENS, 768, pages[j], 129);
+            c.padded = j == 2; /* [page, head, slot, D] with padded rows */
+            run_prefill(&c, 2000 + (uint64_t)(4 * i + j));
+        }
+}
+
+/* One query past a tile boundary (129: BM = 128 at head dims 64 and 128), the smallest chunk
+ * the variant takes (64), a tile exactly (128, 256), one short of two and 600. */
+Test(attention_kvcache_gpu, prefill_seqlen_q_past_tile_boundaries) {
+    TK_REQUIRE_GPU();
+    const int64_t lens_q[7] = {64, 127, 128, 129, 255, 257, 600};
+    const int32_t lens_k[2] = {40, 700};
+    for (int i = 0; i < 7; i++) {
+        kv_case c = prefill_case(TK_BF16, 128, 2, lens_k, 704, i % 2 ? 16 : 64, lens_q[i]);
+        c.lse = i % 3 != 1;
+        run_prefill(&c, 2100 + (uint64_t)i);
+    }
+    /* Head dim 256: BM = 64, so 33 queries are a call the variant takes, 65 one past a tile. */
+    const int64_t lens_q256[2] = {33, 65};
+    for (int i = 0; i < 2; i++) {
+        kv_case c = prefill_case(TK_F16, 256, 2, lens_k, 704, 16, lens_q256[i]);
+        run_prefill(&c, 2110 + (uint64_t)i);
+    }
+}
+
+Test(attention_kvcache_gpu, prefill_varlen_with_empty_sequences) {
+    TK_REQUIRE_GPU();
+    const int32_t q_lens[6] = {0, 1, 200, 0, 64, 129};
+    const int32_t k_lens[6] = {5, 0, 300, 10, 64, 17};
+    const int64_t pages[3] = {64, 16, 0};
+    for (int i = 0; i < 3; i++) {
+        kv_case c = prefill_case(TK_BF16, 128, 6, k_lens, 320, pages[i], 1);
+        c.varlen = true;
+        memcpy(c.q_lens, q_lens, sizeof q_lens);
+        c.lse = i != 1;
+        if (i == 2) { /* a two-sided window instead of causal */
+            c.causal = 0;
+            c.window_left = 20, c.window_right = 3;
+        }
+        run_prefill(&c, 2200 + (uint64_t)i);
+    }
+}
+
+/* Appends of a whole chunk that cross pages (from lengths 0, page - 1, a page boundary and
+ * past the capacity: rows dropped), then attention over the new lengths; varlen too. */
+Test(attention_kvcache_gpu, prefill_appends_crossing_pages) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[4] = {0, 15, 64, 300};
+    const int64_t pages[3] = {16, 0, 5};
+    for (int i = 0; i < 3; i++) {
+        kv_case c = prefill_case(TK_BF16, 128, 4, lens, 400, pages[i], 130);
+        c.append = true;
+        run_prefill(&c, 2300 + (uint64_t)i);
+    }
+    kv_case c = prefill_case(TK_F16, 64, 4, lens, 400, 16, 1);
+    c.append = true;
+    c.varlen = true;
+    const int32_t q_lens[4] = {70, 0, 3, 150};
+    memcpy(c.q_lens, q_lens, sizeof q_lens);
+    c.window_left = 50;
+    run_prefill(&c, 2310);
+}
+
+/* Windows shorter and longer than the cache, a two-sided window, no mask, softcap, ALiBi. */
+Test(attention_kvcache_gpu, prefill_windows_softcap_alibi) {
+    TK_REQUIRE_GPU();
+    const int64_t lefts[4] = {0, 37, 300, 5000};
+    for (int i = 0; i < 4; i++) {
+        kv_case c = prefill_case(TK_BF16, 128, 4, PREFILL_LENS, 768, 16, 150);
+        c.window_left = lefts[i];
+        run_prefill(&c, 2400 + (uint64_t)i);
+    }
+    kv_case c = prefill_case(TK_BF16, 64, 4, PREFILL_LENS, 768, 64, 150);
+    c.causal = 0;
+    c.window_left = 60, c.window_right = 20;
+    run_prefill(&c, 2410);
+    c.window_left = c.window_right = -1; /* every key of the sequence */
+    c.softcap = 1.5f;
+    c.alibi = true;
+    run_prefill(&c, 2411);
+    c = prefill_case(TK_F16, 128, 4, PREFILL_LENS, 768, 0, 150);
+    c.softcap = 2.0f;
+    c.alibi = true;
+    run_prefill(&c, 2412);
+}
+
+Test(attention_kvcache_gpu, prefill_gqa_groups) {
+    TK_REQUIRE_GPU();
+    const int64_t groups[5] = {1, 2, 3, 4, 8};
+    for (int i = 0; i < 5; i++) {
+        kv_case c = prefill_case(TK_BF16, 128, 4, PREFILL_LENS, 768, 16, 100);
+        c.heads_kv = 2;
+        c.heads_q = 2 * groups[i];
+        run_prefill(&c, 2500 + (uint64_t)i);
+    }
+}
+
+/* The automatic choice (no forcing): prefill_sm80 for a long chunk running without splits,
+ * decode_sm80 for decode, for chunks below half a query tile and for calls with splits; a forced
+ * prefill_sm80 refuses a decode call, and a rejected call names no variant either way. */
+Test(attention_kvcache_gpu, automatic_choice_prefill_for_chunks_decode_for_decode) {
+    TK_REQUIRE_GPU();
+    /* Buffers large enough for every case's spans (head dim up to 256). */
+    const int64_t batch = 2, hq = 32, hkv = 8, d = 128, sq = 1024, page = 16, pages_per_seq = 256;
+    const size_t q_bytes = (size_t)(batch * sq * hq * 256 * 2);
+    const size_t cache_bytes = (size_t)(batch * pages_per_seq * page * hkv * 256 * 2);
+    void *dq = tk_dev_alloc(q_bytes), *dout = tk_dev_alloc(q_bytes);
+    void *dk = tk_dev_alloc(cache_bytes), *dv = tk_dev_alloc(cache_bytes);
+    void *dtable = tk_dev_alloc((size_t)(batch * pages_per_seq) * 4), *dlens = tk_dev_alloc((size_t)batch * 4);
+    tk_attention_kvcache_params p = TK_ATTENTION_KVCACHE_PARAMS_INIT;
+    p.dtype = TK_BF16;
+    p.batch = batch, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
+    p.q = dq, p.o = dout, p.k_cache = dk, p.v_cache = dv;
+    p.block_table = dtable, p.seqlens_k = dlens;
+    p.num_pages = batch * pages_per_seq, p.page_size = page, p.max_pages_per_seq = pages_per_seq;
+    p.causal = 1;
+    p.num_splits = 1;
+    const struct { int64_t seqlen_q, splits, head_dim; const char *variant; } cases[] = {
+        {sq, 1, 128, "prefill_sm80"}, {64, 1, 128, "prefill_sm80"},  {63, 1, 128, "decode_sm80"},
+        {1, 1, 128, "decode_sm80"},   {sq, 2, 128, "decode_sm80"},   {sq, 1, 64, "prefill_sm80"},
+        {32, 1, 256, "prefill_sm80"}, {31, 1, 256, "decode_sm80"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tk_attention_kvcache_params c = p;
+        c.seqlen_q = cases[i].seqlen_q, c.num_splits = cases[i].splits, c.head_dim = cases[i].head_dim;
+        size_t ws = 0;
+        cr_assert_eq(tk_attention_kvcache_workspace_size(&c, &ws), TK_SUCCESS, "%s", tk_last_error());
+        void *dws = ws ? tk_dev_alloc(ws) : NULL;
+        c.workspace = dws, c.workspace_bytes = ws;
+        const char *named = NULL;
+        TK_EXPECT_STATUS(tk_attention_kvcache_supported(&c, &named), TK_SUCCESS, "");
+        cr_assert_str_eq(named, cases[i].variant, "seqlen_q %lld splits %lld head_dim %lld: %s",
+                         (long long)cases[i].seqlen_q, (long long)cases[i].splits,
+                         (long long)cases[i].head_dim, named);
+        if (dws)
+            tk_dev_free(dws);
+    }
+    /* The library's choice (num_splits = 0): a long chunk whose query tiles give every SM a CTA
+     * (8 tiles x 32 heads x 2 sequences) runs unsplit on the prefill kernel, without a
+     * workspace; with RoPE, which only the decode kernel applies, it keeps the decode plan. */
+    tk_attention_kvcache_params c = p;
+    c.seqlen_q = sq, c.num_splits = 0;
+    size_t ws = 7;
+    cr_assert_eq(tk_attention_kvcache_workspace_size(&c, &ws), TK_SUCCESS, "%s", tk_last_error());
+    cr_assert_eq(ws, 0, "an unsplit call needs no workspace, got %zu bytes", ws);
+    const char *named = NULL;
+    TK_EXPECT_STATUS(tk_attention_kvcache_supported(&c, &named), TK_SUCCESS, "");
+    cr_assert_str_eq(named, "prefill_sm80");
+    tk_attention_kvcache_params rope = c;
+    rope.rotary_dim = 64;
+    rope.rope_theta = 10000.0f;
+    cr_assert_eq(tk_attention_kvcache_workspace_size(&rope, &ws), TK_SUCCESS, "%s", tk_last_error());
+    void *rope_ws = ws ? tk_dev_alloc(ws) : NULL;
+    rope.workspace = rope_ws, rope.workspace_bytes = ws;
+    TK_EXPECT_STATUS(tk_attention_kvcache_supported(&rope, &named), TK_SUCCESS, "");
+    cr_assert_str_eq(named, "decode_sm80");
+    if (rope_ws)
+        tk_dev_free(rope_ws);
+    /* Forced onto a call it does not take: refused, nothing named. */
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_kvcache", "prefill_sm80"), TK_SUCCESS, "");
+    c.seqlen_q = 1, c.num_splits = 1;
+    named = "untouched";
+    TK_EXPECT_STATUS(tk_attention_kvcache_supported(&c, &named), TK_ERROR_NOT_SUPPORTED, "prefill_sm80");
+    cr_assert_null(named);
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&c, NULL), TK_ERROR_NOT_SUPPORTED, "prefill_sm80");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_kvcache", NULL), TK_SUCCESS, "");
+    /* Rejected inputs stay rejected with the prefill variant in the table. */
+    c.seqlen_q = sq;
+    c.head_dim = 80;
+    TK_EXPECT_STATUS(tk_attention_kvcache_supported(&c, &named), TK_ERROR_NOT_SUPPORTED, "accepted: 64, 128, 256");
+    c.head_dim = 128;
+    c.q = (const char *)dq + 2;
+    TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&c, NULL), TK_ERROR_MISALIGNED, "'p->q'");
+    tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dtable);
+    tk_dev_free(dlens);
 }
