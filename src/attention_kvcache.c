@@ -324,6 +324,7 @@ static void fill_sizes(const tk_attention_kvcache_params *p, tk_attention_kvcach
     call->pages_per_seq = p->block_table ? (int)p->max_pages_per_seq : 1;
     call->num_pages = p->block_table ? (int)p->num_pages : (int)p->batch;
     call->num_splits = (int)p->num_splits;
+    call->rotary_dim = (int)p->rotary_dim; /* the split plan depends on it (prefill_by_choice) */
 }
 
 /* Whether the call has work: sequences, and tokens to write. */
@@ -468,7 +469,6 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     call->scale = p->softmax_scale > 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     call->softcap = p->softcap;
     call->workspace = p->workspace;
-    call->rotary_dim = (int)p->rotary_dim;
     call->rope_style = (int)p->rope_style;
     call->rope_cos = rope_cache ? p->rope_cos : NULL;
     call->rope_sin = rope_cache ? p->rope_sin : NULL;
