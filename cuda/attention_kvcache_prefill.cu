@@ -12,8 +12,7 @@
  * reads each visible K/V tile once, as tk_attention_fwd does; the grid is (query tile, sequence,
  * query head), query tiles last to first, sized by the longest sequence's queries; a CTA whose
  * tile starts past its sequence's queries (read from cu_seqlens_q on the device) exits at once.
- * Tile shapes, registers and shared memory are those of attention.cuh's table (2 CTAs per SM),
- * plus the paged loader's 1 KB window.
+ * Tile shapes, registers and shared memory are those of attention.cuh's table (2 CTAs per SM).
  *
  * When. A CTA does the MMA work of BM rows whatever its sequence has, so the variant is chosen
  * when seqlen_q (the longest sequence's queries) is at least BM / 2: from there a tile is at
@@ -22,15 +21,13 @@
  * one split (few CTAs, long cache) stays there.
  *
  * Pages. Key n of sequence b is row n % page_size of page block_table[b * stride + n /
- * page_size]; a tile of BN keys may span pages. The CTA stages a window of KVP_RING entries of
- * the table row in shared memory (once at its start, again whenever a tile's keys run past it):
- * read from global memory per tile, the entries' L2 round trip sat on the path of every tile,
- * since the wait and barrier before a tile's copies rarely last that long (the tile in flight has
- * landed while the tile before was computed), and BN = 32 at head dim 128 makes tiles many.
- * Per tile, lane l of each warp looks up key n0 + l (and n0 + l + 32 when BN = 64) in the
- * window; each thread copying a row takes that row's page and offset from the lane that looked
- * it up, by shuffle. Keys past the sequence and pages outside [0, num_pages) are zero-filled, not
- * read. A contiguous cache keeps the row loader of attention.cuh (the sequence is page b).
+ * page_size]; a tile of BN keys may span pages. Per tile, lane l of each warp reads the table
+ * entry of key n0 + l (and n0 + l + 32 when BN = 64): one coalesced read of the entries the tile
+ * needs (cached: every head of the sequence reads the same ones), issued before the wait and
+ * barrier that precede the tile's copies, so its latency hides behind them; each thread copying
+ * a row takes that row's page and offset from the lane that looked it up, by shuffle. Keys past the sequence
+ * and pages outside [0, num_pages) are zero-filled, not read. A contiguous cache keeps the row
+ * loader of attention.cuh (the sequence is page b).
  *
  * Appends (k_new, v_new) are the decode path's append kernel, launched first on the same stream.
  */
@@ -48,65 +45,31 @@ struct kvp_params : attn_params {
     int appended; /* k_new was appended first: the sequence's keys include its queries' */
 };
 
-/* Table entries a paged loader keeps in shared memory, after the kernel's mask table: a window of
- * RING consecutive slots of the sequence's block table row, at least one tile's (BN <= RING). */
-constexpr int KVP_RING = 2 * ATTN_THREADS;
-
 /* Keys n0 .. n0 + BN - 1 of one sequence of a paged cache (k, v: key/value head head_kv's rows in
- * page 0; table: the sequence's block table row). lookup(n0) finds the pages of a tile (the
- * kernel calls it before the wait that precedes the tile's load), lookup_next() those of the tile
- * after the last one looked up, load() issues the copies of the tile looked up last. The pages
- * come from a window of the table row staged in shared memory (ring, validated there: -1 for a
- * page outside the pool or a slot past the sequence), so a tile's lookup is a shared-memory read;
- * the window is refilled, all threads at once, when a tile's last slot passes it. */
+ * page 0; table: the sequence's block table row). lookup(n0) reads the table entries of a tile
+ * (the kernel calls it before the wait that precedes the tile's load, so the read is in flight
+ * over the wait), lookup_next() those of the tile after the last one looked up, load() issues
+ * the copies of the tile looked up last. */
 template <typename T, int D> struct kvp_pages {
     static constexpr int BN = attn_shape<D>::BN, KEYS_PER_LANE = BN / 32;
-    static_assert(BN <= KVP_RING, "a tile's slots fit the window");
     const T *k, *v;
     const int32_t *table;
     const kvp_params &p;
     int seqlen_k;
     int next_n0;                    /* the tile lookup_next() reads */
-    int base;                       /* the window's first slot; -1 = not filled yet */
     int page[KEYS_PER_LANE];        /* of key n0 + lane + 32 e: -1 = past the sequence or pool */
     int slot_row[KEYS_PER_LANE];    /* its row in the page */
 
-    static __device__ __forceinline__ int *ring() {
-        extern __shared__ __align__(128) unsigned char smem[];
-        return reinterpret_cast<int *>(smem + attn_shape<D>::SMEM_BYTES);
-    }
-
-    /* Slots from `first` on into the window, by every thread at once (the caller's condition is
-     * uniform). Only lookups read the window, and each is followed by the kernel's barrier
-     * before the tile's load, so no thread is reading it now; the barrier here publishes it. */
-    __device__ __forceinline__ void fill(int first, int tid) {
-        const int slots = (seqlen_k + p.page_size - 1) / p.page_size;
-        base = first;
-#pragma unroll
-        for (int j = 0; j < KVP_RING / ATTN_THREADS; j++) {
-            const int i = tid + j * ATTN_THREADS;
-            int entry = -1;
-            if (first + i < slots) {
-                entry = __ldg(table + first + i);
-                entry = entry >= 0 && entry < p.num_pages ? entry : -1;
-            }
-            ring()[i] = entry;
-        }
-        __syncthreads();
-    }
-
     __device__ __forceinline__ void lookup(int n0, int tid) {
         const int lane = tid & 31;
-        /* Uniform: whether the tile's keys pass the window's (a product, not a division). */
-        if (n0 < seqlen_k && (base < 0 || (int64_t)(base + KVP_RING) * p.page_size < min(n0 + BN, seqlen_k)))
-            fill(n0 / p.page_size, tid);
 #pragma unroll
         for (int e = 0; e < KEYS_PER_LANE; e++) {
             const int n = n0 + lane + 32 * e;
             page[e] = -1, slot_row[e] = 0;
             if (n < seqlen_k) {
                 const int slot = n / p.page_size;
-                page[e] = ring()[slot - base];
+                const int entry = __ldg(table + slot);
+                page[e] = entry >= 0 && entry < p.num_pages ? entry : -1;
                 slot_row[e] = n - slot * p.page_size;
             }
         }
@@ -171,7 +134,7 @@ template <bool PAGED> struct kvp_sequence {
     }
     template <typename T, int D> __device__ __forceinline__ auto kv_tiles(const T *k, const T *v) const {
         if constexpr (PAGED)
-            return kvp_pages<T, D>{k, v, p.block_table + b * p.bt_stride, p, seqlen_k, 0, -1, {}, {}};
+            return kvp_pages<T, D>{k, v, p.block_table + b * p.bt_stride, p, seqlen_k, 0, {}, {}};
         else
             return attn_rows_kv<T, D>{k, v, p.k_ss, p.v_ss, seqlen_k};
     }
@@ -181,8 +144,7 @@ template <typename T, int D, bool PAGED>
 cudaError_t kvp_launch(const tk_attention_kvcache_call *c, const tk_device *dev, cudaStream_t stream) {
     using shape = attn_shape<D>;
     constexpr auto kernel = attention_fwd_kernel<T, D, false, kvp_sequence<PAGED>>;
-    constexpr int smem_bytes = shape::SMEM_BYTES + (PAGED ? KVP_RING * 4 : 0); /* + kvp_pages' window */
-    cudaError_t err = tk_opt_in_smem<kernel>(dev, smem_bytes);
+    cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
     kvp_params p = {};
@@ -215,7 +177,7 @@ cudaError_t kvp_launch(const tk_attention_kvcache_call *c, const tk_device *dev,
             return err;
     }
     const unsigned blocks = (unsigned)((int64_t)p.m_blocks * p.head_tiles * c->batch);
-    return tk_launch(kernel, blocks, ATTN_THREADS, smem_bytes, stream, p);
+    return tk_launch(kernel, blocks, ATTN_THREADS, shape::SMEM_BYTES, stream, p);
 }
 
 template <int D>

@@ -1208,20 +1208,3 @@ Test(attention_kvcache_gpu, automatic_choice_prefill_for_chunks_decode_for_decod
     tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dtable);
     tk_dev_free(dlens);
 }
-
-/* Caches longer than the prefill kernel's shared-memory window of block-table entries (256 pages:
- * 4096 keys at page 16, 1280 at page 5, 256 at page 1), so the window is refilled along the key
- * loop, at window edges inside a tile too (page 5); a sliding window makes a CTA's first tile
- * start past the cache's first pages. */
-Test(attention_kvcache_gpu, prefill_block_table_longer_than_the_staged_window) {
-    TK_REQUIRE_GPU();
-    const int32_t lens[2] = {4500, 1300};
-    const int64_t dims[3] = {128, 64, 256}, pages[3] = {16, 5, 1};
-    for (int i = 0; i < 3; i++) {
-        kv_case c = prefill_case(i % 2 ? TK_F16 : TK_BF16, dims[i], 2, lens, 4600, pages[i], 130);
-        run_prefill(&c, 2600 + (uint64_t)i);
-    }
-    kv_case c = prefill_case(TK_BF16, 128, 2, lens, 4600, 5, 130);
-    c.window_left = 1500;
-    run_prefill(&c, 2603);
-}
