@@ -198,34 +198,40 @@ static tk_status check_rope(const char *fn, const tk_attention_kvcache_params *p
     return TK_SUCCESS;
 }
 
-/* RoPE pair i's inverse frequency, theta^(-2i / rotary_dim) with p's scaling (the formulas of
- * include/tkern.h, as Hugging Face's rope_type "llama3" and "yarn" compute them), in f64: the
- * kernels form p * inv_freq in f64 as tk_rope_fwd does. */
-static double rope_inv_freq(const tk_attention_kvcache_params *p, int64_t i) {
+/* RoPE's inverse frequencies of the rotary_dim / 2 pairs into inv_freq: theta^(-2i / rotary_dim)
+ * with p's scaling (the formulas of include/tkern.h, as Hugging Face's rope_type "llama3" and
+ * "yarn" compute them), in f64: the kernels form p * inv_freq in f64 as tk_rope_fwd does. What
+ * the scalings derive from p alone (YaRN's ramp bounds) is computed once, not per pair. */
+static void rope_inv_freqs(const tk_attention_kvcache_params *p, double *inv_freqs) {
     const double two_pi = 6.283185307179586, d = (double)p->rotary_dim;
-    const double inv_freq = pow((double)p->rope_theta, -2.0 * (double)i / d);
     const double factor = p->rope_factor, context = (double)p->rope_original_max_position;
-    if (p->rope_scaling == TK_ROPE_SCALING_LLAMA3) {
-        const double low = p->rope_low_freq_factor, high = p->rope_high_freq_factor;
-        const double wavelen = two_pi / inv_freq;
-        if (wavelen < context / high)
-            return inv_freq;
-        if (wavelen > context / low)
-            return inv_freq / factor;
-        const double t = (context / wavelen - low) / (high - low);
-        return (1.0 - t) * inv_freq / factor + t * inv_freq;
-    }
+    double lo = 0.0, hi = 0.0; /* YaRN: dimensions below lo keep their frequency, above hi are
+                                * interpolated by the factor */
     if (p->rope_scaling == TK_ROPE_SCALING_YARN) {
-        /* Dimensions below lo keep their frequency, above hi are interpolated by the factor. */
         const double per_rotation = d / (2.0 * log((double)p->rope_theta));
-        const double lo = fmax(0.0, floor(per_rotation * log(context / ((double)p->rope_beta_fast * two_pi))));
-        double hi = fmin(d - 1.0, ceil(per_rotation * log(context / ((double)p->rope_beta_slow * two_pi))));
+        lo = fmax(0.0, floor(per_rotation * log(context / ((double)p->rope_beta_fast * two_pi))));
+        hi = fmin(d - 1.0, ceil(per_rotation * log(context / ((double)p->rope_beta_slow * two_pi))));
         if (hi == lo)
             hi += 0.001;
-        const double ramp = fmin(1.0, fmax(0.0, ((double)i - lo) / (hi - lo)));
-        return inv_freq * (1.0 - ramp) + inv_freq / factor * ramp;
     }
-    return inv_freq;
+    for (int64_t i = 0; i < p->rotary_dim / 2; i++) {
+        const double inv_freq = pow((double)p->rope_theta, -2.0 * (double)i / d);
+        double scaled = inv_freq;
+        if (p->rope_scaling == TK_ROPE_SCALING_LLAMA3) {
+            const double low = p->rope_low_freq_factor, high = p->rope_high_freq_factor;
+            const double wavelen = two_pi / inv_freq;
+            if (wavelen > context / low) {
+                scaled = inv_freq / factor;
+            } else if (wavelen >= context / high) {
+                const double t = (context / wavelen - low) / (high - low);
+                scaled = (1.0 - t) * inv_freq / factor + t * inv_freq;
+            }
+        } else if (p->rope_scaling == TK_ROPE_SCALING_YARN) {
+            const double ramp = fmin(1.0, fmax(0.0, ((double)i - lo) / (hi - lo)));
+            scaled = inv_freq * (1.0 - ramp) + inv_freq / factor * ramp;
+        }
+        inv_freqs[i] = scaled;
+    }
 }
 
 /* Scalars, sizes and flags: everything tk_attention_kvcache_workspace_size needs too. */
@@ -480,8 +486,7 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
                                   : p->rope_factor > 1.0f           ? 0.1f * logf(p->rope_factor) + 1.0f
                                                                     : 1.0f;
     if (p->rotary_dim > 0 && !rope_cache)
-        for (int64_t i = 0; i < p->rotary_dim / 2; i++)
-            call->rope_inv_freq[i] = rope_inv_freq(p, i);
+        rope_inv_freqs(p, call->rope_inv_freq);
     return TK_SUCCESS;
 }
 
