@@ -825,10 +825,6 @@ int kvc_row_chunks(const tk_attention_kvcache_call *c) {
     return (int)((rows + KVC_ROWS - 1) / KVC_ROWS);
 }
 
-int64_t kvc_tokens(const tk_attention_kvcache_call *c) {
-    return c->cu_seqlens_q ? c->total_q : (int64_t)c->batch * c->seqlen_q;
-}
-
 /* The append (when k_new is set), then, unless append_only, the decode kernel and the merge. */
 template <typename T, int D>
 cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan, const tk_device *dev,
@@ -856,7 +852,7 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
     p.batch = c->batch;
     p.seqlen_q = c->seqlen_q;
     p.total_q = c->total_q;
-    p.tokens = (int)kvc_tokens(c);
+    p.tokens = (int)tk_attention_kvcache_tokens(c);
     p.heads_q = c->heads_q;
     p.heads_kv = c->heads_kv;
     p.group = c->heads_q / c->heads_kv;
@@ -975,7 +971,7 @@ extern "C" int tk_attention_kvcache_splits(const tk_attention_kvcache_call *c, c
 extern "C" size_t tk_attention_kvcache_workspace_bytes(const tk_attention_kvcache_call *c, int splits) {
     if (splits <= 1)
         return 0;
-    const size_t rows = (size_t)kvc_tokens(c) * (size_t)c->heads_q;
+    const size_t rows = (size_t)tk_attention_kvcache_tokens(c) * (size_t)c->heads_q;
     return ((size_t)splits * rows * ((size_t)c->head_dim + 1) + rows) * 4;
 }
 

@@ -51,6 +51,11 @@ typedef struct tk_attention_kvcache_call {
     void *workspace;              /* partial outputs and lse when the splits are > 1 */
 } tk_attention_kvcache_call;
 
+/* The query tokens of a call: total_q with cu_seqlens_q, else batch * seqlen_q. */
+static inline int64_t tk_attention_kvcache_tokens(const tk_attention_kvcache_call *c) {
+    return c->cu_seqlens_q ? c->total_q : (int64_t)c->batch * c->seqlen_q;
+}
+
 /* The most key ranges (splits) a sequence gets on this device: c->num_splits when set (every
  * sequence gets that many), else the bound of the automatic plan, which the kernels make per
  * sequence from the device-side lengths (about equal keys per split, at least 256). 1: no

@@ -166,7 +166,7 @@ cudaError_t kvp_launch(const tk_attention_kvcache_call *c, const tk_device *dev,
     p.block_table = c->block_table;
     p.bt_stride = c->block_table_stride;
     p.total_q = c->total_q;
-    p.tokens = c->cu_seqlens_q ? c->total_q : c->batch * c->seqlen_q;
+    p.tokens = (int)tk_attention_kvcache_tokens(c);
     p.capacity = c->pages_per_seq * c->page_size;
     p.page_size = c->page_size;
     p.num_pages = c->num_pages;

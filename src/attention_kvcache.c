@@ -514,8 +514,7 @@ static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, co
                        "batch * seqlen_q * heads_kv * head_dim / 8 = %.0f chunks to append exceed "
                        "the grid limit",
                        append_blocks * APPEND_THREADS);
-    const double merged_rows = (double)(call->cu_seqlens_q ? call->total_q : (double)call->batch * call->seqlen_q) *
-                               call->heads_q;
+    const double merged_rows = (double)tk_attention_kvcache_tokens(call) * call->heads_q;
     if (splits > 1 && merged_rows > INT32_MAX)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
                        "tokens * heads_q = %.0f rows to merge across splits exceed the grid limit "
