@@ -93,7 +93,9 @@ __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[
 #endif
 
 /* This block's rank in its cluster, and the cluster's blocks (special registers, read where
- * used rather than held in registers). */
+ * used rather than held in registers). The CUDA intrinsics, not core/sm90.cuh's tk_cluster_rank
+ * and tk_cluster_blocks: with those asm reads the compiler keeps the values live across the row
+ * loop and the 512-thread cluster instantiations spill on sm_90a. */
 __device__ __forceinline__ int cluster_rank() {
 #ifdef NORM_NO_CLUSTERS
     __trap();
