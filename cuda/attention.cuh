@@ -197,11 +197,12 @@ __device__ __forceinline__ void attn_load_q(uint32_t s_tile, const T *g, int64_t
 
 /* The K/V tiles of one sequence stored as rows: key n at k + n k_ss and v + n v_ss; keys at or
  * past seqlen_k zero-filled. The kernel calls, with every thread, lookup(n0, tid) for its first
- * tile and lookup_next(tid) for each next one before the wait that precedes its load (a loader
- * that must find its rows, as a KV cache's pages, reads its table there: the read is in flight
- * over the wait; cuda/attention_kvcache_prefill.cu), then load(s_k, s_v, n0, tid) to issue the
- * cp.async of keys n0 .. n0 + BN - 1 into a K and a V stage. Rows need no lookup. The fields
- * are references so that the kernel reads its params where it always did. */
+ * tile, then load(s_k, s_v, n0, tid) to issue the cp.async of keys n0 .. n0 + BN - 1 into a K
+ * and a V stage, and after each load lookup_next(tid) for the tile after it: a loader that must
+ * find its rows, as a KV cache's pages, reads its table there, and the read is in flight over a
+ * whole tile's MMAs before the load that needs it (cuda/attention_kvcache_prefill.cu). Rows need
+ * no lookup. The fields are references so that the kernel reads its params where it always
+ * did. */
 template <typename T, int D> struct attn_rows_kv {
     const T *k, *v;
     const int64_t &k_ss, &v_ss;
@@ -317,6 +318,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     if (tile_begin < tile_end) {
         kv.lookup(tile_begin * BN, tid);
         kv.load(s_k, s_v, tile_begin * BN, tid);
+        kv.lookup_next(tid); /* the second tile's rows, in flight until its load */
     }
     tk_cp_async_commit();
 
@@ -366,12 +368,12 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
 
     for (int t = tile_begin; t < tile_end; t++) {
         const int stage = (t - tile_begin) & 1;
-        kv.lookup_next(tid); /* the next tile's addresses, in flight over the wait */
         tk_cp_async_wait<0>();
         __syncthreads(); /* tile t has landed; every warp is done with tile t - 1 */
         if (t + 1 < tile_end) {
             const int n1 = (t + 1) * BN;
             kv.load(s_k + (stage ^ 1) * shape::K_BYTES, s_v + (stage ^ 1) * shape::V_BYTES, n1, tid);
+            kv.lookup_next(tid); /* tile t + 2's rows, in flight over tile t's MMAs */
         }
         tk_cp_async_commit();
         const uint32_t s_kt = s_k + stage * shape::K_BYTES;

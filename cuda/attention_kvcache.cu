@@ -98,6 +98,7 @@ struct kvc_params {
     int64_t kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh;
     int batch, seqlen_q, total_q, tokens, heads_q, heads_kv, group;
     int page_size, num_pages, capacity;
+    tk_divider page_div; /* by page_size */
     int row_chunks;
     int splits;      /* every sequence's, or 0: the automatic plan (kvc_plan_chunk) */
     int max_splits;  /* the most a sequence gets */
@@ -155,7 +156,7 @@ __device__ __forceinline__ int kvc_seqlen_k(const kvc_params &p, int b, int seql
 __device__ __forceinline__ int2 kvc_lookup(const kvc_params &p, int b, int j, int lo, int hi) {
     if (j < lo || j > hi)
         return make_int2(-1, 0);
-    const int slot = j / p.page_size;
+    const int slot = tk_div(j, p.page_div);
     const int page = p.block_table ? p.block_table[b * p.bt_stride + slot] : b;
     return make_int2(page, j - slot * p.page_size);
 }
@@ -857,6 +858,7 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
     p.heads_kv = c->heads_kv;
     p.group = c->heads_q / c->heads_kv;
     p.page_size = c->page_size;
+    p.page_div = tk_divider_of((unsigned)c->page_size);
     p.num_pages = c->num_pages;
     p.capacity = c->pages_per_seq * c->page_size;
     p.row_chunks = kvc_row_chunks(c);

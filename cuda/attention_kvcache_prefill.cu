@@ -21,13 +21,13 @@
  * one split (few CTAs, long cache) stays there.
  *
  * Pages. Key n of sequence b is row n % page_size of page block_table[b * stride + n /
- * page_size]; a tile of BN keys may span pages. Per tile, lane l of each warp reads the table
- * entry of key n0 + l (and n0 + l + 32 when BN = 64): one coalesced read of the entries the tile
- * needs (cached: every head of the sequence reads the same ones), issued before the wait and
- * barrier that precede the tile's copies, so its latency hides behind them; each thread copying
- * a row takes that row's page and offset from the lane that looked it up, by shuffle. Keys past the sequence
- * and pages outside [0, num_pages) are zero-filled, not read. A contiguous cache keeps the row
- * loader of attention.cuh (the sequence is page b).
+ * page_size]; a tile of BN keys may span pages. Per tile, each thread reads the table entry of
+ * the rows it copies (the four threads of a row read one entry, every head of the sequence the
+ * same ones, from cache) a tile ahead, so its latency hides behind the previous tile's MMAs;
+ * then it computes each row's address once and copies its share of the row's chunks
+ * (kvp_pages). Keys past the sequence and pages outside [0, num_pages) are
+ * zero-filled, not read. A contiguous cache keeps the row loader of attention.cuh (the sequence
+ * is page b).
  *
  * Appends (k_new, v_new) are the decode path's append kernel, launched first on the same stream.
  */
@@ -42,32 +42,47 @@ struct kvp_params : attn_params {
     const int32_t *cu_seqlens_q, *seqlens_k, *block_table;
     int64_t bt_stride;
     int total_q, tokens, capacity, page_size, num_pages;
+    tk_divider page_div; /* by page_size */
     int appended; /* k_new was appended first: the sequence's keys include its queries' */
 };
 
 /* Keys n0 .. n0 + BN - 1 of one sequence of a paged cache (k, v: key/value head head_kv's rows in
- * page 0; table: the sequence's block table row). lookup(n0) reads the table entries of a tile
- * (the kernel calls it before the wait that precedes the tile's load, so the read is in flight
- * over the wait), lookup_next() those of the tile after the last one looked up, load() issues
- * the copies of the tile looked up last. */
+ * page 0; table: the sequence's block table row). lookup(n0) reads the table entries of a tile,
+ * lookup_next() those of the tile after the last one looked up, load() issues the copies of the
+ * tile looked up last. The kernel looks a tile up right after the previous tile's load, so the
+ * read is in flight over a whole tile's MMAs: looked up just before the wait that precedes the
+ * load, its latency stalled the address arithmetic (Nsight Compute's samples).
+ *
+ * Thread mapping: ROW_THREADS threads share a row and each copies D / 8 / ROW_THREADS of its
+ * 16-byte chunks (chunks part, part + ROW_THREADS, ...), so a thread finds one row per
+ * ROWS_PER_PASS keys of the tile and computes that row's address once for all its chunks of K
+ * and V. The contiguous loader's mapping (a chunk of every 8th row) costs a page lookup and a
+ * 64-bit address per chunk; in this compute-bound kernel those integer instructions compete
+ * with the MMAs for issue slots. A warp instruction still reads whole 64-byte runs of 8 rows. */
 template <typename T, int D> struct kvp_pages {
-    static constexpr int BN = attn_shape<D>::BN, KEYS_PER_LANE = BN / 32;
+    static constexpr int BN = attn_shape<D>::BN;
+    static constexpr int ROW_THREADS = 4;
+    static constexpr int ROWS_PER_PASS = ATTN_THREADS / ROW_THREADS;
+    static constexpr int PASSES = BN / ROWS_PER_PASS;
+    static constexpr int CHUNKS_PER_THREAD = D / 8 / ROW_THREADS;
+    static_assert(BN % ROWS_PER_PASS == 0 && D / 8 % ROW_THREADS == 0, "rows and chunks in whole passes");
     const T *k, *v;
     const int32_t *table;
     const kvp_params &p;
     int seqlen_k;
-    int next_n0;                    /* the tile lookup_next() reads */
-    int page[KEYS_PER_LANE];        /* of key n0 + lane + 32 e: -1 = past the sequence or pool */
-    int slot_row[KEYS_PER_LANE];    /* its row in the page */
+    int next_n0;             /* the tile lookup_next() reads */
+    int page[PASSES];        /* of key n0 + row(e): -1 = past the sequence or the pool */
+    int slot_row[PASSES];    /* its row in the page */
+
+    static __device__ __forceinline__ int row(int e, int tid) { return tid / ROW_THREADS + e * ROWS_PER_PASS; }
 
     __device__ __forceinline__ void lookup(int n0, int tid) {
-        const int lane = tid & 31;
 #pragma unroll
-        for (int e = 0; e < KEYS_PER_LANE; e++) {
-            const int n = n0 + lane + 32 * e;
+        for (int e = 0; e < PASSES; e++) {
+            const int n = n0 + row(e, tid);
             page[e] = -1, slot_row[e] = 0;
             if (n < seqlen_k) {
-                const int slot = n / p.page_size;
+                const int slot = tk_div(n, p.page_div);
                 const int entry = __ldg(table + slot);
                 page[e] = entry >= 0 && entry < p.num_pages ? entry : -1;
                 slot_row[e] = n - slot * p.page_size;
@@ -77,27 +92,31 @@ template <typename T, int D> struct kvp_pages {
     }
     __device__ __forceinline__ void lookup_next(int tid) { lookup(next_n0, tid); }
 
+    /* The thread copies chunks part + 4 j of its rows. Every address below is a base plus a
+     * constant per j, which the copies take as immediates instead of computing an address per
+     * chunk. In global memory that is the row's first chunk. In the swizzled K tile chunk c of
+     * row r sits at c ^ (r & 7) (core/sm80.cuh); for c = part + 4 j that is (part ^ (r & 3)) +
+     * 4 (j ^ f), f = bit 2 of r: even j at one base + 64 j bytes, odd j at another. */
     __device__ __forceinline__ void load(uint32_t s_k, uint32_t s_v, int, int tid) const {
         using shape = attn_shape<D>;
-        constexpr int CHUNKS = D / 8;
-        constexpr int ROWS_PER_PASS = ATTN_THREADS / CHUNKS;
-        static_assert(BN % 32 == 0 && 32 % ROWS_PER_PASS == 0, "rows map onto lanes");
-        /* attn_load_tile's mapping: this thread copies chunk tid % CHUNKS of rows tid / CHUNKS +
-         * i ROWS_PER_PASS, which lie in lane group (i ROWS_PER_PASS) / 32 of the lookups. */
-        const int chunk = tid % CHUNKS;
+        static_assert(ROW_THREADS == 4 && shape::ROW_BYTES == 2 * D && D % 64 == 0, "the swizzle below");
+        const int part = tid % ROW_THREADS;
 #pragma unroll
-        for (int i = 0; i < BN / ROWS_PER_PASS; i++) {
-            const int row = tid / CHUNKS + i * ROWS_PER_PASS;
-            const int e = i * ROWS_PER_PASS / 32;
-            const int pg = __shfl_sync(0xffffffffu, page[e], row & 31);
-            const int in_page = __shfl_sync(0xffffffffu, slot_row[e], row & 31);
-            const bool ok = pg >= 0;
-            const int64_t k_at = ok ? pg * p.k_sb + in_page * p.k_ss : 0;
-            const int64_t v_at = ok ? pg * p.v_sb + in_page * p.v_ss : 0;
-            tk_cp_async_16_zfill(s_k + attn_chunk_offset<shape::ROW_BYTES, true>(row, chunk), k + k_at + chunk * 8,
-                                 ok ? 16 : 0);
-            tk_cp_async_16_zfill(s_v + attn_chunk_offset<shape::V_ROW_BYTES, false>(row, chunk),
-                                 v + v_at + chunk * 8, ok ? 16 : 0);
+        for (int e = 0; e < PASSES; e++) {
+            const int r = row(e, tid);
+            const bool ok = page[e] >= 0;
+            const T *k_src = k + (ok ? page[e] * p.k_sb + slot_row[e] * p.k_ss : 0) + part * 8;
+            const T *v_src = v + (ok ? page[e] * p.v_sb + slot_row[e] * p.v_ss : 0) + part * 8;
+            const int swz = tk_swizzle<shape::ROW_BYTES / 16>(r);
+            const uint32_t k_row = s_k + r * shape::ROW_BYTES + ((part ^ (swz & 3)) << 4);
+            const uint32_t flip = (uint32_t)(swz & 4) << 4; /* 64 bytes when bit 2 is set */
+            const uint32_t k_even = k_row + flip, k_odd = k_row - flip;
+            const uint32_t v_row = s_v + attn_chunk_offset<shape::V_ROW_BYTES, false>(r, part);
+#pragma unroll
+            for (int j = 0; j < CHUNKS_PER_THREAD; j++) {
+                tk_cp_async_16_zfill((j & 1 ? k_odd : k_even) + 64 * j, k_src + j * ROW_THREADS * 8, ok ? 16 : 0);
+                tk_cp_async_16_zfill(v_row + 64 * j, v_src + j * ROW_THREADS * 8, ok ? 16 : 0);
+            }
         }
     }
 };
@@ -169,6 +188,7 @@ cudaError_t kvp_launch(const tk_attention_kvcache_call *c, const tk_device *dev,
     p.tokens = (int)tk_attention_kvcache_tokens(c);
     p.capacity = c->pages_per_seq * c->page_size;
     p.page_size = c->page_size;
+    p.page_div = tk_divider_of((unsigned)c->page_size);
     p.num_pages = c->num_pages;
     p.appended = c->k_new != NULL;
     if (c->k_new) {

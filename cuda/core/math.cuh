@@ -1,6 +1,7 @@
 /*
  * Fast scalar math on the special-function unit (MUFU) and the FMA pipe, shared by every kernel:
- * the one home of the ex2.approx / rcp.approx inline PTX. Device-only, header-only.
+ * the one home of the ex2.approx / rcp.approx inline PTX; and division by a divisor fixed for a
+ * launch (tk_divider: made on the host, applied on the device). Header-only.
  */
 #ifndef TK_CORE_MATH_CUH
 #define TK_CORE_MATH_CUH
@@ -35,6 +36,27 @@ __device__ __forceinline__ float tk_rcp_fma(float y) {
     for (int step = 0; step < 3; step++)
         r = fmaf(r, fmaf(-y, r, 1.0f), r);
     return r;
+}
+
+/* n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high, an add and a shift instead of the
+ * ~20-instruction integer division (Granlund and Montgomery, "Division by invariant integers using
+ * multiplication", 1994): with s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1, both
+ * made once on the host, n / d = (umulhi(n, m) + n) >> s; the sum stays below 2^32 because
+ * umulhi(n, m) <= n < 2^31. Kernels that find a key's page (n / page_size) per tile use it. */
+struct tk_divider {
+    unsigned d, mul, shift;
+};
+
+__host__ __device__ inline tk_divider tk_divider_of(unsigned d) {
+    unsigned shift = 0;
+    while ((1ull << shift) < d)
+        shift++;
+    const unsigned long long mul = (((1ull << shift) - d) << 32) / d + 1;
+    return tk_divider{d, (unsigned)mul, shift};
+}
+
+__device__ __forceinline__ int tk_div(int n, const tk_divider &v) {
+    return (int)((__umulhi((unsigned)n, v.mul) + (unsigned)n) >> v.shift);
 }
 
 #endif
