@@ -211,16 +211,6 @@ __device__ __forceinline__ int kvc_splits_for(const kvc_params &p, const kvc_chu
     return tiles > 0 ? min(p.max_splits, (tiles - 1) / size + 1) : 1;
 }
 
-/* Sum (or max) over the warp, returned to every lane. */
-template <bool MAX, typename I> __device__ __forceinline__ I kvc_warp_reduce(I v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const I x = __shfl_xor_sync(0xffffffffu, v, o);
-        v = MAX ? max(v, x) : v + x;
-    }
-    return v;
-}
-
 /* A CTA's work: sequence b (-1: none), split and the sequence's split count. */
 struct kvc_item {
     int b, split, splits;
@@ -258,8 +248,11 @@ __device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc) {
         tiles += c.tile_end - c.tile_begin;
         chunks += c.row0 < c.rows;
     }
-    tiles = kvc_warp_reduce<false>(tiles);
-    chunks = kvc_warp_reduce<false>(chunks);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { /* both sums at once: one chain of shuffles, not two */
+        tiles += __shfl_xor_sync(0xffffffffu, tiles, o);
+        chunks += __shfl_xor_sync(0xffffffffu, chunks, o);
+    }
     /* Candidate k + 1: split size, items, largest split. Every CTA waits on this before its
      * first load, so the arithmetic avoids int64 division (a long subroutine): sizes in f64,
      * the rest in int32 and f32 (the counts are bounded by the grid). */
@@ -282,14 +275,21 @@ __device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc) {
                     largest[k] = max(largest[k], (c.tile_end - c.tile_begin + n - 1) / n);
             }
     }
+    /* Every candidate's sums and maxima in one chain of shuffles: 2 K independent values a step. */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            items[k] += __shfl_xor_sync(0xffffffffu, items[k], o);
+            largest[k] = max(largest[k], __shfl_xor_sync(0xffffffffu, largest[k], o));
+        }
     /* No candidate (more chunks than K waves of slots): one split each. */
     float best = INFINITY;
     pl.chunk = INT32_MAX;
 #pragma unroll
     for (int k = 0; k < K; k++) {
-        const int n = kvc_warp_reduce<false>(items[k]), waves = (n + p.budget - 1) / p.budget;
-        const float cost = (float)waves * (float)kvc_warp_reduce<true>(largest[k]) +
-                           (float)n * KVC_ITEM_TILES / (float)p.budget;
+        const int n = items[k], waves = (n + p.budget - 1) / p.budget;
+        const float cost = (float)waves * (float)largest[k] + (float)n * KVC_ITEM_TILES / (float)p.budget;
         if (size[k] > 0 && cost < best)
             best = cost, pl.chunk = size[k];
     }
@@ -317,22 +317,30 @@ __device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc) {
     return pl;
 }
 
-/* The items whose work starts before `work` (in the plan's order, sequence by sequence, an
- * item's work its tiles + KVC_ITEM_TILES), summed over warp 0. Sequence b's item j is taken to
- * start at its base + j (ceil(t_b / n_b) + KVC_ITEM_TILES), exact but for trailing empty
- * splits (a count clamped to max_splits); monotone in `work`, so consecutive bounds deal each
- * item once. */
-__device__ int kvc_items_before(const kvc_params &p, const kvc_planner &pl, int rc, int64_t work) {
-    int count = 0;
+/* The items whose work starts before `work0` and before `work1` (in the plan's order, sequence
+ * by sequence, an item's work its tiles + KVC_ITEM_TILES), summed over warp 0: a CTA's first
+ * item and the one past its last. Sequence b's item j is taken to start at its base + j
+ * (ceil(t_b / n_b) + KVC_ITEM_TILES), exact but for trailing empty splits (a count clamped to
+ * max_splits); monotone in the work, so consecutive bounds deal each item once. */
+__device__ int2 kvc_items_before(const kvc_params &p, const kvc_planner &pl, int rc, int64_t work0, int64_t work1) {
+    int count0 = 0, count1 = 0;
     int64_t base = pl.cost_before;
     for (int b = pl.first; b < pl.last; b++) {
         const kvc_chunk c = kvc_chunk_of(p, b, rc);
         const int n = kvc_splits_for(p, c, pl.chunk), tiles = c.tile_end - c.tile_begin;
-        if (n && work > base)
-            count += (int)fmin((double)n, ceil((double)(work - base) / (double)((tiles + n - 1) / n + KVC_ITEM_TILES)));
+        const double item = (double)((tiles + n - 1) / max(n, 1) + KVC_ITEM_TILES);
+        if (n && work0 > base)
+            count0 += (int)fmin((double)n, ceil((double)(work0 - base) / item));
+        if (n && work1 > base)
+            count1 += (int)fmin((double)n, ceil((double)(work1 - base) / item));
         base += tiles + (int64_t)n * KVC_ITEM_TILES;
     }
-    return kvc_warp_reduce<false>(count);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        count0 += __shfl_xor_sync(0xffffffffu, count0, o);
+        count1 += __shfl_xor_sync(0xffffffffu, count1, o);
+    }
+    return make_int2(count0, count1);
 }
 
 /* Item f of the plan into *out (b = -1 from f_end on), by warp 0: the lane whose sequences hold
@@ -642,23 +650,30 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     const int head_kv = (int)(blockIdx.x % (unsigned)p.heads_kv);
     const int rest = (int)(blockIdx.x / (unsigned)p.heads_kv);
     const int rc = rest / p.items, g = rest % p.items;
-    if (p.splits > 0) {
-        kvc_decode_item<T, D>(p, kvc_item{g / p.splits, g % p.splits, p.splits}, rc, head_kv, smem);
-        return;
-    }
+    /* Items f .. f_end - 1 of the plan are this CTA's (warp 0 holds the bounds): with a fixed
+     * split count item g alone. The planner's per-lane state waits in shared memory, so the item
+     * loop below, the one copy of the decode for both kinds of plan, keeps no register for it. */
     __shared__ kvc_item next;
-    kvc_planner pl;
+    __shared__ kvc_planner plans[32];
     const bool planner = threadIdx.x < 32;
-    int f = 0, f_end = 0;
-    if (planner) {
-        pl = kvc_plan_chunk(p, rc);
+    int f = g, f_end = g + 1;
+    if (planner && p.splits == 0) {
+        const kvc_planner pl = kvc_plan_chunk(p, rc);
         /* The last CTA takes every item to the end, whatever the estimate of their starts. */
-        f = kvc_items_before(p, pl, rc, g * pl.cost / p.items);
-        f_end = g + 1 < p.items ? kvc_items_before(p, pl, rc, (g + 1) * pl.cost / p.items) : pl.total;
+        const int2 bounds = kvc_items_before(p, pl, rc, g * pl.cost / p.items, (g + 1) * pl.cost / p.items);
+        f = bounds.x;
+        f_end = g + 1 < p.items ? bounds.y : pl.total;
+        plans[threadIdx.x] = pl;
     }
     for (;; f++) {
-        if (planner)
-            kvc_locate(p, pl, rc, f, f_end, &next);
+        if (planner) {
+            if (p.splits > 0) {
+                if (threadIdx.x == 0)
+                    next = f < f_end ? kvc_item{f / p.splits, f % p.splits, p.splits} : kvc_item{-1, 0, 0};
+            } else {
+                kvc_locate(p, plans[threadIdx.x], rc, f, f_end, &next);
+            }
+        }
         __syncthreads(); /* `next` is set; the previous item's shared memory is free */
         const kvc_item item = next;
         __syncthreads(); /* every thread has read `next` */
