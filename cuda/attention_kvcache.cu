@@ -59,8 +59,13 @@ constexpr int KVC_KEYS = 16;  /* keys per warp tile: one k16 step of P V */
 constexpr int KVC_MAX_SPLITS = 1024;
 constexpr int KVC_MIN_SPLIT_TILES = 16; /* 256 keys: a split reads at least 128 KB at D = 128 */
 constexpr int KVC_PLAN_WAVES = 8;       /* the automatic plan's candidates: 1 .. 8 waves of items */
-constexpr int KVC_ITEM_TILES = 8;       /* a work item's fixed cost (start, drain, merge), in tiles */
-constexpr int KVC_COMBINE_THREADS = 256;
+/* A work item's fixed cost (start, drain, merge) in tiles, as the plan weighs it: at 8 the plan
+ * cut 64 spread lengths into splits too small (0.81x copy; 24 and 48: 0.835x and 0.833x). */
+constexpr int KVC_ITEM_TILES = 24;
+/* The merge's CTA, one per row (token, query head). Nsight Compute, merge of B1 x K131072 (32
+ * rows, 49 splits) / of 64 spread lengths (2048 rows, mostly unsplit): 256 threads 7.7 / 9.4
+ * us, 128 threads 8.3 / 8.4 us, 64 threads 11.1 / 10.4 us. */
+constexpr int KVC_COMBINE_THREADS = 128;
 constexpr int KVC_APPEND_THREADS = 256;
 
 template <int D> struct kvc_config;
@@ -233,7 +238,7 @@ struct kvc_planner {
  * = ceil(T / (k m - B)) tiles: sum_b ceil(t_b / C_k) <= T / C_k + B <= k m items, k waves at
  * most. Each candidate's time is estimated as its waves times its largest split, plus a
  * per-item cost (a start and an end, KVC_ITEM_TILES tiles' worth); the cheapest wins. Equal
- * lengths get few splits that fill whole waves (1 x 131072 keys: 48, one wave), spread lengths
+ * lengths get few splits that fill whole waves (8 x 32768 keys: 6 each, one wave), spread lengths
  * small splits that keep every slot busy to the end. */
 __device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc) {
     constexpr int K = KVC_PLAN_WAVES;
@@ -651,13 +656,24 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     const int rest = (int)(blockIdx.x / (unsigned)p.heads_kv);
     const int rc = rest / p.items, g = rest % p.items;
     /* Items f .. f_end - 1 of the plan are this CTA's (warp 0 holds the bounds): with a fixed
-     * split count item g alone. The planner's per-lane state waits in shared memory, so the item
-     * loop below, the one copy of the decode for both kinds of plan, keeps no register for it. */
+     * split count (the caller's, or one sequence's below) item g alone. The planner's per-lane
+     * state waits in shared memory, so the item loop below, the one copy of the decode for every
+     * kind of plan, keeps no register for it. */
     __shared__ kvc_item next;
     __shared__ kvc_planner plans[32];
     const bool planner = threadIdx.x < 32;
-    int f = g, f_end = g + 1;
-    if (planner && p.splits == 0) {
+    int f = g, f_end = g + 1, splits = p.splits;
+    if (p.splits == 0 && p.batch == 1) {
+        /* One sequence: nothing to balance between sequences, so the plan is closed-form, splits
+         * of at least KVC_MIN_SPLIT_TILES tiles filling the CTAs, CTA g taking split g. The
+         * general plan comes to about the same cut (B1 x K131072: 48 splits, here 49) after a
+         * chain of dependent arithmetic that every CTA waits on before its first load: 150.5 us
+         * against 144 us for 48 splits given by the caller, back to back. */
+        const kvc_chunk c = kvc_chunk_of(p, 0, rc);
+        const int tiles = c.tile_end - c.tile_begin;
+        splits = min(p.items, max(1, (tiles + KVC_MIN_SPLIT_TILES - 1) / KVC_MIN_SPLIT_TILES));
+        f_end = g < splits ? g + 1 : g;
+    } else if (planner && p.splits == 0) {
         const kvc_planner pl = kvc_plan_chunk(p, rc);
         /* The last CTA takes every item to the end, whatever the estimate of their starts. */
         const int2 bounds = kvc_items_before(p, pl, rc, g * pl.cost / p.items, (g + 1) * pl.cost / p.items);
@@ -667,9 +683,9 @@ __global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     }
     for (;; f++) {
         if (planner) {
-            if (p.splits > 0) {
+            if (splits > 0) {
                 if (threadIdx.x == 0)
-                    next = f < f_end ? kvc_item{f / p.splits, f % p.splits, p.splits} : kvc_item{-1, 0, 0};
+                    next = f < f_end ? kvc_item{f / splits, f % splits, splits} : kvc_item{-1, 0, 0};
             } else {
                 kvc_locate(p, plans[threadIdx.x], rc, f, f_end, &next);
             }
