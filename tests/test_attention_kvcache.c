@@ -832,6 +832,28 @@ Test(attention_kvcache_gpu, long_cache_splits_automatically) {
     run_kv_case(&c, 900);
 }
 
+/* One sequence under the automatic split gets its splits in closed form (no device-side plan):
+ * an empty cache, one key, a split's minimum (256 keys) -1 / +1, and a long cache; one query,
+ * and 5 queries of a group of 8 (three 16-row chunks, each cut on its own) causal with a window,
+ * also as a varlen batch of one; paged and contiguous. */
+Test(attention_kvcache_gpu, one_sequence_under_the_automatic_split) {
+    TK_REQUIRE_GPU();
+    const int32_t lens[5] = {0, 1, 255, 257, 20000};
+    for (int i = 0; i < 5; i++)
+        for (int paged = 0; paged < 2; paged++) {
+            kv_case c = decode_case(TK_BF16, 128, 1, &lens[i], 20000, paged ? 16 : 0);
+            run_kv_case(&c, 950 + (uint64_t)(2 * i + paged));
+            c.heads_q = 16, c.heads_kv = 2;
+            c.seqlen_q = 5;
+            c.causal = 1;
+            c.window_left = 700;
+            run_kv_case(&c, 970 + (uint64_t)(2 * i + paged));
+            c.varlen = true;
+            c.q_lens[0] = 5;
+            run_kv_case(&c, 990 + (uint64_t)(2 * i + paged));
+        }
+}
+
 /* The automatic split count follows the capacity, so lengths spread from empty to full leave
  * most splits of the short sequences without keys (and splits shorter than a page). */
 Test(attention_kvcache_gpu, automatic_splits_with_lengths_spread_widely) {
