@@ -644,8 +644,16 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
  * the lengths spread. A grid sized for the most items the plan could make queued thousands of
  * CTAs without an item behind the working ones, and they ran in the slots the working ones
  * freed (B1 x K131072 at 0.63x copy). */
+/* Left to itself, ptxas holds the head-dim-64 kernel to 128 registers on sm_86 and sm_89 and
+ * spills 12 bytes there; telling it one CTA per SM is enough (all their 100 KB of shared memory
+ * holds anyway) lifts that. sm_90 keeps the bound it was measured with. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define KVC_DECODE_BOUNDS(threads) __launch_bounds__(threads, 1)
+#else
+#define KVC_DECODE_BOUNDS(threads) __launch_bounds__(threads)
+#endif
 template <typename T, int D>
-__global__ void __launch_bounds__(kvc_shape<D>::THREADS) kvcache_decode_kernel(const kvc_params p) {
+__global__ void KVC_DECODE_BOUNDS(kvc_shape<D>::THREADS) kvcache_decode_kernel(const kvc_params p) {
     extern __shared__ __align__(128) unsigned char smem[];
 #if __CUDA_ARCH__ >= 900
     /* The merge may be scheduled once every CTA here has started: it waits for this grid's end
