@@ -518,17 +518,12 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
         return err;
     const tk_attention_call *c = &bc->fwd;
     attn_bwd_params p;
-    p.q = c->q, p.k = c->k, p.v = c->v, p.o = c->o, p.dout = bc->dout;
+    attn_set_tensors(p, c); /* the forward's q, k, v, o, lse, slopes and strides */
+    p.dout = bc->dout;
     p.dq = bc->dq, p.dk = bc->dk, p.dv = bc->dv;
-    p.lse = c->lse;
-    p.alibi_slopes = c->alibi_slopes;
     const int64_t rows = (int64_t)c->batch * c->heads_q * c->seqlen_q;
     p.dsum = bc->workspace;
     p.dq_acc = bc->workspace + (rows + 3) / 4 * 4;
-    p.q_sb = c->q_stride[0], p.q_ss = c->q_stride[1], p.q_sh = c->q_stride[2];
-    p.k_sb = c->k_stride[0], p.k_ss = c->k_stride[1], p.k_sh = c->k_stride[2];
-    p.v_sb = c->v_stride[0], p.v_ss = c->v_stride[1], p.v_sh = c->v_stride[2];
-    p.o_sb = c->o_stride[0], p.o_ss = c->o_stride[1], p.o_sh = c->o_stride[2];
     p.do_sb = bc->do_stride[0], p.do_ss = bc->do_stride[1], p.do_sh = bc->do_stride[2];
     p.dq_sb = bc->dq_stride[0], p.dq_ss = bc->dq_stride[1], p.dq_sh = bc->dq_stride[2];
     p.dk_sb = bc->dk_stride[0], p.dk_ss = bc->dk_stride[1], p.dk_sh = bc->dk_stride[2];
