@@ -42,10 +42,10 @@
  * per-pair inverse frequencies (f64) through cuda/rope_angle.cuh.
  *
  * Splits. Only the device sees the lengths, so when the caller leaves the split count to the
- * library every CTA makes the same plan from seqlens_k (kvc_plan_chunk): splits of about equal
- * size, as many per sequence as its length calls for, a flat list of (sequence, split) items
- * found by a prefix sum; one wave of CTAs walks the list. The host bounds the plan (splits per
- * sequence, hence the workspace) from the capacity alone. The merge reads each row's own count.
+ * library every CTA makes the same plan from seqlens_k (kvc_plan_chunk): the sequences' tiles
+ * laid end to end, one wave of CTAs each taking an equal run of them, a sequence cut wherever
+ * a run ends. The host bounds the plan (parts per sequence, hence the workspace) from the
+ * capacity alone. The merge reads each row's own count.
  */
 #include "attention_kvcache.h"
 
@@ -58,10 +58,13 @@ constexpr int KVC_ROWS = 16;  /* query rows per CTA: the m16 of mma.sync */
 constexpr int KVC_KEYS = 16;  /* keys per warp tile: one k16 step of P V */
 constexpr int KVC_MAX_SPLITS = 1024;
 constexpr int KVC_MIN_SPLIT_TILES = 16; /* 256 keys: a split reads at least 128 KB at D = 128 */
-constexpr int KVC_PLAN_WAVES = 8;       /* the automatic plan's candidates: 1 .. 8 waves of items */
-/* A work item's fixed cost (start, drain, merge) in tiles, as the plan weighs it: at 8 the plan
- * cut 64 spread lengths into splits too small (0.81x copy; 24 and 48: 0.835x and 0.833x). */
-constexpr int KVC_ITEM_TILES = 24;
+/* The automatic plan's fixed cost of a piece of work (its Q rows, the ring's first tiles, the
+ * warps' merge and the write), in tiles, and the least work it gives a CTA. 64 spread lengths
+ * (the bench's) ran at 0.89x / 0.92x / 0.90x copy with 4 / 8 / 24, back to back. */
+constexpr int KVC_PIECE_TILES = 8;
+constexpr int KVC_MIN_PIECE = KVC_MIN_SPLIT_TILES + KVC_PIECE_TILES;
+/* Sequences of equal query counts for this many waves of CTAs leave no room for a split. */
+constexpr int KVC_UNSPLIT_WAVES = 8;
 /* The merge's CTA, one per row (token, query head). Nsight Compute, merge of B1 x K131072 (32
  * rows, 49 splits) / of 64 spread lengths (2048 rows, mostly unsplit): 256 threads 7.7 / 9.4
  * us, 128 threads 8.3 / 8.4 us, 64 threads 11.1 / 10.4 us. */
@@ -107,7 +110,6 @@ struct kvc_params {
     int row_chunks;
     int splits;      /* every sequence's, or 0: the automatic plan (kvc_plan_chunk) */
     int max_splits;  /* the most a sequence gets */
-    int budget;      /* automatic plan: CTA slots of one wave per (row chunk, key/value head) */
     int items;       /* CTAs per (row chunk, key/value head): one per item with fixed splits */
     int window_left, window_right;
     int transform;
@@ -207,163 +209,118 @@ __device__ __forceinline__ kvc_chunk kvc_chunk_of(const kvc_params &p, int b, in
     return c;
 }
 
-/* A chunk's split count for splits of at most `size` tiles: none when the chunk has no rows,
- * one (which writes o = 0, lse = -inf) when it sees no key. */
-__device__ __forceinline__ int kvc_splits_for(const kvc_params &p, const kvc_chunk &c, int size) {
-    if (c.row0 >= c.rows)
-        return 0;
-    const int tiles = c.tile_end - c.tile_begin;
-    return tiles > 0 ? min(p.max_splits, (tiles - 1) / size + 1) : 1;
+/* A CTA's work item: tiles [lo, hi) (from the chunk's first visible tile) of sequence b (-1:
+ * none), part `part` of the `parts` the sequence's keys are cut into. A caller's split count
+ * cuts every sequence into equal shares: hi < 0 then, the share computed from part and parts. */
+struct kvc_item {
+    int b, part, parts, lo, hi;
+};
+
+/* A chunk's work in the automatic plan: its tiles and a fixed cost for the piece that starts it
+ * (Q rows, the ring's first tiles, the warps' merge and the write); none without rows. */
+__device__ __forceinline__ int64_t kvc_work(const kvc_chunk &c) {
+    return c.row0 < c.rows ? KVC_PIECE_TILES + (c.tile_end - c.tile_begin) : 0;
 }
 
-/* A CTA's work: sequence b (-1: none), split and the sequence's split count. */
-struct kvc_item {
-    int b, split, splits;
-};
-
-/* The automatic plan of row chunk rc as a lane of warp 0 holds it: sequences [first, last) are
- * its share, `before` the items of the sequences ahead of them, `mine` theirs, `total` all;
- * `cost_before`
- * and `cost` the same in work (tiles + KVC_ITEM_TILES an item). */
+/* The automatic plan of row chunk rc for CTA g, as lane l of warp 0 holds it. The chunks of all
+ * sequences, in order, are laid end to end in work units (kvc_work: the fixed cost first, then
+ * the tiles), `total` in all; CTA g of `ctas` takes the units [g total / ctas, (g + 1) total /
+ * ctas), cutting a sequence wherever a boundary falls among its tiles. Every CTA gets the same
+ * work to within a unit however the lengths spread, and a sequence is cut into as many parts
+ * as boundaries fall in it, plus one. Sequences [first, last) are this lane's, `base` the work
+ * before them; `before` and `mine` count the CTA's pieces in earlier lanes and in this one. */
 struct kvc_planner {
-    int first, last, before, mine, total;
-    int chunk; /* tiles a split at most */
-    int64_t cost_before, cost;
+    int first, last, ctas, before, mine;
+    int64_t base, total, w0, w1;
 };
 
-/* The automatic plan, made by warp 0 of every CTA alike from the device-side lengths the host
- * cannot see (one warp: shuffles, no barrier, while the CTA has nothing else to do). With T the
- * tiles of all sequences' chunk rc, B the chunks with rows and m = p.budget the CTA slots a (row
- * chunk, key/value head) has in one wave, candidate k cuts the keys into splits of at most C_k
- * = ceil(T / (k m - B)) tiles: sum_b ceil(t_b / C_k) <= T / C_k + B <= k m items, k waves at
- * most. Each candidate's time is estimated as its waves times its largest split, plus a
- * per-item cost (a start and an end, KVC_ITEM_TILES tiles' worth); the cheapest wins. Equal
- * lengths get few splits that fill whole waves (8 x 32768 keys: 6 each, one wave), spread lengths
- * small splits that keep every slot busy to the end. */
-__device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc) {
-    constexpr int K = KVC_PLAN_WAVES;
+/* How many of the boundaries k total / ctas, k = 1 .. ctas - 1, are at or before unit y. */
+__device__ __forceinline__ int kvc_cuts_through(const kvc_planner &pl, int64_t y) {
+    return y < 0 ? 0 : (int)min((int64_t)pl.ctas - 1, ((y + 1) * pl.ctas - 1) / pl.total);
+}
+
+/* Sequence b's piece in the CTA's units [w0, w1), its chunk c starting at unit `base`: false if
+ * there is none. A chunk without keys (o = 0, lse = -inf to write) belongs to the CTA holding
+ * its first unit. */
+__device__ __forceinline__ bool kvc_piece(const kvc_planner &pl, const kvc_chunk &c, int b, int64_t base,
+                                          kvc_item *item) {
+    if (c.row0 >= c.rows)
+        return false;
+    const int tiles = c.tile_end - c.tile_begin;
+    const int64_t first = base + KVC_PIECE_TILES; /* the unit of its first tile */
+    if (tiles == 0) {
+        *item = kvc_item{b, 0, 1, 0, 0};
+        return pl.w0 <= base && base < pl.w1;
+    }
+    const int lo = (int)min(max(pl.w0 - first, (int64_t)0), (int64_t)tiles);
+    const int hi = (int)min(max(pl.w1 - first, (int64_t)0), (int64_t)tiles);
+    const int cuts_before = kvc_cuts_through(pl, first);
+    *item = kvc_item{b, kvc_cuts_through(pl, first + lo) - cuts_before,
+                     1 + kvc_cuts_through(pl, first + tiles - 1) - cuts_before, lo, hi};
+    return lo < hi;
+}
+
+/* Made by warp 0 of every CTA from the device-side lengths the host cannot see (one warp:
+ * shuffles, no barrier, while the CTA has nothing else to do). */
+__device__ kvc_planner kvc_plan_chunk(const kvc_params &p, int rc, int g) {
     const int lane = threadIdx.x & 31;
     kvc_planner pl;
     const int per = (p.batch + 31) / 32;
     pl.first = min(p.batch, lane * per);
     pl.last = min(p.batch, pl.first + per);
-    int64_t tiles = 0, chunks = 0;
-    for (int b = pl.first; b < pl.last; b++) {
-        const kvc_chunk c = kvc_chunk_of(p, b, rc);
-        tiles += c.tile_end - c.tile_begin;
-        chunks += c.row0 < c.rows;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) { /* both sums at once: one chain of shuffles, not two */
-        tiles += __shfl_xor_sync(0xffffffffu, tiles, o);
-        chunks += __shfl_xor_sync(0xffffffffu, chunks, o);
-    }
-    /* Candidate k + 1: split size, items, largest split. Every CTA waits on this before its
-     * first load, so the arithmetic avoids int64 division (a long subroutine): sizes in f64,
-     * the rest in int32 and f32 (the counts are bounded by the grid). */
-    int size[K], items[K], largest[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int64_t slots = (int64_t)(k + 1) * p.budget - chunks;
-        size[k] = slots > 0 ? (int)fmin((double)INT32_MAX, fmax((double)KVC_MIN_SPLIT_TILES, ceil((double)tiles / (double)slots)))
-                            : -1;
-        items[k] = largest[k] = 0;
-    }
-    for (int b = pl.first; b < pl.last; b++) {
-        const kvc_chunk c = kvc_chunk_of(p, b, rc);
-#pragma unroll
-        for (int k = 0; k < K; k++)
-            if (size[k] > 0) {
-                const int n = kvc_splits_for(p, c, size[k]);
-                items[k] += n;
-                if (n)
-                    largest[k] = max(largest[k], (c.tile_end - c.tile_begin + n - 1) / n);
-            }
-    }
-    /* Every candidate's sums and maxima in one chain of shuffles: 2 K independent values a step. */
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            items[k] += __shfl_xor_sync(0xffffffffu, items[k], o);
-            largest[k] = max(largest[k], __shfl_xor_sync(0xffffffffu, largest[k], o));
-        }
-    /* No candidate (more chunks than K waves of slots): one split each. */
-    float best = INFINITY;
-    pl.chunk = INT32_MAX;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int n = items[k], waves = (n + p.budget - 1) / p.budget;
-        const float cost = (float)waves * (float)largest[k] + (float)n * KVC_ITEM_TILES / (float)p.budget;
-        if (size[k] > 0 && cost < best)
-            best = cost, pl.chunk = size[k];
-    }
-    pl.mine = 0;
-    int64_t cost = 0;
-    for (int b = pl.first; b < pl.last; b++) {
-        const kvc_chunk c = kvc_chunk_of(p, b, rc);
-        const int n = kvc_splits_for(p, c, pl.chunk);
-        pl.mine += n;
-        cost += c.tile_end - c.tile_begin + (int64_t)n * KVC_ITEM_TILES;
-    }
-    int x = pl.mine;
-    int64_t y = cost;
+    int64_t work = 0;
+    for (int b = pl.first; b < pl.last; b++)
+        work += kvc_work(kvc_chunk_of(p, b, rc));
+    int64_t x = work;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        const int xo = __shfl_up_sync(0xffffffffu, x, o);
-        const int64_t yo = __shfl_up_sync(0xffffffffu, y, o);
+        const int64_t xo = __shfl_up_sync(0xffffffffu, x, o);
         x += lane >= o ? xo : 0;
+    }
+    pl.base = x - work;
+    pl.total = __shfl_sync(0xffffffffu, x, 31);
+    /* Each CTA at least KVC_MIN_PIECE units: the workspace bound of kvc_plan_of. */
+    pl.ctas = (int)min((int64_t)p.items, max((int64_t)1, pl.total / KVC_MIN_PIECE));
+    pl.w0 = g < pl.ctas ? g * pl.total / pl.ctas : pl.total;
+    pl.w1 = g < pl.ctas ? (g + 1) * pl.total / pl.ctas : pl.total;
+    pl.mine = 0;
+    if (pl.base < pl.w1 && pl.base + work > pl.w0) {
+        int64_t base = pl.base;
+        for (int b = pl.first; b < pl.last; b++) {
+            const kvc_chunk c = kvc_chunk_of(p, b, rc);
+            kvc_item item;
+            pl.mine += kvc_piece(pl, c, b, base, &item);
+            base += kvc_work(c);
+        }
+    }
+    int y = pl.mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int yo = __shfl_up_sync(0xffffffffu, y, o);
         y += lane >= o ? yo : 0;
     }
-    pl.before = x - pl.mine;
-    pl.total = __shfl_sync(0xffffffffu, x, 31);
-    pl.cost_before = y - cost;
-    pl.cost = __shfl_sync(0xffffffffu, y, 31);
+    pl.before = y - pl.mine;
     return pl;
 }
 
-/* The items whose work starts before `work0` and before `work1` (in the plan's order, sequence
- * by sequence, an item's work its tiles + KVC_ITEM_TILES), summed over warp 0: a CTA's first
- * item and the one past its last. Sequence b's item j is taken to start at its base + j
- * (ceil(t_b / n_b) + KVC_ITEM_TILES), exact but for trailing empty splits (a count clamped to
- * max_splits); monotone in the work, so consecutive bounds deal each item once. */
-__device__ int2 kvc_items_before(const kvc_params &p, const kvc_planner &pl, int rc, int64_t work0, int64_t work1) {
-    int count0 = 0, count1 = 0;
-    int64_t base = pl.cost_before;
-    for (int b = pl.first; b < pl.last; b++) {
-        const kvc_chunk c = kvc_chunk_of(p, b, rc);
-        const int n = kvc_splits_for(p, c, pl.chunk), tiles = c.tile_end - c.tile_begin;
-        const double item = (double)((tiles + n - 1) / max(n, 1) + KVC_ITEM_TILES);
-        if (n && work0 > base)
-            count0 += (int)fmin((double)n, ceil((double)(work0 - base) / item));
-        if (n && work1 > base)
-            count1 += (int)fmin((double)n, ceil((double)(work1 - base) / item));
-        base += tiles + (int64_t)n * KVC_ITEM_TILES;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        count0 += __shfl_xor_sync(0xffffffffu, count0, o);
-        count1 += __shfl_xor_sync(0xffffffffu, count1, o);
-    }
-    return make_int2(count0, count1);
-}
-
-/* Item f of the plan into *out (b = -1 from f_end on), by warp 0: the lane whose sequences hold
+/* The CTA's piece f into *out (b = -1 past its last), by warp 0: the lane whose sequences hold
  * it walks them. */
-__device__ void kvc_locate(const kvc_params &p, const kvc_planner &pl, int rc, int f, int f_end, kvc_item *out) {
+__device__ void kvc_locate(const kvc_params &p, const kvc_planner &pl, int rc, int f, kvc_item *out) {
     if ((threadIdx.x & 31) == 0)
         out->b = -1;
     __syncwarp();
-    if (f < f_end && f >= pl.before && f < pl.before + pl.mine) {
-        int before = pl.before;
-        for (int b = pl.first; b < pl.last; b++) {
-            const int n = kvc_splits_for(p, kvc_chunk_of(p, b, rc), pl.chunk);
-            if (f < before + n) {
-                *out = kvc_item{b, f - before, n};
-                break;
-            }
-            before += n;
+    if (f < pl.before || f >= pl.before + pl.mine)
+        return;
+    int count = pl.before;
+    int64_t base = pl.base;
+    for (int b = pl.first; b < pl.last; b++) {
+        const kvc_chunk c = kvc_chunk_of(p, b, rc);
+        kvc_item item;
+        if (kvc_piece(pl, c, b, base, &item) && count++ == f) {
+            *out = item;
+            return;
         }
+        base += kvc_work(c);
     }
 }
 
@@ -391,7 +348,7 @@ __device__ __forceinline__ void kvc_rotate_q(const kvc_params &p, unsigned char 
     }
 }
 
-/* One work item: split item.split of row chunk rc of sequence item.b, key/value head head_kv.
+/* One work item: tiles of row chunk rc of sequence item.b (kvc_item), key/value head head_kv.
  * Ends with the CTA's shared memory free for the next item. */
 template <typename T, int D>
 __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_item item, int rc, int head_kv,
@@ -407,10 +364,13 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
         return;
     const int key_lo = ck.key_lo, key_hi = ck.key_hi;
 
-    /* This split's share of the chunk's tiles. */
-    const int per_split = (ck.tile_end - ck.tile_begin + item.splits - 1) / item.splits;
-    const int tile_begin = min(ck.tile_end, ck.tile_begin + item.split * per_split);
-    const int tile_end = min(ck.tile_end, tile_begin + per_split);
+    /* This item's share of the chunk's tiles: its own, or the part-th of equal shares. */
+    int tile_begin = ck.tile_begin + item.lo, tile_end = ck.tile_begin + item.hi;
+    if (item.hi < 0) {
+        const int per_part = (ck.tile_end - ck.tile_begin + item.parts - 1) / item.parts;
+        tile_begin = min(ck.tile_end, ck.tile_begin + item.part * per_part);
+        tile_end = min(ck.tile_end, tile_begin + per_part);
+    }
     /* This warp's tiles: tile_begin + warp, + WARPS, ... */
     const int my_tiles = max(0, (tile_end - tile_begin - warp + WARPS - 1) / WARPS);
 
@@ -616,13 +576,13 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const float lse = l > 0.0f ? (m + __log2f(l)) * ATTN_LN2 : -INFINITY;
         const int64_t row_index = (int64_t)token * p.heads_q + head;
-        if (p.part_count && item.split == 0 && d == 0)
-            p.part_count[row_index] = item.splits;
-        if (item.splits > 1) {
-            *reinterpret_cast<float4 *>(p.part_o + ((int64_t)item.split * p.tokens * p.heads_q + row_index) * D + d) =
+        if (p.part_count && item.part == 0 && d == 0)
+            p.part_count[row_index] = item.parts;
+        if (item.parts > 1) {
+            *reinterpret_cast<float4 *>(p.part_o + ((int64_t)item.part * p.tokens * p.heads_q + row_index) * D + d) =
                 make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
             if (d == 0)
-                p.part_lse[(int64_t)item.split * p.tokens * p.heads_q + row_index] = lse;
+                p.part_lse[(int64_t)item.part * p.tokens * p.heads_q + row_index] = lse;
             continue;
         }
         const int64_t at = (p.cu_seqlens_q ? (int64_t)token * p.o_ss : b * p.o_sb + pos * p.o_ss) + head * p.o_sh + d;
@@ -638,12 +598,10 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
 
 /* Block -> (row chunk, CTA g, key/value head), the head fastest: the CTAs running together
  * read whole cache rows (every head of a key). A fixed split count gives each CTA its item g;
- * the automatic plan launches about one wave of CTAs (p.items per row chunk and head), CTA g
- * taking the items whose work starts in [g W / items, (g + 1) W / items) of the plan's total
- * work W: a contiguous run of items, each CTA about the same work (within one item), however
- * the lengths spread. A grid sized for the most items the plan could make queued thousands of
- * CTAs without an item behind the working ones, and they ran in the slots the working ones
- * freed (B1 x K131072 at 0.63x copy). */
+ * the automatic plan launches one wave of CTAs (p.items per row chunk and head), CTA g taking
+ * its equal share of the work (kvc_plan_chunk) as pieces of one or more sequences. A grid sized
+ * for the most items a plan could make queued thousands of CTAs without an item behind the
+ * working ones, and they ran in the slots the working ones freed (B1 x K131072 at 0.63x copy). */
 /* Left to itself, ptxas holds the head-dim-64 kernel to 128 registers on sm_86 and sm_89 and
  * spills 12 bytes there; telling it one CTA per SM is enough (all their 100 KB of shared memory
  * holds anyway) lifts that. sm_90 keeps the bound it was measured with. */
@@ -663,39 +621,35 @@ __global__ void KVC_DECODE_BOUNDS(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
     const int head_kv = (int)(blockIdx.x % (unsigned)p.heads_kv);
     const int rest = (int)(blockIdx.x / (unsigned)p.heads_kv);
     const int rc = rest / p.items, g = rest % p.items;
-    /* Items f .. f_end - 1 of the plan are this CTA's (warp 0 holds the bounds): with a fixed
-     * split count (the caller's, or one sequence's below) item g alone. The planner's per-lane
-     * state waits in shared memory, so the item loop below, the one copy of the decode for every
-     * kind of plan, keeps no register for it. */
+    /* With a fixed split count (the caller's, or one sequence's below) the CTA's one item is
+     * split g % splits of sequence g / splits; with the automatic plan warp 0 finds its pieces
+     * one by one. The planner's per-lane state waits in shared memory, so the item loop below,
+     * the one copy of the decode for every kind of plan, keeps no register for it. */
     __shared__ kvc_item next;
     __shared__ kvc_planner plans[32];
     const bool planner = threadIdx.x < 32;
-    int f = g, f_end = g + 1, splits = p.splits;
+    int splits = p.splits;
     if (p.splits == 0 && p.batch == 1) {
         /* One sequence: nothing to balance between sequences, so the plan is closed-form, splits
-         * of at least KVC_MIN_SPLIT_TILES tiles filling the CTAs, CTA g taking split g. The
-         * general plan comes to about the same cut (B1 x K131072: 48 splits, here 49) after a
-         * chain of dependent arithmetic that every CTA waits on before its first load: 150.5 us
-         * against 144 us for 48 splits given by the caller, back to back. */
+         * of at least KVC_MIN_SPLIT_TILES tiles filling the CTAs, CTA g taking split g. A plan
+         * that every CTA waits on before its first load costs what it computes: the plan made
+         * for any batch took 150.5 us at B1 x K131072 against 144 us for 48 splits given by
+         * the caller, back to back; this one 141.4 us. */
         const kvc_chunk c = kvc_chunk_of(p, 0, rc);
         const int tiles = c.tile_end - c.tile_begin;
-        splits = min(p.items, max(1, (tiles + KVC_MIN_SPLIT_TILES - 1) / KVC_MIN_SPLIT_TILES));
-        f_end = g < splits ? g + 1 : g;
+        splits = min(p.max_splits, max(1, (tiles + KVC_MIN_SPLIT_TILES - 1) / KVC_MIN_SPLIT_TILES));
+        if (g >= splits)
+            return;
     } else if (planner && p.splits == 0) {
-        const kvc_planner pl = kvc_plan_chunk(p, rc);
-        /* The last CTA takes every item to the end, whatever the estimate of their starts. */
-        const int2 bounds = kvc_items_before(p, pl, rc, g * pl.cost / p.items, (g + 1) * pl.cost / p.items);
-        f = bounds.x;
-        f_end = g + 1 < p.items ? bounds.y : pl.total;
-        plans[threadIdx.x] = pl;
+        plans[threadIdx.x] = kvc_plan_chunk(p, rc, g);
     }
-    for (;; f++) {
+    for (int f = 0;; f++) {
         if (planner) {
             if (splits > 0) {
                 if (threadIdx.x == 0)
-                    next = f < f_end ? kvc_item{f / splits, f % splits, splits} : kvc_item{-1, 0, 0};
+                    next = f == 0 ? kvc_item{g / splits, g % splits, splits, 0, -1} : kvc_item{-1, 0, 0, 0, 0};
             } else {
-                kvc_locate(p, plans[threadIdx.x], rc, f, f_end, &next);
+                kvc_locate(p, plans[threadIdx.x], rc, f, &next);
             }
         }
         __syncthreads(); /* `next` is set; the previous item's shared memory is free */
@@ -777,17 +731,21 @@ __global__ void __launch_bounds__(KVC_APPEND_THREADS) kvcache_append_kernel(cons
 }
 
 /* The split merge: one CTA per (token, query head), over the splits its sequence had (the
- * count its split 0 left; 1: that CTA wrote o itself). The splits' weights go to shared memory;
- * then each group of threads that spans a row of D floats takes every GROUPS-th split, so a
- * batch-1 call (heads_q rows, up to 8 waves of splits each) still has thousands of 16-byte
- * loads in flight: a loop that waited on each split's load took longer than the decode's
- * tail. The groups' sums meet in shared memory. */
+ * count its split 0 left; 1: that CTA wrote o itself). Each group of threads that spans a row
+ * of D floats takes every GROUPS-th split. Its time is a chain of dependent loads after the
+ * decode's last CTA, so the chain is short: once the count is known, the first BATCH splits'
+ * partials of each group are loaded into registers, and the weights exp(lse_s - M) are
+ * computed while they are in flight. A loop that waited on each split's load took longer than
+ * the decode's tail. The groups' sums meet in shared memory. */
 template <typename T, int D>
 __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(const kvc_params p) {
     constexpr int COLS = D / 4;                             /* float4 columns of a row */
     constexpr int LANES = COLS < 32 ? COLS : 32;            /* threads per split */
     constexpr int GROUPS = KVC_COMBINE_THREADS / LANES;     /* splits in flight per step */
     constexpr int PER_LANE = COLS / LANES;
+    /* A group's splits per pass, 4 float4 a thread: at 16, fewer merge CTAs fit an SM, and 64
+     * spread lengths' 2048 rows took 5 us longer (B1 x K131072: 1 us shorter); 8: 2.5 us. */
+    constexpr int BATCH = 4 / PER_LANE;
     __shared__ float weight[KVC_MAX_SPLITS];
     __shared__ float scratch[32];
     __shared__ float4 sums[GROUPS][COLS];
@@ -800,35 +758,49 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
     const int n = min(max(p.part_count[row], 0), p.max_splits);
     if (n <= 1)
         return;
-    const float *lse_s = p.part_lse + row;
-    float m = -INFINITY;
-    for (int s = tid; s < n; s += KVC_COMBINE_THREADS)
-        m = fmaxf(m, weight[s] = lse_s[s * rows]);
-    m = tk_block_max(m, scratch);
-    float l = 0.0f;
-    for (int s = tid; s < n; s += KVC_COMBINE_THREADS) {
-        const float w = m == -INFINITY || weight[s] == -INFINITY ? 0.0f : __expf(weight[s] - m);
-        weight[s] = w;
-        l += w;
-    }
-    l = tk_block_sum(l, scratch); /* its barriers also publish weight[] */
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float m = -INFINITY, l = 0.0f;
     float4 acc[PER_LANE];
 #pragma unroll
     for (int c = 0; c < PER_LANE; c++)
         acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-    for (int s = group; s < n; s += GROUPS) {
-        const float w = weight[s];
-        if (w == 0.0f)
-            continue;
-        const float4 *part = reinterpret_cast<const float4 *>(p.part_o + (s * rows + row) * D);
+    for (int s0 = 0; s0 < n; s0 += GROUPS * BATCH) {
+        float4 x[BATCH][PER_LANE];
 #pragma unroll
-        for (int c = 0; c < PER_LANE; c++) {
-            const float4 x = part[col + c * LANES];
-            acc[c].x += w * x.x, acc[c].y += w * x.y, acc[c].z += w * x.z, acc[c].w += w * x.w;
+        for (int i = 0; i < BATCH; i++) {
+            const int s = s0 + group + GROUPS * i;
+            const float4 *part = reinterpret_cast<const float4 *>(p.part_o + (s * rows + row) * D);
+#pragma unroll
+            for (int c = 0; c < PER_LANE; c++) {
+                x[i][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (s < n)
+                    x[i][c] = part[col + c * LANES];
+            }
+        }
+        if (s0 == 0) { /* the weights, while the first pass's loads are in flight */
+            const float *lse_s = p.part_lse + row;
+            for (int s = tid; s < n; s += KVC_COMBINE_THREADS)
+                m = fmaxf(m, weight[s] = lse_s[s * rows]);
+            m = tk_block_max(m, scratch);
+            for (int s = tid; s < n; s += KVC_COMBINE_THREADS) {
+                const float w = m == -INFINITY || weight[s] == -INFINITY ? 0.0f : __expf(weight[s] - m);
+                weight[s] = w;
+                l += w;
+            }
+            l = tk_block_sum(l, scratch); /* its barriers also publish weight[] */
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int s = s0 + group + GROUPS * i;
+            const float w = s < n ? weight[s] : 0.0f;
+            if (w == 0.0f) /* an empty split (or none): its o is 0 */
+                continue;
+#pragma unroll
+            for (int c = 0; c < PER_LANE; c++)
+                acc[c].x += w * x[i][c].x, acc[c].y += w * x[i][c].y, acc[c].z += w * x[i][c].z,
+                    acc[c].w += w * x[i][c].w;
         }
     }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int c = 0; c < PER_LANE; c++)
         sums[group][col + c * LANES] = acc[c];
@@ -857,7 +829,7 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
 
 /* How a call is cut into work items (the fields of kvc_params of the same names). */
 struct kvc_plan {
-    int splits, max_splits, budget, items;
+    int splits, max_splits, items;
 };
 
 int kvc_row_chunks(const tk_attention_kvcache_call *c) {
@@ -903,7 +875,6 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
     p.row_chunks = kvc_row_chunks(c);
     p.splits = plan.splits;
     p.max_splits = plan.max_splits;
-    p.budget = plan.budget;
     p.items = plan.items;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
@@ -984,24 +955,24 @@ int kvc_resident_slots(const tk_attention_kvcache_call *c, const tk_device *dev)
 }
 
 /* The split plan the host can make: a caller's count as it is (a CTA per item); else the
- * frame of the automatic plan that every CTA makes from the lengths (kvc_plan_chunk): `budget`
- * = the CTA slots of one wave per (row chunk, key/value head), as many CTAs, each looping over
- * its items; at most ceil(capacity tiles / 16) splits a sequence (which bounds the workspace). */
+ * frame of the automatic plan that every CTA makes from the lengths (kvc_plan_chunk): `items`
+ * = the CTA slots of one wave per (row chunk, key/value head), as many CTAs. A sequence's parts
+ * are at most the CTAs, and, each CTA taking at least KVC_MIN_PIECE units, at most one more
+ * than ceil(capacity tiles / KVC_MIN_PIECE): that bounds the workspace. A capacity of one
+ * split's worth of keys runs unsplit. */
 kvc_plan kvc_plan_of(const tk_attention_kvcache_call *c, const tk_device *dev) {
     if (c->num_splits > 0)
-        return kvc_plan{c->num_splits, c->num_splits, 0, c->batch * c->num_splits};
+        return kvc_plan{c->num_splits, c->num_splits, c->batch * c->num_splits};
     const int64_t per_item = (int64_t)c->heads_kv * kvc_row_chunks(c);
     const int64_t budget = max((int64_t)1, kvc_resident_slots(c, dev) / per_item);
+    const int64_t items = min(budget, (int64_t)KVC_MAX_SPLITS);
     const int64_t capacity = (int64_t)c->pages_per_seq * c->page_size;
     const int64_t cap_tiles = (capacity + KVC_KEYS - 1) / KVC_KEYS;
-    const int64_t most = min(min(KVC_PLAN_WAVES * budget, (int64_t)KVC_MAX_SPLITS),
-                             (cap_tiles + KVC_MIN_SPLIT_TILES - 1) / KVC_MIN_SPLIT_TILES);
-    /* Equal query counts and at least as many sequences as KVC_PLAN_WAVES waves of slots: no
-     * candidate of the plan exists, every sequence runs unsplit. */
-    const bool unsplit = !c->cu_seqlens_q && c->batch >= KVC_PLAN_WAVES * budget;
-    if (most <= 1 || unsplit)
-        return kvc_plan{1, 1, 0, c->batch};
-    return kvc_plan{0, (int)most, (int)budget, (int)min(budget, (int64_t)c->batch * most)};
+    const int64_t most = min(items, 1 + (cap_tiles + KVC_MIN_PIECE - 1) / KVC_MIN_PIECE);
+    const bool unsplit = !c->cu_seqlens_q && c->batch >= KVC_UNSPLIT_WAVES * budget;
+    if (cap_tiles <= KVC_MIN_SPLIT_TILES || most <= 1 || unsplit)
+        return kvc_plan{1, 1, c->batch};
+    return kvc_plan{0, (int)most, (int)items};
 }
 
 } // namespace
@@ -1030,7 +1001,7 @@ extern "C" cudaError_t tk_attention_kvcache_launch_decode(const void *call, cons
 
 extern "C" cudaError_t tk_attention_kvcache_append(const tk_attention_kvcache_call *c, const tk_device *dev,
                                                    cudaStream_t stream) {
-    const kvc_plan unsplit = {1, 1, 0, c->batch}; /* the append reads no plan */
+    const kvc_plan unsplit = {1, 1, c->batch}; /* the append reads no plan */
     switch (c->head_dim) {
     case 64: return kvc_launch_head_dim<64>(c, unsplit, dev, stream, true);
     case 128: return kvc_launch_head_dim<128>(c, unsplit, dev, stream, true);
