@@ -112,6 +112,8 @@ struct kvc_params {
     int max_splits;  /* the most a sequence gets */
     int items;       /* CTAs per (row chunk, key/value head): one per item with fixed splits */
     int window_left, window_right;
+    int chunk;           /* chunked local attention, 0 = off */
+    const float *sinks;  /* [heads_q] sink logits, or nullptr */
     int transform;
     float scale, softcap, softcap_in, exp_scale;
     /* RoPE (rotary_dim 0: none), as tk_attention_kvcache_call has it */
@@ -194,6 +196,12 @@ struct kvc_chunk {
     int seqlen_q, token0, rows, row0, seqlen_k, shift, key_lo, key_hi, tile_begin, tile_end;
 };
 
+/* The mask of a sequence with seqlen_k keys, shift = seqlen_k - seqlen_q (attention_softmax.cuh's:
+ * the window and the chunk; the other masks are tk_attention_fwd's alone). */
+__device__ __forceinline__ attn_mask kvc_mask(const kvc_params &p, int seqlen_q, int seqlen_k) {
+    return {seqlen_k - seqlen_q, seqlen_q, seqlen_k, p.window_left, p.window_right, p.chunk, 0, nullptr};
+}
+
 __device__ __forceinline__ kvc_chunk kvc_chunk_of(const kvc_params &p, int b, int rc) {
     kvc_chunk c;
     kvc_queries(p, b, &c.seqlen_q, &c.token0);
@@ -201,9 +209,11 @@ __device__ __forceinline__ kvc_chunk kvc_chunk_of(const kvc_params &p, int b, in
     c.row0 = rc * KVC_ROWS;
     c.seqlen_k = kvc_seqlen_k(p, b, c.seqlen_q);
     c.shift = c.seqlen_k - c.seqlen_q;
+    /* The rows' ranges grow with the position: the first row's start to the last row's end. */
+    const attn_mask mask = kvc_mask(p, c.seqlen_q, c.seqlen_k);
     const int pos_last = min(c.row0 + KVC_ROWS, c.rows) - 1;
-    attn_visible_keys(c.row0 / p.group, pos_last / p.group, c.shift, c.seqlen_k, p.window_left, p.window_right,
-                      c.key_lo, c.key_hi);
+    c.key_lo = attn_row_keys(mask, attn_docs{}, c.row0 / p.group + c.shift).x;
+    c.key_hi = attn_row_keys(mask, attn_docs{}, pos_last / p.group + c.shift).y;
     c.tile_begin = c.key_lo / KVC_KEYS;
     c.tile_end = c.key_hi >= c.key_lo && c.row0 < c.rows ? c.key_hi / KVC_KEYS + 1 : c.tile_begin;
     return c;
@@ -420,6 +430,7 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
     /* Rows of this thread's accumulators: g and g + 8 of the chunk (fragment layout of
      * core/sm80.cuh); their visible keys [lo, hi] (empty for rows past the sequence). */
     const int g = lane >> 2, tq = lane & 3;
+    const attn_mask mask = kvc_mask(p, ck.seqlen_q, seqlen_k);
     int lo[2], hi[2], qpos[2];
     float slope[2];
 #pragma unroll
@@ -428,10 +439,9 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
         const int pos = gr / p.group;
         qpos[h] = pos;
         slope[h] = p.alibi_slopes && gr < rows ? p.alibi_slopes[head_kv * p.group + gr % p.group] : 0.0f;
-        lo[h] = p.window_left >= 0 ? pos + shift - p.window_left : 0;
-        hi[h] = p.window_right >= 0 ? min(seqlen_k - 1, pos + shift + p.window_right) : seqlen_k - 1;
-        if (gr >= rows)
-            lo[h] = 0, hi[h] = -1;
+        const int2 keys = attn_row_keys(mask, attn_docs{}, pos + shift);
+        lo[h] = gr < rows ? keys.x : 0;
+        hi[h] = gr < rows ? keys.y : -1;
     }
 
     const int lrow = lane & 7, lmat = lane >> 3;
@@ -573,8 +583,11 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
                 acc[0] += scale * x.x, acc[1] += scale * x.y, acc[2] += scale * x.z, acc[3] += scale * x.w;
             }
         }
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const float lse = l > 0.0f ? (m + __log2f(l)) * ATTN_LN2 : -INFINITY;
+        /* The sink joins the row once: here when this item is the row's only part, else at
+         * the merge. */
+        const float sink2 = p.sinks && item.parts == 1 ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
+        float inv, lse;
+        attn_finish_row(l, m, sink2, inv, lse);
         const int64_t row_index = (int64_t)token * p.heads_q + head;
         if (p.part_count && item.part == 0 && d == 0)
             p.part_count[row_index] = item.parts;
@@ -779,13 +792,17 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
             const float *lse_s = p.part_lse + row;
             for (int s = tid; s < n; s += KVC_COMBINE_THREADS)
                 m = fmaxf(m, weight[s] = lse_s[s * rows]);
-            m = tk_block_max(m, scratch);
+            /* The sink joins the denominator once, as a part without a value. */
+            const float sink = p.sinks ? p.sinks[row % p.heads_q] : -INFINITY;
+            m = fmaxf(tk_block_max(m, scratch), sink);
             for (int s = tid; s < n; s += KVC_COMBINE_THREADS) {
                 const float w = m == -INFINITY || weight[s] == -INFINITY ? 0.0f : __expf(weight[s] - m);
                 weight[s] = w;
                 l += w;
             }
             l = tk_block_sum(l, scratch); /* its barriers also publish weight[] */
+            if (sink != -INFINITY)
+                l += __expf(sink - m);
         }
 #pragma unroll
         for (int i = 0; i < BATCH; i++) {
@@ -877,6 +894,8 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
     p.items = plan.items;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
+    p.chunk = c->chunk;
+    p.sinks = c->sinks;
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     p.rotary_dim = c->rotary_dim;
     p.rope_style = c->rope_style;

@@ -37,6 +37,8 @@ typedef struct tk_attention_kvcache_call {
     int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* batch/page, position, head */
     int64_t k_new_stride[3], v_new_stride[3];                    /* batch, sequence, head */
     int window_left, window_right; /* -1 = unbounded */
+    int chunk;                    /* chunked local attention: chunk_size, 0 = off */
+    const float *sinks;           /* [heads_q] sink logits, or NULL */
     float scale;                  /* softmax scale, > 0 */
     float softcap;                /* 0 = off */
     int num_splits;               /* 1 .. 1024, or 0: the automatic plan */

@@ -179,6 +179,8 @@ cudaError_t kvp_launch(const tk_attention_kvcache_call *c, const tk_device *dev,
     p.batch = c->batch;
     p.window_left = c->window_left;
     p.window_right = c->window_right;
+    p.chunk = c->chunk;
+    p.sinks = c->sinks;
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     p.cu_seqlens_q = c->cu_seqlens_q;
     p.seqlens_k = c->seqlens_k;

@@ -76,14 +76,6 @@ __device__ __forceinline__ void attn_transform_scores(float (&s)[MT][NT][4], flo
     }
 }
 
-/* The keys that query positions first..last see together: lo..hi, empty when hi < lo (the
- * visibility rule of attn_mask_scores, applied to a band of rows). */
-__device__ __forceinline__ void attn_visible_keys(int first, int last, int shift, int seqlen_k, int window_left,
-                                                  int window_right, int &lo, int &hi) {
-    lo = window_left >= 0 ? max(0, first + shift - window_left) : 0;
-    hi = window_right >= 0 ? min(seqlen_k - 1, last + shift + window_right) : seqlen_k - 1;
-}
-
 /* ---- The mask: one contiguous key range per query position ----
  *
  * Every mask of tkern.h gives query position p = i + shift one range of keys lo(p) .. hi(p)

@@ -676,6 +676,13 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char
  * rope_attention_factor, 0 meaning 0.1 ln(rope_factor) + 1). The new fields' zero values (INIT)
  * mean no RoPE.
  *
+ * Sinks and chunked local attention (appended fields, off at their zero defaults): sinks (f32
+ * [heads_q], 4-byte aligned) and chunk_size = C > 0 mean what they mean for tk_attention_fwd,
+ * per sequence with key positions counted from the cache's start: query i of sequence b (key
+ * position p = i + shift) sees key j only when floor(j / C) = floor(p / C), and sink_h joins
+ * every row's denominator (a row that sees no key gets o = 0, lse = sink_h). Both combine with
+ * every other option; with splits the sink joins at the merge, once per row.
+ *
  * Split-KV: each (sequence, key/value head) is cut into num_splits ranges of keys, computed in
  * parallel into f32 partial outputs with their lse, then merged by a second kernel (o = sum_s
  * exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s)). num_splits = 0 lets the library choose, per
@@ -756,13 +763,15 @@ typedef struct tk_attention_kvcache_params {
     float rope_beta_fast;      /* YARN: > rope_beta_slow > 0 (32 and 1 in Hugging Face) */
     float rope_beta_slow;
     float rope_attention_factor; /* YARN: > 0, or 0 = 0.1 ln(rope_factor) + 1 */
+    const float *sinks;        /* NULL, or f32 [heads_q] sink logits (see above) */
+    int64_t chunk_size;        /* >= 0; 0 = off; C: chunked local attention (see above) */
 } tk_attention_kvcache_params;
 #define TK_ATTENTION_KVCACHE_PARAMS_INIT                                                         \
     {sizeof(tk_attention_kvcache_params), TK_BF16, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, NULL,  \
      0, 0, 0, 0, NULL, 0, 0, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},      \
      0.0f, 0, -1, -1, 0.0f, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, {0, 0, 0, 0}, {0, 0, 0, 0},  \
      0, TK_ROPE_NEOX, 10000.0f, NULL, NULL, 0, 0, TK_ROPE_SCALING_NONE, 1.0f, 1.0f, 4.0f, 8192,    \
-     32.0f, 1.0f, 0.0f}
+     32.0f, 1.0f, 0.0f, NULL, 0}
 
 /* Attention of the new queries over the cache, as described above: writes o (and lse). Work and
  * traffic are proportional to the visible keys: pages outside a window are not read.
@@ -772,11 +781,11 @@ typedef struct tk_attention_kvcache_params {
  * wrong, batch < 0, seqlen_q, heads, max_seqlen_k, num_pages, page_size or max_pages_per_seq <
  * 1 where used, total_q < 0, heads_q % heads_kv != 0, a stride < 0, a block_table_stride
  * smaller than max_pages_per_seq, o strides that make rows overlap, a window, scale, softcap,
- * flag or num_splits out of range, a workspace smaller than needed, a RoPE field out of range
- * (rotary_dim < 0 or > head_dim, unknown style or scaling, theta, factors or positions as
- * documented above) (TK_ERROR_INVALID_VALUE); rope_cos without rope_sin or the reverse
- * (TK_ERROR_NULL_POINTER); head_dim other than 64, 128, 256, dtype TK_F32, strides[3] != 1,
- * sizes past the kernel's limits (2^30 keys or queries per sequence), rotary_dim not a multiple
+ * flag, num_splits or chunk_size (< 0) out of range, a workspace smaller than needed, a RoPE
+ * field out of range (rotary_dim < 0 or > head_dim, unknown style or scaling, theta, factors or
+ * positions as documented above) (TK_ERROR_INVALID_VALUE); rope_cos without rope_sin or the
+ * reverse (TK_ERROR_NULL_POINTER); head_dim other than 64, 128, 256, dtype TK_F32, strides[3] !=
+ * 1, sizes past the kernel's limits (2^30 keys, queries or chunk_size), rotary_dim not a multiple
  * of 16, a scaling with a cos/sin cache (TK_ERROR_NOT_SUPPORTED); unaligned pointers or
  * strides (TK_ERROR_MISALIGNED); overlapping outputs (TK_ERROR_OVERLAP). */
 TK_API tk_status tk_attention_kvcache_fwd(const tk_attention_kvcache_params *p,

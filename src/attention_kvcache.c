@@ -298,6 +298,8 @@ static tk_status check_sizes(const char *fn, const tk_attention_kvcache_params *
     TK_TRY(check_limit(fn, "p->seqlen_q * heads_q / heads_kv (query rows of a GQA group)",
                        p->seqlen_q * (group < MAX_SEQLEN ? group : MAX_SEQLEN), MAX_SEQLEN));
     TK_TRY(check_limit(fn, "p->batch", p->batch, INT32_MAX - 1));
+    TK_TRY(check_at_least(fn, "chunk_size", p->chunk_size, 0));
+    TK_TRY(check_limit(fn, "p->chunk_size", p->chunk_size, MAX_SEQLEN));
     TK_TRY(check_limit(fn, "p->heads_q", p->heads_q, INT32_MAX));
     TK_TRY(check_limit(fn, "p->total_q", p->total_q, INT32_MAX));
     TK_TRY(check_limit(fn, "tokens (p->batch * p->seqlen_q)",
@@ -420,6 +422,7 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     const int64_t bt_stride = p->block_table_stride ? p->block_table_stride : p->max_pages_per_seq;
     const tensor lse = flat("p->lse", p->return_lse ? p->lse : NULL, tokens * p->heads_q);
     const tensor alibi = flat("p->alibi_slopes", p->alibi_slopes, p->heads_q);
+    const tensor sinks = flat("p->sinks", p->sinks, p->heads_q);
     const tensor seqlens = flat("p->seqlens_k", p->seqlens_k, p->batch);
     const tensor cu = flat("p->cu_seqlens_q", p->cu_seqlens_q, p->batch + 1);
     const tensor table = flat("p->block_table", p->block_table,
@@ -429,19 +432,19 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     const int64_t rope_floats = rope_cache ? (p->rope_max_position - 1) * rope_stride + p->rotary_dim / 2 : 0;
     const tensor rope_cos = flat("p->rope_cos", rope_cache ? p->rope_cos : NULL, rope_floats);
     const tensor rope_sin = flat("p->rope_sin", rope_cache ? p->rope_sin : NULL, rope_floats);
-    const tensor *small[] = {&lse, &alibi, &seqlens, &cu, &table, &rope_cos, &rope_sin};
-    for (int i = 0; i < 7; i++)
+    const tensor *small[] = {&lse, &alibi, &sinks, &seqlens, &cu, &table, &rope_cos, &rope_sin};
+    for (int i = 0; i < 8; i++)
         TK_TRY(tk_check_aligned(fn, small[i]->name, small[i]->ptr, 4));
-    const tensor *inputs[] = {&q, &k, &v, &alibi, &seqlens, &cu, &table, &kn, &vn, &rope_cos, &rope_sin};
-    for (int i = 0; i < 11; i++) {
+    const tensor *inputs[] = {&q, &k, &v, &alibi, &sinks, &seqlens, &cu, &table, &kn, &vn, &rope_cos, &rope_sin};
+    for (int i = 0; i < 12; i++) {
         TK_TRY(check_no_overlap(fn, &o, inputs[i]));
         if (lse.ptr)
             TK_TRY(check_no_overlap(fn, &lse, inputs[i]));
     }
     TK_TRY(check_no_overlap(fn, &o, &lse));
     if (append) { /* the caches are written: they meet nothing else, not even each other */
-        const tensor *others[] = {&q, &alibi, &seqlens, &cu, &table, &kn, &vn, &o, &lse, &rope_cos, &rope_sin};
-        for (int i = 0; i < 11; i++) {
+        const tensor *others[] = {&q, &alibi, &sinks, &seqlens, &cu, &table, &kn, &vn, &o, &lse, &rope_cos, &rope_sin};
+        for (int i = 0; i < 12; i++) {
             TK_TRY(check_no_overlap(fn, &k, others[i]));
             TK_TRY(check_no_overlap(fn, &v, others[i]));
         }
@@ -459,6 +462,8 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     call->v_new = append ? p->v_new : NULL;
     call->lse = lse.ptr ? p->lse : NULL;
     call->alibi_slopes = p->alibi_slopes;
+    call->sinks = p->sinks;
+    call->chunk = (int)p->chunk_size;
     call->seqlens_k = p->seqlens_k;
     call->block_table_stride = bt_stride;
     for (int i = 0; i < 3; i++) {

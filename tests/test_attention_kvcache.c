@@ -23,8 +23,8 @@
 static unsigned char in_buf[65536] __attribute__((aligned(16)));
 static unsigned char out_buf[8192] __attribute__((aligned(16)));
 enum { Q_AT = 0, K_AT = 1024, V_AT = 17408, TABLE_AT = 33792, SEQLENS_AT = 33824,
-       CU_AT = 33840, ALIBI_AT = 33856, KNEW_AT = 34816, VNEW_AT = 35840, ROPE_AT = 36864,
-       LSE_AT = 1024 };
+       CU_AT = 33840, ALIBI_AT = 33856, SINKS_AT = 33920, KNEW_AT = 34816, VNEW_AT = 35840,
+       ROPE_AT = 36864, LSE_AT = 1024 };
 
 static void reset_buffers(void) {
     tk_fill_sentinel(in_buf, sizeof in_buf);
@@ -107,6 +107,15 @@ Test(attention_kvcache_args, rejects_bad_arguments) {
     REJECT(window_left = -2, TK_ERROR_INVALID_VALUE, "p->window_left", true);
     REJECT(window_right = -3, TK_ERROR_INVALID_VALUE, "p->window_right", true);
     REJECT(return_lse = 3, TK_ERROR_INVALID_VALUE, "p->return_lse", true);
+    REJECT(chunk_size = -1, TK_ERROR_INVALID_VALUE, "p->chunk_size", true);
+    REJECT(chunk_size = (INT64_C(1) << 30) + 1, TK_ERROR_NOT_SUPPORTED, "p->chunk_size", true);
+    REJECT(sinks = (const float *)(in_buf + SINKS_AT + 2), TK_ERROR_MISALIGNED, "'p->sinks'", false);
+    {
+        tk_attention_kvcache_params p = ok; /* lse written over the sinks it reads */
+        p.sinks = (const float *)(in_buf + SINKS_AT);
+        p.lse = (float *)(in_buf + SINKS_AT);
+        expect_rejected(&p, TK_ERROR_OVERLAP, "'p->lse' overlaps 'p->sinks'", false);
+    }
     {
         tk_attention_kvcache_params p = ok;
         p.causal = 1, p.window_right = 2;
@@ -318,6 +327,8 @@ typedef struct kv_case {
     tk_rope_style rope_style;
     tk_rope_scaling rope_scaling;
     bool rope_cache;           /* angles from a cos/sin table (padded rows) instead of theta */
+    bool sinks;                /* per-head sink logits from -1 to 3 */
+    int64_t chunk_size;        /* chunked local attention: 0 = off */
 } kv_case;
 
 static void kv_case_name(const kv_case *c, char *out, size_t size) {
@@ -327,14 +338,15 @@ static void kv_case_name(const kv_case *c, char *out, size_t size) {
                       c->varlen ? c->q_lens[b] : (int)c->seqlen_q, c->k_lens[b]);
     snprintf(out, size,
              "%s B%lld H%lld/%lld D%lld q/k [%s] cap %lld page %lld%s causal %d window (%lld, "
-             "%lld) softcap %g%s%s splits %lld%s rope %lld/%d/%d%s",
+             "%lld) softcap %g%s%s splits %lld%s rope %lld/%d/%d%s chunk %lld%s",
              tk_test_dtype_name(c->dtype), (long long)c->batch, (long long)c->heads_q,
              (long long)c->heads_kv, (long long)c->head_dim, lens, (long long)c->capacity,
              (long long)c->page_size, c->padded ? " padded" : "", c->causal,
              (long long)c->window_left, (long long)c->window_right, (double)c->softcap,
              c->alibi ? " alibi" : "", c->lse ? " lse" : "", (long long)c->num_splits,
              c->append ? " append" : "", (long long)c->rotary_dim, (int)c->rope_style,
-             (int)c->rope_scaling, c->rope_cache ? " cache" : "");
+             (int)c->rope_scaling, c->rope_cache ? " cache" : "", (long long)c->chunk_size,
+             c->sinks ? " sinks" : "");
 }
 
 /* FlashAttention's representation term (tests/test_attention.c). */
@@ -374,6 +386,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     p.softcap = c->softcap;
     p.return_lse = c->lse;
     p.num_splits = c->num_splits;
+    p.chunk_size = c->chunk_size;
     p.rotary_dim = c->rotary_dim;
     p.rope_style = c->rope_style;
     p.rope_scaling = c->rope_scaling;
@@ -474,8 +487,8 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     uint16_t *ho = malloc((size_t)(nq > 0 ? nq : 1) * es);
     const int64_t n_lse = tokens * hq;
     float *hlse = malloc((size_t)(n_lse > 0 ? n_lse : 1) * sizeof(float));
-    float *hslopes = malloc((size_t)hq * sizeof(float));
-    cr_assert(hqb && hk && hv && ho && hlse && hslopes);
+    float *hslopes = malloc((size_t)hq * sizeof(float)), *hsinks = malloc((size_t)hq * sizeof(float));
+    cr_assert(hqb && hk && hv && ho && hlse && hslopes && hsinks);
     tk_fill_uniform(&rng, c->dtype, hqb, nq, -1.0, 1.0);
     tk_fill_uniform(&rng, c->dtype, hk, nk, -1.0, 1.0);
     tk_fill_uniform(&rng, c->dtype, hv, nk, -1.0, 1.0);
@@ -484,19 +497,22 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     cr_assert(hkn && hvn);
     tk_fill_uniform(&rng, c->dtype, hkn, n_new, -1.0, 1.0);
     tk_fill_uniform(&rng, c->dtype, hvn, n_new, -1.0, 1.0);
-    for (int64_t h = 0; h < hq; h++)
+    for (int64_t h = 0; h < hq; h++) {
         hslopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)hq);
+        hsinks[h] = (float)(-1.0 + 4.0 * (double)h / (double)hq);
+    }
 
     void *dq = tk_dev_alloc((size_t)(nq > 0 ? nq : 1) * es), *dk = tk_dev_alloc((size_t)nk * es);
     void *dv = tk_dev_alloc((size_t)nk * es), *dout = tk_dev_alloc((size_t)(nq > 0 ? nq : 1) * es);
     void *dlse = tk_dev_alloc((size_t)(n_lse > 0 ? n_lse : 1) * sizeof(float));
-    void *dslopes = tk_dev_alloc((size_t)hq * sizeof(float));
+    void *dslopes = tk_dev_alloc((size_t)hq * sizeof(float)), *dsinks = tk_dev_alloc((size_t)hq * sizeof(float));
     void *dlens = tk_dev_alloc(MAX_BATCH * sizeof(int32_t)), *dcu = tk_dev_alloc(sizeof cu);
     void *dtable = paged ? tk_dev_alloc((size_t)(c->batch * pages_per_seq) * sizeof(int32_t)) : NULL;
     tk_to_dev(dq, hqb, (size_t)nq * es);
     tk_to_dev(dk, hk, (size_t)nk * es);
     tk_to_dev(dv, hv, (size_t)nk * es);
     tk_to_dev(dslopes, hslopes, (size_t)hq * sizeof(float));
+    tk_to_dev(dsinks, hsinks, (size_t)hq * sizeof(float));
     tk_to_dev(dlens, c->k_lens, MAX_BATCH * sizeof(int32_t));
     tk_to_dev(dcu, cu, sizeof cu);
     if (paged)
@@ -509,6 +525,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     p.o = dout;
     p.lse = dlse;
     p.alibi_slopes = c->alibi ? dslopes : NULL;
+    p.sinks = c->sinks ? dsinks : NULL;
     p.seqlens_k = dlens;
     p.cu_seqlens_q = c->varlen ? dcu : NULL;
     p.block_table = dtable;
@@ -543,7 +560,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     tk_attention_kvcache_params ref = p;
     memcpy(ref.k_strides, st, sizeof st);
     memcpy(ref.v_strides, st, sizeof st);
-    const ref_kvcache_inputs keys = {&ref, NULL, NULL, NULL, k_after, c->varlen ? cu : NULL, table, NULL};
+    const ref_kvcache_inputs keys = {&ref, NULL, NULL, NULL, k_after, c->varlen ? cu : NULL, table, NULL, NULL};
     if (c->append) { /* the appended rows, on the host; then the caches must match bit for bit */
         for (int64_t b = 0; b < c->batch; b++)
             for (int64_t t = cu[b]; t < cu[b + 1]; t++) {
@@ -595,7 +612,7 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
                 }
     double *v64 = to_double(c->dtype, hv, nk);
     const ref_kvcache_inputs in = {&ref, q64, k64, v64, k_after, c->varlen ? cu : NULL, table,
-                                   c->alibi ? hslopes : NULL};
+                                   c->alibi ? hslopes : NULL, c->sinks ? hsinks : NULL};
     double *exact = malloc((size_t)d * sizeof(double)), *naive = malloc((size_t)d * sizeof(double));
     cr_assert(exact && naive);
     double err = 0.0, err_naive = 0.0, atol = 0.0, lse_err = 0.0;
@@ -650,11 +667,11 @@ static void run_kv_case(const kv_case *c, uint64_t seed) {
     free(q64); free(k64); free(v64); free(exact); free(naive); free(table); free(rope_table);
     if (drope)
         tk_dev_free(drope);
-    free(hqb); free(hk); free(hv); free(ho); free(hlse); free(hslopes); free(hkn); free(hvn);
+    free(hqb); free(hk); free(hv); free(ho); free(hlse); free(hslopes); free(hsinks); free(hkn); free(hvn);
     if (dkn)
         tk_dev_free(dkn), tk_dev_free(dvn);
     tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dout); tk_dev_free(dlse);
-    tk_dev_free(dslopes); tk_dev_free(dlens); tk_dev_free(dcu);
+    tk_dev_free(dslopes); tk_dev_free(dsinks); tk_dev_free(dlens); tk_dev_free(dcu);
     if (dtable)
         tk_dev_free(dtable);
     if (dws)
@@ -781,6 +798,49 @@ Test(attention_kvcache_gpu, softcap_alibi_scale) {
     c.seqlen_q = 5;
     c.causal = 1;
     run_kv_case(&c, 701);
+}
+
+/* Sinks and chunked local attention (GPT-OSS, Llama 4) on the decode kernel: chunks smaller
+ * than a page, across pages and longer than the cache, causal alone and with a window; rows
+ * that see no key (o = 0, lse = the sink); every kind of split (the sink joins an unsplit row
+ * in the decode kernel, a split one at the merge); paged and contiguous; varlen queries. */
+Test(attention_kvcache_gpu, sinks_and_chunked_local) {
+    TK_REQUIRE_GPU();
+    const int64_t chunks[4] = {0, 16, 50, 1000};
+    const int64_t splits[4] = {0, 1, 3, 1024};
+    for (int i = 0; i < 4; i++) {
+        kv_case c = decode_case(TK_BF16, 128, 6, EDGE_LENS, 320, i % 2 ? 16 : 0);
+        c.sinks = true;
+        c.chunk_size = chunks[i];
+        c.causal = 1;
+        c.seqlen_q = 3;
+        c.num_splits = splits[i];
+        run_kv_case(&c, 1100 + (uint64_t)i);
+        c.sinks = i % 2 == 0; /* the chunk alone on odd i */
+        c.window_left = 20;
+        c.heads_q = 16; /* a group of 8 */
+        c.head_dim = 64;
+        c.chunk_size = chunks[(i + 1) % 4];
+        run_kv_case(&c, 1110 + (uint64_t)i);
+    }
+    /* A long cache split automatically: its rows meet the sink at the merge. */
+    const int32_t lens[3] = {20000, 5, 0};
+    kv_case c = decode_case(TK_F16, 128, 3, lens, 20000, 64);
+    c.sinks = true;
+    run_kv_case(&c, 1120);
+    c.chunk_size = 4096; /* the last query sees the last chunk's 3616 keys */
+    c.causal = 1;
+    run_kv_case(&c, 1121);
+    c = decode_case(TK_BF16, 128, 6, EDGE_LENS, 320, 16);
+    c.varlen = true;
+    const int32_t q_lens[6] = {0, 1, 40, 3, 0, 37};
+    const int32_t k_lens[6] = {5, 1, 64, 0, 10, 300};
+    memcpy(c.q_lens, q_lens, sizeof q_lens);
+    memcpy(c.k_lens, k_lens, sizeof k_lens);
+    c.causal = 1;
+    c.sinks = true;
+    c.chunk_size = 32;
+    run_kv_case(&c, 1122);
 }
 
 Test(attention_kvcache_gpu, chunked_prefill_on_a_paged_cache) {
@@ -1138,6 +1198,26 @@ Test(attention_kvcache_gpu, prefill_windows_softcap_alibi) {
     c.softcap = 2.0f;
     c.alibi = true;
     run_prefill(&c, 2412);
+}
+
+/* Sinks and chunked local attention on the prefill kernel: chunks of half a query tile, one
+ * not a multiple of the key tile, longer than the cache; contiguous and paged; with a window. */
+Test(attention_kvcache_gpu, prefill_sinks_and_chunked_local) {
+    TK_REQUIRE_GPU();
+    const int64_t chunks[3] = {64, 100, 1000};
+    for (int i = 0; i < 3; i++) {
+        kv_case c = prefill_case(i % 2 ? TK_F16 : TK_BF16, 128, 4, PREFILL_LENS, 768, i == 1 ? 0 : 16, 150);
+        c.sinks = true;
+        c.chunk_size = chunks[i];
+        run_prefill(&c, 2600 + (uint64_t)i);
+    }
+    kv_case c = prefill_case(TK_BF16, 64, 4, PREFILL_LENS, 768, 64, 150);
+    c.sinks = true;
+    c.window_left = 40;
+    run_prefill(&c, 2610);
+    c.sinks = false;
+    c.chunk_size = 48;
+    run_prefill(&c, 2611);
 }
 
 Test(attention_kvcache_gpu, prefill_gqa_groups) {

@@ -18,12 +18,12 @@ def _token_strides(a):
 
 def _setup(q, k_cache, v_cache, cache_seqlens, *, block_table, cu_seqlens_q, max_seqlen_q,
            k_new, v_new, causal, window, softcap, scale, alibi_slopes, return_lse, num_splits,
-           out, lse, stream):
+           out, lse, stream, sinks=None, chunk_size=0):
     """Checks what only the binding knows (shapes against each other, int32 dtypes), allocates
     the outputs and the workspace: (Call, params, out, lse)."""
     c = Call(stream, q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
              block_table=block_table, cu_seqlens_q=cu_seqlens_q, k_new=k_new, v_new=v_new,
-             alibi_slopes=alibi_slopes, out=out, lse=lse)
+             alibi_slopes=alibi_slopes, sinks=sinks, out=out, lse=lse)
     qa = c["q"].check_dtype(FLOATS)
     varlen = c.get("cu_seqlens_q") is not None
     if varlen:
@@ -77,7 +77,8 @@ def _setup(q, k_cache, v_cache, cache_seqlens, *, block_table, cu_seqlens_q, max
         softmax_scale=0.0 if scale is None else scale, causal=int(bool(causal)),
         window_left=left, window_right=right, softcap=softcap or 0.0, alibi_slopes=ptr(aa),
         return_lse=int(bool(return_lse)), lse=ptr(la), num_splits=num_splits,
-        k_new=ptr(c.get("k_new")), v_new=ptr(c.get("v_new")), **paging, **new_strides)
+        k_new=ptr(c.get("k_new")), v_new=ptr(c.get("v_new")), sinks=ptr(c.get("sinks")),
+        chunk_size=chunk_size, **paging, **new_strides)
     n = ctypes.c_size_t(0)
     c.run("tk_attention_kvcache_workspace_size", _lib.byref(p), _lib.byref(n))
     if n.value:
@@ -89,7 +90,8 @@ def _setup(q, k_cache, v_cache, cache_seqlens, *, block_table, cu_seqlens_q, max
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
                       cu_seqlens_q=None, max_seqlen_q=None, k_new=None, v_new=None,
                       causal=False, window=None, softcap=0.0, scale=None, alibi_slopes=None,
-                      return_lse=False, num_splits=0, out=None, lse=None, stream=None):
+                      return_lse=False, num_splits=0, out=None, lse=None, stream=None,
+                      sinks=None, chunk_size=0):
     """Attention of new queries over a KV cache (flash_attn_with_kvcache), for decoding and
     chunked prefill.
 
@@ -105,15 +107,18 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     the next step). causal, window=(left, right), softcap, scale, alibi_slopes (float32
     [heads_q]): as attention(), masks aligned bottom-right per sequence. num_splits: 0 = the
     library's choice of split-KV, else 1 .. 1024. The split workspace is allocated here.
+    sinks (float32 [heads_q]) and chunk_size: as attention(), per sequence, key positions
+    counted from the cache's start.
     Returns out (q's shape), or (out, lse) with return_lse (float32 [batch, heads_q,
     seqlen_q], or [heads_q, total_q] with cu_seqlens_q). A sequence with no keys gets 0 and
-    lse -inf.
+    lse -inf (the sink with sinks).
     """
     c, p, out, lse = _setup(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
                             cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, k_new=k_new,
                             v_new=v_new, causal=causal, window=window, softcap=softcap,
                             scale=scale, alibi_slopes=alibi_slopes, return_lse=return_lse,
-                            num_splits=num_splits, out=out, lse=lse, stream=stream)
+                            num_splits=num_splits, out=out, lse=lse, stream=stream,
+                            sinks=sinks, chunk_size=chunk_size)
     c.run("tk_attention_kvcache_fwd", _lib.byref(p), c.stream)
     return (out, lse) if return_lse else out
 
@@ -126,7 +131,7 @@ def attention_kvcache_supported(q, k_cache, v_cache, cache_seqlens, **kwargs):
     kwargs.pop("stream", None)
     kw = dict(block_table=None, cu_seqlens_q=None, max_seqlen_q=None, k_new=None, v_new=None,
               causal=False, window=None, softcap=0.0, scale=None, alibi_slopes=None,
-              return_lse=False, num_splits=0, out=None, lse=None)
+              return_lse=False, num_splits=0, out=None, lse=None, sinks=None, chunk_size=0)
     unknown = set(kwargs) - set(kw)
     if unknown:
         raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")

@@ -278,7 +278,7 @@ class AttentionKvcacheParams(_Params):
                 ("rope_scaling", _i32), ("rope_factor", _f32), ("rope_low_freq_factor", _f32),
                 ("rope_high_freq_factor", _f32), ("rope_original_max_position", _i64),
                 ("rope_beta_fast", _f32), ("rope_beta_slow", _f32),
-                ("rope_attention_factor", _f32)]
+                ("rope_attention_factor", _f32), ("sinks", _ptr), ("chunk_size", _i64)]
     DEFAULTS = {"dtype": DTYPES["bfloat16"], "window_left": -1, "window_right": -1,
                 "rope_theta": 10000.0, "rope_factor": 1.0, "rope_low_freq_factor": 1.0,
                 "rope_high_freq_factor": 4.0, "rope_original_max_position": 8192,

@@ -27,6 +27,12 @@ bool ref_kvcache_visible(const ref_kvcache_inputs *in, int64_t b, int64_t i, int
         return false;
     if (p->window_left >= 0 && j < i + shift - p->window_left)
         return false;
+    if (p->chunk_size > 0) { /* floor division: positions before the cache's start are negative */
+        const int64_t pos = i + shift, c = p->chunk_size;
+        const int64_t chunk_of_pos = pos >= 0 ? pos / c : -((c - 1 - pos) / c);
+        if (j / c != chunk_of_pos)
+            return false;
+    }
     return right < 0 || j <= i + shift + right;
 }
 
@@ -72,7 +78,9 @@ void ref_kvcache_row(const ref_kvcache_inputs *in, int64_t b, int64_t i, int64_t
         s[j] = x;
         max = x > max ? x : max;
     }
-    double sum = 0.0;
+    const double sink = in->sinks ? (double)in->sinks[h] : -INFINITY;
+    max = sink > max ? sink : max; /* the sink joins the denominator, without a value */
+    double sum = sink == -INFINITY ? 0.0 : exp(sink - max);
     for (int64_t j = 0; j < seqlen_k; j++)
         sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - max);
     for (int64_t e = 0; e < d; e++)
@@ -88,7 +96,7 @@ void ref_kvcache_row(const ref_kvcache_inputs *in, int64_t b, int64_t i, int64_t
     for (int64_t e = 0; e < d; e++)
         o[e] = ROUND(o[e]);
 #undef ROUND
-    *lse = sum > 0.0 ? max + log(sum) : -INFINITY;
+    *lse = sum > 0.0 ? max + log(sum) : -INFINITY; /* the sink alone: lse = sink */
     free(s);
 }
 

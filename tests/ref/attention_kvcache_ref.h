@@ -17,12 +17,14 @@ typedef struct ref_kvcache_inputs {
     const int32_t *cu_seqlens_q;  /* [batch + 1], or NULL when p has none */
     const int32_t *block_table;   /* as p->block_table, or NULL */
     const float *alibi_slopes;    /* [heads_q], or NULL */
+    const float *sinks;           /* [heads_q] sink logits, or NULL */
 } ref_kvcache_inputs;
 
 /* Queries of sequence b and the token of its first one. */
 int64_t ref_kvcache_seqlen_q(const ref_kvcache_inputs *in, int64_t b, int64_t *first_token);
 
-/* Whether query i of sequence b sees key j (tkern.h's convention, per sequence). */
+/* Whether query i of sequence b sees key j (tkern.h's convention, per sequence: the window and
+ * chunk_size). */
 bool ref_kvcache_visible(const ref_kvcache_inputs *in, int64_t b, int64_t i, int64_t j);
 
 /* Element offset of key j of sequence b, key/value head hk, in the k cache (v: is_v). */
@@ -31,8 +33,8 @@ int64_t ref_kvcache_key_offset(const ref_kvcache_inputs *in, int64_t b, int64_t 
 
 /* Output row of query i of sequence b, query head h (head_dim values) and its lse. exact:
  * everything in fp64. naive: rounded to p->dtype where an unfused implementation stores a
- * tensor (scores after the scale, softcap and ALiBi; probabilities; the output). A query that
- * sees no key gets o = 0 and lse = -inf. */
+ * tensor (scores after the scale, softcap and ALiBi; probabilities; the output). A sink joins
+ * the denominator. A query that sees no key gets o = 0 and lse = the sink (-inf without one). */
 void ref_kvcache_row(const ref_kvcache_inputs *in, int64_t b, int64_t i, int64_t h, bool naive,
                      double *o, double *lse);
 
