@@ -684,6 +684,33 @@ def test_attention_kvcache_contiguous_and_paged_against_fp64_reference():
                                     f"{what} sequence {b}", lse=lse[b:b + 1], **c)
 
 
+def test_attention_kvcache_sinks_and_chunked_local():
+    """sinks and chunk_size as attention()'s, per sequence (key positions from the cache's
+    start): decode and 3-query steps, split automatically, into 3 and unsplit, paged and not."""
+    B, Hq, Hkv, D, cap = 3, 8, 2, 128, 2048
+    lens = [5, 300, 2000]
+    sinks = torch.linspace(-1.0, 3.0, Hq, device=DEV, dtype=torch.float32)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    k = rand(B, cap, Hkv, D, dtype=torch.bfloat16)
+    v = rand(B, cap, Hkv, D, dtype=torch.bfloat16)
+    for Sq, chunk, splits, page_size in ((1, 64, 0, 16), (3, 100, 3, None), (1, 0, 0, 64),
+                                         (3, 1000, 1, None)):
+        q = rand(B, Sq, Hq, D, dtype=torch.bfloat16)
+        if page_size is None:
+            kc, vc, table = k, v, None
+        else:
+            kc, table = paged(k, page_size)
+            vc, _ = paged(v, page_size, table)
+        o, lse = tkern.attention_kvcache(q, kc, vc, seqlens, block_table=table, causal=True,
+                                         sinks=sinks, chunk_size=chunk, num_splits=splits,
+                                         return_lse=True)
+        what = f"attention_kvcache sinks chunk={chunk} Sq={Sq} splits={splits} page={page_size}"
+        for b, n in enumerate(lens):
+            check_attention(o[b:b + 1], q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n],
+                            f"{what} sequence {b}", lse=lse[b:b + 1], causal=True, sinks=sinks,
+                            chunk_size=chunk)
+
+
 def test_attention_kvcache_varlen_chunked_prefill_appends_then_attends():
     B, Hq, Hkv, D, cap = 3, 8, 2, 128, 128
     q_lens, lens = [1, 5, 17], [10, 0, 40]
