@@ -3,11 +3,14 @@
  * and newer. The conventions are tk_attention_fwd's (include/tkern.h), per sequence b with
  * shift = seqlen_k(b) - seqlen_q(b):
  *     s_ij = scale q_i . k_j (softcap, ALiBi as in the forward), -inf where j is not visible
- *     o_i  = sum_j exp(s_ij - m_i) v_j / sum_j exp(s_ij - m_i),   lse_i = m_i + log sum_j ...
- * with the online softmax of cuda/attention.cuh, exponentials in base 2 (log2 e folded into the
- * scale). Split-KV: split s of a row's keys gives (o_s, lse_s) normalised over its own keys;
- *     lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s
- * is exact, and a split without visible keys (lse_s = -inf) weighs 0.
+ *            (the window and the chunk: attention_softmax.cuh's attn_row_keys)
+ *     o_i  = sum_j exp(s_ij) v_j / (exp(sink_h) + sum_j exp(s_ij)),   lse_i = log(denominator)
+ * (sink_h = -inf without sinks) with the online softmax of cuda/attention.cuh, exponentials in
+ * base 2 (log2 e folded into the scale). Split-KV: split s of a row's keys gives (o_s, lse_s)
+ * normalised over its own keys, without the sink;
+ *     lse = log(exp(sink_h) + sum_s exp(lse_s)),   o = sum_s exp(lse_s - lse) o_s
+ * is exact, and a split without visible keys (lse_s = -inf) weighs 0. The sink joins once: in
+ * the decode kernel's epilogue for a row whose sequence runs in one part, else in the merge.
  *
  * Launch shape. Decoding reads every cached key and value once and does 4 flops per query head
  * per byte of K/V: bandwidth is the whole game. A CTA owns one (sequence, key/value head, key
