@@ -895,10 +895,7 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
     p.splits = plan.splits;
     p.max_splits = plan.max_splits;
     p.items = plan.items;
-    p.window_left = c->window_left;
-    p.window_right = c->window_right;
-    p.chunk = c->chunk;
-    p.sinks = c->sinks;
+    attn_set_cache_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     p.rotary_dim = c->rotary_dim;
     p.rope_style = c->rope_style;

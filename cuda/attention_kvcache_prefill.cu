@@ -177,10 +177,7 @@ cudaError_t kvp_launch(const tk_attention_kvcache_call *c, const tk_device *dev,
     p.head_tiles = c->heads_q;
     p.m_blocks = (c->seqlen_q + shape::BM - 1) / shape::BM;
     p.batch = c->batch;
-    p.window_left = c->window_left;
-    p.window_right = c->window_right;
-    p.chunk = c->chunk;
-    p.sinks = c->sinks;
+    attn_set_cache_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     p.cu_seqlens_q = c->cu_seqlens_q;
     p.seqlens_k = c->seqlens_k;

@@ -27,13 +27,19 @@ template <typename P> inline void attn_set_score(P &p, float scale, float softca
     p.exp_scale = p.transform ? ATTN_LOG2E : scale * ATTN_LOG2E;
 }
 
-/* The mask's fields of a kernel's params P (window_left, window_right, sinks, chunk, prefix,
- * doc_ids) from the resolved call C (tk_attention_call). */
-template <typename P, typename C> inline void attn_set_mask(P &p, const C *c) {
+/* The mask's fields that a KV-cache call has too (window_left, window_right, sinks, chunk), in
+ * a kernel's params P from the resolved call C. */
+template <typename P, typename C> inline void attn_set_cache_mask(P &p, const C *c) {
     p.window_left = c->window_left;
     p.window_right = c->window_right;
     p.sinks = c->sinks;
     p.chunk = c->chunk;
+}
+
+/* Every mask field of a kernel's params P (those above, prefix and doc_ids) from the resolved
+ * call C (tk_attention_call). */
+template <typename P, typename C> inline void attn_set_mask(P &p, const C *c) {
+    attn_set_cache_mask(p, c);
     p.prefix = c->prefix;
     p.doc_ids = c->doc_ids;
 }
