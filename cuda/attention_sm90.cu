@@ -50,6 +50,7 @@ constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 
 constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 KiB */
 constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
 constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
+constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
 
 /* The shared-memory plan at head dim D (64 or 128): each tile is D / 64 halves of 64 columns. */
 template <int D> struct sm90_plan {
@@ -59,7 +60,7 @@ template <int D> struct sm90_plan {
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + 1024; /* + alignment to 1024 */
+    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
 };
 static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 
@@ -191,6 +192,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + BARRIER_BYTES);
+    float *const unread = reinterpret_cast<float *>(table + BM);
 
     /* Block -> (query head, batch, query tile), heads fastest and query tiles last to first
      * slowest, as attention.cuh: the longest CTAs of a causal grid start first. */
@@ -336,6 +338,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             tk_wgmma_wait<1>();
             pin(s[0]);
             softmax(t);
+            tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
             tk_wgmma_wait<0>();
             pin(o[0]);
             pin(pa);

@@ -270,6 +270,17 @@ template <int N> __device__ __forceinline__ void tk_wgmma_pin(float (&d)[N]) {
         asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/* ptxas may move register-only math past a wgmma wait: nothing in the wait names those
+ * registers. Left alone it put the attention kernel's whole softmax after the wait for the P V
+ * it was written to overlap, and the tensor cores idled through the exponentials. A store is
+ * not moved past the wait (its "memory" clobber), so a store that uses x keeps x, and all the
+ * math x depends on, before it. The store is never taken for x >= 0 or NaN (such as a row sum
+ * of exponentials), and it goes to a shared word that nothing reads. */
+__device__ __forceinline__ void tk_compute_before_wgmma_wait(float x, float *unread) {
+    if (x < 0.0f)
+        *unread = x;
+}
+
 /* wgmma.mma_async m64n256k16, both operands from shared memory (descriptors), f32 accumulators:
  * d (+)= A B^T for a 64 x 16 A tile and a 256 x 16 B tile of In (f16 or bf16), both K-major;
  * accumulate == 0 overwrites d. Issued by the 128 threads of a warpgroup together; asynchronous
