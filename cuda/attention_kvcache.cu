@@ -68,6 +68,11 @@ constexpr int KVC_PIECE_TILES = 8;
 constexpr int KVC_MIN_PIECE = KVC_MIN_SPLIT_TILES + KVC_PIECE_TILES;
 /* Sequences of equal query counts for this many waves of CTAs leave no room for a split. */
 constexpr int KVC_UNSPLIT_WAVES = 8;
+/* One sequence's splits take at most this many CTAs per SM. At 2 (64 KB of loads in flight per
+ * H200 SM at head dim 128, still enough for the bandwidth) B1 x K131072 ran 0.4-1.7 us faster
+ * per call than at 3, the occupancy limit, on two H200s, back to back: 33 splits a row to merge
+ * instead of 49, and SMs with registers for the merge's CTAs before the decode's leave. */
+constexpr int KVC_ONE_SEQUENCE_CTAS_PER_SM = 2;
 /* The merge's CTA, one per row (token, query head). Nsight Compute, merge of B1 x K131072 (32
  * rows, 49 splits) / of 64 spread lengths (2048 rows, mostly unsplit): 256 threads 7.7 / 9.4
  * us, 128 threads 8.3 / 8.4 us, 64 threads 11.1 / 10.4 us. */
@@ -982,7 +987,10 @@ kvc_plan kvc_plan_of(const tk_attention_kvcache_call *c, const tk_device *dev) {
     if (c->num_splits > 0)
         return kvc_plan{c->num_splits, c->num_splits, c->batch * c->num_splits};
     const int64_t per_item = (int64_t)c->heads_kv * kvc_row_chunks(c);
-    const int64_t budget = max((int64_t)1, kvc_resident_slots(c, dev) / per_item);
+    int64_t slots = kvc_resident_slots(c, dev);
+    if (c->batch == 1)
+        slots = min(slots, (int64_t)KVC_ONE_SEQUENCE_CTAS_PER_SM * dev->sm_count);
+    const int64_t budget = max((int64_t)1, slots / per_item);
     const int64_t items = min(budget, (int64_t)KVC_MAX_SPLITS);
     const int64_t capacity = (int64_t)c->pages_per_seq * c->page_size;
     const int64_t cap_tiles = (capacity + KVC_KEYS - 1) / KVC_KEYS;
