@@ -30,8 +30,9 @@
  * range), the per-element mask runs only on tiles that can hold a masked pair, and the grid
  * runs query tiles last to first (longest first under a causal mask).
  *
- * Not yet here (see docs/kernels/attention.md): ping-pong of the two consumers (named barriers
- * taking turns on the tensor cores); head dims other than 128.
+ * The consumers take turns issuing their GEMMs (ping-pong, named barriers), so that one's
+ * softmax overlaps the other's GEMMs.
+ * Not yet here (see docs/kernels/attention.md): head dims other than 64 and 128.
  */
 #include "attention.h"
 
@@ -224,6 +225,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int tile_end = table[BM - 1].y >= table[0].x ? table[BM - 1].y / BN + 1 : tile_begin;
 
     const int warpgroup = threadIdx.x / 128;
+    constexpr int TURN = 1; /* named barriers TURN, TURN + 1: the consumers' turns (0: __syncthreads) */
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == CONSUMERS * 128) {
@@ -321,10 +323,17 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
      * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
-     * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after. */
+     * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
+     * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
+     * GEMMs, so that one's softmax runs while the tensor cores do the other's GEMMs. Warpgroup c
+     * issues after named barrier TURN + c (its 128 threads sync, the other's 128 arrive) and
+     * then arrives on the other's. Both run the same tiles; warpgroup 0 goes first on an
+     * arrival of its own, and takes the other's last arrival after the loop. */
     tk_mbarrier_wait(q_full, 0);
     tk_stage_ring<STAGES> ring = {0, 0};
     if (tile_begin < tile_end) {
+        if (warpgroup == 0)
+            tk_named_barrier_arrive<256>(TURN);
         issue_qk(ring);
         tk_wgmma_wait<0>();
         pin(s[0]);
@@ -333,8 +342,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int t = tile_begin + 1; t < tile_end; t++) {
             const tk_stage_ring<STAGES> prev = ring;
             ring.next();
+            tk_named_barrier_sync<256>(TURN + warpgroup);
             issue_qk(ring);
             issue_pv(prev);
+            tk_named_barrier_arrive<256>(TURN + 1 - warpgroup);
             tk_wgmma_wait<1>();
             pin(s[0]);
             softmax(t);
@@ -346,6 +357,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             attn_rescale_o(o, alpha);
             pack_p();
         }
+        if (warpgroup == 0)
+            tk_named_barrier_sync<256>(TURN);
         issue_pv(ring);
         tk_wgmma_wait<0>();
         pin(o[0]);
