@@ -433,10 +433,10 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     const tensor rope_cos = flat("p->rope_cos", rope_cache ? p->rope_cos : NULL, rope_floats);
     const tensor rope_sin = flat("p->rope_sin", rope_cache ? p->rope_sin : NULL, rope_floats);
     const tensor *small[] = {&lse, &alibi, &sinks, &seqlens, &cu, &table, &rope_cos, &rope_sin};
-    for (int i = 0; i < 8; i++)
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++)
         TK_TRY(tk_check_aligned(fn, small[i]->name, small[i]->ptr, 4));
     const tensor *inputs[] = {&q, &k, &v, &alibi, &sinks, &seqlens, &cu, &table, &kn, &vn, &rope_cos, &rope_sin};
-    for (int i = 0; i < 12; i++) {
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
         TK_TRY(check_no_overlap(fn, &o, inputs[i]));
         if (lse.ptr)
             TK_TRY(check_no_overlap(fn, &lse, inputs[i]));
@@ -444,7 +444,7 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     TK_TRY(check_no_overlap(fn, &o, &lse));
     if (append) { /* the caches are written: they meet nothing else, not even each other */
         const tensor *others[] = {&q, &alibi, &sinks, &seqlens, &cu, &table, &kn, &vn, &o, &lse, &rope_cos, &rope_sin};
-        for (int i = 0; i < 12; i++) {
+        for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
             TK_TRY(check_no_overlap(fn, &k, others[i]));
             TK_TRY(check_no_overlap(fn, &v, others[i]));
         }
