@@ -93,8 +93,11 @@ template <int D> struct kvc_shape {
     static constexpr int TILE_BYTES = KVC_KEYS * ROW_BYTES;     /* one K or V tile */
     static constexpr int WARP_BYTES = STAGES * 2 * TILE_BYTES;  /* a warp's ring */
     static constexpr int SMEM_BYTES = Q_BYTES + WARPS * WARP_BYTES;
-    /* The warps' final states (f32 O, max, sum) reuse the ring. */
-    static_assert(WARPS * KVC_ROWS * (D + 2) * 4 <= WARPS * WARP_BYTES, "merge fits the rings");
+    /* The warps' final states (f32 O, max, sum) reuse the ring. An O row takes D + 8 floats: at
+     * D every row starts on bank 0, so a warp's 64-bit stores (8 rows, 8 floats each) hit the
+     * same 8 banks 8 times; at D + 8 four rows fill the 32 banks, 2 passes, the least for 256 B. */
+    static constexpr int O_STRIDE = D + 8;
+    static_assert(WARPS * KVC_ROWS * (O_STRIDE + 2) * 4 <= WARPS * WARP_BYTES, "merge fits the rings");
 };
 
 struct kvc_params {
@@ -225,6 +228,14 @@ __device__ __forceinline__ kvc_chunk kvc_chunk_of(const kvc_params &p, int b, in
     c.tile_begin = c.key_lo / KVC_KEYS;
     c.tile_end = c.key_hi >= c.key_lo && c.row0 < c.rows ? c.key_hi / KVC_KEYS + 1 : c.tile_begin;
     return c;
+}
+
+/* One sequence's plan (batch 1, num_splits 0), closed-form: row chunk rc's tiles cut into
+ * splits of at least KVC_MIN_SPLIT_TILES tiles, as many as the CTAs allow (p.max_splits). */
+__device__ __forceinline__ int kvc_one_sequence_splits(const kvc_params &p, int rc) {
+    const kvc_chunk c = kvc_chunk_of(p, 0, rc);
+    const int tiles = c.tile_end - c.tile_begin;
+    return min(p.max_splits, max(1, (tiles + KVC_MIN_SPLIT_TILES - 1) / KVC_MIN_SPLIT_TILES));
 }
 
 /* A CTA's work item: tiles [lo, hi) (from the chunk's first visible tile) of sequence b (-1:
@@ -545,8 +556,9 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
     /* Merge the warps: each writes its O (unnormalised), max (log2 units) and sum to the ring. */
     tk_cp_async_wait<0>();
     __syncthreads();
-    float *w_o = reinterpret_cast<float *>(smem + shape::Q_BYTES);       /* [WARPS][16][D] */
-    float *w_max = w_o + WARPS * KVC_ROWS * D;                            /* [WARPS][16] */
+    constexpr int O_STRIDE = shape::O_STRIDE;
+    float *w_o = reinterpret_cast<float *>(smem + shape::Q_BYTES);       /* [WARPS][16][O_STRIDE] */
+    float *w_max = w_o + WARPS * KVC_ROWS * O_STRIDE;                     /* [WARPS][16] */
     float *w_sum = w_max + WARPS * KVC_ROWS;                              /* [WARPS][16] */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -560,7 +572,7 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
         }
 #pragma unroll
         for (int dt = 0; dt < DT; dt++)
-            *reinterpret_cast<float2 *>(w_o + (warp * KVC_ROWS + r) * D + dt * 8 + 2 * tq) =
+            *reinterpret_cast<float2 *>(w_o + (warp * KVC_ROWS + r) * O_STRIDE + dt * 8 + 2 * tq) =
                 make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
     }
     __syncthreads();
@@ -587,7 +599,7 @@ __device__ __forceinline__ void kvc_decode_item(const kvc_params &p, const kvc_i
                 const float wm = w_max[w * KVC_ROWS + r];
                 const float scale = wm == -INFINITY ? 0.0f : tk_exp2_approx(wm - m);
                 l += scale * w_sum[w * KVC_ROWS + r];
-                const float4 x = *reinterpret_cast<const float4 *>(w_o + (w * KVC_ROWS + r) * D + d);
+                const float4 x = *reinterpret_cast<const float4 *>(w_o + (w * KVC_ROWS + r) * O_STRIDE + d);
                 acc[0] += scale * x.x, acc[1] += scale * x.y, acc[2] += scale * x.z, acc[3] += scale * x.w;
             }
         }
@@ -655,9 +667,7 @@ __global__ void KVC_DECODE_BOUNDS(kvc_shape<D>::THREADS) kvcache_decode_kernel(c
          * of at least KVC_MIN_SPLIT_TILES tiles filling the CTAs, CTA g taking split g. Every
          * CTA waits on its plan before its first load: the equal-run plan comes to about the
          * same cut and took 0.3-2.5 us longer at B1 x K131072, back to back. */
-        const kvc_chunk c = kvc_chunk_of(p, 0, rc);
-        const int tiles = c.tile_end - c.tile_begin;
-        splits = min(p.max_splits, max(1, (tiles + KVC_MIN_SPLIT_TILES - 1) / KVC_MIN_SPLIT_TILES));
+        splits = kvc_one_sequence_splits(p, rc);
         if (g >= splits)
             return;
     } else if (planner && p.splits == 0) {
@@ -750,13 +760,13 @@ __global__ void __launch_bounds__(KVC_APPEND_THREADS) kvcache_append_kernel(cons
     tk_store_pack<T, 8>(k + chunk * 8, x);
 }
 
-/* The split merge: one CTA per (token, query head), over the splits its sequence had (the
- * count its split 0 left; 1: that CTA wrote o itself). Each group of threads that spans a row
- * of D floats takes every GROUPS-th split. Its time is a chain of dependent loads after the
- * decode's last CTA, so the chain is short: once the count is known, the first BATCH splits'
- * partials of each group are loaded into registers, and the weights exp(lse_s - M) are
- * computed while they are in flight. A loop that waited on each split's load took longer than
- * the decode's tail. The groups' sums meet in shared memory. */
+/* The split merge: one CTA per (token, query head), over the splits its sequence had (1: that
+ * CTA wrote o itself). Each group of threads that spans a row of D floats takes every
+ * GROUPS-th split. Its time is a chain of dependent loads after the decode's last CTA, so the
+ * chain is short: once the count is known, the first BATCH splits' partials of each group are
+ * loaded into registers, and the weights exp(lse_s - M) are computed while they are in flight.
+ * A loop that waited on each split's load took longer than the decode's tail. The groups' sums
+ * meet in shared memory. */
 template <typename T, int D>
 __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(const kvc_params p) {
     constexpr int COLS = D / 4;                             /* float4 columns of a row */
@@ -772,10 +782,21 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
     const int64_t row = blockIdx.x;
     const int tid = threadIdx.x, col = tid % LANES, group = tid / LANES;
     const int64_t rows = (int64_t)p.tokens * p.heads_q;
+    const int token = (int)(row / p.heads_q), head = (int)(row % p.heads_q);
+    /* The row's split count. A caller's count and one sequence's closed-form plan follow from
+     * the lengths, which the decode kernel does not write, so they are known before its end,
+     * one dependent load fewer after it; the general plan's count is the one its split 0 left. */
+    int n = p.splits;
+    if (p.splits == 0 && p.batch == 1) {
+        int seqlen_q, token0;
+        kvc_queries(p, 0, &seqlen_q, &token0);
+        n = kvc_one_sequence_splits(p, ((token - token0) * p.group + head % p.group) / KVC_ROWS);
+    }
 #if __CUDA_ARCH__ >= 900
     cudaGridDependencySynchronize(); /* launched early (programmatic dependent launch) */
 #endif
-    const int n = min(max(p.part_count[row], 0), p.max_splits);
+    if (n == 0)
+        n = min(max(p.part_count[row], 0), p.max_splits);
     if (n <= 1)
         return;
     float m = -INFINITY, l = 0.0f;
@@ -829,7 +850,6 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
     for (int c = 0; c < PER_LANE; c++)
         sums[group][col + c * LANES] = acc[c];
     __syncthreads();
-    const int token = (int)(row / p.heads_q), head = (int)(row % p.heads_q);
     int b = 0, pos = token;
     if (!p.cu_seqlens_q)
         b = token / p.seqlen_q, pos = token % p.seqlen_q;
