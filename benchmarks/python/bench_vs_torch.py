@@ -11,7 +11,8 @@ GPU work, as in a real model), median of `--reps` such repetitions after `--warm
 `memory` table (norms and softmax against Quack and Liger, which are used when importable) and
 the `flash` table (attention against FlashAttention-4 and SDPA's cuDNN and FlashAttention-2
 backends, at the shapes of docs/kernels/attention.md) replay those calls from a CUDA graph, so
-no column pays its host cost;
+no column pays its host cost; the `backward` table times the attention backward against the same
+peers' backward passes (milliseconds per call, so host cost does not show);
 every tensor is far larger than L2 except the GEMM / attention operands, which are
 compute-bound. Each op's section is independent: a failure prints an error row and the script
 goes on. torch.compile gets a total budget (--compile-budget seconds); past it, or when it
@@ -59,11 +60,12 @@ def parse_args():
                          "before the remaining ops skip it")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile and Flex")
     ap.add_argument("--only", help="comma-separated substrings of op names to run")
-    ap.add_argument("--tables", default="ops,attention,memory,flash",
+    ap.add_argument("--tables", default="ops,attention,memory,flash,backward",
                     help="comma-separated tables to print: ops (vs eager and torch.compile), "
                          "attention (vs SDPA and Flex), memory (memory-bound ops vs Quack and "
                          "Liger, CUDA-graph timed), flash (attention vs FlashAttention-4 and "
-                         "cuDNN, CUDA-graph timed)")
+                         "cuDNN, CUDA-graph timed), backward (attention backward vs "
+                         "FlashAttention-4, cuDNN and FlashAttention-2)")
     return ap.parse_args()
 
 
@@ -608,6 +610,105 @@ def flash_table():
     return out
 
 
+# -------------------------------------------------------------- attention backward --------
+BWD_SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim (issue 20's shape first)
+    (4, 4096, 32, 8, 128),
+    (8, 2048, 16, 16, 64),
+]
+
+
+def backward_table():
+    """TFLOP/s of the attention backward (2.5x the forward's visible FLOPs, FlashAttention's
+    convention), dense and causal: tkern (atomic and deterministic dQ), FlashAttention-4 when
+    its backward runs here, SDPA's cuDNN and flash (FlashAttention-2) backends. The torch
+    columns time torch.autograd.grad of a retained forward graph, so only the backward kernels
+    run; their K/V are expanded to heads_q (leaves, so no group sum is timed; * marks it), as
+    the flash backend does not take GQA. Each call takes milliseconds: timed back to back with
+    CUDA events, no graph. 'max diff' is tkern's largest |d - d_FA2| over dq, dk, dv, FA2's
+    dk / dv summed over each group in float32."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    fa4 = peer("flash_attn.cute.interface", "flash_attn_func")
+    cols = ["tkern", "tkern deterministic", "FA4", "cuDNN*", "FA2*"]
+    out = ["| shape | mask | " + " | ".join(f"{c} TFLOP/s" for c in cols) +
+           " | tkern / FA2 | tkern / cuDNN | deterministic / atomic | max diff |",
+           "| --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: | ---: | ---: |"]
+    for B, S, HQ, HKV, D in BWD_SHAPES:
+        shape = f"B{B} H{HQ}/{HKV} S{S} D{D}"
+        group = HQ // HKV
+        q, k, v, dout = rnd(B, S, HQ, D), rnd(B, S, HKV, D), rnd(B, S, HKV, D), rnd(B, S, HQ, D)
+        for causal in (False, True):
+            label = "causal" if causal else "dense"
+            if ARGS.only and not any(s in f"backward {label}" for s in ARGS.only.split(",")):
+                continue
+            print(f"attention backward {shape} {label}", flush=True)
+            flops = 2.5 * 4 * B * HQ * D * (S * (S + 1) // 2 if causal else S * S)
+            try:
+                o, lse = tkern.attention(q, k, v, causal=causal, return_lse=True)
+                grads = [torch.empty_like(t) for t in (q, k, v)]
+
+                def ours(deterministic):
+                    return lambda: tkern.attention_backward(
+                        q, k, v, o, lse, dout, causal=causal, dq=grads[0], dk=grads[1],
+                        dv=grads[2], deterministic=deterministic)
+
+                def sdpa(backend):
+                    leaves = [t.transpose(1, 2).detach().requires_grad_() for t in
+                              (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2))]
+                    with sdpa_kernel(backend):
+                        oh = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                    doh = dout.transpose(1, 2)
+
+                    def call():
+                        with sdpa_kernel(backend):
+                            return torch.autograd.grad(oh, leaves, doh, retain_graph=True)
+                    return call
+
+                def flash4():
+                    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                    o4 = fa4(*leaves, causal=causal)
+                    o4 = o4[0] if isinstance(o4, tuple) else o4
+                    return lambda: torch.autograd.grad(o4, leaves, dout, retain_graph=True)
+
+                fns = {"tkern": ours(False), "tkern deterministic": ours(True),
+                       "FA4": fa4 and flash4, "cuDNN*": lambda: sdpa(SDPBackend.CUDNN_ATTENTION),
+                       "FA2*": lambda: sdpa(SDPBackend.FLASH_ATTENTION)}
+                ms = {}
+                for c in cols:
+                    try:
+                        fn = fns[c] if c.startswith("tkern") else (fns[c] and fns[c]())
+                        ms[c] = bench(fn) if fn else "n/a"
+                    except Exception as e:  # noqa: BLE001 - a backend that refuses is n/a
+                        print(f"  {c} failed: {type(e).__name__}: {str(e)[:200]}")
+                        ms[c] = "n/a"
+                    torch.cuda.empty_cache()
+                diff = "-"
+                fa2 = fns["FA2*"]()
+                if fa2 is not None and ms["FA2*"] != "n/a":
+                    dq2, dk2, dv2 = (t.transpose(1, 2).float() for t in fa2())
+                    dk2, dv2 = (t.unflatten(2, (HKV, group)).sum(3) for t in (dk2, dv2))
+                    ours(False)()
+                    diff = max(max_diff(g, r) for g, r in zip(grads, (dq2, dk2, dv2)))
+                    del dq2, dk2, dv2
+                tf = {c: flops / x / 1e9 if isinstance(x, float) else x for c, x in ms.items()}
+
+                def of(a, b):
+                    x, y = tf[a], tf[b]
+                    return f"{x / y:.2f}" if isinstance(x, float) and isinstance(y, float) else "-"
+                out.append(f"| {shape} | {label} | " + " | ".join(
+                    f"{x:.0f}" if isinstance(x, float) else str(x) for x in tf.values()) +
+                    f" | {of('tkern', 'FA2*')} | {of('tkern', 'cuDNN*')} | "
+                    f"{of('tkern deterministic', 'tkern')} | "
+                    f"{diff if isinstance(diff, str) else f'{diff:.3g}'} |")
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                out.append(f"| {shape} | {label} | error: {type(e).__name__}: {str(e)[:200]} "
+                           "| | | | | | | | |")
+            finally:
+                torch.cuda.empty_cache()
+            print("  " + out[-1], flush=True)
+    return out
+
+
 # ----------------------------------------------------------------------------- main --------
 def fmt(v):
     return f"{v:.3f}" if isinstance(v, float) else str(v)
@@ -693,7 +794,7 @@ def main():
         "not import show n/a.",
     ]
     tables = {"ops": ops_table, "attention": attention_table, "memory": memory_table,
-              "flash": flash_table}
+              "flash": flash_table, "backward": backward_table}
     printed = []
     for name in ARGS.tables.split(","):
         if name not in tables:
