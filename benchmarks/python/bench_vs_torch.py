@@ -175,6 +175,28 @@ def max_diff(a, b):
     return (a.float() - b.float()).abs().max().item()
 
 
+def rate_cells(rates):
+    """Markdown cells of rates: whole numbers, or the reason (a string) a column has none."""
+    return " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in rates)
+
+
+def ratio_cell(x, y):
+    """x / y to two decimals, or "-" when either is not a figure (a column's reason)."""
+    return f"{x / y:.2f}" if isinstance(x, float) and isinstance(y, float) and y else "-"
+
+
+def diff_cell(diff):
+    """A max diff to three figures, or the reason there is none."""
+    return diff if isinstance(diff, str) else f"{diff:.3g}"
+
+
+def error_row(lead, e, empty):
+    """The row of a case that failed: its leading cells, the error, then `empty` blank cells
+    (the traceback goes to the log)."""
+    traceback.print_exc()
+    return f"| {lead} | error: {type(e).__name__}: {str(e)[:200]} |" + " |" * empty
+
+
 # ----------------------------------------------------------------------------- ops ---------
 # Each returns a dict: tkern (callable returning the output), eager (callable returning the
 # same thing), compile (zero-argument callable or reason), and work: ("GB", bytes) or
@@ -511,14 +533,10 @@ def memory_table():
             else:
                 ours = gbs["tkern"]
                 others = [v for c, v in gbs.items() if c != "tkern" and isinstance(v, float)]
-                best = f"{ours / max(others):.2f}" if others and isinstance(ours, float) else "-"
-                vs_copy = f"{ours / copy_gbs:.2f}" if copy_gbs and isinstance(ours, float) else "-"
-                out.append(f"| {name} | {shape} | " + " | ".join(
-                    f"{v:.0f}" if isinstance(v, float) else str(v) for v in gbs.values()) +
-                    f" | {best} | {vs_copy} |")
+                out.append(f"| {name} | {shape} | {rate_cells(gbs.values())} | "
+                           f"{ratio_cell(ours, max(others, default=None))} | {ratio_cell(ours, copy_gbs)} |")
         except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            out.append(f"| {name} | {shape} | error: {type(e).__name__}: {str(e)[:200]} | | | | | |")
+            out.append(error_row(f"{name} | {shape}", e, 5))
         finally:
             torch.cuda.empty_cache()
         print("  " + out[-1], flush=True)
@@ -596,14 +614,10 @@ def flash_table():
                     graph_timed(fns[c] or "n/a")) for c in cols}
                 ours = tf["tkern"]
                 others = [x for c, x in tf.items() if c != "tkern" and isinstance(x, float)]
-                best = f"{ours / max(others):.2f}" if others and isinstance(ours, float) else "-"
-                out.append(f"| {shape} | {label} | {variant} | " + " | ".join(
-                    f"{x:.0f}" if isinstance(x, float) else str(x) for x in tf.values()) +
-                    f" | {best} | {diff if isinstance(diff, str) else f'{diff:.3g}'} |")
+                out.append(f"| {shape} | {label} | {variant} | {rate_cells(tf.values())} | "
+                           f"{ratio_cell(ours, max(others, default=None))} | {diff_cell(diff)} |")
             except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                out.append(f"| {shape} | {label} | error: {type(e).__name__}: {str(e)[:200]} "
-                           "| | | | | | |")
+                out.append(error_row(f"{shape} | {label}", e, 6))
             finally:
                 torch.cuda.empty_cache()
             print("  " + out[-1], flush=True)
@@ -690,19 +704,12 @@ def backward_table():
                     diff = max(max_diff(g, r) for g, r in zip(grads, (dq2, dk2, dv2)))
                     del dq2, dk2, dv2
                 tf = {c: flops / x / 1e9 if isinstance(x, float) else x for c, x in ms.items()}
-
-                def of(a, b):
-                    x, y = tf[a], tf[b]
-                    return f"{x / y:.2f}" if isinstance(x, float) and isinstance(y, float) else "-"
-                out.append(f"| {shape} | {label} | " + " | ".join(
-                    f"{x:.0f}" if isinstance(x, float) else str(x) for x in tf.values()) +
-                    f" | {of('tkern', 'FA2*')} | {of('tkern', 'cuDNN*')} | "
-                    f"{of('tkern deterministic', 'tkern')} | "
-                    f"{diff if isinstance(diff, str) else f'{diff:.3g}'} |")
+                out.append(f"| {shape} | {label} | {rate_cells(tf.values())} | "
+                           f"{ratio_cell(tf['tkern'], tf['FA2*'])} | "
+                           f"{ratio_cell(tf['tkern'], tf['cuDNN*'])} | "
+                           f"{ratio_cell(tf['tkern deterministic'], tf['tkern'])} | {diff_cell(diff)} |")
             except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                out.append(f"| {shape} | {label} | error: {type(e).__name__}: {str(e)[:200]} "
-                           "| | | | | | | | |")
+                out.append(error_row(f"{shape} | {label}", e, 8))
             finally:
                 torch.cuda.empty_cache()
             print("  " + out[-1], flush=True)
