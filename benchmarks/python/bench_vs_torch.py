@@ -180,6 +180,16 @@ def rate_cells(rates):
     return " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in rates)
 
 
+def rates(ms, work, scale):
+    """Per column, work / ms / scale (a rate), or the column's reason where it has no time."""
+    return {c: work / x / scale if isinstance(x, float) else x for c, x in ms.items()}
+
+
+def best_other(rates):
+    """The highest rate of a column other than tkern's, None when none has one."""
+    return max((v for c, v in rates.items() if c != "tkern" and isinstance(v, float)), default=None)
+
+
 def ratio_cell(x, y):
     """x / y to two decimals, or "-" when either is not a figure (a column's reason)."""
     return f"{x / y:.2f}" if isinstance(x, float) and isinstance(y, float) and y else "-"
@@ -525,16 +535,14 @@ def memory_table():
         print(f"{name} {shape}", flush=True)
         try:
             nbytes, fns = setup(m, n)
-            gbs = {c: (lambda ms: nbytes / ms / 1e6 if isinstance(ms, float) else ms)(
-                graph_timed(fns.get(c) or "-")) for c in cols}
+            gbs = rates({c: graph_timed(fns.get(c) or "-") for c in cols}, nbytes, 1e6)
             if name == "copy":
                 copy_gbs = gbs["tkern"]
                 out.append(f"| device copy | {shape} | {copy_gbs:.0f} | | | | | 1.00 |")
             else:
                 ours = gbs["tkern"]
-                others = [v for c, v in gbs.items() if c != "tkern" and isinstance(v, float)]
                 out.append(f"| {name} | {shape} | {rate_cells(gbs.values())} | "
-                           f"{ratio_cell(ours, max(others, default=None))} | {ratio_cell(ours, copy_gbs)} |")
+                           f"{ratio_cell(ours, best_other(gbs))} | {ratio_cell(ours, copy_gbs)} |")
         except Exception as e:  # noqa: BLE001
             out.append(error_row(f"{name} | {shape}", e, 5))
         finally:
@@ -610,12 +618,9 @@ def flash_table():
                 diff = max_diff(fns["tkern"]().transpose(1, 2), ref) if ref is not None else "-"
                 del ref
                 variant = tkern.last_variant()
-                tf = {c: (lambda ms: flops / ms / 1e9 if isinstance(ms, float) else ms)(
-                    graph_timed(fns[c] or "n/a")) for c in cols}
-                ours = tf["tkern"]
-                others = [x for c, x in tf.items() if c != "tkern" and isinstance(x, float)]
+                tf = rates({c: graph_timed(fns[c] or "n/a") for c in cols}, flops, 1e9)
                 out.append(f"| {shape} | {label} | {variant} | {rate_cells(tf.values())} | "
-                           f"{ratio_cell(ours, max(others, default=None))} | {diff_cell(diff)} |")
+                           f"{ratio_cell(tf['tkern'], best_other(tf))} | {diff_cell(diff)} |")
             except Exception as e:  # noqa: BLE001
                 out.append(error_row(f"{shape} | {label}", e, 6))
             finally:
@@ -703,7 +708,7 @@ def backward_table():
                     ours(False)()
                     diff = max(max_diff(g, r) for g, r in zip(grads, (dq2, dk2, dv2)))
                     del dq2, dk2, dv2
-                tf = {c: flops / x / 1e9 if isinstance(x, float) else x for c, x in ms.items()}
+                tf = rates(ms, flops, 1e9)
                 out.append(f"| {shape} | {label} | {rate_cells(tf.values())} | "
                            f"{ratio_cell(tf['tkern'], tf['FA2*'])} | "
                            f"{ratio_cell(tf['tkern'], tf['cuDNN*'])} | "
