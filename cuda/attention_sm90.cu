@@ -1,38 +1,39 @@
 /*
  * Attention forward on Hopper (variant "wgmma_sm90", sm_90a only): the FlashAttention-3
- * structure on the device layer of core/sm90.cuh, head dims 64 and 128, f16 and bf16, every mask and
+ * structure on the device layer of core/sm90.cuh, head dims 64, 128 and 256, f16 and bf16, every mask and
  * option of the portable kernel (attention.cuh: its header has the math and the mask
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
  * Block: three warpgroups (384 threads, one block per SM), BM = 128 query rows of one
- * (batch, query head), key tiles of BN = 128 keys:
+ * (batch, query head), key tiles of BN = 128 keys (64 at head dim 256, sm90_plan):
  * - Producer (warpgroup 2, one thread, 24 registers after setmaxnreg): the Q tile once onto
  *   q_full, then per key tile: waits for the stage's kv_empty, and issues the TMA copies of the
  *   K tile (counted on k_full) and of the V tile (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
  * - Consumers (warpgroups 0 and 1, 240 registers): warpgroup c owns query rows 64c .. 64c + 63.
- *   S = Q K^T is 8 wgmma m64n128k16 (both operands K-major from shared memory, 128-byte swizzle
- *   as TMA writes it); transform, mask and online softmax run in registers (64 S accumulators
+ *   S = Q K^T is D / 16 wgmma m64nBNk16 (both operands K-major from shared memory, 128-byte swizzle
+ *   as TMA writes it); transform, mask and online softmax run in registers (BN / 2 S accumulators
  *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
  *   attention_softmax.cuh applies as is); P is packed to the input dtype in place of the A
  *   register fragment (the m64 A fragment of wgmma is that of mma.sync m16n8k16 per warp);
- *   O += P V is 16 wgmma m64n64k16 with A from registers and V as an N-major B operand
+ *   O += P V is BN / 16 x D / 64 wgmma m64n64k16 with A from registers and V as an N-major B operand
  *   (transpose bit; one 64-wide half of the head dim per instruction, so one 128-byte swizzle
  *   atom spans N). Pipelined within the warpgroup as FlashAttention-3: per key tile t (after
  *   the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
  *   wait until only the P V group runs, softmax of S_t while it runs, wait for it, one arrival
  *   per warp on tile t - 1's kv_empty (count 8), O *= alpha_t, pack P_t.
- * - Shared memory: Q 32 KiB + 3 stages x (K 32 KiB + V 32 KiB) = 224 KiB, each 64-column half
- *   of a tile one TMA box of 128-byte rows. Three stages let the producer load tile t + 1 while
- *   the consumers hold tiles t - 1 (P V) and t (Q K^T).
+ * - Shared memory at head dim 128: Q 32 KiB + 3 stages x (K 32 KiB + V 32 KiB) = 224 KiB, each
+ *   64-column half of a tile one TMA box of 128-byte rows. Three stages let the producer load
+ *   tile t + 1 while the consumers hold tiles t - 1 (P V) and t (Q K^T). Head dim 256: Q 64 KiB
+ *   + 2 stages x 64 KiB (sm90_plan).
  * Key tiles are skipped as in attention.cuh (only the tiles meeting the block's visible key
  * range), the per-element mask runs only on tiles that can hold a masked pair, and the grid
  * runs query tiles last to first (longest first under a causal mask).
  *
  * The consumers take turns issuing their GEMMs (ping-pong, named barriers), so that one's
  * softmax overlaps the other's GEMMs.
- * Not yet here (see docs/kernels/attention.md): head dims other than 64 and 128.
+ * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
 #include "attention.h"
 
@@ -44,26 +45,32 @@
 
 namespace {
 
-constexpr int BM = 128, BN = 128, STAGES = 3, CONSUMERS = 2;
+constexpr int BM = 128, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int HALF = 64;                   /* head-dim columns per 128-byte swizzled row */
 constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
-constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 KiB */
-constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
 constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
 constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
 
-/* The shared-memory plan at head dim D (64 or 128): each tile is D / 64 halves of 64 columns. */
+/* The tiles at head dim D (64, 128 or 256): each tile is D / 64 halves of 64 columns.
+ * Up to D 128: BN = 128 keys and 3 stages (Q 32 KiB + 3 x 64 KiB). At D 256 a consumer thread
+ * holds 128 O accumulators, so S takes BN = 64 keys (32 accumulators, P 16 registers: ~180 of
+ * the 240), and a stage of K and V is 64 KiB: 2 stages (Q 64 KiB + 2 x 64 KiB), the consumers
+ * holding tile t - 1 (P V) and tile t (Q K^T) while the producer waits for the first. */
 template <int D> struct sm90_plan {
-    static_assert(D % HALF == 0 && D <= 128, "whole 64-column halves; O and S fit the registers up to 128");
+    static_assert(D % HALF == 0 && D <= 256, "whole 64-column halves; O fits the registers up to 256");
     static constexpr int HALVES = D / HALF;
+    static constexpr int BN = D <= 128 ? 128 : 64;
+    static constexpr int STAGES = D <= 128 ? 3 : 2;
+    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 8 KiB */
+    static constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
     static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
+    static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 };
-static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 
 struct sm90_params {
     void *o;
@@ -123,20 +130,26 @@ __device__ __forceinline__ uint64_t desc_n_major_sw128(uint32_t addr) {
     "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
     "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
 
-/* S (=)+= Q K^T: wgmma m64n128k16, A and B K-major from shared memory; d[j][e] in the
- * accumulator layout of core/sm90.cuh (n8 slice j). */
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_64x128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define WGMMA_SS(TYPE)                                                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" ATTN_REGS_64          \
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
-                 : ATTN_OPS_16                                                                           \
+/* S (=)+= Q K^T for a tile of N = 128 or 64 keys: wgmma m64nNk16, A and B K-major from
+ * shared memory; d[j][e] in the accumulator layout of core/sm90.cuh (n8 slice j). */
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_qk(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC)                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                       \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                   \
+                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                                \
+                 : OPS                                                                                   \
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    if constexpr (std::is_same_v<T, __half>)
-        WGMMA_SS("f16");
+    static_assert(N == 128 || N == 64, "the two key-tile widths of sm90_plan");
+    constexpr bool F16 = std::is_same_v<T, __half>;
+    if constexpr (N == 128 && F16)
+        WGMMA_SS("m64n128k16", "f16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
+    else if constexpr (N == 128)
+        WGMMA_SS("m64n128k16", "bf16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
+    else if constexpr (F16)
+        WGMMA_SS("m64n64k16", "f16", ATTN_REGS_32, ATTN_OPS_8, "32", "33", "34");
     else
-        WGMMA_SS("bf16");
+        WGMMA_SS("m64n64k16", "bf16", ATTN_REGS_32, ATTN_OPS_8, "32", "33", "34");
 #undef WGMMA_SS
 }
 
@@ -185,14 +198,14 @@ __global__ void __launch_bounds__(THREADS, 1)
                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using plan = sm90_plan<D>;
-    constexpr int HALVES = plan::HALVES, Q_BYTES = plan::Q_BYTES, KV_BYTES = plan::KV_BYTES,
-                  STAGE_BYTES = plan::STAGE_BYTES;
+    constexpr int HALVES = plan::HALVES, BN = plan::BN, STAGES = plan::STAGES, Q_BYTES = plan::Q_BYTES,
+                  KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
-    int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + BARRIER_BYTES);
+    int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
 
     /* Block -> (query head, batch, query tile), heads fastest and query tiles last to first
@@ -274,7 +287,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
 
     /* The three steps of a key tile, each on the tile's ring position. */
-    float s[1][16][4], alpha[1][2];
+    float s[1][BN / 8][4], alpha[1][2];
     uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
     auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
         const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
@@ -283,7 +296,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
-            wgmma_ss_64x128<T>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
+            wgmma_ss_qk<T, BN>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
                                tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
         }
         tk_wgmma_commit();
@@ -422,9 +435,9 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     CUtensorMap map_q, map_k, map_v;
     cudaError_t err = encode_4d(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
     if (err == cudaSuccess)
-        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, BN);
+        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, sm90_plan<D>::BN);
     if (err == cudaSuccess)
-        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, BN);
+        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, sm90_plan<D>::BN);
     if (err != cudaSuccess)
         return err;
     constexpr auto kernel = attention_sm90_kernel<T, D>;
@@ -458,14 +471,22 @@ extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *de
     for (int d = 0; d < 3; d++)
         if (c->q_stride[d] >= max_stride || c->k_stride[d] >= max_stride || c->v_stride[d] >= max_stride)
             return false;
-    const int smem = c->head_dim == 64 ? sm90_plan<64>::SMEM_BYTES : sm90_plan<128>::SMEM_BYTES;
-    return (c->head_dim == 64 || c->head_dim == 128) && smem <= dev->max_smem_optin;
+    switch (c->head_dim) {
+    case 64: return sm90_plan<64>::SMEM_BYTES <= dev->max_smem_optin;
+    case 128: return sm90_plan<128>::SMEM_BYTES <= dev->max_smem_optin;
+    case 256: return sm90_plan<256>::SMEM_BYTES <= dev->max_smem_optin;
+    default: return false;
+    }
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return c->head_dim == 64 ? launch_sm90<T, 64>(c, dev, stream) : launch_sm90<T, 128>(c, dev, stream);
+        switch (c->head_dim) {
+        case 64: return launch_sm90<T, 64>(c, dev, stream);
+        case 128: return launch_sm90<T, 128>(c, dev, stream);
+        default: return launch_sm90<T, 256>(c, dev, stream); /* tk_attention_supports_sm90 took no other */
+        }
     });
 }

@@ -4,7 +4,7 @@
  * docs/kernels/attention.md.
  *
  * Variants, best first: "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation, wgmma;
- * arch-specific, only cc 9.0 devices with an sm_90a binary; head dims 64 and 128),
+ * arch-specific, only cc 9.0 devices with an sm_90a binary; head dims 64, 128 and 256),
  * "mma_sm80_packed" (calls with a window bounded on both sides and an even GQA group: 2 or 4
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
  * mma.sync, sm_80 and newer; every call).

@@ -300,9 +300,9 @@ static bool sm90_runs_here(void) {
     return runs == 1;
 }
 
-/* Whether "wgmma_sm90" claims the case: head dim 64 or 128 on a machine where it runs. */
+/* Whether "wgmma_sm90" claims the case: head dim 64, 128 or 256 on a machine where it runs. */
 static bool sm90_claims(const attn_case *c) {
-    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
+    return (c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256) && sm90_runs_here();
 }
 
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o

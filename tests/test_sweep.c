@@ -855,13 +855,14 @@ static void attention_case(sweep *s, tk_rng *r, bool backward) {
     (void)backward;
     const char *variant = case_variant(s);
     const bool steer_packed = is_variant(variant, "mma_sm80_packed");
-    /* "wgmma_sm90": a head dim it takes (64 or 128), and (with few queries, so that the reference budget
-     * below keeps them) keys over several of its 128-key tiles, so that its pipeline runs past
-     * the first tiles */
+    /* "wgmma_sm90": a head dim it takes (64, 128 or 256), and (with few queries, so that the
+     * reference budget below keeps them) keys over several of its key tiles (128 keys, 64 at head
+     * dim 256), so that its pipeline runs past the first tiles */
+    static const int64_t SM90_HEAD_DIMS[] = {64, 128, 256};
     const bool steer_sm90 = is_variant(variant, "wgmma_sm90");
     tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
     p.dtype = chance(r, 0.5) ? TK_BF16 : TK_F16;
-    p.head_dim = steer_sm90 ? 64 * irand(r, 1, 2) : ATTN_HEAD_DIMS[irand(r, 0, 4)];
+    p.head_dim = steer_sm90 ? SM90_HEAD_DIMS[irand(r, 0, 2)] : ATTN_HEAD_DIMS[irand(r, 0, 4)];
     p.heads_kv = irand(r, 1, 3);
     const int64_t group = steer_packed ? 2 * irand(r, 1, 2) : irand(r, 1, 4);
     p.heads_q = p.heads_kv * group;
