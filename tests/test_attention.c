@@ -765,7 +765,7 @@ Test(attention_gpu, supported_names_the_variant) {
     cr_assert_eq(tk_experimental_force_variant("attention", "mma_sm80_packed"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"mma_sm80_packed\"");
-    /* The Hopper variant takes head dims 64 and 128 only. */
+    /* The Hopper variant takes head dims 64, 128 and 256, not 80 or 96. */
     tk_attention_params d80 = window; /* 8 positions: o [1, 8, 2, 80] stays clear of lse */
     d80.head_dim = 80;
     d80.seqlen_q = d80.seqlen_k = 8;
@@ -778,4 +778,9 @@ Test(attention_gpu, supported_names_the_variant) {
     d128.seqlen_q = d128.seqlen_k = 8;
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_SUCCESS, "");
     cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
+    tk_attention_params d256 = d128; /* o [1, 8, 2, 256] ends where lse starts */
+    d256.head_dim = 256;
+    TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_SUCCESS, "");
+    if (sm90_runs_here())
+        cr_assert_str_eq(name, "wgmma_sm90");
 }
