@@ -7,8 +7,8 @@
  * Block: three warpgroups (384 threads, one block per SM), BM = 128 query rows of one
  * (batch, query head), key tiles of BN = 128 keys (64 at head dim 256, sm90_plan):
  * - Producer (warpgroup 2, one thread, 24 registers after setmaxnreg): the Q tile once onto
- *   q_full, then per key tile: waits for the stage's kv_empty, and issues the TMA copies of the
- *   K tile (counted on k_full) and of the V tile (v_full) into the stage. Tensor maps are 4D
+ *   q_full, then per key tile: waits for the stage's k_empty and issues the TMA copies of the
+ *   K tile (counted on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
  * - Consumers (warpgroups 0 and 1, 240 registers): warpgroup c owns query rows 64c .. 64c + 63.
@@ -21,8 +21,10 @@
  *   (transpose bit; one 64-wide half of the head dim per instruction, so one 128-byte swizzle
  *   atom spans N). Pipelined within the warpgroup as FlashAttention-3: per key tile t (after
  *   the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
- *   wait until only the P V group runs, softmax of S_t while it runs, wait for it, one arrival
- *   per warp on tile t - 1's kv_empty (count 8), O *= alpha_t, pack P_t.
+ *   wait until only the P V group runs, one arrival per warp on tile t's k_empty (count 8),
+ *   softmax of S_t while P V runs, wait for it, one arrival per warp on tile t - 1's v_empty,
+ *   O *= alpha_t, pack P_t. K is freed a softmax before V, so a ring of 2 stages (head dim
+ *   256) loads K_{t+1} while the consumers still hold V_{t-1}.
  * - Shared memory at head dim 128: Q 32 KiB + 3 stages x (K 32 KiB + V 32 KiB) = 224 KiB, each
  *   64-column half of a tile one TMA box of 128-byte rows. Three stages let the producer load
  *   tile t + 1 while the consumers hold tiles t - 1 (P V) and t (Q K^T). Head dim 256: Q 64 KiB
@@ -63,7 +65,7 @@ template <int D> struct sm90_plan {
     static constexpr int BN = D <= 128 ? 128 : 64;
     static constexpr int STAGES = D <= 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 8 KiB */
-    static constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES) * 8;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
@@ -204,7 +206,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
-    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
+    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
+    const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
 
@@ -226,9 +229,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         tk_mbarrier_init(q_full, 1);
         for (int s = 0; s < STAGES; s++) {
-            tk_mbarrier_init(k_full + 8 * s, 1);             /* the producer's expect_tx */
+            tk_mbarrier_init(k_full + 8 * s, 1);              /* the producer's expect_tx */
             tk_mbarrier_init(v_full + 8 * s, 1);
-            tk_mbarrier_init(kv_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
+            tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
+            tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
         }
         tk_fence_mbarrier_init();
     }
@@ -249,13 +253,16 @@ __global__ void __launch_bounds__(THREADS, 1)
                                 q_full);
             tk_stage_ring<STAGES> ring = {0, 0};
             for (int t = tile_begin; t < tile_end; t++) {
-                /* The first round finds every stage free (parity phase ^ 1). */
-                tk_mbarrier_wait(ring.barrier(kv_empty), ring.phase ^ 1);
+                /* The first round finds every stage free (parity phase ^ 1). K and V of a stage
+                 * are freed apart: K once the consumers' Q K^T of it is done, V after their
+                 * P V, a softmax later, so the next K into the stage need not wait for that. */
+                tk_mbarrier_wait(ring.barrier(k_empty), ring.phase ^ 1);
                 const uint32_t k_dst = s_kv + ring.stage * STAGE_BYTES, v_dst = k_dst + KV_BYTES;
                 tk_mbarrier_arrive_expect_tx(ring.barrier(k_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
                     tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, batch,
                                 ring.barrier(k_full));
+                tk_mbarrier_wait(ring.barrier(v_empty), ring.phase ^ 1);
                 tk_mbarrier_arrive_expect_tx(ring.barrier(v_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
                     tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, batch,
@@ -329,9 +336,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kk = 0; kk < BN / 16; kk++)
             tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
     };
-    auto release = [&](tk_stage_ring<STAGES> at) { /* after the wait for its P V */
+    /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
+     * (after the wait for its P V). */
+    auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
         if (lane == 0)
-            tk_mbarrier_arrive(at.barrier(kv_empty));
+            tk_mbarrier_arrive(at.barrier(empty));
     };
 
     /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
@@ -350,6 +359,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         issue_qk(ring);
         tk_wgmma_wait<0>();
         pin(s[0]);
+        release(k_empty, ring);
         softmax(tile_begin); /* O is still zero: no rescale */
         pack_p();
         for (int t = tile_begin + 1; t < tile_end; t++) {
@@ -359,14 +369,15 @@ __global__ void __launch_bounds__(THREADS, 1)
             issue_qk(ring);
             issue_pv(prev);
             tk_named_barrier_arrive<256>(TURN + 1 - warpgroup);
-            tk_wgmma_wait<1>();
+            tk_wgmma_wait<1>(); /* the Q K^T, committed first */
             pin(s[0]);
+            release(k_empty, ring);
             softmax(t);
             tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
             tk_wgmma_wait<0>();
             pin(o[0]);
             pin(pa);
-            release(prev);
+            release(v_empty, prev);
             attn_rescale_o(o, alpha);
             pack_p();
         }
@@ -375,7 +386,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         issue_pv(ring);
         tk_wgmma_wait<0>();
         pin(o[0]);
-        release(ring);
+        release(v_empty, ring);
     }
 
     /* Epilogue from the registers: normalise, store pairs of columns, write lse. */

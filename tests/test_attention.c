@@ -778,8 +778,9 @@ Test(attention_gpu, supported_names_the_variant) {
     d128.seqlen_q = d128.seqlen_k = 8;
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_SUCCESS, "");
     cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
-    tk_attention_params d256 = d128; /* o [1, 8, 2, 256] ends where lse starts */
+    tk_attention_params d256 = d128; /* 4 positions: o [1, 4, 2, 256] ends where lse starts */
     d256.head_dim = 256;
+    d256.seqlen_q = d256.seqlen_k = 4;
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_SUCCESS, "");
     if (sm90_runs_here())
         cr_assert_str_eq(name, "wgmma_sm90");
