@@ -35,6 +35,16 @@
  *
  * The consumers take turns issuing their GEMMs (ping-pong, named barriers), so that one's
  * softmax overlaps the other's GEMMs.
+ *
+ * Persistent (variant "wgmma_sm90_persistent", head dims 64 and 128): one CTA per SM, CTA c
+ * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
+ * each computed exactly as above (so the same bits), with the rings carried from one work tile
+ * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
+ * its previous or next tile: the producer warp finds each work tile's key tiles itself (the
+ * document search takes its whole warp: 40 registers, the consumers 232) and loads the next Q as
+ * soon as both consumers' last Q K^T of the current one is done (barrier q_empty), its K and V as
+ * the ring frees stages, while the consumers finish the last P V and store O. The consumers fill
+ * each work tile's mask table between two named barriers (FILL).
  * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
 #include "attention.h"
@@ -59,13 +69,13 @@ constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
  * holds 128 O accumulators, so S takes BN = 64 keys (32 accumulators, P 16 registers: ~180 of
  * the 240), and a stage of K and V is 64 KiB: 2 stages (Q 64 KiB + 2 x 64 KiB), the consumers
  * holding tile t - 1 (P V) and tile t (Q K^T) while the producer waits for the first. */
-template <int D> struct sm90_plan {
+template <int D, bool PERSISTENT> struct sm90_plan {
     static_assert(D % HALF == 0 && D <= 256, "whole 64-column halves; O fits the registers up to 256");
     static constexpr int HALVES = D / HALF;
     static constexpr int BN = D <= 128 ? 128 : 64;
     static constexpr int STAGES = D <= 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 8 KiB */
-    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES) * 8;
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + PERSISTENT) * 8; /* PERSISTENT: q_empty */
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
@@ -90,7 +100,11 @@ struct sm90_params {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24; /* 2 x 128 x 240 + 128 x 24 <= 64 Ki */
+/* Registers per thread after setmaxnreg, within the 168 x 384 = 64512 the launch holds: 2 x 128
+ * x 240 + 128 x 24; with PERSISTENT the producer warp finds each work tile's key range itself,
+ * which needs 40: 2 x 128 x 232 + 128 x 40. */
+template <bool PERSISTENT> constexpr int CONSUMER_REGS = PERSISTENT ? 232 : 240;
+template <bool PERSISTENT> constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
 
 /* cp.async.bulk.tensor.4d: the box of `map` at (c0, c1, c2, c3) into dst, counted on bar. */
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
@@ -192,14 +206,42 @@ template <typename E, int N> __device__ __forceinline__ void pin(E (&d)[N][4]) {
         }
 }
 
+/* Work tile `tile` of the grid: (query head, batch, query tile), heads fastest and query tiles
+ * last to first slowest, as attention.cuh: the longest tiles of a causal grid come first. */
+struct sm90_work {
+    int head, batch, m0, q_rows;
+};
+
+__device__ __forceinline__ sm90_work sm90_work_of(const sm90_params &p, unsigned tile) {
+    sm90_work w;
+    w.head = (int)(tile % (unsigned)p.heads_q);
+    tile /= (unsigned)p.heads_q;
+    w.batch = (int)(tile % (unsigned)p.batch);
+    w.m0 = (p.m_blocks - 1 - (int)(tile / (unsigned)p.batch)) * BM;
+    w.q_rows = min(BM, p.seqlen_q - w.m0);
+    return w;
+}
+
+__device__ __forceinline__ attn_mask sm90_mask(const sm90_params &p, int batch) {
+    return {p.seqlen_k - p.seqlen_q, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
+            p.doc_ids ? p.doc_ids + (int64_t)batch * p.seqlen_k : nullptr};
+}
+
 #endif
 
-template <typename T, int D>
+/* The key tiles [x, y) of BN keys that a band of rows visits, given the keys its first and
+ * last rows see (attn_fill_table's entries; rows past seqlen_q repeat the last one). */
+template <int BN> __device__ __forceinline__ int2 sm90_key_tiles(int2 front, int2 back) {
+    const int begin = front.x / BN;
+    return make_int2(begin, back.y >= front.x ? back.y / BN + 1 : begin);
+}
+
+template <typename T, int D, bool PERSISTENT>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_sm90_kernel(const __grid_constant__ sm90_params p, const __grid_constant__ CUtensorMap map_q,
                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using plan = sm90_plan<D>;
+    using plan = sm90_plan<D, PERSISTENT>;
     constexpr int HALVES = plan::HALVES, BN = plan::BN, STAGES = plan::STAGES, Q_BYTES = plan::Q_BYTES,
                   KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
@@ -208,23 +250,27 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
+    const uint32_t q_empty = v_empty + 8 * STAGES; /* PERSISTENT: Q is free for the next work tile */
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
 
-    /* Block -> (query head, batch, query tile), heads fastest and query tiles last to first
-     * slowest, as attention.cuh: the longest CTAs of a causal grid start first. */
-    unsigned block = blockIdx.x;
-    const int head = (int)(block % (unsigned)p.heads_q);
-    block /= (unsigned)p.heads_q;
-    const int batch = (int)(block % (unsigned)p.batch);
-    const int m0 = (p.m_blocks - 1 - (int)(block / (unsigned)p.batch)) * BM;
-    const int head_kv = head / p.group;
-    const int q_rows = min(BM, p.seqlen_q - m0);
+    /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it. */
+    const unsigned tiles = (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
+    unsigned tile = blockIdx.x;
+    sm90_work w = sm90_work_of(p, tile);
     const int shift = p.seqlen_k - p.seqlen_q;
+    auto next_work = [&]() { /* false once the CTA's tiles are done; always after one without PERSISTENT */
+        if constexpr (!PERSISTENT)
+            return false;
+        tile += gridDim.x;
+        if (tile >= tiles)
+            return false;
+        w = sm90_work_of(p, tile);
+        return true;
+    };
 
-    const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
-                            p.doc_ids ? p.doc_ids + (int64_t)batch * p.seqlen_k : nullptr};
-    attn_fill_table(mask, table, m0, m0 + q_rows - 1, BM, false, threadIdx.x, THREADS);
+    if constexpr (!PERSISTENT) /* PERSISTENT: the consumers fill it per work tile */
+        attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
 
     if (threadIdx.x == 0) {
         tk_mbarrier_init(q_full, 1);
@@ -234,24 +280,26 @@ __global__ void __launch_bounds__(THREADS, 1)
             tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
             tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
         }
+        if constexpr (PERSISTENT)
+            tk_mbarrier_init(q_empty, 4 * CONSUMERS);
         tk_fence_mbarrier_init();
     }
-    __syncthreads(); /* the barriers and the table */
-    /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
-    const int tile_begin = table[0].x / BN;
-    const int tile_end = table[BM - 1].y >= table[0].x ? table[BM - 1].y / BN + 1 : tile_begin;
+    __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
     constexpr int TURN = 1; /* named barriers TURN, TURN + 1: the consumers' turns (0: __syncthreads) */
+    constexpr int FILL = 3; /* PERSISTENT: the consumers around each work tile's table */
     if (warpgroup == CONSUMERS) {
-        tk_setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x == CONSUMERS * 128) {
+        tk_setmaxnreg_dec<PRODUCER_REGS<PERSISTENT>>();
+        /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
+        tk_stage_ring<STAGES> ring = {0, 0};
+        auto load_work = [&](int tile_begin, int tile_end) {
+            const int head_kv = w.head / p.group;
             tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < CONSUMERS; c++)
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, m0 + 64 * c, head, batch,
-                                q_full);
-            tk_stage_ring<STAGES> ring = {0, 0};
+                    tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
+                                w.batch, q_full);
             for (int t = tile_begin; t < tile_end; t++) {
                 /* The first round finds every stage free (parity phase ^ 1). K and V of a stage
                  * are freed apart: K once the consumers' Q K^T of it is done, V after their
@@ -260,158 +308,210 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const uint32_t k_dst = s_kv + ring.stage * STAGE_BYTES, v_dst = k_dst + KV_BYTES;
                 tk_mbarrier_arrive_expect_tx(ring.barrier(k_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, batch,
+                    tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, w.batch,
                                 ring.barrier(k_full));
                 tk_mbarrier_wait(ring.barrier(v_empty), ring.phase ^ 1);
                 tk_mbarrier_arrive_expect_tx(ring.barrier(v_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, batch,
+                    tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, w.batch,
                                 ring.barrier(v_full));
                 ring.next();
             }
+        };
+        if constexpr (PERSISTENT) {
+            /* One warp, which finds each work tile's key tiles itself (a document search takes
+             * the whole warp) and so runs ahead of the consumers: work tile k + 1's Q loads as
+             * soon as both consumers are done with tile k's Q K^T (q_empty), its K and V as the
+             * ring frees stages. */
+            if (threadIdx.x / 32 != 4 * CONSUMERS)
+                return;
+            int k = 0;
+            do {
+                const attn_mask mask = sm90_mask(p, w.batch);
+                const int first = w.m0 + mask.shift, last = w.m0 + w.q_rows - 1 + mask.shift;
+                attn_docs docs;
+                if (mask.doc_ids)
+                    docs = attn_doc_band(mask, first, last);
+                const int2 range =
+                    sm90_key_tiles<BN>(attn_row_keys(mask, docs, first), attn_row_keys(mask, docs, last));
+                if (threadIdx.x % 32 == 0) {
+                    tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
+                    load_work(range.x, range.y);
+                }
+                __syncwarp();
+                k++;
+            } while (next_work());
+        } else if (threadIdx.x == CONSUMERS * 128) {
+            const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+            load_work(range.x, range.y);
         }
         return;
     }
 
-    tk_setmaxnreg_inc<CONSUMER_REGS>();
+    tk_setmaxnreg_inc<CONSUMER_REGS<PERSISTENT>>();
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, tq = lane % 4;
-    const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
-    const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
     const uint32_t q_wg = s_q + HALVES * warpgroup * Q_HALF_BYTES;
-    const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
-    /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
-    const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
-
-    /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
-     * halves of 8 for the P V instructions. */
-    float o[1][D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            o[0][j][e] = 0.0f;
-    float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
-
-    /* The three steps of a key tile, each on the tile's ring position. */
-    float s[1][BN / 8][4], alpha[1][2];
-    uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
-    auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
-        const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
-        tk_mbarrier_wait(at.barrier(k_full), at.phase);
-        tk_wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
-            wgmma_ss_qk<T, BN>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
-                               tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
-        }
-        tk_wgmma_commit();
-    };
-    auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
-        const uint32_t v_tile = s_kv + at.stage * STAGE_BYTES + KV_BYTES;
-        tk_mbarrier_wait(at.barrier(v_full), at.phase);
-        tk_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int h = 0; h < HALVES; h++)
-                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
-                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
-        tk_wgmma_commit();
-    };
-    auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
-        const int n0 = t * BN;
-        const int col0 = n0 + 2 * tq;
-        if (p.transform)
-            attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
-                                  col0, shift);
-        /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
-        if (attn_tile_partial(n0, BN, front, back))
-            attn_mask_scores(s, row0, col0, table, m0);
-        attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
-    };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-    };
-    /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
-     * (after the wait for its P V). */
-    auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
-        if (lane == 0)
-            tk_mbarrier_arrive(at.barrier(empty));
-    };
-
-    /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
-     * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
-     * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
-     * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
-     * GEMMs, so that one's softmax runs while the tensor cores do the other's GEMMs. Warpgroup c
-     * issues after named barrier TURN + c (its 128 threads sync, the other's 128 arrive) and
-     * then arrives on the other's. Both run the same tiles; warpgroup 0 goes first on an
-     * arrival of its own, and takes the other's last arrival after the loop. */
-    tk_mbarrier_wait(q_full, 0);
     tk_stage_ring<STAGES> ring = {0, 0};
-    if (tile_begin < tile_end) {
-        if (warpgroup == 0)
-            tk_named_barrier_arrive<256>(TURN);
-        issue_qk(ring);
-        tk_wgmma_wait<0>();
-        pin(s[0]);
-        release(k_empty, ring);
-        softmax(tile_begin); /* O is still zero: no rescale */
-        pack_p();
-        for (int t = tile_begin + 1; t < tile_end; t++) {
-            const tk_stage_ring<STAGES> prev = ring;
-            ring.next();
-            tk_named_barrier_sync<256>(TURN + warpgroup);
+    int k = 0; /* the work tiles done: Q's barriers are in phase k */
+    do {
+        if constexpr (PERSISTENT) {
+            /* Both consumers are done with the previous work tile's table (their last softmax). */
+            tk_named_barrier_sync<128 * CONSUMERS>(FILL);
+            attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x,
+                            128 * CONSUMERS);
+            tk_named_barrier_sync<128 * CONSUMERS>(FILL);
+        }
+        const int head = w.head, batch = w.batch, m0 = w.m0;
+        /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
+        const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+        const int tile_begin = range.x, tile_end = range.y;
+        const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
+        const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
+        const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
+        /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
+        const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
+
+        /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
+         * halves of 8 for the P V instructions. */
+        float o[1][D / 8][4];
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[0][j][e] = 0.0f;
+        float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
+
+        /* The three steps of a key tile, each on the tile's ring position. */
+        float s[1][BN / 8][4], alpha[1][2];
+        uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
+        auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
+            const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
+            tk_mbarrier_wait(at.barrier(k_full), at.phase);
+            tk_wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+                const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
+                wgmma_ss_qk<T, BN>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
+                                   tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
+            }
+            tk_wgmma_commit();
+        };
+        auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
+            const uint32_t v_tile = s_kv + at.stage * STAGE_BYTES + KV_BYTES;
+            tk_mbarrier_wait(at.barrier(v_full), at.phase);
+            tk_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+                for (int h = 0; h < HALVES; h++)
+                    wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
+                                      desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+            tk_wgmma_commit();
+        };
+        auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
+            const int n0 = t * BN;
+            const int col0 = n0 + 2 * tq;
+            if (p.transform)
+                attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
+                                      col0, shift);
+            /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
+            if (attn_tile_partial(n0, BN, front, back))
+                attn_mask_scores(s, row0, col0, table, m0);
+            attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
+        };
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+        };
+        /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
+         * (after the wait for its P V), or (PERSISTENT) on q_empty after the work tile's last
+         * Q K^T. */
+        auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
+            if (lane == 0)
+                tk_mbarrier_arrive(at.barrier(empty));
+        };
+        auto release_q = [&]() {
+            if constexpr (PERSISTENT)
+                if (lane == 0)
+                    tk_mbarrier_arrive(q_empty);
+        };
+
+        /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
+         * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
+         * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
+         * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
+         * GEMMs, so that one's softmax runs while the tensor cores do the other's GEMMs. Warpgroup c
+         * issues after named barrier TURN + c (its 128 threads sync, the other's 128 arrive) and
+         * then arrives on the other's. Both run the same tiles; warpgroup 0 goes first on an
+         * arrival of its own, and takes the other's last arrival after the loop. */
+        tk_mbarrier_wait(q_full, k & 1);
+        if (tile_begin < tile_end) {
+            if (warpgroup == 0)
+                tk_named_barrier_arrive<256>(TURN);
             issue_qk(ring);
-            issue_pv(prev);
-            tk_named_barrier_arrive<256>(TURN + 1 - warpgroup);
-            tk_wgmma_wait<1>(); /* the Q K^T, committed first */
+            tk_wgmma_wait<0>();
             pin(s[0]);
             release(k_empty, ring);
-            softmax(t);
-            tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
+            softmax(tile_begin); /* O is still zero: no rescale */
+            pack_p();
+            for (int t = tile_begin + 1; t < tile_end; t++) {
+                const tk_stage_ring<STAGES> prev = ring;
+                ring.next();
+                tk_named_barrier_sync<256>(TURN + warpgroup);
+                issue_qk(ring);
+                issue_pv(prev);
+                tk_named_barrier_arrive<256>(TURN + 1 - warpgroup);
+                tk_wgmma_wait<1>(); /* the Q K^T, committed first */
+                pin(s[0]);
+                release(k_empty, ring);
+                softmax(t);
+                tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
+                tk_wgmma_wait<0>();
+                pin(o[0]);
+                pin(pa);
+                release(v_empty, prev);
+                attn_rescale_o(o, alpha);
+                pack_p();
+            }
+            release_q(); /* every Q K^T of the work tile is done */
+            if (warpgroup == 0)
+                tk_named_barrier_sync<256>(TURN);
+            issue_pv(ring);
             tk_wgmma_wait<0>();
             pin(o[0]);
-            pin(pa);
-            release(v_empty, prev);
-            attn_rescale_o(o, alpha);
-            pack_p();
+            release(v_empty, ring);
+            ring.next();
+        } else {
+            release_q();
         }
-        if (warpgroup == 0)
-            tk_named_barrier_sync<256>(TURN);
-        issue_pv(ring);
-        tk_wgmma_wait<0>();
-        pin(o[0]);
-        release(v_empty, ring);
-    }
 
-    /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
-    T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh;
-    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
-    const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
+        /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
+        T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh;
+        const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
+        const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = row_sum[0][r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        float inv, lse;
-        attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
-        const int i = row0 + 8 * r;
-        if (i >= p.seqlen_q)
-            continue;
+        for (int r = 0; r < 2; r++) {
+            float sum = row_sum[0][r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float inv, lse;
+            attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
+            const int i = row0 + 8 * r;
+            if (i >= p.seqlen_q)
+                continue;
 #pragma unroll
-        for (int h = 0; h < HALVES; h++)
+            for (int h = 0; h < HALVES; h++)
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
-                    tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
-        if (p.lse && tq == 0)
-            p.lse[lse_row0 + i] = lse;
-    }
+                for (int j = 0; j < 8; j++)
+                    *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
+                        tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+            if (p.lse && tq == 0)
+                p.lse[lse_row0 + i] = lse;
+        }
+        k++;
+    } while (next_work());
 #endif
 }
 
@@ -441,19 +541,19 @@ cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int head_di
                : cudaErrorInvalidValue;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool PERSISTENT>
 cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+    using plan = sm90_plan<D, PERSISTENT>;
     CUtensorMap map_q, map_k, map_v;
     cudaError_t err = encode_4d(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
     if (err == cudaSuccess)
-        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, sm90_plan<D>::BN);
+        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, plan::BN);
     if (err == cudaSuccess)
-        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, sm90_plan<D>::BN);
+        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, plan::BN);
     if (err != cudaSuccess)
         return err;
-    constexpr auto kernel = attention_sm90_kernel<T, D>;
-    constexpr int SMEM_BYTES = sm90_plan<D>::SMEM_BYTES;
-    err = tk_opt_in_smem<kernel>(dev, SMEM_BYTES);
+    constexpr auto kernel = attention_sm90_kernel<T, D, PERSISTENT>;
+    err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
     sm90_params p;
@@ -469,35 +569,58 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.batch = c->batch;
     attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
-    const unsigned blocks = (unsigned)((int64_t)p.m_blocks * c->heads_q * c->batch);
-    return tk_launch(kernel, blocks, THREADS, SMEM_BYTES, stream, p, map_q, map_k, map_v);
+    /* One CTA per work tile, or (PERSISTENT) one per SM (the shared memory allows one), each
+     * striding over the work tiles. */
+    const int64_t tiles = (int64_t)p.m_blocks * c->heads_q * c->batch;
+    const unsigned blocks = (unsigned)(PERSISTENT && tiles > dev->sm_count ? dev->sm_count : tiles);
+    return tk_launch(kernel, blocks, THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v);
 }
 
-} // namespace
-
-extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *dev) {
-    const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
+/* PERSISTENT: head dims 64 and 128 (at 256 the consumers' 232 registers spill). */
+template <bool PERSISTENT> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA: strides below 2^40 bytes (src/attention.c has checked the 16-byte alignment). */
     const int64_t max_stride = (int64_t)1 << 39;
     for (int d = 0; d < 3; d++)
         if (c->q_stride[d] >= max_stride || c->k_stride[d] >= max_stride || c->v_stride[d] >= max_stride)
             return false;
     switch (c->head_dim) {
-    case 64: return sm90_plan<64>::SMEM_BYTES <= dev->max_smem_optin;
-    case 128: return sm90_plan<128>::SMEM_BYTES <= dev->max_smem_optin;
-    case 256: return sm90_plan<256>::SMEM_BYTES <= dev->max_smem_optin;
+    case 64: return sm90_plan<64, PERSISTENT>::SMEM_BYTES <= dev->max_smem_optin;
+    case 128: return sm90_plan<128, PERSISTENT>::SMEM_BYTES <= dev->max_smem_optin;
+    case 256: return !PERSISTENT && sm90_plan<256, PERSISTENT>::SMEM_BYTES <= dev->max_smem_optin;
     default: return false;
     }
 }
 
-extern "C" cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
-    const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
+template <bool PERSISTENT>
+cudaError_t sm90_launch(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
         switch (c->head_dim) {
-        case 64: return launch_sm90<T, 64>(c, dev, stream);
-        case 128: return launch_sm90<T, 128>(c, dev, stream);
-        default: return launch_sm90<T, 256>(c, dev, stream); /* tk_attention_supports_sm90 took no other */
+        case 64: return launch_sm90<T, 64, PERSISTENT>(c, dev, stream);
+        case 128: return launch_sm90<T, 128, PERSISTENT>(c, dev, stream);
         }
+        if constexpr (PERSISTENT)
+            return cudaErrorInvalidValue; /* sm90_fits took no other */
+        else
+            return launch_sm90<T, 256, false>(c, dev, stream); /* sm90_fits took no other */
     });
+}
+
+} // namespace
+
+extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *dev) {
+    return sm90_fits<false>(static_cast<const tk_attention_call *>(call), dev);
+}
+
+extern "C" cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return sm90_launch<false>(static_cast<const tk_attention_call *>(call), dev, stream);
+}
+
+extern "C" bool tk_attention_supports_sm90_persistent(const void *call, const tk_device *dev) {
+    return sm90_fits<true>(static_cast<const tk_attention_call *>(call), dev);
+}
+
+extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, const tk_device *dev,
+                                                           cudaStream_t stream) {
+    return sm90_launch<true>(static_cast<const tk_attention_call *>(call), dev, stream);
 }

@@ -12,12 +12,15 @@
 #include "support/tk_test.h"
 #include "ref/attention_ref.h"
 
-#define VARIANT_COUNT 3
-static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_sm90", "mma_sm80_packed", "mma_sm80"};
+#define VARIANT_COUNT 4
+static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_sm90", "wgmma_sm90_persistent", "mma_sm80_packed",
+                                                    "mma_sm80"};
 /* The variants from PORTABLE on give the same bits for the same call (their key tiles differ
  * only by tiles that leave a row's state unchanged); "wgmma_sm90" sums other key tiles and is
- * held to the reference alone. */
-#define PORTABLE 1
+ * held to the reference, and "wgmma_sm90_persistent" (the same work tiles, each computed as
+ * "wgmma_sm90" computes it) to the bits of "wgmma_sm90". */
+#define PERSISTENT 1
+#define PORTABLE 2
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -300,9 +303,14 @@ static bool sm90_runs_here(void) {
     return runs == 1;
 }
 
-/* Whether "wgmma_sm90" claims the case: head dim 64, 128 or 256 on a machine where it runs. */
+/* Whether "wgmma_sm90" claims the case: head dim 64, 128 or 256 on a machine where it runs;
+ * "wgmma_sm90_persistent": 64 or 128 there. */
 static bool sm90_claims(const attn_case *c) {
     return (c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256) && sm90_runs_here();
+}
+
+static bool sm90_persistent_claims(const attn_case *c) {
+    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
 }
 
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
@@ -393,7 +401,8 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     const bool packed = packed_claims(c), sm90 = sm90_claims(c);
     const bool claimed = variant == NULL || strcmp(variant, "mma_sm80") == 0 ||
                          (strcmp(variant, "mma_sm80_packed") == 0 && packed) ||
-                         (strcmp(variant, "wgmma_sm90") == 0 && sm90);
+                         (strcmp(variant, "wgmma_sm90") == 0 && sm90) ||
+                         (strcmp(variant, "wgmma_sm90_persistent") == 0 && sm90_persistent_claims(c));
     tk_attention_params query = p; /* the mask the sliding entry point runs */
     if (c->sliding)
         query.causal = 1, query.window_right = 0;
@@ -497,6 +506,9 @@ static void run_case_all_variants(const attn_case *c, uint64_t seed) {
         if (o[PORTABLE] && o[v])
             cr_assert(memcmp(o[PORTABLE], o[v], bytes) == 0, "%s: variants %s and %s differ", what,
                       VARIANTS[PORTABLE], VARIANTS[v]);
+    if (o[0] && o[PERSISTENT])
+        cr_assert(memcmp(o[0], o[PERSISTENT], bytes) == 0, "%s: variants %s and %s differ", what, VARIANTS[0],
+                  VARIANTS[PERSISTENT]);
     for (int v = 0; v < VARIANT_COUNT; v++)
         free(o[v]);
 }
@@ -655,6 +667,24 @@ Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
                 }
 }
 
+/* "wgmma_sm90_persistent" with more work tiles (query tiles x heads x batch) than an H200 has SMs
+ * (132), so that its CTAs take two or three tiles each, one after the other through the same
+ * rings: causal GQA, documents, a window with seqlen_q < seqlen_k, one query per sequence, and
+ * rows that see no key (seqlen_q > seqlen_k: tiles that load Q and no key tile between tiles that
+ * do). Every variant runs each case; the persistent one must match "wgmma_sm90" bit for bit. */
+Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const attn_case cases[] = {
+        {TK_BF16, 1, 200, 200, 80, 8, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        {TK_F16, 2, 260, 260, 24, 4, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, true, 0, 0, 70},
+        {TK_BF16, 1, 150, 400, 96, 8, 128, true, 1, 64, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        {TK_BF16, 4, 1, 500, 64, 8, 128, false, 0, -1, -1, false, 20.0f, true, true, 4.0, false, 0, 0, 0},
+        {TK_F16, 1, 400, 100, 64, 64, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case_all_variants(&cases[i], 900 + i);
+}
+
 Test(attention_gpu, softcap_alibi_lse, .timeout = 600) {
     TK_REQUIRE_GPU();
     static const int64_t head_dims[] = {64, 80, 96, 128, 256};
@@ -784,4 +814,11 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_SUCCESS, "");
     if (sm90_runs_here())
         cr_assert_str_eq(name, "wgmma_sm90");
+    /* The persistent variant: head dims 64 and 128, where wgmma_sm90 runs, and only when forced. */
+    cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_persistent"), TK_SUCCESS);
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"wgmma_sm90_persistent\"");
+    tk_experimental_force_variant("attention", NULL);
 }
