@@ -21,8 +21,7 @@
 
 static const tk_variant attention_variants[] = {
     {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90},
-    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent,
-     tk_attention_launch_sm90_persistent},
+    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent, tk_attention_launch_sm90_persistent},
     {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
     {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
 };
