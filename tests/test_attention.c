@@ -669,13 +669,15 @@ Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
 
 /* "wgmma_sm90_persistent" with more work tiles (query tiles x heads x batch) than an H200 has SMs
  * (132), so that its CTAs take two or three tiles each, one after the other through the same
- * rings: causal GQA, documents, a window with seqlen_q < seqlen_k, one query per sequence, and
- * rows that see no key (seqlen_q > seqlen_k: tiles that load Q and no key tile between tiles that
- * do). Every variant runs each case; the persistent one must match "wgmma_sm90" bit for bit. */
+ * rings (three: Q's barriers back in phase parity 0): causal GQA, documents, a window with
+ * seqlen_q < seqlen_k, one query per sequence, and rows that see no key (seqlen_q > seqlen_k:
+ * tiles that load Q and no key tile, after tiles that do, since the longest come first). Every
+ * variant runs each case; the persistent one must match "wgmma_sm90" bit for bit. */
 Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
     TK_REQUIRE_GPU();
     const attn_case cases[] = {
         {TK_BF16, 1, 200, 200, 80, 8, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        {TK_BF16, 1, 300, 300, 96, 8, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
         {TK_F16, 2, 260, 260, 24, 4, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, true, 0, 0, 70},
         {TK_BF16, 1, 150, 400, 96, 8, 128, true, 1, 64, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
         {TK_BF16, 4, 1, 500, 64, 8, 128, false, 0, -1, -1, false, 20.0f, true, true, 4.0, false, 0, 0, 0},
