@@ -40,11 +40,12 @@
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
  * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
- * its previous or next tile: the producer warp finds each work tile's key tiles itself (the
- * document search takes its whole warp: 40 registers, the consumers 232) and loads the next Q as
- * soon as both consumers' last Q K^T of the current one is done (barrier q_empty), its K and V as
- * the ring frees stages, while the consumers finish the last P V and store O. The consumers fill
- * each work tile's mask table between two named barriers (FILL).
+ * its previous or next tile. A second producer warp fills each work tile's mask table, into one
+ * of two buffers (table_full / table_empty; the document search takes a whole warp; 40
+ * registers, the consumers 232), so the consumers never wait for it; the loading warp takes the
+ * tile's key tiles from the table and loads the next Q as soon as both consumers' last Q K^T of
+ * the current one is done (barrier q_empty), its K and V as the ring frees stages, while the
+ * consumers finish the last P V and store O.
  * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
 #include "attention.h"
@@ -75,12 +76,14 @@ template <int D, bool PERSISTENT> struct sm90_plan {
     static constexpr int BN = D <= 128 ? 128 : 64;
     static constexpr int STAGES = D <= 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 8 KiB */
-    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + PERSISTENT) * 8; /* PERSISTENT: q_empty */
+    /* PERSISTENT: q_empty, table_full[2], table_empty[2], and the tables of two work tiles */
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + (PERSISTENT ? 5 : 0)) * 8;
+    static constexpr int TABLES_BYTES = (PERSISTENT ? 2 : 1) * TABLE_BYTES;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
+    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLES_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
     static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 };
 
@@ -101,8 +104,8 @@ struct sm90_params {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* Registers per thread after setmaxnreg, within the 168 x 384 = 64512 the launch holds: 2 x 128
- * x 240 + 128 x 24; with PERSISTENT the producer warp finds each work tile's key range itself,
- * which needs 40: 2 x 128 x 232 + 128 x 40. */
+ * x 240 + 128 x 24; with PERSISTENT a producer warp fills each work tile's mask table (a
+ * document search), which spills in 24: 2 x 128 x 232 + 128 x 40. */
 template <bool PERSISTENT> constexpr int CONSUMER_REGS = PERSISTENT ? 232 : 240;
 template <bool PERSISTENT> constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
 
@@ -250,12 +253,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    const uint32_t q_empty = v_empty + 8 * STAGES; /* PERSISTENT: Q is free for the next work tile */
+    /* PERSISTENT: Q is free for the next work tile; work tile k's table (table + (k & 1) BM) is
+     * filled (table_full + 8 (k & 1)), or read by the consumers (table_empty + 8 (k & 1)) */
+    const uint32_t q_empty = v_empty + 8 * STAGES, table_full = q_empty + 8, table_empty = table_full + 16;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
-    float *const unread = reinterpret_cast<float *>(table + BM);
+    float *const unread = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(table) + plan::TABLES_BYTES);
 
-    /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it. */
-    const unsigned tiles = (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
+    /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it (the
+     * count is recomputed from the parameters there rather than kept live across the tiles). */
     unsigned tile = blockIdx.x;
     sm90_work w = sm90_work_of(p, tile);
     const int shift = p.seqlen_k - p.seqlen_q;
@@ -263,13 +268,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         if constexpr (!PERSISTENT)
             return false;
         tile += gridDim.x;
-        if (tile >= tiles)
+        if (tile >= (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch)
             return false;
         w = sm90_work_of(p, tile);
         return true;
     };
 
-    if constexpr (!PERSISTENT) /* PERSISTENT: the consumers fill it per work tile */
+    if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
         attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
 
     if (threadIdx.x == 0) {
@@ -280,15 +285,19 @@ __global__ void __launch_bounds__(THREADS, 1)
             tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
             tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
         }
-        if constexpr (PERSISTENT)
+        if constexpr (PERSISTENT) {
             tk_mbarrier_init(q_empty, 4 * CONSUMERS);
+            for (int b = 0; b < 2; b++) {
+                tk_mbarrier_init(table_full + 8 * b, 1);                /* the filling warp's lane 0 */
+                tk_mbarrier_init(table_empty + 8 * b, 4 * CONSUMERS); /* one arrival per consumer warp */
+            }
+        }
         tk_fence_mbarrier_init();
     }
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
     constexpr int TURN = 1; /* named barriers TURN, TURN + 1: the consumers' turns (0: __syncthreads) */
-    constexpr int FILL = 3; /* PERSISTENT: the consumers around each work tile's table */
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<PRODUCER_REGS<PERSISTENT>>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
@@ -319,26 +328,32 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
         };
         if constexpr (PERSISTENT) {
-            /* One warp, which finds each work tile's key tiles itself (a document search takes
-             * the whole warp) and so runs ahead of the consumers: work tile k + 1's Q loads as
-             * soon as both consumers are done with tile k's Q K^T (q_empty), its K and V as the
-             * ring frees stages. */
-            if (threadIdx.x / 32 != 4 * CONSUMERS)
+            /* Two warps, each running ahead of the consumers. Warp 1 fills each work tile's
+             * table (the document search takes a whole warp) into the buffer of tile k - 2 once
+             * the consumers have read that (table_empty). Warp 0's lane 0 takes tile k's key
+             * tiles from its table (table_full), loads its Q as soon as both consumers are done
+             * with tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. */
+            const int warp = threadIdx.x / 32 - 4 * CONSUMERS, lane = threadIdx.x % 32;
+            if (warp > 1 || (warp == 0 && lane > 0))
                 return;
             int k = 0;
             do {
-                const attn_mask mask = sm90_mask(p, w.batch);
-                const int first = w.m0 + mask.shift, last = w.m0 + w.q_rows - 1 + mask.shift;
-                attn_docs docs;
-                if (mask.doc_ids)
-                    docs = attn_doc_band(mask, first, last);
-                const int2 range =
-                    sm90_key_tiles<BN>(attn_row_keys(mask, docs, first), attn_row_keys(mask, docs, last));
-                if (threadIdx.x % 32 == 0) {
+                int2 *const tile_table = table + (k & 1) * BM;
+                const uint32_t full = table_full + 8 * (k & 1);
+                if (warp == 1) {
+                    /* Tile k - 2's readers are done (the first two tiles find their buffers free). */
+                    tk_mbarrier_wait(table_empty + 8 * (k & 1), ((k >> 1) & 1) ^ 1);
+                    attn_fill_table(sm90_mask(p, w.batch), tile_table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane,
+                                    32);
+                    __syncwarp(); /* the warp's writes, before lane 0's release */
+                    if (lane == 0)
+                        tk_mbarrier_arrive(full);
+                } else {
+                    tk_mbarrier_wait(full, (k >> 1) & 1);
+                    const int2 range = sm90_key_tiles<BN>(tile_table[0], tile_table[BM - 1]);
                     tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
                     load_work(range.x, range.y);
                 }
-                __syncwarp();
                 k++;
             } while (next_work());
         } else if (threadIdx.x == CONSUMERS * 128) {
@@ -355,22 +370,20 @@ __global__ void __launch_bounds__(THREADS, 1)
     tk_stage_ring<STAGES> ring = {0, 0};
     int k = 0; /* the work tiles done: Q's barriers are in phase k */
     do {
+        const int2 *tile_table = table;
         if constexpr (PERSISTENT) {
-            /* Both consumers are done with the previous work tile's table (their last softmax). */
-            tk_named_barrier_sync<128 * CONSUMERS>(FILL);
-            attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x,
-                            128 * CONSUMERS);
-            tk_named_barrier_sync<128 * CONSUMERS>(FILL);
+            tile_table += (k & 1) * BM;
+            tk_mbarrier_wait(table_full + 8 * (k & 1), (k >> 1) & 1);
         }
         const int head = w.head, batch = w.batch, m0 = w.m0;
         /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
-        const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+        const int2 range = sm90_key_tiles<BN>(tile_table[0], tile_table[BM - 1]);
         const int tile_begin = range.x, tile_end = range.y;
         const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
         const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
         const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
         /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
-        const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
+        const int2 front = tile_table[64 * warpgroup], back = tile_table[64 * warpgroup + 63];
 
         /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
          * halves of 8 for the P V instructions. */
@@ -417,7 +430,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                                       col0, shift);
             /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
             if (attn_tile_partial(n0, BN, front, back))
-                attn_mask_scores(s, row0, col0, table, m0);
+                attn_mask_scores(s, row0, col0, tile_table, m0);
             attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
         };
         auto pack_p = [&]() {
@@ -426,16 +439,18 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
         };
         /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
-         * (after the wait for its P V), or (PERSISTENT) on q_empty after the work tile's last
-         * Q K^T. */
+         * (after the wait for its P V), or (PERSISTENT) on q_empty and on the tile's
+         * table_empty after its last Q K^T and softmax. */
         auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
             if (lane == 0)
                 tk_mbarrier_arrive(at.barrier(empty));
         };
         auto release_q = [&]() {
             if constexpr (PERSISTENT)
-                if (lane == 0)
+                if (lane == 0) {
                     tk_mbarrier_arrive(q_empty);
+                    tk_mbarrier_arrive(table_empty + 8 * (k & 1));
+                }
         };
 
         /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
