@@ -40,12 +40,12 @@
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
  * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
- * its previous or next tile. A second producer warp fills each work tile's mask table, into one
- * of two buffers (table_full / table_empty; the document search takes a whole warp; 40
- * registers, the consumers 232), so the consumers never wait for it; the loading warp takes the
- * tile's key tiles from the table and loads the next Q as soon as both consumers' last Q K^T of
- * the current one is done (barrier q_empty), its K and V as the ring frees stages, while the
- * consumers finish the last P V and store O.
+ * its previous or next tile. A second producer warp fills each work tile's mask table as soon as
+ * the consumers have read the previous tile's (table_empty: after their last softmax of it), so
+ * during their last P V and epilogue (the document search takes a whole warp; 40 registers, the
+ * consumers 232); the loading warp takes the tile's key tiles from the table (table_full) and
+ * loads its Q once both consumers' last Q K^T of the previous tile is done (q_empty), its K and V
+ * as the ring frees stages.
  * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
 #include "attention.h"
@@ -76,14 +76,13 @@ template <int D, bool PERSISTENT> struct sm90_plan {
     static constexpr int BN = D <= 128 ? 128 : 64;
     static constexpr int STAGES = D <= 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 8 KiB */
-    /* PERSISTENT: q_empty, table_full[2], table_empty[2], and the tables of two work tiles */
-    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + (PERSISTENT ? 5 : 0)) * 8;
-    static constexpr int TABLES_BYTES = (PERSISTENT ? 2 : 1) * TABLE_BYTES;
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + (PERSISTENT ? 3 : 0)) * 8; /* q_empty, table_* */
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLES_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
+    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
+    static_assert(SMEM_BYTES <= 227 * 1024, "one block of the plan fits an sm_90 SM's opt-in shared memory");
     static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 };
 
@@ -253,11 +252,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    /* PERSISTENT: Q is free for the next work tile; work tile k's table (table + (k & 1) BM) is
-     * filled (table_full + 8 (k & 1)), or read by the consumers (table_empty + 8 (k & 1)) */
-    const uint32_t q_empty = v_empty + 8 * STAGES, table_full = q_empty + 8, table_empty = table_full + 16;
+    /* PERSISTENT: Q is free for the next work tile; the table holds the current work tile's
+     * entries (table_full) or the consumers are done reading it (table_empty). */
+    const uint32_t q_empty = v_empty + 8 * STAGES, table_full = q_empty + 8, table_empty = table_full + 8;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
-    float *const unread = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(table) + plan::TABLES_BYTES);
+    float *const unread = reinterpret_cast<float *>(table + BM);
 
     /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it (the
      * count is recomputed from the parameters there rather than kept live across the tiles). */
@@ -287,10 +286,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         if constexpr (PERSISTENT) {
             tk_mbarrier_init(q_empty, 4 * CONSUMERS);
-            for (int b = 0; b < 2; b++) {
-                tk_mbarrier_init(table_full + 8 * b, 1);                /* the filling warp's lane 0 */
-                tk_mbarrier_init(table_empty + 8 * b, 4 * CONSUMERS); /* one arrival per consumer warp */
-            }
+            tk_mbarrier_init(table_full, 1);                /* the filling warp's lane 0 */
+            tk_mbarrier_init(table_empty, 4 * CONSUMERS); /* one arrival per consumer warp */
         }
         tk_fence_mbarrier_init();
     }
@@ -328,29 +325,27 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
         };
         if constexpr (PERSISTENT) {
-            /* Two warps, each running ahead of the consumers. Warp 1 fills each work tile's
-             * table (the document search takes a whole warp) into the buffer of tile k - 2 once
-             * the consumers have read that (table_empty). Warp 0's lane 0 takes tile k's key
-             * tiles from its table (table_full), loads its Q as soon as both consumers are done
-             * with tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. */
+            /* Two warps, each running ahead of the consumers. Warp 1 fills work tile k's table
+             * (the document search takes a whole warp) once the consumers have read tile
+             * k - 1's (table_empty), and publishes it (table_full). Warp 0's lane 0 takes tile
+             * k's key tiles from the table, loads its Q as soon as both consumers are done with
+             * tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. (Two
+             * tables, so that the fill need not wait for the last softmax, do not fit beside
+             * the head dim 128 ring.) */
             const int warp = threadIdx.x / 32 - 4 * CONSUMERS, lane = threadIdx.x % 32;
             if (warp > 1 || (warp == 0 && lane > 0))
                 return;
             int k = 0;
             do {
-                int2 *const tile_table = table + (k & 1) * BM;
-                const uint32_t full = table_full + 8 * (k & 1);
                 if (warp == 1) {
-                    /* Tile k - 2's readers are done (the first two tiles find their buffers free). */
-                    tk_mbarrier_wait(table_empty + 8 * (k & 1), ((k >> 1) & 1) ^ 1);
-                    attn_fill_table(sm90_mask(p, w.batch), tile_table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane,
-                                    32);
+                    tk_mbarrier_wait(table_empty, (k & 1) ^ 1); /* the first work tile finds it free */
+                    attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
                     __syncwarp(); /* the warp's writes, before lane 0's release */
                     if (lane == 0)
-                        tk_mbarrier_arrive(full);
+                        tk_mbarrier_arrive(table_full);
                 } else {
-                    tk_mbarrier_wait(full, (k >> 1) & 1);
-                    const int2 range = sm90_key_tiles<BN>(tile_table[0], tile_table[BM - 1]);
+                    tk_mbarrier_wait(table_full, k & 1);
+                    const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
                     tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
                     load_work(range.x, range.y);
                 }
@@ -370,20 +365,17 @@ __global__ void __launch_bounds__(THREADS, 1)
     tk_stage_ring<STAGES> ring = {0, 0};
     int k = 0; /* the work tiles done: Q's barriers are in phase k */
     do {
-        const int2 *tile_table = table;
-        if constexpr (PERSISTENT) {
-            tile_table += (k & 1) * BM;
-            tk_mbarrier_wait(table_full + 8 * (k & 1), (k >> 1) & 1);
-        }
+        if constexpr (PERSISTENT)
+            tk_mbarrier_wait(table_full, k & 1);
         const int head = w.head, batch = w.batch, m0 = w.m0;
         /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
-        const int2 range = sm90_key_tiles<BN>(tile_table[0], tile_table[BM - 1]);
+        const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
         const int tile_begin = range.x, tile_end = range.y;
         const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
         const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
         const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
         /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
-        const int2 front = tile_table[64 * warpgroup], back = tile_table[64 * warpgroup + 63];
+        const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
 
         /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
          * halves of 8 for the P V instructions. */
@@ -430,7 +422,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                                       col0, shift);
             /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
             if (attn_tile_partial(n0, BN, front, back))
-                attn_mask_scores(s, row0, col0, tile_table, m0);
+                attn_mask_scores(s, row0, col0, table, m0);
             attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
         };
         auto pack_p = [&]() {
@@ -446,11 +438,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tk_mbarrier_arrive(at.barrier(empty));
         };
         auto release_q = [&]() {
-            if constexpr (PERSISTENT)
+            if constexpr (PERSISTENT) {
+                __syncwarp(); /* every lane's table reads, before lane 0's release */
                 if (lane == 0) {
                     tk_mbarrier_arrive(q_empty);
-                    tk_mbarrier_arrive(table_empty + 8 * (k & 1));
+                    tk_mbarrier_arrive(table_empty);
                 }
+            }
         };
 
         /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
