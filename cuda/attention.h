@@ -41,6 +41,10 @@ cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cud
  * next tile's Q and K/V loading while the current one finishes. */
 bool tk_attention_supports_sm90_persistent(const void *call, const tk_device *dev);
 cudaError_t tk_attention_launch_sm90_persistent(const void *call, const tk_device *dev, cudaStream_t stream);
+/* "wgmma_sm90_wide": the same kernel at head dim 128 with key tiles of 176 (FlashAttention-3's tile
+ * for calls without a causal or local mask) and 2 stages. */
+bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev);
+cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream);
 
 /* "mma_sm80": FlashAttention-2 style, ldmatrix + mma.sync m16n8k16, cp.async double buffer.
  * Any sm_80+ device; one query head per CTA. */

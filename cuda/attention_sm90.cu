@@ -5,7 +5,8 @@
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
  * Block: three warpgroups (384 threads, one block per SM), BM = 128 query rows of one
- * (batch, query head), key tiles of BN = 128 keys (64 at head dim 256, sm90_plan):
+ * (batch, query head), key tiles of BN = 128 keys (64 at head dim 256; 176 in the wide variant
+ * at head dim 128, with 2 stages; sm90_plan):
  * - Producer (warpgroup 2, one thread, 24 registers after setmaxnreg): the Q tile once onto
  *   q_full, then per key tile: waits for the stage's k_empty and issues the TMA copies of the
  *   K tile (counted on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
@@ -65,17 +66,26 @@ constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 
 constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
 constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
 
+/* The kernel's three schedules, each a variant: one CTA per work tile (query tile, head, batch;
+ * "wgmma_sm90"), one CTA per SM looping over them ("wgmma_sm90_persistent"), and one CTA per work
+ * tile with key tiles of 176 at head dim 128 ("wgmma_sm90_wide", FlashAttention-3's tile for
+ * calls without a causal or local mask). */
+enum sm90_kind { SM90_ONE_TILE, SM90_PERSISTENT, SM90_WIDE };
+
 /* The tiles at head dim D (64, 128 or 256): each tile is D / 64 halves of 64 columns.
  * Up to D 128: BN = 128 keys and 3 stages (Q 32 KiB + 3 x 64 KiB). At D 256 a consumer thread
  * holds 128 O accumulators, so S takes BN = 64 keys (32 accumulators, P 16 registers: ~180 of
  * the 240), and a stage of K and V is 64 KiB: 2 stages (Q 64 KiB + 2 x 64 KiB), the consumers
- * holding tile t - 1 (P V) and tile t (Q K^T) while the producer waits for the first. */
-template <int D, bool PERSISTENT> struct sm90_plan {
+ * holding tile t - 1 (P V) and tile t (Q K^T) while the producer waits for the first. Wide, at
+ * D 128: BN = 176 (S 88 accumulators, P 44 registers beside O's 64), a stage 88 KiB: 2 stages. */
+template <int D, sm90_kind KIND> struct sm90_plan {
     static_assert(D % HALF == 0 && D <= 256, "whole 64-column halves; O fits the registers up to 256");
+    static_assert(KIND != SM90_WIDE || D == 128, "the wide tile is head dim 128's");
+    static constexpr bool PERSISTENT = KIND == SM90_PERSISTENT;
     static constexpr int HALVES = D / HALF;
-    static constexpr int BN = D <= 128 ? 128 : 64;
-    static constexpr int STAGES = D <= 128 ? 3 : 2;
-    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 8 KiB */
+    static constexpr int BN = KIND == SM90_WIDE ? 176 : D <= 128 ? 128 : 64;
+    static constexpr int STAGES = D <= 128 && KIND != SM90_WIDE ? 3 : 2;
+    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
     static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + (PERSISTENT ? 3 : 0)) * 8; /* q_empty, table_* */
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
@@ -125,6 +135,36 @@ __device__ __forceinline__ uint64_t desc_n_major_sw128(uint32_t addr) {
            (uint64_t)1 << 62;
 }
 
+#define ATTN_REGS_88 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87"
+#define ATTN_OPS_22 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
+    "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), \
+    "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
+    "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), \
+    "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
+    "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), \
+    "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
 #define ATTN_REGS_64 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -148,7 +188,7 @@ __device__ __forceinline__ uint64_t desc_n_major_sw128(uint32_t addr) {
     "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
     "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
 
-/* S (=)+= Q K^T for a tile of N = 128 or 64 keys: wgmma m64nNk16, A and B K-major from
+/* S (=)+= Q K^T for a tile of N = 176, 128 or 64 keys: wgmma m64nNk16, A and B K-major from
  * shared memory; d[j][e] in the accumulator layout of core/sm90.cuh (n8 slice j). */
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_qk(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -158,9 +198,13 @@ __device__ __forceinline__ void wgmma_ss_qk(float (&d)[N / 8][4], uint64_t desc_
                  "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                                \
                  : OPS                                                                                   \
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    static_assert(N == 128 || N == 64, "the two key-tile widths of sm90_plan");
+    static_assert(N == 176 || N == 128 || N == 64, "the key-tile widths of sm90_plan");
     constexpr bool F16 = std::is_same_v<T, __half>;
-    if constexpr (N == 128 && F16)
+    if constexpr (N == 176 && F16)
+        WGMMA_SS("m64n176k16", "f16", ATTN_REGS_88, ATTN_OPS_22, "88", "89", "90");
+    else if constexpr (N == 176)
+        WGMMA_SS("m64n176k16", "bf16", ATTN_REGS_88, ATTN_OPS_22, "88", "89", "90");
+    else if constexpr (N == 128 && F16)
         WGMMA_SS("m64n128k16", "f16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
     else if constexpr (N == 128)
         WGMMA_SS("m64n128k16", "bf16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
@@ -188,6 +232,8 @@ __device__ __forceinline__ void wgmma_rs_64x64(float (&d)[8][4], const uint32_t 
 #undef WGMMA_RS
 }
 
+#undef ATTN_REGS_88
+#undef ATTN_OPS_22
 #undef ATTN_REGS_64
 #undef ATTN_OPS_16
 #undef ATTN_REGS_32
@@ -238,12 +284,13 @@ template <int BN> __device__ __forceinline__ int2 sm90_key_tiles(int2 front, int
     return make_int2(begin, back.y >= front.x ? back.y / BN + 1 : begin);
 }
 
-template <typename T, int D, bool PERSISTENT>
+template <typename T, int D, sm90_kind KIND>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_sm90_kernel(const __grid_constant__ sm90_params p, const __grid_constant__ CUtensorMap map_q,
                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using plan = sm90_plan<D, PERSISTENT>;
+    using plan = sm90_plan<D, KIND>;
+    constexpr bool PERSISTENT = plan::PERSISTENT;
     constexpr int HALVES = plan::HALVES, BN = plan::BN, STAGES = plan::STAGES, Q_BYTES = plan::Q_BYTES,
                   KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
@@ -550,9 +597,9 @@ cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int head_di
                : cudaErrorInvalidValue;
 }
 
-template <typename T, int D, bool PERSISTENT>
+template <typename T, int D, sm90_kind KIND>
 cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
-    using plan = sm90_plan<D, PERSISTENT>;
+    using plan = sm90_plan<D, KIND>;
     CUtensorMap map_q, map_k, map_v;
     cudaError_t err = encode_4d(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
     if (err == cudaSuccess)
@@ -561,7 +608,7 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
         err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, plan::BN);
     if (err != cudaSuccess)
         return err;
-    constexpr auto kernel = attention_sm90_kernel<T, D, PERSISTENT>;
+    constexpr auto kernel = attention_sm90_kernel<T, D, KIND>;
     err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
@@ -581,55 +628,71 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     /* One CTA per work tile, or (PERSISTENT) one per SM (the shared memory allows one), each
      * striding over the work tiles. */
     const int64_t tiles = (int64_t)p.m_blocks * c->heads_q * c->batch;
-    const unsigned blocks = (unsigned)(PERSISTENT && tiles > dev->sm_count ? dev->sm_count : tiles);
+    const unsigned blocks = (unsigned)(plan::PERSISTENT && tiles > dev->sm_count ? dev->sm_count : tiles);
     return tk_launch(kernel, blocks, THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v);
 }
 
-/* PERSISTENT: head dims 64 and 128 (at 256 the consumers' 232 registers spill). */
-template <bool PERSISTENT> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
+/* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
+ * 256 the consumers' 232 registers spill), 128 wide; a plan that does not exist is never made. */
+template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA: strides below 2^40 bytes (src/attention.c has checked the 16-byte alignment). */
     const int64_t max_stride = (int64_t)1 << 39;
     for (int d = 0; d < 3; d++)
         if (c->q_stride[d] >= max_stride || c->k_stride[d] >= max_stride || c->v_stride[d] >= max_stride)
             return false;
     switch (c->head_dim) {
-    case 64: return sm90_plan<64, PERSISTENT>::SMEM_BYTES <= dev->max_smem_optin;
-    case 128: return sm90_plan<128, PERSISTENT>::SMEM_BYTES <= dev->max_smem_optin;
-    case 256: return !PERSISTENT && sm90_plan<256, PERSISTENT>::SMEM_BYTES <= dev->max_smem_optin;
-    default: return false;
+    case 64:
+        if constexpr (KIND != SM90_WIDE)
+            return sm90_plan<64, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+        return false;
+    case 128:
+        return sm90_plan<128, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+    case 256:
+        if constexpr (KIND == SM90_ONE_TILE)
+            return sm90_plan<256, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+        return false;
+    default:
+        return false;
     }
 }
 
-template <bool PERSISTENT>
+template <sm90_kind KIND>
 cudaError_t sm90_launch(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        switch (c->head_dim) {
-        case 64: return launch_sm90<T, 64, PERSISTENT>(c, dev, stream);
-        case 128: return launch_sm90<T, 128, PERSISTENT>(c, dev, stream);
-        }
-        if constexpr (PERSISTENT)
-            return cudaErrorInvalidValue; /* sm90_fits took no other */
-        else
-            return launch_sm90<T, 256, false>(c, dev, stream); /* sm90_fits took no other */
+        if constexpr (KIND != SM90_WIDE)
+            if (c->head_dim == 64)
+                return launch_sm90<T, 64, KIND>(c, dev, stream);
+        if constexpr (KIND == SM90_ONE_TILE)
+            if (c->head_dim == 256)
+                return launch_sm90<T, 256, KIND>(c, dev, stream);
+        return launch_sm90<T, 128, KIND>(c, dev, stream); /* sm90_fits took no other */
     });
 }
 
 } // namespace
 
 extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *dev) {
-    return sm90_fits<false>(static_cast<const tk_attention_call *>(call), dev);
+    return sm90_fits<SM90_ONE_TILE>(static_cast<const tk_attention_call *>(call), dev);
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return sm90_launch<false>(static_cast<const tk_attention_call *>(call), dev, stream);
+    return sm90_launch<SM90_ONE_TILE>(static_cast<const tk_attention_call *>(call), dev, stream);
 }
 
 extern "C" bool tk_attention_supports_sm90_persistent(const void *call, const tk_device *dev) {
-    return sm90_fits<true>(static_cast<const tk_attention_call *>(call), dev);
+    return sm90_fits<SM90_PERSISTENT>(static_cast<const tk_attention_call *>(call), dev);
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, const tk_device *dev,
                                                            cudaStream_t stream) {
-    return sm90_launch<true>(static_cast<const tk_attention_call *>(call), dev, stream);
+    return sm90_launch<SM90_PERSISTENT>(static_cast<const tk_attention_call *>(call), dev, stream);
+}
+
+extern "C" bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev) {
+    return sm90_fits<SM90_WIDE>(static_cast<const tk_attention_call *>(call), dev);
+}
+
+extern "C" cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return sm90_launch<SM90_WIDE>(static_cast<const tk_attention_call *>(call), dev, stream);
 }

@@ -12,15 +12,15 @@
 #include "support/tk_test.h"
 #include "ref/attention_ref.h"
 
-#define VARIANT_COUNT 4
-static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_sm90", "wgmma_sm90_persistent", "mma_sm80_packed",
-                                                    "mma_sm80"};
+#define VARIANT_COUNT 5
+static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_sm90", "wgmma_sm90_persistent", "wgmma_sm90_wide",
+                                                    "mma_sm80_packed", "mma_sm80"};
 /* The variants from PORTABLE on give the same bits for the same call (their key tiles differ
- * only by tiles that leave a row's state unchanged); "wgmma_sm90" sums other key tiles and is
- * held to the reference, and "wgmma_sm90_persistent" (the same work tiles, each computed as
- * "wgmma_sm90" computes it) to the bits of "wgmma_sm90". */
+ * only by tiles that leave a row's state unchanged); "wgmma_sm90" and "wgmma_sm90_wide" sum other
+ * key tiles and are held to the reference, and "wgmma_sm90_persistent" (the same work tiles,
+ * each computed as "wgmma_sm90" computes it) to the bits of "wgmma_sm90". */
 #define PERSISTENT 1
-#define PORTABLE 2
+#define PORTABLE 3
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -313,6 +313,11 @@ static bool sm90_persistent_claims(const attn_case *c) {
     return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
 }
 
+/* "wgmma_sm90_wide": head dim 128 there. */
+static bool sm90_wide_claims(const attn_case *c) {
+    return c->head_dim == 128 && sm90_runs_here();
+}
+
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
  * (caller frees) so that cases can be compared bit for bit. A forced variant that does not
  * claim the case must say so through tk_attention_supported (NULL is returned). */
@@ -402,7 +407,8 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     const bool claimed = variant == NULL || strcmp(variant, "mma_sm80") == 0 ||
                          (strcmp(variant, "mma_sm80_packed") == 0 && packed) ||
                          (strcmp(variant, "wgmma_sm90") == 0 && sm90) ||
-                         (strcmp(variant, "wgmma_sm90_persistent") == 0 && sm90_persistent_claims(c));
+                         (strcmp(variant, "wgmma_sm90_persistent") == 0 && sm90_persistent_claims(c)) ||
+                         (strcmp(variant, "wgmma_sm90_wide") == 0 && sm90_wide_claims(c));
     tk_attention_params query = p; /* the mask the sliding entry point runs */
     if (c->sliding)
         query.causal = 1, query.window_right = 0;
@@ -822,5 +828,10 @@ Test(attention_gpu, supported_names_the_variant) {
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_persistent\"");
+    /* The wide variant: head dim 128 only. */
+    cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED, "forced variant \"wgmma_sm90_wide\"");
     tk_experimental_force_variant("attention", NULL);
 }
