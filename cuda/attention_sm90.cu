@@ -5,8 +5,8 @@
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
  * Block: three warpgroups (384 threads, one block per SM), BM = 128 query rows of one
- * (batch, query head), key tiles of BN = 128 keys (64 at head dim 256; 176 in the wide variant
- * at head dim 128, with 2 stages; sm90_plan):
+ * (batch, query head), key tiles of BN = 128 keys (64 at head dim 256; in the wide variant 176
+ * with 2 stages at head dim 128, and four warpgroups, BM = 192, at 64; sm90_plan):
  * - Producer (warpgroup 2, one thread, 24 registers after setmaxnreg): the Q tile once onto
  *   q_full, then per key tile: waits for the stage's k_empty and issues the TMA copies of the
  *   K tile (counted on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
@@ -59,20 +59,19 @@
 
 namespace {
 
-constexpr int BM = 128, CONSUMERS = 2;
-constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int HALF = 64;                   /* head-dim columns per 128-byte swizzled row */
 constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
-constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
 constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
 
 /* The kernel's three schedules, each a variant: one CTA per work tile (query tile, head, batch;
  * "wgmma_sm90"), one CTA per SM looping over them ("wgmma_sm90_persistent"), and one CTA per work
- * tile with key tiles of 176 at head dim 128 ("wgmma_sm90_wide", FlashAttention-3's tile for
- * calls without a causal or local mask). */
+ * tile with FlashAttention-3's wider tiles ("wgmma_sm90_wide"): 176 keys at head dim 128 (its
+ * tile for calls without a causal or local mask), 192 query rows on three consumer warpgroups at
+ * head dim 64. */
 enum sm90_kind { SM90_ONE_TILE, SM90_PERSISTENT, SM90_WIDE };
 
-/* The tiles at head dim D (64, 128 or 256): each tile is D / 64 halves of 64 columns.
+/* The tiles at head dim D (64, 128 or 256): each tile is D / 64 halves of 64 columns; a consumer
+ * warpgroup owns 64 query rows, two of them BM = 128 (three, 192, in the wide plan at D 64).
  * Up to D 128: BN = 128 keys and 3 stages (Q 32 KiB + 3 x 64 KiB). At D 256 a consumer thread
  * holds 128 O accumulators, so S takes BN = 64 keys (32 accumulators, P 16 registers: ~180 of
  * the 240), and a stage of K and V is 64 KiB: 2 stages (Q 64 KiB + 2 x 64 KiB), the consumers
@@ -80,10 +79,22 @@ enum sm90_kind { SM90_ONE_TILE, SM90_PERSISTENT, SM90_WIDE };
  * D 128: BN = 176 (S 88 accumulators, P 44 registers beside O's 64), a stage 88 KiB: 2 stages. */
 template <int D, sm90_kind KIND> struct sm90_plan {
     static_assert(D % HALF == 0 && D <= 256, "whole 64-column halves; O fits the registers up to 256");
-    static_assert(KIND != SM90_WIDE || D == 128, "the wide tile is head dim 128's");
+    static_assert(KIND != SM90_WIDE || D <= 128, "the wide tiles are head dim 64's and 128's");
     static constexpr bool PERSISTENT = KIND == SM90_PERSISTENT;
+    static constexpr int CONSUMERS = KIND == SM90_WIDE && D == 64 ? 3 : 2;
+    static constexpr int BM = 64 * CONSUMERS;
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    static constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
+    /* Registers per thread after setmaxnreg, within what the launch holds (65536 / THREADS,
+     * rounded down to 8: 168 x 384 = 64512, or 128 x 512): 2 x 128 x 240 + 128 x 24; PERSISTENT,
+     * whose producer warp fills each work tile's mask table (a document search, which spills in
+     * 24): 2 x 128 x 232 + 128 x 40; three consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
+    static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : PERSISTENT ? 232 : 240;
+    static constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
+    static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536 / THREADS / 8 * 8 * THREADS,
+                  "the warpgroups' registers fit what the launch holds");
     static constexpr int HALVES = D / HALF;
-    static constexpr int BN = KIND == SM90_WIDE ? 176 : D <= 128 ? 128 : 64;
+    static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
     static constexpr int STAGES = D <= 128 && KIND != SM90_WIDE ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
     static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + (PERSISTENT ? 3 : 0)) * 8; /* q_empty, table_* */
@@ -111,12 +122,6 @@ struct sm90_params {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-/* Registers per thread after setmaxnreg, within the 168 x 384 = 64512 the launch holds: 2 x 128
- * x 240 + 128 x 24; with PERSISTENT a producer warp fills each work tile's mask table (a
- * document search), which spills in 24: 2 x 128 x 232 + 128 x 40. */
-template <bool PERSISTENT> constexpr int CONSUMER_REGS = PERSISTENT ? 232 : 240;
-template <bool PERSISTENT> constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
 
 /* cp.async.bulk.tensor.4d: the box of `map` at (c0, c1, c2, c3) into dst, counted on bar. */
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
@@ -260,7 +265,7 @@ struct sm90_work {
     int head, batch, m0, q_rows;
 };
 
-__device__ __forceinline__ sm90_work sm90_work_of(const sm90_params &p, unsigned tile) {
+template <int BM> __device__ __forceinline__ sm90_work sm90_work_of(const sm90_params &p, unsigned tile) {
     sm90_work w;
     w.head = (int)(tile % (unsigned)p.heads_q);
     tile /= (unsigned)p.heads_q;
@@ -285,12 +290,13 @@ template <int BN> __device__ __forceinline__ int2 sm90_key_tiles(int2 front, int
 }
 
 template <typename T, int D, sm90_kind KIND>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     attention_sm90_kernel(const __grid_constant__ sm90_params p, const __grid_constant__ CUtensorMap map_q,
                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using plan = sm90_plan<D, KIND>;
     constexpr bool PERSISTENT = plan::PERSISTENT;
+    constexpr int BM = plan::BM, CONSUMERS = plan::CONSUMERS, THREADS = plan::THREADS;
     constexpr int HALVES = plan::HALVES, BN = plan::BN, STAGES = plan::STAGES, Q_BYTES = plan::Q_BYTES,
                   KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
@@ -308,7 +314,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it (the
      * count is recomputed from the parameters there rather than kept live across the tiles). */
     unsigned tile = blockIdx.x;
-    sm90_work w = sm90_work_of(p, tile);
+    sm90_work w = sm90_work_of<BM>(p, tile);
     const int shift = p.seqlen_k - p.seqlen_q;
     auto next_work = [&]() { /* false once the CTA's tiles are done; always after one without PERSISTENT */
         if constexpr (!PERSISTENT)
@@ -316,7 +322,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         tile += gridDim.x;
         if (tile >= (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch)
             return false;
-        w = sm90_work_of(p, tile);
+        w = sm90_work_of<BM>(p, tile);
         return true;
     };
 
@@ -341,9 +347,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
-    constexpr int TURN = 1; /* named barriers TURN, TURN + 1: the consumers' turns (0: __syncthreads) */
+    constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
     if (warpgroup == CONSUMERS) {
-        tk_setmaxnreg_dec<PRODUCER_REGS<PERSISTENT>>();
+        tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
         tk_stage_ring<STAGES> ring = {0, 0};
         auto load_work = [&](int tile_begin, int tile_end) {
@@ -405,7 +411,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-    tk_setmaxnreg_inc<CONSUMER_REGS<PERSISTENT>>();
+    tk_setmaxnreg_inc<plan::CONSUMER_REGS>();
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, tq = lane % 4;
     const uint32_t q_wg = s_q + HALVES * warpgroup * Q_HALF_BYTES;
@@ -498,10 +504,11 @@ __global__ void __launch_bounds__(THREADS, 1)
          * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
          * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
          * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
-         * GEMMs, so that one's softmax runs while the tensor cores do the other's GEMMs. Warpgroup c
-         * issues after named barrier TURN + c (its 128 threads sync, the other's 128 arrive) and
-         * then arrives on the other's. Both run the same tiles; warpgroup 0 goes first on an
-         * arrival of its own, and takes the other's last arrival after the loop. */
+         * GEMMs, so that one's softmax runs while the tensor cores do another's GEMMs. Warpgroup c
+         * issues after named barrier TURN + c (its 128 threads sync, the previous one's 128 arrive)
+         * and then arrives on the next one's, c + 1 (mod CONSUMERS). All run the same tiles;
+         * warpgroup 0 goes first on an arrival of its own, and takes the last one's last arrival
+         * after the loop. */
         tk_mbarrier_wait(q_full, k & 1);
         if (tile_begin < tile_end) {
             if (warpgroup == 0)
@@ -518,7 +525,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tk_named_barrier_sync<256>(TURN + warpgroup);
                 issue_qk(ring);
                 issue_pv(prev);
-                tk_named_barrier_arrive<256>(TURN + 1 - warpgroup);
+                tk_named_barrier_arrive<256>(TURN + (CONSUMERS == 2 ? 1 - warpgroup : (warpgroup + 1) % CONSUMERS));
                 tk_wgmma_wait<1>(); /* the Q K^T, committed first */
                 pin(s[0]);
                 release(k_empty, ring);
@@ -621,7 +628,7 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.seqlen_k = c->seqlen_k;
     p.heads_q = c->heads_q;
     p.group = c->heads_q / c->heads_kv;
-    p.m_blocks = (c->seqlen_q + BM - 1) / BM;
+    p.m_blocks = (c->seqlen_q + plan::BM - 1) / plan::BM;
     p.batch = c->batch;
     attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
@@ -629,11 +636,11 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
      * striding over the work tiles. */
     const int64_t tiles = (int64_t)p.m_blocks * c->heads_q * c->batch;
     const unsigned blocks = (unsigned)(plan::PERSISTENT && tiles > dev->sm_count ? dev->sm_count : tiles);
-    return tk_launch(kernel, blocks, THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v);
+    return tk_launch(kernel, blocks, plan::THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v);
 }
 
 /* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
- * 256 the consumers' 232 registers spill), 128 wide; a plan that does not exist is never made. */
+ * 256 the consumers' 232 registers spill) and wide; a plan that does not exist is never made. */
 template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA: strides below 2^40 bytes (src/attention.c has checked the 16-byte alignment). */
     const int64_t max_stride = (int64_t)1 << 39;
@@ -642,9 +649,7 @@ template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_de
             return false;
     switch (c->head_dim) {
     case 64:
-        if constexpr (KIND != SM90_WIDE)
-            return sm90_plan<64, KIND>::SMEM_BYTES <= dev->max_smem_optin;
-        return false;
+        return sm90_plan<64, KIND>::SMEM_BYTES <= dev->max_smem_optin;
     case 128:
         return sm90_plan<128, KIND>::SMEM_BYTES <= dev->max_smem_optin;
     case 256:
@@ -660,9 +665,8 @@ template <sm90_kind KIND>
 cudaError_t sm90_launch(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        if constexpr (KIND != SM90_WIDE)
-            if (c->head_dim == 64)
-                return launch_sm90<T, 64, KIND>(c, dev, stream);
+        if (c->head_dim == 64)
+            return launch_sm90<T, 64, KIND>(c, dev, stream);
         if constexpr (KIND == SM90_ONE_TILE)
             if (c->head_dim == 256)
                 return launch_sm90<T, 256, KIND>(c, dev, stream);

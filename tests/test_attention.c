@@ -313,9 +313,9 @@ static bool sm90_persistent_claims(const attn_case *c) {
     return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
 }
 
-/* "wgmma_sm90_wide": head dim 128 there. */
+/* "wgmma_sm90_wide": head dims 64 and 128 there (192 query rows at 64, 176 keys at 128). */
 static bool sm90_wide_claims(const attn_case *c) {
-    return c->head_dim == 128 && sm90_runs_here();
+    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
 }
 
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
@@ -828,10 +828,11 @@ Test(attention_gpu, supported_names_the_variant) {
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_persistent\"");
-    /* The wide variant: head dim 128 only. */
+    /* The wide variant: head dims 64 and 128. */
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
-    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED, "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"wgmma_sm90_wide\"");
     tk_experimental_force_variant("attention", NULL);
 }
