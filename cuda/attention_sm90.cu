@@ -4,15 +4,17 @@
  * option of the portable kernel (attention.cuh: its header has the math and the mask
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
- * Block: three warpgroups (384 threads, one block per SM), BM = 128 query rows of one
- * (batch, query head), key tiles of BN = 128 keys (64 at head dim 256; in the wide variant 176
- * with 2 stages at head dim 128, and four warpgroups, BM = 192, at 64; sm90_plan):
- * - Producer (warpgroup 2, one thread, 24 registers after setmaxnreg): the Q tile once onto
+ * Block: a producer warpgroup and CONSUMERS = 2 consumer warpgroups (384 threads, one block per
+ * SM), BM = 128 query rows of one (batch, query head), key tiles of BN = 128 keys (64 at head
+ * dim 256; in the wide variant 176 with 2 stages at head dim 128, and 3 consumers, BM = 192, 512
+ * threads, at 64; sm90_plan):
+ * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg): the Q tile once onto
  *   q_full, then per key tile: waits for the stage's k_empty and issues the TMA copies of the
  *   K tile (counted on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
- * - Consumers (warpgroups 0 and 1, 240 registers): warpgroup c owns query rows 64c .. 64c + 63.
+ * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers; 160 with 3): warpgroup c owns query
+ *   rows 64c .. 64c + 63.
  *   S = Q K^T is D / 16 wgmma m64nBNk16 (both operands K-major from shared memory, 128-byte swizzle
  *   as TMA writes it); transform, mask and online softmax run in registers (BN / 2 S accumulators
  *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
@@ -45,7 +47,7 @@
  * the consumers have read the previous tile's (table_empty: after their last softmax of it), so
  * during their last P V and epilogue (the document search takes a whole warp; 40 registers, the
  * consumers 232); the loading warp takes the tile's key tiles from the table (table_full) and
- * loads its Q once both consumers' last Q K^T of the previous tile is done (q_empty), its K and V
+ * loads its Q once the consumers' last Q K^T of the previous tile is done (q_empty), its K and V
  * as the ring frees stages.
  * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
@@ -91,11 +93,15 @@ template <int D, sm90_kind KIND> struct sm90_plan {
      * 24): 2 x 128 x 232 + 128 x 40; three consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
     static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : PERSISTENT ? 232 : 240;
     static constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
-    static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536 / THREADS / 8 * 8 * THREADS,
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8; /* per thread, as ptxas allots them */
+    static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
                   "the warpgroups' registers fit what the launch holds");
+    static_assert(CONSUMER_REGS % 8 == 0 && PRODUCER_REGS % 8 == 0 && PRODUCER_REGS >= 24 &&
+                      CONSUMER_REGS <= 256 && PRODUCER_REGS <= LAUNCH_REGS && CONSUMER_REGS >= LAUNCH_REGS,
+                  "setmaxnreg counts: multiples of 8 in [24, 256], decreasing and increasing");
     static constexpr int HALVES = D / HALF;
     static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
-    static constexpr int STAGES = D <= 128 && KIND != SM90_WIDE ? 3 : 2;
+    static constexpr int STAGES = BN == 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
     static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + (PERSISTENT ? 3 : 0)) * 8; /* q_empty, table_* */
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
@@ -381,7 +387,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             /* Two warps, each running ahead of the consumers. Warp 1 fills work tile k's table
              * (the document search takes a whole warp) once the consumers have read tile
              * k - 1's (table_empty), and publishes it (table_full). Warp 0's lane 0 takes tile
-             * k's key tiles from the table, loads its Q as soon as both consumers are done with
+             * k's key tiles from the table, loads its Q as soon as the consumers are done with
              * tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. (Two
              * tables, so that the fill need not wait for the last softmax, do not fit beside
              * the head dim 128 ring.) */

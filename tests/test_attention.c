@@ -693,6 +693,22 @@ Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
         run_case_all_variants(&cases[i], 900 + i);
 }
 
+/* Query lengths around the wide variant's 192-row tile at head dim 64 (and its 176-key tile at
+ * 128): its third consumer warpgroup's rows partly or wholly past seqlen_q, a second tile of one
+ * row, several tiles; dense, causal and a window, every variant forced. */
+Test(attention_gpu, wide_tile_edges, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    static const int64_t lengths[][2] = {{191, 191}, {192, 192}, {193, 193}, {385, 300}, {130, 353}};
+    uint64_t seed = 950;
+    for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++)
+        for (int64_t d = 64; d <= 128; d += 64)
+            for (int causal = 0; causal < 2; causal++) {
+                attn_case c = {DTYPES[l % 2], 1, lengths[l][0], lengths[l][1], 4, 2, d, false, causal,
+                               causal && l == 3 ? 100 : -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0};
+                run_case_all_variants(&c, seed++);
+            }
+}
+
 Test(attention_gpu, softcap_alibi_lse, .timeout = 600) {
     TK_REQUIRE_GPU();
     static const int64_t head_dims[] = {64, 80, 96, 128, 256};
@@ -830,6 +846,8 @@ Test(attention_gpu, supported_names_the_variant) {
                      "forced variant \"wgmma_sm90_persistent\"");
     /* The wide variant: head dims 64 and 128. */
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
