@@ -1,7 +1,8 @@
 /*
- * Attention forward on Hopper (variant "wgmma_sm90", sm_90a only): the FlashAttention-3
- * structure on the device layer of core/sm90.cuh, head dims 64, 128 and 256, f16 and bf16, every mask and
- * option of the portable kernel (attention.cuh: its header has the math and the mask
+ * Attention forward on Hopper (variants "wgmma_sm90", "wgmma_sm90_persistent" and
+ * "wgmma_sm90_wide", sm_90a only): the FlashAttention-3 structure on the device layer of
+ * core/sm90.cuh, head dims 64, 128 and 256, f16 and bf16, every mask and option of the portable
+ * kernel (attention.cuh: its header has the math and the mask
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
  * Block: a producer warpgroup and CONSUMERS = 2 consumer warpgroups (384 threads, one block per
@@ -49,6 +50,11 @@
  * consumers 232); the loading warp takes the tile's key tiles from the table (table_full) and
  * loads its Q once the consumers' last Q K^T of the previous tile is done (q_empty), its K and V
  * as the ring frees stages.
+ *
+ * Wide (variant "wgmma_sm90_wide", head dims 64 and 128): FlashAttention-3's wider tiles, one CTA
+ * per work tile. At 128, key tiles of 176 (its tile without a causal or local mask): each tile's
+ * fixed work serves 1.375 times the keys; 2 stages of 88 KiB. At 64, three consumer warpgroups
+ * (BM = 192) taking turns, so that each softmax overlaps two other warpgroups' GEMMs.
  * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
 #include "attention.h"
