@@ -9,13 +9,14 @@
  * SM), BM = 128 query rows of one (batch, query head), key tiles of BN = 128 keys (64 at head
  * dim 256; in the wide variant 176 with 2 stages at head dim 128, and 3 consumers, BM = 192, 512
  * threads, at 64; sm90_plan):
- * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg): the Q tile once onto
- *   q_full, then per key tile: waits for the stage's k_empty and issues the TMA copies of the
- *   K tile (counted on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
+ * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg; in the persistent
+ *   variant two warps at 40, warp 1 filling the mask table): the Q tile once onto q_full, then
+ *   per key tile: waits for the stage's k_empty and issues the TMA copies of the K tile (counted
+ *   on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
- * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers; 160 with 3): warpgroup c owns query
- *   rows 64c .. 64c + 63.
+ * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers; 232 persistent, 160 with 3):
+ *   warpgroup c owns query rows 64c .. 64c + 63.
  *   S = Q K^T is D / 16 wgmma m64nBNk16 (both operands K-major from shared memory, 128-byte swizzle
  *   as TMA writes it); transform, mask and online softmax run in registers (BN / 2 S accumulators
  *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
@@ -109,7 +110,9 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
     static constexpr int STAGES = BN == 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
-    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + (PERSISTENT ? 3 : 0)) * 8; /* q_empty, table_* */
+    /* q_full, the stages' four, then q_empty and table_* (used by PERSISTENT, reserved in every plan
+     * so that no barrier address falls on the table) */
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 3) * 8;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
