@@ -1,4 +1,4 @@
-/* Attention forward: bf16 prefill shapes of current models (Llama / Mistral GQA, D 128 and 64), each against a cuBLAS-composed
+/* Attention forward: bf16 prefill shapes of current models (Llama / Mistral GQA, D 128 and 64; Gemma 2, D 256), each against a cuBLAS-composed
  * attention on the same inputs in the same run, the path people take without a fused kernel:
  *     S = scale Q K^T   cublasGemmBatchedEx, one GEMM per (batch, query head); a GQA group
  *                       points at the same K
@@ -269,6 +269,8 @@ extern "C" void bench_attention(bench_ctx *ctx) {
         {"attention fwd sliding wl=1024", "B1 H32/8 S16384 D128", 1, 16384, 32, 8, 128, 1, 1024},
         {"attention fwd dense", "B8 H16 S2048 D64", 8, 2048, 16, 16, 64, 0, -1},
         {"attention fwd causal", "B8 H16 S2048 D64", 8, 2048, 16, 16, 64, 1, -1},
+        {"attention fwd dense", "B4 H16/8 S4096 D256", 4, 4096, 16, 8, 256, 0, -1},
+        {"attention fwd causal", "B4 H16/8 S4096 D256", 4, 4096, 16, 8, 256, 1, -1},
     };
     for (const attn_shape &s : shapes)
         bench_shape(ctx, handle, s);
@@ -337,6 +339,8 @@ void bench_masks_on(bench_ctx *ctx, const char *variant) {
         p.prefix_len = m.prefix;
         p.document_ids = m.doc_len > 0 ? ids : NULL;
         p.sinks = m.sinks ? sinks : NULL;
+        if (tk_attention_supported(&p, NULL) != TK_SUCCESS)
+            continue; /* a forced variant this device does not run */
         const double flops = 4.0 * (double)(hq * d) * (double)mask_pairs(m, sq);
         bench_settle(SETTLE_MS);
         const double ms = bench_time_ms(ctx, run_ours, &ours);
@@ -356,6 +360,7 @@ void bench_masks_on(bench_ctx *ctx, const char *variant) {
 
 extern "C" void bench_attention_masks(bench_ctx *ctx) {
     bench_masks_on(ctx, NULL); /* the automatic choice: wgmma_sm90 on the H200 */
+    bench_masks_on(ctx, "wgmma_sm90_persistent");
     bench_masks_on(ctx, "mma_sm80");
     bench_free_all(ctx);
 }

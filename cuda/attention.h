@@ -37,6 +37,15 @@ typedef struct tk_attention_call {
  * cuda/attention_sm90.cu. */
 bool tk_attention_supports_sm90(const void *call, const tk_device *dev);
 cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream);
+/* "wgmma_sm90_persistent": the same kernel with one CTA per SM striding over the work tiles, the
+ * next tile's Q and K/V loading while the current one finishes. */
+bool tk_attention_supports_sm90_persistent(const void *call, const tk_device *dev);
+cudaError_t tk_attention_launch_sm90_persistent(const void *call, const tk_device *dev, cudaStream_t stream);
+/* "wgmma_sm90_wide": the same kernel with FlashAttention-3's wider tiles: key tiles of 176 and 2
+ * stages at head dim 128 (its tile for calls without a causal or local mask), 192 query rows on
+ * three consumer warpgroups at head dim 64. */
+bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev);
+cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream);
 
 /* "mma_sm80": FlashAttention-2 style, ldmatrix + mma.sync m16n8k16, cp.async double buffer.
  * Any sm_80+ device; one query head per CTA. */

@@ -1,38 +1,62 @@
 /*
- * Attention forward on Hopper (variant "wgmma_sm90", sm_90a only): the FlashAttention-3
- * structure on the device layer of core/sm90.cuh, head dims 64 and 128, f16 and bf16, every mask and
- * option of the portable kernel (attention.cuh: its header has the math and the mask
+ * Attention forward on Hopper (variants "wgmma_sm90", "wgmma_sm90_persistent" and
+ * "wgmma_sm90_wide", sm_90a only): the FlashAttention-3 structure on the device layer of
+ * core/sm90.cuh, head dims 64, 128 and 256, f16 and bf16, every mask and option of the portable
+ * kernel (attention.cuh: its header has the math and the mask
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
- * Block: three warpgroups (384 threads, one block per SM), BM = 128 query rows of one
- * (batch, query head), key tiles of BN = 128 keys:
- * - Producer (warpgroup 2, one thread, 24 registers after setmaxnreg): the Q tile once onto
- *   q_full, then per key tile: waits for the stage's kv_empty, and issues the TMA copies of the
- *   K tile (counted on k_full) and of the V tile (v_full) into the stage. Tensor maps are 4D
+ * Block: a producer warpgroup and CONSUMERS = 2 consumer warpgroups (384 threads, one block per
+ * SM), BM = 128 query rows of one (batch, query head), key tiles of BN = 128 keys (64 at head
+ * dim 256; in the wide variant 176 with 2 stages at head dim 128, and 3 consumers, BM = 192, 512
+ * threads, at 64; sm90_plan):
+ * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg; in the persistent
+ *   variant two warps at 40, warp 1 filling the mask table): the Q tile once onto q_full, then
+ *   per key tile: waits for the stage's k_empty and issues the TMA copies of the K tile (counted
+ *   on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
- * - Consumers (warpgroups 0 and 1, 240 registers): warpgroup c owns query rows 64c .. 64c + 63.
- *   S = Q K^T is 8 wgmma m64n128k16 (both operands K-major from shared memory, 128-byte swizzle
- *   as TMA writes it); transform, mask and online softmax run in registers (64 S accumulators
+ * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers; 232 persistent, 160 with 3):
+ *   warpgroup c owns query rows 64c .. 64c + 63.
+ *   S = Q K^T is D / 16 wgmma m64nBNk16 (both operands K-major from shared memory, 128-byte swizzle
+ *   as TMA writes it); transform, mask and online softmax run in registers (BN / 2 S accumulators
  *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
  *   attention_softmax.cuh applies as is); P is packed to the input dtype in place of the A
  *   register fragment (the m64 A fragment of wgmma is that of mma.sync m16n8k16 per warp);
- *   O += P V is 16 wgmma m64n64k16 with A from registers and V as an N-major B operand
+ *   O += P V is BN / 16 x D / 64 wgmma m64n64k16 with A from registers and V as an N-major B operand
  *   (transpose bit; one 64-wide half of the head dim per instruction, so one 128-byte swizzle
  *   atom spans N). Pipelined within the warpgroup as FlashAttention-3: per key tile t (after
  *   the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
- *   wait until only the P V group runs, softmax of S_t while it runs, wait for it, one arrival
- *   per warp on tile t - 1's kv_empty (count 8), O *= alpha_t, pack P_t.
- * - Shared memory: Q 32 KiB + 3 stages x (K 32 KiB + V 32 KiB) = 224 KiB, each 64-column half
- *   of a tile one TMA box of 128-byte rows. Three stages let the producer load tile t + 1 while
- *   the consumers hold tiles t - 1 (P V) and t (Q K^T).
+ *   wait until only the P V group runs, one arrival per warp on tile t's k_empty (count 8),
+ *   softmax of S_t while P V runs, wait for it, one arrival per warp on tile t - 1's v_empty,
+ *   O *= alpha_t, pack P_t. K is freed a softmax before V, so a ring of 2 stages (head dim
+ *   256) loads K_{t+1} while the consumers still hold V_{t-1}.
+ * - Shared memory at head dim 128: Q 32 KiB + 3 stages x (K 32 KiB + V 32 KiB) = 224 KiB, each
+ *   64-column half of a tile one TMA box of 128-byte rows. Three stages let the producer load
+ *   tile t + 1 while the consumers hold tiles t - 1 (P V) and t (Q K^T). Head dim 256: Q 64 KiB
+ *   + 2 stages x 64 KiB (sm90_plan).
  * Key tiles are skipped as in attention.cuh (only the tiles meeting the block's visible key
  * range), the per-element mask runs only on tiles that can hold a masked pair, and the grid
  * runs query tiles last to first (longest first under a causal mask).
  *
  * The consumers take turns issuing their GEMMs (ping-pong, named barriers), so that one's
  * softmax overlaps the other's GEMMs.
- * Not yet here (see docs/kernels/attention.md): head dims other than 64 and 128.
+ *
+ * Persistent (variant "wgmma_sm90_persistent", head dims 64 and 128): one CTA per SM, CTA c
+ * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
+ * each computed exactly as above (so the same bits), with the rings carried from one work tile
+ * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
+ * its previous or next tile. A second producer warp fills each work tile's mask table as soon as
+ * the consumers have read the previous tile's (table_empty: after their last softmax of it), so
+ * during their last P V and epilogue (the document search takes a whole warp; 40 registers, the
+ * consumers 232); the loading warp takes the tile's key tiles from the table (table_full) and
+ * loads its Q once the consumers' last Q K^T of the previous tile is done (q_empty), its K and V
+ * as the ring frees stages.
+ *
+ * Wide (variant "wgmma_sm90_wide", head dims 64 and 128): FlashAttention-3's wider tiles, one CTA
+ * per work tile. At 128, key tiles of 176 (its tile without a causal or local mask): each tile's
+ * fixed work serves 1.375 times the keys; 2 stages of 88 KiB. At 64, three consumer warpgroups
+ * (BM = 192) taking turns, so that each softmax overlaps two other warpgroups' GEMMs.
+ * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
 #include "attention.h"
 
@@ -44,26 +68,59 @@
 
 namespace {
 
-constexpr int BM = 128, BN = 128, STAGES = 3, CONSUMERS = 2;
-constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int HALF = 64;                   /* head-dim columns per 128-byte swizzled row */
 constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
-constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 KiB */
-constexpr int BARRIER_BYTES = (1 + 3 * STAGES) * 8;
-constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
 constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
 
-/* The shared-memory plan at head dim D (64 or 128): each tile is D / 64 halves of 64 columns. */
-template <int D> struct sm90_plan {
-    static_assert(D % HALF == 0 && D <= 128, "whole 64-column halves; O and S fit the registers up to 128");
+/* The kernel's three schedules, each a variant: one CTA per work tile (query tile, head, batch;
+ * "wgmma_sm90"), one CTA per SM looping over them ("wgmma_sm90_persistent"), and one CTA per work
+ * tile with FlashAttention-3's wider tiles ("wgmma_sm90_wide"): 176 keys at head dim 128 (its
+ * tile for calls without a causal or local mask), 192 query rows on three consumer warpgroups at
+ * head dim 64. */
+enum sm90_kind { SM90_ONE_TILE, SM90_PERSISTENT, SM90_WIDE };
+
+/* The tiles at head dim D (64, 128 or 256): each tile is D / 64 halves of 64 columns; a consumer
+ * warpgroup owns 64 query rows, two of them BM = 128 (three, 192, in the wide plan at D 64).
+ * Up to D 128: BN = 128 keys and 3 stages (Q 32 KiB + 3 x 64 KiB). At D 256 a consumer thread
+ * holds 128 O accumulators, so S takes BN = 64 keys (32 accumulators, P 16 registers: ~180 of
+ * the 240), and a stage of K and V is 64 KiB: 2 stages (Q 64 KiB + 2 x 64 KiB), the consumers
+ * holding tile t - 1 (P V) and tile t (Q K^T) while the producer waits for the first. Wide, at
+ * D 128: BN = 176 (S 88 accumulators, P 44 registers beside O's 64), a stage 88 KiB: 2 stages. */
+template <int D, sm90_kind KIND> struct sm90_plan {
+    static_assert(D % HALF == 0 && D <= 256, "whole 64-column halves; O fits the registers up to 256");
+    static_assert(KIND != SM90_WIDE || D <= 128, "the wide tiles are head dim 64's and 128's");
+    static constexpr bool PERSISTENT = KIND == SM90_PERSISTENT;
+    static constexpr int CONSUMERS = KIND == SM90_WIDE && D == 64 ? 3 : 2;
+    static constexpr int BM = 64 * CONSUMERS;
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    static constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
+    /* Registers per thread after setmaxnreg, within what the launch holds (65536 / THREADS,
+     * rounded down to 8: 168 x 384 = 64512, or 128 x 512): 2 x 128 x 240 + 128 x 24; PERSISTENT,
+     * whose producer warp fills each work tile's mask table (a document search, which spills in
+     * 24): 2 x 128 x 232 + 128 x 40; three consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
+    static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : PERSISTENT ? 232 : 240;
+    static constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8; /* per thread, as ptxas allots them */
+    static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
+                  "the warpgroups' registers fit what the launch holds");
+    static_assert(CONSUMER_REGS % 8 == 0 && PRODUCER_REGS % 8 == 0 && PRODUCER_REGS >= 24 &&
+                      CONSUMER_REGS <= 256 && PRODUCER_REGS <= LAUNCH_REGS && CONSUMER_REGS >= LAUNCH_REGS,
+                  "setmaxnreg counts: multiples of 8 in [24, 256], decreasing and increasing");
     static constexpr int HALVES = D / HALF;
+    static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
+    static constexpr int STAGES = BN == 128 ? 3 : 2;
+    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
+    /* q_full, the stages' four, then q_empty and table_* (used by PERSISTENT, reserved in every plan
+     * so that no barrier address falls on the table) */
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 3) * 8;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
     static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
     static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
+    static_assert(SMEM_BYTES <= 227 * 1024, "one block of the plan fits an sm_90 SM's opt-in shared memory");
+    static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 };
-static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 
 struct sm90_params {
     void *o;
@@ -80,8 +137,6 @@ struct sm90_params {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24; /* 2 x 128 x 240 + 128 x 24 <= 64 Ki */
 
 /* cp.async.bulk.tensor.4d: the box of `map` at (c0, c1, c2, c3) into dst, counted on bar. */
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
@@ -100,6 +155,36 @@ __device__ __forceinline__ uint64_t desc_n_major_sw128(uint32_t addr) {
            (uint64_t)1 << 62;
 }
 
+#define ATTN_REGS_88 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87"
+#define ATTN_OPS_22 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
+    "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), \
+    "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
+    "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), \
+    "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
+    "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), \
+    "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
 #define ATTN_REGS_64 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -123,20 +208,30 @@ __device__ __forceinline__ uint64_t desc_n_major_sw128(uint32_t addr) {
     "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
     "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
 
-/* S (=)+= Q K^T: wgmma m64n128k16, A and B K-major from shared memory; d[j][e] in the
- * accumulator layout of core/sm90.cuh (n8 slice j). */
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_64x128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define WGMMA_SS(TYPE)                                                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" ATTN_REGS_64          \
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
-                 : ATTN_OPS_16                                                                           \
+/* S (=)+= Q K^T for a tile of N = 176, 128 or 64 keys: wgmma m64nNk16, A and B K-major from
+ * shared memory; d[j][e] in the accumulator layout of core/sm90.cuh (n8 slice j). */
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_qk(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC)                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                       \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                   \
+                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                                \
+                 : OPS                                                                                   \
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    if constexpr (std::is_same_v<T, __half>)
-        WGMMA_SS("f16");
+    static_assert(N == 176 || N == 128 || N == 64, "the key-tile widths of sm90_plan");
+    constexpr bool F16 = std::is_same_v<T, __half>;
+    if constexpr (N == 176 && F16)
+        WGMMA_SS("m64n176k16", "f16", ATTN_REGS_88, ATTN_OPS_22, "88", "89", "90");
+    else if constexpr (N == 176)
+        WGMMA_SS("m64n176k16", "bf16", ATTN_REGS_88, ATTN_OPS_22, "88", "89", "90");
+    else if constexpr (N == 128 && F16)
+        WGMMA_SS("m64n128k16", "f16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
+    else if constexpr (N == 128)
+        WGMMA_SS("m64n128k16", "bf16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
+    else if constexpr (F16)
+        WGMMA_SS("m64n64k16", "f16", ATTN_REGS_32, ATTN_OPS_8, "32", "33", "34");
     else
-        WGMMA_SS("bf16");
+        WGMMA_SS("m64n64k16", "bf16", ATTN_REGS_32, ATTN_OPS_8, "32", "33", "34");
 #undef WGMMA_SS
 }
 
@@ -157,6 +252,8 @@ __device__ __forceinline__ void wgmma_rs_64x64(float (&d)[8][4], const uint32_t 
 #undef WGMMA_RS
 }
 
+#undef ATTN_REGS_88
+#undef ATTN_OPS_22
 #undef ATTN_REGS_64
 #undef ATTN_OPS_16
 #undef ATTN_REGS_32
@@ -177,217 +274,322 @@ template <typename E, int N> __device__ __forceinline__ void pin(E (&d)[N][4]) {
         }
 }
 
+/* Work tile `tile` of the grid: (query head, batch, query tile), heads fastest and query tiles
+ * last to first slowest, as attention.cuh: the longest tiles of a causal grid come first. */
+struct sm90_work {
+    int head, batch, m0, q_rows;
+};
+
+template <int BM> __device__ __forceinline__ sm90_work sm90_work_of(const sm90_params &p, unsigned tile) {
+    sm90_work w;
+    w.head = (int)(tile % (unsigned)p.heads_q);
+    tile /= (unsigned)p.heads_q;
+    w.batch = (int)(tile % (unsigned)p.batch);
+    w.m0 = (p.m_blocks - 1 - (int)(tile / (unsigned)p.batch)) * BM;
+    w.q_rows = min(BM, p.seqlen_q - w.m0);
+    return w;
+}
+
+__device__ __forceinline__ attn_mask sm90_mask(const sm90_params &p, int batch) {
+    return {p.seqlen_k - p.seqlen_q, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
+            p.doc_ids ? p.doc_ids + (int64_t)batch * p.seqlen_k : nullptr};
+}
+
 #endif
 
-template <typename T, int D>
-__global__ void __launch_bounds__(THREADS, 1)
+/* The key tiles [x, y) of BN keys that a band of rows visits, given the keys its first and
+ * last rows see (attn_fill_table's entries; rows past seqlen_q repeat the last one). */
+template <int BN> __device__ __forceinline__ int2 sm90_key_tiles(int2 front, int2 back) {
+    const int begin = front.x / BN;
+    return make_int2(begin, back.y >= front.x ? back.y / BN + 1 : begin);
+}
+
+template <typename T, int D, sm90_kind KIND>
+__global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     attention_sm90_kernel(const __grid_constant__ sm90_params p, const __grid_constant__ CUtensorMap map_q,
                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using plan = sm90_plan<D>;
-    constexpr int HALVES = plan::HALVES, Q_BYTES = plan::Q_BYTES, KV_BYTES = plan::KV_BYTES,
-                  STAGE_BYTES = plan::STAGE_BYTES;
+    using plan = sm90_plan<D, KIND>;
+    constexpr bool PERSISTENT = plan::PERSISTENT;
+    constexpr int BM = plan::BM, CONSUMERS = plan::CONSUMERS, THREADS = plan::THREADS;
+    constexpr int HALVES = plan::HALVES, BN = plan::BN, STAGES = plan::STAGES, Q_BYTES = plan::Q_BYTES,
+                  KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
-    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
-    int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + BARRIER_BYTES);
+    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
+    const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
+    /* PERSISTENT: Q is free for the next work tile; the table holds the current work tile's
+     * entries (table_full) or the consumers are done reading it (table_empty). */
+    const uint32_t q_empty = v_empty + 8 * STAGES, table_full = q_empty + 8, table_empty = table_full + 8;
+    int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
 
-    /* Block -> (query head, batch, query tile), heads fastest and query tiles last to first
-     * slowest, as attention.cuh: the longest CTAs of a causal grid start first. */
-    unsigned block = blockIdx.x;
-    const int head = (int)(block % (unsigned)p.heads_q);
-    block /= (unsigned)p.heads_q;
-    const int batch = (int)(block % (unsigned)p.batch);
-    const int m0 = (p.m_blocks - 1 - (int)(block / (unsigned)p.batch)) * BM;
-    const int head_kv = head / p.group;
-    const int q_rows = min(BM, p.seqlen_q - m0);
+    /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it (the
+     * count is recomputed from the parameters there rather than kept live across the tiles). */
+    unsigned tile = blockIdx.x;
+    sm90_work w = sm90_work_of<BM>(p, tile);
     const int shift = p.seqlen_k - p.seqlen_q;
+    auto next_work = [&]() { /* false once the CTA's tiles are done; always after one without PERSISTENT */
+        if constexpr (!PERSISTENT)
+            return false;
+        tile += gridDim.x;
+        if (tile >= (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch)
+            return false;
+        w = sm90_work_of<BM>(p, tile);
+        return true;
+    };
 
-    const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
-                            p.doc_ids ? p.doc_ids + (int64_t)batch * p.seqlen_k : nullptr};
-    attn_fill_table(mask, table, m0, m0 + q_rows - 1, BM, false, threadIdx.x, THREADS);
+    if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
+        attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
 
     if (threadIdx.x == 0) {
         tk_mbarrier_init(q_full, 1);
         for (int s = 0; s < STAGES; s++) {
-            tk_mbarrier_init(k_full + 8 * s, 1);             /* the producer's expect_tx */
+            tk_mbarrier_init(k_full + 8 * s, 1);              /* the producer's expect_tx */
             tk_mbarrier_init(v_full + 8 * s, 1);
-            tk_mbarrier_init(kv_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
+            tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
+            tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
+        }
+        if constexpr (PERSISTENT) {
+            tk_mbarrier_init(q_empty, 4 * CONSUMERS);
+            tk_mbarrier_init(table_full, 1);                /* the filling warp's lane 0 */
+            tk_mbarrier_init(table_empty, 4 * CONSUMERS); /* one arrival per consumer warp */
         }
         tk_fence_mbarrier_init();
     }
-    __syncthreads(); /* the barriers and the table */
-    /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
-    const int tile_begin = table[0].x / BN;
-    const int tile_end = table[BM - 1].y >= table[0].x ? table[BM - 1].y / BN + 1 : tile_begin;
+    __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
-    constexpr int TURN = 1; /* named barriers TURN, TURN + 1: the consumers' turns (0: __syncthreads) */
+    constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
     if (warpgroup == CONSUMERS) {
-        tk_setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x == CONSUMERS * 128) {
+        tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
+        /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
+        tk_stage_ring<STAGES> ring = {0, 0};
+        auto load_work = [&](int tile_begin, int tile_end) {
+            const int head_kv = w.head / p.group;
             tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < CONSUMERS; c++)
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, m0 + 64 * c, head, batch,
-                                q_full);
-            tk_stage_ring<STAGES> ring = {0, 0};
+                    tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
+                                w.batch, q_full);
             for (int t = tile_begin; t < tile_end; t++) {
-                /* The first round finds every stage free (parity phase ^ 1). */
-                tk_mbarrier_wait(ring.barrier(kv_empty), ring.phase ^ 1);
+                /* The first round finds every stage free (parity phase ^ 1). K and V of a stage
+                 * are freed apart: K once the consumers' Q K^T of it is done, V after their
+                 * P V, a softmax later, so the next K into the stage need not wait for that. */
+                tk_mbarrier_wait(ring.barrier(k_empty), ring.phase ^ 1);
                 const uint32_t k_dst = s_kv + ring.stage * STAGE_BYTES, v_dst = k_dst + KV_BYTES;
                 tk_mbarrier_arrive_expect_tx(ring.barrier(k_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, batch,
+                    tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, w.batch,
                                 ring.barrier(k_full));
+                tk_mbarrier_wait(ring.barrier(v_empty), ring.phase ^ 1);
                 tk_mbarrier_arrive_expect_tx(ring.barrier(v_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, batch,
+                    tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, w.batch,
                                 ring.barrier(v_full));
                 ring.next();
             }
+        };
+        if constexpr (PERSISTENT) {
+            /* Two warps, each running ahead of the consumers. Warp 1 fills work tile k's table
+             * (the document search takes a whole warp) once the consumers have read tile
+             * k - 1's (table_empty), and publishes it (table_full). Warp 0's lane 0 takes tile
+             * k's key tiles from the table, loads its Q as soon as the consumers are done with
+             * tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. (Two
+             * tables, so that the fill need not wait for the last softmax, do not fit beside
+             * the head dim 128 ring.) */
+            const int warp = threadIdx.x / 32 - 4 * CONSUMERS, lane = threadIdx.x % 32;
+            if (warp > 1 || (warp == 0 && lane > 0))
+                return;
+            int k = 0;
+            do {
+                if (warp == 1) {
+                    tk_mbarrier_wait(table_empty, (k & 1) ^ 1); /* the first work tile finds it free */
+                    attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
+                    __syncwarp(); /* the warp's writes, before lane 0's release */
+                    if (lane == 0)
+                        tk_mbarrier_arrive(table_full);
+                } else {
+                    tk_mbarrier_wait(table_full, k & 1);
+                    const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+                    tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
+                    load_work(range.x, range.y);
+                }
+                k++;
+            } while (next_work());
+        } else if (threadIdx.x == CONSUMERS * 128) {
+            const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+            load_work(range.x, range.y);
         }
         return;
     }
 
-    tk_setmaxnreg_inc<CONSUMER_REGS>();
+    tk_setmaxnreg_inc<plan::CONSUMER_REGS>();
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, tq = lane % 4;
-    const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
-    const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
     const uint32_t q_wg = s_q + HALVES * warpgroup * Q_HALF_BYTES;
-    const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
-    /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
-    const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
-
-    /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
-     * halves of 8 for the P V instructions. */
-    float o[1][D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            o[0][j][e] = 0.0f;
-    float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
-
-    /* The three steps of a key tile, each on the tile's ring position. */
-    float s[1][16][4], alpha[1][2];
-    uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
-    auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
-        const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
-        tk_mbarrier_wait(at.barrier(k_full), at.phase);
-        tk_wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
-            wgmma_ss_64x128<T>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
-                               tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
-        }
-        tk_wgmma_commit();
-    };
-    auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
-        const uint32_t v_tile = s_kv + at.stage * STAGE_BYTES + KV_BYTES;
-        tk_mbarrier_wait(at.barrier(v_full), at.phase);
-        tk_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int h = 0; h < HALVES; h++)
-                wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
-                                  desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
-        tk_wgmma_commit();
-    };
-    auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
-        const int n0 = t * BN;
-        const int col0 = n0 + 2 * tq;
-        if (p.transform)
-            attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
-                                  col0, shift);
-        /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
-        if (attn_tile_partial(n0, BN, front, back))
-            attn_mask_scores(s, row0, col0, table, m0);
-        attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
-    };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-    };
-    auto release = [&](tk_stage_ring<STAGES> at) { /* after the wait for its P V */
-        if (lane == 0)
-            tk_mbarrier_arrive(at.barrier(kv_empty));
-    };
-
-    /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
-     * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
-     * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
-     * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
-     * GEMMs, so that one's softmax runs while the tensor cores do the other's GEMMs. Warpgroup c
-     * issues after named barrier TURN + c (its 128 threads sync, the other's 128 arrive) and
-     * then arrives on the other's. Both run the same tiles; warpgroup 0 goes first on an
-     * arrival of its own, and takes the other's last arrival after the loop. */
-    tk_mbarrier_wait(q_full, 0);
     tk_stage_ring<STAGES> ring = {0, 0};
-    if (tile_begin < tile_end) {
-        if (warpgroup == 0)
-            tk_named_barrier_arrive<256>(TURN);
-        issue_qk(ring);
-        tk_wgmma_wait<0>();
-        pin(s[0]);
-        softmax(tile_begin); /* O is still zero: no rescale */
-        pack_p();
-        for (int t = tile_begin + 1; t < tile_end; t++) {
-            const tk_stage_ring<STAGES> prev = ring;
-            ring.next();
-            tk_named_barrier_sync<256>(TURN + warpgroup);
+    int k = 0; /* the work tiles done: Q's barriers are in phase k */
+    do {
+        if constexpr (PERSISTENT)
+            tk_mbarrier_wait(table_full, k & 1);
+        const int head = w.head, batch = w.batch, m0 = w.m0;
+        /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
+        const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+        const int tile_begin = range.x, tile_end = range.y;
+        const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
+        const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
+        const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
+        /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
+        const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
+
+        /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
+         * halves of 8 for the P V instructions. */
+        float o[1][D / 8][4];
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[0][j][e] = 0.0f;
+        float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
+
+        /* The three steps of a key tile, each on the tile's ring position. */
+        float s[1][BN / 8][4], alpha[1][2];
+        uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
+        auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
+            const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
+            tk_mbarrier_wait(at.barrier(k_full), at.phase);
+            tk_wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+                const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
+                wgmma_ss_qk<T, BN>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
+                                   tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
+            }
+            tk_wgmma_commit();
+        };
+        auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
+            const uint32_t v_tile = s_kv + at.stage * STAGE_BYTES + KV_BYTES;
+            tk_mbarrier_wait(at.barrier(v_full), at.phase);
+            tk_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+                for (int h = 0; h < HALVES; h++)
+                    wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
+                                      desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+            tk_wgmma_commit();
+        };
+        auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
+            const int n0 = t * BN;
+            const int col0 = n0 + 2 * tq;
+            if (p.transform)
+                attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
+                                      col0, shift);
+            /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
+            if (attn_tile_partial(n0, BN, front, back))
+                attn_mask_scores(s, row0, col0, table, m0);
+            attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
+        };
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+        };
+        /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
+         * (after the wait for its P V), or (PERSISTENT) on q_empty and on the tile's
+         * table_empty after its last Q K^T and softmax. */
+        auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
+            if (lane == 0)
+                tk_mbarrier_arrive(at.barrier(empty));
+        };
+        auto release_q = [&]() {
+            if constexpr (PERSISTENT) {
+                __syncwarp(); /* every lane's table reads, before lane 0's release */
+                if (lane == 0) {
+                    tk_mbarrier_arrive(q_empty);
+                    tk_mbarrier_arrive(table_empty);
+                }
+            }
+        };
+
+        /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
+         * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
+         * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
+         * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
+         * GEMMs, so that one's softmax runs while the tensor cores do another's GEMMs. Warpgroup c
+         * issues after named barrier TURN + c (its 128 threads sync, the previous one's 128 arrive)
+         * and then arrives on the next one's, c + 1 (mod CONSUMERS). All run the same tiles;
+         * warpgroup 0 goes first on an arrival of its own, and takes the last one's last arrival
+         * after the loop. */
+        tk_mbarrier_wait(q_full, k & 1);
+        if (tile_begin < tile_end) {
+            if (warpgroup == 0)
+                tk_named_barrier_arrive<256>(TURN);
             issue_qk(ring);
-            issue_pv(prev);
-            tk_named_barrier_arrive<256>(TURN + 1 - warpgroup);
-            tk_wgmma_wait<1>();
+            tk_wgmma_wait<0>();
             pin(s[0]);
-            softmax(t);
-            tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
+            release(k_empty, ring);
+            softmax(tile_begin); /* O is still zero: no rescale */
+            pack_p();
+            for (int t = tile_begin + 1; t < tile_end; t++) {
+                const tk_stage_ring<STAGES> prev = ring;
+                ring.next();
+                tk_named_barrier_sync<256>(TURN + warpgroup);
+                issue_qk(ring);
+                issue_pv(prev);
+                tk_named_barrier_arrive<256>(TURN + (CONSUMERS == 2 ? 1 - warpgroup : (warpgroup + 1) % CONSUMERS));
+                tk_wgmma_wait<1>(); /* the Q K^T, committed first */
+                pin(s[0]);
+                release(k_empty, ring);
+                softmax(t);
+                tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
+                tk_wgmma_wait<0>();
+                pin(o[0]);
+                pin(pa);
+                release(v_empty, prev);
+                attn_rescale_o(o, alpha);
+                pack_p();
+            }
+            release_q(); /* every Q K^T of the work tile is done */
+            if (warpgroup == 0)
+                tk_named_barrier_sync<256>(TURN);
+            issue_pv(ring);
             tk_wgmma_wait<0>();
             pin(o[0]);
-            pin(pa);
-            release(prev);
-            attn_rescale_o(o, alpha);
-            pack_p();
+            release(v_empty, ring);
+            ring.next();
+        } else {
+            release_q();
         }
-        if (warpgroup == 0)
-            tk_named_barrier_sync<256>(TURN);
-        issue_pv(ring);
-        tk_wgmma_wait<0>();
-        pin(o[0]);
-        release(ring);
-    }
 
-    /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
-    T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh;
-    const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
-    const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
+        /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
+        T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh;
+        const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
+        const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = row_sum[0][r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        float inv, lse;
-        attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
-        const int i = row0 + 8 * r;
-        if (i >= p.seqlen_q)
-            continue;
+        for (int r = 0; r < 2; r++) {
+            float sum = row_sum[0][r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float inv, lse;
+            attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
+            const int i = row0 + 8 * r;
+            if (i >= p.seqlen_q)
+                continue;
 #pragma unroll
-        for (int h = 0; h < HALVES; h++)
+            for (int h = 0; h < HALVES; h++)
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
-                    tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
-        if (p.lse && tq == 0)
-            p.lse[lse_row0 + i] = lse;
-    }
+                for (int j = 0; j < 8; j++)
+                    *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
+                        tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+            if (p.lse && tq == 0)
+                p.lse[lse_row0 + i] = lse;
+        }
+        k++;
+    } while (next_work());
 #endif
 }
 
@@ -417,19 +619,19 @@ cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int head_di
                : cudaErrorInvalidValue;
 }
 
-template <typename T, int D>
+template <typename T, int D, sm90_kind KIND>
 cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+    using plan = sm90_plan<D, KIND>;
     CUtensorMap map_q, map_k, map_v;
     cudaError_t err = encode_4d(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
     if (err == cudaSuccess)
-        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, BN);
+        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, plan::BN);
     if (err == cudaSuccess)
-        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, BN);
+        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, plan::BN);
     if (err != cudaSuccess)
         return err;
-    constexpr auto kernel = attention_sm90_kernel<T, D>;
-    constexpr int SMEM_BYTES = sm90_plan<D>::SMEM_BYTES;
-    err = tk_opt_in_smem<kernel>(dev, SMEM_BYTES);
+    constexpr auto kernel = attention_sm90_kernel<T, D, KIND>;
+    err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
     sm90_params p;
@@ -441,31 +643,75 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.seqlen_k = c->seqlen_k;
     p.heads_q = c->heads_q;
     p.group = c->heads_q / c->heads_kv;
-    p.m_blocks = (c->seqlen_q + BM - 1) / BM;
+    p.m_blocks = (c->seqlen_q + plan::BM - 1) / plan::BM;
     p.batch = c->batch;
     attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
-    const unsigned blocks = (unsigned)((int64_t)p.m_blocks * c->heads_q * c->batch);
-    return tk_launch(kernel, blocks, THREADS, SMEM_BYTES, stream, p, map_q, map_k, map_v);
+    /* One CTA per work tile, or (PERSISTENT) one per SM (the shared memory allows one), each
+     * striding over the work tiles. */
+    const int64_t tiles = (int64_t)p.m_blocks * c->heads_q * c->batch;
+    const unsigned blocks = (unsigned)(plan::PERSISTENT && tiles > dev->sm_count ? dev->sm_count : tiles);
+    return tk_launch(kernel, blocks, plan::THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v);
 }
 
-} // namespace
-
-extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *dev) {
-    const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
+/* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
+ * 256 the consumers' 232 registers spill) and wide; a plan that does not exist is never made. */
+template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA: strides below 2^40 bytes (src/attention.c has checked the 16-byte alignment). */
     const int64_t max_stride = (int64_t)1 << 39;
     for (int d = 0; d < 3; d++)
         if (c->q_stride[d] >= max_stride || c->k_stride[d] >= max_stride || c->v_stride[d] >= max_stride)
             return false;
-    const int smem = c->head_dim == 64 ? sm90_plan<64>::SMEM_BYTES : sm90_plan<128>::SMEM_BYTES;
-    return (c->head_dim == 64 || c->head_dim == 128) && smem <= dev->max_smem_optin;
+    switch (c->head_dim) {
+    case 64:
+        return sm90_plan<64, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+    case 128:
+        return sm90_plan<128, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+    case 256:
+        if constexpr (KIND == SM90_ONE_TILE)
+            return sm90_plan<256, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+        return false;
+    default:
+        return false;
+    }
+}
+
+template <sm90_kind KIND>
+cudaError_t sm90_launch(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+    return tk_dispatch_dtype16(c->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        if (c->head_dim == 64)
+            return launch_sm90<T, 64, KIND>(c, dev, stream);
+        if constexpr (KIND == SM90_ONE_TILE)
+            if (c->head_dim == 256)
+                return launch_sm90<T, 256, KIND>(c, dev, stream);
+        return launch_sm90<T, 128, KIND>(c, dev, stream); /* sm90_fits took no other */
+    });
+}
+
+} // namespace
+
+extern "C" bool tk_attention_supports_sm90(const void *call, const tk_device *dev) {
+    return sm90_fits<SM90_ONE_TILE>(static_cast<const tk_attention_call *>(call), dev);
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
-    const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
-    return tk_dispatch_dtype16(c->dtype, [&](auto type) {
-        using T = typename decltype(type)::type;
-        return c->head_dim == 64 ? launch_sm90<T, 64>(c, dev, stream) : launch_sm90<T, 128>(c, dev, stream);
-    });
+    return sm90_launch<SM90_ONE_TILE>(static_cast<const tk_attention_call *>(call), dev, stream);
+}
+
+extern "C" bool tk_attention_supports_sm90_persistent(const void *call, const tk_device *dev) {
+    return sm90_fits<SM90_PERSISTENT>(static_cast<const tk_attention_call *>(call), dev);
+}
+
+extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, const tk_device *dev,
+                                                           cudaStream_t stream) {
+    return sm90_launch<SM90_PERSISTENT>(static_cast<const tk_attention_call *>(call), dev, stream);
+}
+
+extern "C" bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev) {
+    return sm90_fits<SM90_WIDE>(static_cast<const tk_attention_call *>(call), dev);
+}
+
+extern "C" cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return sm90_launch<SM90_WIDE>(static_cast<const tk_attention_call *>(call), dev, stream);
 }

@@ -12,12 +12,15 @@
 #include "support/tk_test.h"
 #include "ref/attention_ref.h"
 
-#define VARIANT_COUNT 3
-static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_sm90", "mma_sm80_packed", "mma_sm80"};
+#define VARIANT_COUNT 5
+static const char *const VARIANTS[VARIANT_COUNT] = {"wgmma_sm90", "wgmma_sm90_persistent", "wgmma_sm90_wide",
+                                                    "mma_sm80_packed", "mma_sm80"};
 /* The variants from PORTABLE on give the same bits for the same call (their key tiles differ
- * only by tiles that leave a row's state unchanged); "wgmma_sm90" sums other key tiles and is
- * held to the reference alone. */
-#define PORTABLE 1
+ * only by tiles that leave a row's state unchanged); "wgmma_sm90" and "wgmma_sm90_wide" sum other
+ * key tiles and are held to the reference, and "wgmma_sm90_persistent" (the same work tiles,
+ * each computed as "wgmma_sm90" computes it) to the bits of "wgmma_sm90". */
+#define PERSISTENT 1
+#define PORTABLE 3
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -300,9 +303,52 @@ static bool sm90_runs_here(void) {
     return runs == 1;
 }
 
-/* Whether "wgmma_sm90" claims the case: head dim 64 or 128 on a machine where it runs. */
+/* Whether "wgmma_sm90" claims the case: head dim 64, 128 or 256 on a machine where it runs;
+ * "wgmma_sm90_persistent": 64 or 128 there. */
 static bool sm90_claims(const attn_case *c) {
+    return (c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256) && sm90_runs_here();
+}
+
+static bool sm90_persistent_claims(const attn_case *c) {
     return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
+}
+
+/* "wgmma_sm90_wide": head dims 64 and 128 there (192 query rows at 64, 176 keys at 128). */
+static bool sm90_wide_claims(const attn_case *c) {
+    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
+}
+
+/* The fp64 reference (exact and naive rows, exact lse) of the last case run_case checked: every
+ * variant of a case runs the same inputs (drawn from the same seed), so it is computed once per
+ * case, not once per variant. */
+static struct {
+    attn_case c;
+    uint64_t seed;
+    double *exact, *naive, *lse; /* [batch, heads_q, seqlen_q, (head_dim)] */
+} ref_memo;
+
+static void ref_memo_fill(const attn_case *c, uint64_t seed, const tk_attention_params *ref, const double *q64,
+                          const double *k64, const double *v64, const float *slopes) {
+    if (ref_memo.exact && ref_memo.seed == seed && memcmp(&ref_memo.c, c, sizeof *c) == 0)
+        return;
+    free(ref_memo.exact); free(ref_memo.naive); free(ref_memo.lse);
+    const int64_t rows = c->batch * c->heads_q * c->seqlen_q;
+    ref_memo.exact = malloc((size_t)(rows * c->head_dim) * sizeof(double));
+    ref_memo.naive = malloc((size_t)(rows * c->head_dim) * sizeof(double));
+    ref_memo.lse = malloc((size_t)rows * sizeof(double));
+    cr_assert(ref_memo.exact && ref_memo.naive && ref_memo.lse);
+    for (int64_t b = 0; b < c->batch; b++)
+        for (int64_t h = 0; h < c->heads_q; h++)
+            for (int64_t i = 0; i < c->seqlen_q; i++) {
+                const int64_t r = (b * c->heads_q + h) * c->seqlen_q + i;
+                double lse_naive;
+                ref_attention_row(ref, q64, k64, v64, slopes, b, h, i, false, ref_memo.exact + r * c->head_dim,
+                                  ref_memo.lse + r);
+                ref_attention_row(ref, q64, k64, v64, slopes, b, h, i, true, ref_memo.naive + r * c->head_dim,
+                                  &lse_naive);
+            }
+    memcpy(&ref_memo.c, c, sizeof *c);
+    ref_memo.seed = seed;
 }
 
 /* Runs one case with inputs drawn from `seed`, checks o and lse, returns the host copy of o
@@ -393,7 +439,9 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     const bool packed = packed_claims(c), sm90 = sm90_claims(c);
     const bool claimed = variant == NULL || strcmp(variant, "mma_sm80") == 0 ||
                          (strcmp(variant, "mma_sm80_packed") == 0 && packed) ||
-                         (strcmp(variant, "wgmma_sm90") == 0 && sm90);
+                         (strcmp(variant, "wgmma_sm90") == 0 && sm90) ||
+                         (strcmp(variant, "wgmma_sm90_persistent") == 0 && sm90_persistent_claims(c)) ||
+                         (strcmp(variant, "wgmma_sm90_wide") == 0 && sm90_wide_claims(c));
     tk_attention_params query = p; /* the mask the sliding entry point runs */
     if (c->sliding)
         query.causal = 1, query.window_right = 0;
@@ -421,21 +469,18 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
 
     double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
     double *v64 = ref_to_double(c->dtype, hv, nk);
-    double *exact = malloc((size_t)c->head_dim * sizeof(double));
-    double *naive = malloc((size_t)c->head_dim * sizeof(double));
+    ref_memo_fill(c, seed, &ref, q64, k64, v64, c->alibi ? hslopes : NULL);
     unsigned char *written = calloc((size_t)nq, 1);
-    cr_assert(exact && naive && written);
+    cr_assert(written);
     double err = 0.0, err_naive = 0.0, atol = 0.0;
     int64_t bad = 0, first_bad = -1, worst = -1, lse_bad = 0;
     double lse_err = 0.0;
     for (int64_t b = 0; b < c->batch; b++)
         for (int64_t h = 0; h < c->heads_q; h++)
             for (int64_t i = 0; i < c->seqlen_q; i++) {
-                double lse_exact, lse_naive;
-                ref_attention_row(&ref, q64, k64, v64, c->alibi ? hslopes : NULL, b, h, i, false,
-                                  exact, &lse_exact);
-                ref_attention_row(&ref, q64, k64, v64, c->alibi ? hslopes : NULL, b, h, i, true,
-                                  naive, &lse_naive);
+                const int64_t r = (b * c->heads_q + h) * c->seqlen_q + i;
+                const double *exact = ref_memo.exact + r * c->head_dim, *naive = ref_memo.naive + r * c->head_dim;
+                const double lse_exact = ref_memo.lse[r];
                 const int64_t row = b * ref.o_strides[0] + i * ref.o_strides[1] + h * ref.o_strides[2];
                 for (int64_t e = 0; e < c->head_dim; e++) {
                     written[row + e] = 1;
@@ -473,7 +518,7 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
         cr_assert(written[x] || ho[x] == 0xffff, "%s: wrote element %lld outside o", what,
                   (long long)x);
 
-    free(q64); free(k64); free(v64); free(exact); free(naive); free(written);
+    free(q64); free(k64); free(v64); free(written);
     free(hq); free(hk); free(hv); free(hlse); free(hslopes); free(hsinks); free(hids);
     tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(do_); tk_dev_free(dlse);
     tk_dev_free(dslopes); tk_dev_free(dsinks); tk_dev_free(dids);
@@ -486,8 +531,8 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
  * CTA visits hold none of those rows' visible keys, which leaves their state unchanged. */
 static void run_case_all_variants(const attn_case *c, uint64_t seed) {
     uint16_t *o[VARIANT_COUNT];
-    for (int v = 0; v < VARIANT_COUNT; v++)
-        o[v] = run_case(c, VARIANTS[v], seed);
+    for (int v = 0; v < VARIANT_COUNT; v++) /* the persistent one's mask table: tk_test_under_racecheck */
+        o[v] = v == PERSISTENT && tk_test_under_racecheck() ? NULL : run_case(c, VARIANTS[v], seed);
     int64_t st[4];
     const size_t bytes = (size_t)layout_strides(c, c->seqlen_q, c->heads_q, st) *
                          tk_test_dtype_size(c->dtype);
@@ -497,6 +542,9 @@ static void run_case_all_variants(const attn_case *c, uint64_t seed) {
         if (o[PORTABLE] && o[v])
             cr_assert(memcmp(o[PORTABLE], o[v], bytes) == 0, "%s: variants %s and %s differ", what,
                       VARIANTS[PORTABLE], VARIANTS[v]);
+    if (o[0] && o[PERSISTENT])
+        cr_assert(memcmp(o[0], o[PERSISTENT], bytes) == 0, "%s: variants %s and %s differ", what, VARIANTS[0],
+                  VARIANTS[PERSISTENT]);
     for (int v = 0; v < VARIANT_COUNT; v++)
         free(o[v]);
 }
@@ -655,6 +703,42 @@ Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
                 }
 }
 
+/* "wgmma_sm90_persistent" with more work tiles (query tiles x heads x batch) than an H200 has SMs
+ * (132), so that its CTAs take two or three tiles each, one after the other through the same
+ * rings (three: Q's barriers back in phase parity 0): causal GQA, documents, a window with
+ * seqlen_q < seqlen_k, one query per sequence, and rows that see no key (seqlen_q > seqlen_k:
+ * tiles that load Q and no key tile, after tiles that do, since the longest come first). Every
+ * variant runs each case; the persistent one must match "wgmma_sm90" bit for bit. */
+Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const attn_case cases[] = {
+        {TK_BF16, 1, 200, 200, 80, 8, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        {TK_BF16, 1, 300, 300, 96, 8, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        {TK_F16, 2, 260, 260, 24, 4, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, true, 0, 0, 70},
+        {TK_BF16, 1, 150, 400, 96, 8, 128, true, 1, 64, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        {TK_BF16, 4, 1, 500, 64, 8, 128, false, 0, -1, -1, false, 20.0f, true, true, 4.0, false, 0, 0, 0},
+        {TK_F16, 1, 400, 100, 64, 64, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case_all_variants(&cases[i], 900 + i);
+}
+
+/* Query lengths around the wide variant's 192-row tile at head dim 64 (and its 176-key tile at
+ * 128): its third consumer warpgroup's rows partly or wholly past seqlen_q, a second tile of one
+ * row, several tiles; dense, causal and a window, every variant forced. */
+Test(attention_gpu, wide_tile_edges, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    static const int64_t lengths[][2] = {{191, 191}, {192, 192}, {193, 193}, {385, 300}, {130, 353}};
+    uint64_t seed = 950;
+    for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++)
+        for (int64_t d = 64; d <= 128; d += 64)
+            for (int causal = 0; causal < 2; causal++) {
+                attn_case c = {DTYPES[l % 2], 1, lengths[l][0], lengths[l][1], 4, 2, d, false, causal,
+                               causal && l == 3 ? 100 : -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0};
+                run_case_all_variants(&c, seed++);
+            }
+}
+
 Test(attention_gpu, softcap_alibi_lse, .timeout = 600) {
     TK_REQUIRE_GPU();
     static const int64_t head_dims[] = {64, 80, 96, 128, 256};
@@ -765,7 +849,7 @@ Test(attention_gpu, supported_names_the_variant) {
     cr_assert_eq(tk_experimental_force_variant("attention", "mma_sm80_packed"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"mma_sm80_packed\"");
-    /* The Hopper variant takes head dims 64 and 128 only. */
+    /* The Hopper variant takes head dims 64, 128 and 256, not 80 or 96. */
     tk_attention_params d80 = window; /* 8 positions: o [1, 8, 2, 80] stays clear of lse */
     d80.head_dim = 80;
     d80.seqlen_q = d80.seqlen_k = 8;
@@ -778,4 +862,25 @@ Test(attention_gpu, supported_names_the_variant) {
     d128.seqlen_q = d128.seqlen_k = 8;
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_SUCCESS, "");
     cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
+    tk_attention_params d256 = d128; /* 4 positions: o [1, 4, 2, 256] ends where lse starts */
+    d256.head_dim = 256;
+    d256.seqlen_q = d256.seqlen_k = 4;
+    TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_SUCCESS, "");
+    if (sm90_runs_here())
+        cr_assert_str_eq(name, "wgmma_sm90");
+    /* The persistent variant: head dims 64 and 128, where wgmma_sm90 runs, and only when forced. */
+    cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_persistent"), TK_SUCCESS);
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"wgmma_sm90_persistent\"");
+    /* The wide variant: head dims 64 and 128. */
+    cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"wgmma_sm90_wide\"");
+    tk_experimental_force_variant("attention", NULL);
 }

@@ -823,7 +823,8 @@ SWEEP_TESTS(rope, "rope", VEC16_SCALAR, VEC16_SCALAR, 9, rope_case, 0u, 0u)
 
 /* ------------------------------------------------------------------------- attention ---- */
 
-static const char *const ATTN_VARIANTS[] = {"wgmma_sm90", "mma_sm80_packed", "mma_sm80"};
+static const char *const ATTN_VARIANTS[] = {"wgmma_sm90", "wgmma_sm90_persistent", "wgmma_sm90_wide", "mma_sm80_packed",
+                                            "mma_sm80"};
 
 /* Strides of a [batch, seq, heads, head_dim] tensor: layout 0 dense (strides all 0 in the call),
  * 1 [B, S, H, D] and 2 [B, H, S, D], with rows and batches padded by whole 16-byte packs.
@@ -854,19 +855,27 @@ static double representation_term(tk_dtype dtype, double exact) {
 static void attention_case(sweep *s, tk_rng *r, bool backward) {
     (void)backward;
     const char *variant = case_variant(s);
+    if (is_variant(variant, "wgmma_sm90_persistent") && tk_test_under_racecheck())
+        variant = "wgmma_sm90"; /* its mask table's hand-off: tk_test_under_racecheck */
     const bool steer_packed = is_variant(variant, "mma_sm80_packed");
-    /* "wgmma_sm90": a head dim it takes (64 or 128), and (with few queries, so that the reference budget
-     * below keeps them) keys over several of its 128-key tiles, so that its pipeline runs past
-     * the first tiles */
-    const bool steer_sm90 = is_variant(variant, "wgmma_sm90");
+    /* "wgmma_sm90": a head dim it takes (64, 128 or 256; the persistent and wide ones 64 or 128),
+     * and (with few queries, so that the reference budget below keeps them) keys over several of
+     * its key tiles (128 keys, 64 at head dim 256, 176 wide at 128), so that its pipeline runs
+     * past the first tiles */
+    static const int64_t SM90_HEAD_DIMS[] = {64, 128, 256};
+    const bool steer_persistent = is_variant(variant, "wgmma_sm90_persistent");
+    const bool steer_wide = is_variant(variant, "wgmma_sm90_wide");
+    const bool steer_sm90 = is_variant(variant, "wgmma_sm90") || steer_persistent || steer_wide;
     tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
     p.dtype = chance(r, 0.5) ? TK_BF16 : TK_F16;
-    p.head_dim = steer_sm90 ? 64 * irand(r, 1, 2) : ATTN_HEAD_DIMS[irand(r, 0, 4)];
+    p.head_dim = steer_sm90 ? SM90_HEAD_DIMS[irand(r, 0, steer_wide || steer_persistent ? 1 : 2)]
+                            : ATTN_HEAD_DIMS[irand(r, 0, 4)];
     p.heads_kv = irand(r, 1, 3);
     const int64_t group = steer_packed ? 2 * irand(r, 1, 2) : irand(r, 1, 4);
     p.heads_q = p.heads_kv * group;
     p.batch = irand(r, 1, 2);
-    const int64_t max_q = steer_sm90 && chance(r, 0.5) ? 40 : 128, max_k = steer_sm90 ? 600 : 160;
+    /* (the wide variant's 192-row tile at head dim 64: up to 400 queries, a second tile) */
+    const int64_t max_q = steer_wide ? 400 : steer_sm90 && chance(r, 0.5) ? 40 : 128, max_k = steer_sm90 ? 600 : 160;
     p.seqlen_q = steer_packed ? irand(r, 8, 128) : chance(r, 0.2) ? 1 : irand(r, 1, max_q);
     p.seqlen_k = steer_packed ? irand(r, 8, 160) : chance(r, 0.2) ? 1 : irand(r, 1, max_k);
     /* keep the fp64 reference quick: at most ~4M products */
@@ -994,14 +1003,15 @@ static void attention_case(sweep *s, tk_rng *r, bool backward) {
     buf_free(&q); buf_free(&k); buf_free(&v); buf_free(&o); buf_free(&lse); buf_free(&slopes);
 }
 
-/* "wgmma_sm90" runs only on a cc 9.0 device with a build for sm_90a (the rule of
- * test_attention.c); elsewhere every case it is forced on falls back to the automatic choice. */
+/* The three "wgmma_sm90" variants run only on a cc 9.0 device with a build for sm_90a (the rule
+ * of test_attention.c); elsewhere every case they are forced on falls back to the automatic
+ * choice. */
 Test(sweep_gpu, attention_fwd, .timeout = 300) {
     TK_REQUIRE_GPU();
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
     const bool sm90 = info.compute_capability == 900 && tk_build_runs_variant(900, info.compute_capability);
-    run_sweep("attention", ATTN_VARIANTS, COUNT(ATTN_VARIANTS), 11, 200, attention_case, false, sm90 ? 0u : 1u);
+    run_sweep("attention", ATTN_VARIANTS, COUNT(ATTN_VARIANTS), 11, 200, attention_case, false, sm90 ? 0u : 7u);
 }
 
 /* ------------------------------------------------------------------------------ gemm ---- */

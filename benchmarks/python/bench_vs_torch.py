@@ -556,6 +556,7 @@ FLASH_SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim, masks ("dense", 
     (4, 4096, 32, 8, 128, ("dense", "causal", 1024)),
     (1, 16384, 32, 8, 128, ("dense", "causal", 1024, 4096)),
     (8, 2048, 16, 16, 64, ("dense", "causal")),
+    (4, 4096, 16, 8, 256, ("dense", "causal")),
 ]
 
 
