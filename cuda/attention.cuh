@@ -152,13 +152,14 @@ template <typename T> __device__ __forceinline__ const T *attn_opaque(const T *p
  * apart; rows at or past valid_rows are zero-filled. A row is taken as SLOTS 16-byte chunks, the
  * power of two at or above its D / 8 (16 at head dims 80 and 96, whose threads for chunks 10 to
  * 15 or 12 to 15 stay idle), so each thread copies the same chunk of every (THREADS / SLOTS)-th
- * row and walks its rows by a constant step. */
-template <typename T, int D, int ROWS, int ROW_BYTES, bool SWIZZLED>
+ * row and walks its rows by a constant step. THREADS: the CTA's threads, tid below it (the
+ * backward's CTAs are not the forward's size). */
+template <typename T, int D, int ROWS, int ROW_BYTES, bool SWIZZLED, int THREADS = ATTN_THREADS>
 __device__ __forceinline__ void attn_load_tile(uint32_t s_tile, const T *g, int64_t row_stride,
                                                int valid_rows, int tid) {
     constexpr int CHUNKS = D / 8;
     constexpr int SLOTS = CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
-    constexpr int ROWS_PER_PASS = ATTN_THREADS / SLOTS;
+    constexpr int ROWS_PER_PASS = THREADS / SLOTS;
     static_assert(CHUNKS <= SLOTS && ROWS % ROWS_PER_PASS == 0, "tile rows in whole passes");
     const int chunk = tid % SLOTS;
     if (chunk >= CHUNKS)

@@ -5,7 +5,9 @@
  *                  shared memory while Q, dO tiles of BM rows of every query head of the GQA
  *                  group stream through a two-stage cp.async ring; dK, dV in registers, dQ by
  *                  f32 atomics into the accumulator (deterministic: the same atomics, each
- *                  query tile's in key-tile order, attn_bwd_order below);
+ *                  query tile's in key-tile order, attn_bwd_order below); BN = 128 keys and
+ *                  8 warps ("mma_sm80_bn128"), or 64 keys and 4 warps where a device's shared
+ *                  memory per block cannot hold the former ("mma_sm80"; attn_bwd_shape);
  *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides;
  *   attn_bwd_dsinks (with sinks): dsinks_h = -sum_i exp(sink_h - lse_i) D_i, one CTA per head,
  *                  summed in a fixed order;
@@ -22,24 +24,54 @@
 
 namespace {
 
-/* Per head dim: BM query rows per streamed tile. BN = 64 keys per CTA, 16 per warp. */
+/* Per head dim: BM query rows per streamed tile. Each warp holds its 16 keys' dK and dV (D
+ * floats per thread) and S^T, dP^T of 16 keys x BM rows (BM floats per thread) in registers:
+ * BM = 64 at D 128 (or 128 at D 64) would add 32 (64) accumulators to kernels that use 220 to
+ * 250 of their 255 registers, and ptxas spills. */
 template <int D> struct attn_bwd_tile;
 template <> struct attn_bwd_tile<64> { static constexpr int BM = 64; };
 template <> struct attn_bwd_tile<128> { static constexpr int BM = 32; };
 
-constexpr int BWD_BN = 16 * ATTN_WARPS;
+/* The warps an SM runs: the 64K registers hold 256 threads at up to 255 registers each (the main
+ * kernel needs over 220), as one CTA of 8 warps or two of 4. */
+constexpr int BWD_SM_WARPS = 8;
+/* Warps per CTA of the main kernel: BWD_WARPS, 128 keys ("mma_sm80_bn128", FlashAttention-2's
+ * tile), where each streamed Q / dO tile and each dQ reduction serves twice the keys it serves
+ * with BWD_WARPS_SMALL, 64 keys ("mma_sm80"), which runs where a device's shared memory per block
+ * cannot hold the 8-warp tiles (D 128 on sm_86 and sm_89). */
+constexpr int BWD_WARPS = 8;
+constexpr int BWD_WARPS_SMALL = 4;
 
-template <int D> struct attn_bwd_shape {
+/* The main kernel's plan for WARPS warps: BN = 16 WARPS keys, warp w owning keys 16w .. 16w + 15
+ * for S^T, dP^T, dK and dV. dQ = dS K (BM x D over the BN keys) is split into DQ_ROW_WARPS x
+ * DQ_COL_WARPS blocks of DQ_ROWS x DQ_COLS, one per warp: as many column blocks as there are warps
+ * down to 16 columns (one transposed ldmatrix.x4 of K), then row blocks. Per k16 step a warp loads
+ * DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 16 B pairs (K) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
+ * 4 warps 64 x 16 (D 64) and 32 x 32 (D 128), 8 warps 32 x 16 at both. */
+template <int D, int WARPS> struct attn_bwd_shape {
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int MIN_CTAS = BWD_SM_WARPS / WARPS;
+    static constexpr int BN = 16 * WARPS;
     static constexpr int BM = attn_bwd_tile<D>::BM;
+    static constexpr int DQ_COL_WARPS = WARPS < D / 16 ? WARPS : D / 16;
+    static constexpr int DQ_ROW_WARPS = WARPS / DQ_COL_WARPS;
+    static constexpr int DQ_ROWS = BM / DQ_ROW_WARPS, DQ_COLS = D / DQ_COL_WARPS;
+    static_assert(DQ_ROW_WARPS * DQ_COL_WARPS == WARPS && DQ_ROWS % 16 == 0 && DQ_COLS % 16 == 0,
+                  "whole m16 and n16 blocks of dQ per warp");
     static constexpr int ROW = 2 * D + 16;  /* bytes per padded Q, K, V, dO row */
     static constexpr int S_ROW = 2 * BM + 16; /* bytes per padded dS^T row (one key) */
-    static constexpr int K_BYTES = BWD_BN * ROW;
+    static constexpr int K_BYTES = BN * ROW;
     static constexpr int Q_BYTES = BM * ROW;
     static constexpr int STAGE_BYTES = 2 * Q_BYTES + 2 * BM * 4; /* Q, dO, lse, D */
-    static constexpr int S_BYTES = BWD_BN * S_ROW;
+    static constexpr int S_BYTES = BN * S_ROW;
     static constexpr int TABLE_OFFSET = 2 * K_BYTES + 2 * STAGE_BYTES + S_BYTES;
-    static constexpr int SMEM_BYTES = TABLE_OFFSET + BWD_BN * 8; /* + each key's rows (int2) */
+    static constexpr int SMEM_BYTES = TABLE_OFFSET + BN * 8; /* + each key's rows (int2) */
 };
+
+/* The row kernels' blocks (pre, dq, dsinks, order_clear): one warp per row or a strided loop, so
+ * any size serves. */
+constexpr int ROW_WARPS = 4;
+constexpr int ROW_THREADS = 32 * ROW_WARPS;
 
 struct attn_bwd_params {
     const void *q, *k, *v, *o, *dout;
@@ -70,9 +102,9 @@ __device__ __forceinline__ void attn_bwd_row(const attn_bwd_params &p, int64_t r
 
 /* One warp per row: D_i = dO_i . O_i in f32; that row of the dQ accumulator zeroed. */
 template <typename T, int D>
-__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_pre(const attn_bwd_params p, int64_t rows) {
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_pre(const attn_bwd_params p, int64_t rows) {
     const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * ATTN_WARPS + (threadIdx.x >> 5);
+    const int64_t r = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
     if (r >= rows)
         return;
     int64_t b, h, i;
@@ -95,13 +127,13 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_pre(const attn_bwd_para
 
 /* dsinks_h = -sum over (b, i) of exp(sink_h - lse_bhi) D_bhi: CTA h, each thread a strided
  * share of the rows, then a fixed tree over the threads, so the sum is the same every run. */
-__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dsinks(const attn_bwd_params p) {
-    __shared__ float part[ATTN_WARPS];
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dsinks(const attn_bwd_params p) {
+    __shared__ float part[ROW_WARPS];
     const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float sink = p.sinks[h];
     const int64_t rows = (int64_t)p.batch * p.seqlen_q;
     float sum = 0.0f;
-    for (int64_t x = threadIdx.x; x < rows; x += ATTN_THREADS) {
+    for (int64_t x = threadIdx.x; x < rows; x += ROW_THREADS) {
         const int64_t r = (x / p.seqlen_q * p.heads_q + h) * p.seqlen_q + x % p.seqlen_q;
         sum += expf(sink - p.lse[r]) * p.dsum[r];
     }
@@ -113,7 +145,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dsinks(const attn_bwd_p
     __syncthreads();
     if (threadIdx.x == 0) {
         float total = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++)
+        for (int w = 0; w < ROW_WARPS; w++)
             total += part[w];
         p.dsinks[h] = -total;
     }
@@ -121,9 +153,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dsinks(const attn_bwd_p
 
 /* dQ = accumulator in the dtype, one warp per row. */
 template <typename T, int D>
-__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_dq(const attn_bwd_params p, int64_t rows) {
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dq(const attn_bwd_params p, int64_t rows) {
     const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * ATTN_WARPS + (threadIdx.x >> 5);
+    const int64_t r = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
     if (r >= rows)
         return;
     int64_t b, h, i;
@@ -182,9 +214,9 @@ __device__ __forceinline__ int attn_bwd_last_row(const attn_mask &m, int j) {
 }
 
 /* The ticket counter and the semaphores zeroed. */
-__global__ void __launch_bounds__(ATTN_THREADS) attn_bwd_order_clear(int *order, int64_t words) {
-    for (int64_t w = (int64_t)blockIdx.x * ATTN_THREADS + threadIdx.x; w < words;
-         w += (int64_t)gridDim.x * ATTN_THREADS)
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_order_clear(int *order, int64_t words) {
+    for (int64_t w = (int64_t)blockIdx.x * ROW_THREADS + threadIdx.x; w < words;
+         w += (int64_t)gridDim.x * ROW_THREADS)
         order[w] = 0;
 }
 
@@ -199,16 +231,18 @@ __device__ __forceinline__ void attn_bwd_red2(float *a, float x, float y) {
 #endif
 }
 
-template <typename T, int D, bool DET>
-__global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_params p) {
-    using shape = attn_bwd_shape<D>;
-    constexpr int BM = shape::BM, BN = BWD_BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
+template <typename T, int D, int WARPS, bool DET>
+__global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS)
+    attn_bwd_main(const attn_bwd_params p) {
+    using shape = attn_bwd_shape<D, WARPS>;
+    constexpr int BM = shape::BM, BN = shape::BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
+    constexpr int THREADS = shape::THREADS;
     constexpr int QT = BM / 8;       /* n8 tiles of S^T (queries) */
-    constexpr int QS = BM / 16;      /* k16 steps over queries (dV, dK) and m16 tiles of dQ */
+    constexpr int QS = BM / 16;      /* k16 steps over queries (dV, dK) */
     constexpr int KSTEPS = D / 16;   /* k16 steps over the head dim (S^T, dP^T) */
     constexpr int DT = D / 8;        /* n8 tiles of dK, dV */
-    constexpr int WD = D / ATTN_WARPS; /* dQ columns per warp */
-    constexpr int WDT = WD / 8;
+    constexpr int MQ = shape::DQ_ROWS / 16; /* m16 tiles of this warp's dQ block */
+    constexpr int WDT = shape::DQ_COLS / 8; /* n8 tiles of this warp's dQ block */
     extern __shared__ __align__(128) unsigned char smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -230,7 +264,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
     int2 *const table = reinterpret_cast<int2 *>(smem + shape::TABLE_OFFSET);
     const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
                             p.doc_ids ? p.doc_ids + batch * p.seqlen_k : nullptr};
-    attn_fill_table(mask, table, n0, n0 + k_rows - 1, BN, true, tid, ATTN_THREADS);
+    attn_fill_table(mask, table, n0, n0 + k_rows - 1, BN, true, tid, THREADS);
     __syncthreads();
     const int row_lo = table[0].x, row_hi = table[k_rows - 1].y;
     const int m_begin = row_lo / BM;
@@ -264,13 +298,13 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
         int h, m0;
         step_at(it, h, m0);
         const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
-        attn_load_tile<T, D, BM, ROW, false>(s_q, static_cast<const T *>(p.q) + batch * p.q_sb +
-                                                      h * p.q_sh + m0 * p.q_ss,
-                                             p.q_ss, p.seqlen_q - m0, tid);
-        attn_load_tile<T, D, BM, ROW, false>(s_q + shape::Q_BYTES,
-                                             static_cast<const T *>(p.dout) + batch * p.do_sb +
-                                                 h * p.do_sh + m0 * p.do_ss,
-                                             p.do_ss, p.seqlen_q - m0, tid);
+        attn_load_tile<T, D, BM, ROW, false, THREADS>(s_q, static_cast<const T *>(p.q) + batch * p.q_sb +
+                                                               h * p.q_sh + m0 * p.q_ss,
+                                                      p.q_ss, p.seqlen_q - m0, tid);
+        attn_load_tile<T, D, BM, ROW, false, THREADS>(s_q + shape::Q_BYTES,
+                                                      static_cast<const T *>(p.dout) + batch * p.do_sb +
+                                                          h * p.do_sh + m0 * p.do_ss,
+                                                      p.do_ss, p.seqlen_q - m0, tid);
         if (tid < BM) {
             const int64_t r = (batch * p.heads_q + h) * p.seqlen_q + m0 + tid;
             const bool in = m0 + tid < p.seqlen_q;
@@ -281,8 +315,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
         }
     };
 
-    attn_load_tile<T, D, BN, ROW, false>(s_k, kg, p.k_ss, k_rows, tid);
-    attn_load_tile<T, D, BN, ROW, false>(s_v, vg, p.v_ss, k_rows, tid);
+    attn_load_tile<T, D, BN, ROW, false, THREADS>(s_k, kg, p.k_ss, k_rows, tid);
+    attn_load_tile<T, D, BN, ROW, false, THREADS>(s_v, vg, p.v_ss, k_rows, tid);
     if (steps > 0)
         load_step(0, 0);
     tk_cp_async_commit();
@@ -303,8 +337,10 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
         for (int e = 0; e < 4; e++)
             dk[dt][e] = dv[dt][e] = 0.0f;
 
-    /* This thread's keys: j = n0 + 16 warp + g (+ 8 for e >= 2). */
+    /* This thread's keys: j = n0 + 16 warp + g (+ 8 for e >= 2); this warp's dQ block. */
     const int key_base = n0 + warp * 16 + g;
+    const int dq_row0 = shape::DQ_ROW_WARPS > 1 ? warp / shape::DQ_COL_WARPS * shape::DQ_ROWS : 0;
+    const int dq_col0 = (shape::DQ_ROW_WARPS > 1 ? warp % shape::DQ_COL_WARPS : warp) * shape::DQ_COLS;
 
     /* Deterministic: step it's semaphore, and the last row of key tile n - 1 (none before the
      * first), whose adds come first on the query tiles it reaches (attn_bwd_order). */
@@ -425,11 +461,11 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
             if (tid == 0 && it > 0)
                 semaphore(it - 1).store(n + 1, cuda::memory_order_release);
 
-        /* dQ (BM x WD columns of this warp) = dS (BM x BN) K (BN x WD), added to the
-         * accumulator by f32 atomics. */
-        float dq[QS][WDT][4];
+        /* dQ of this warp's block (DQ_ROWS x DQ_COLS from row dq_row0, column dq_col0) = dS
+         * (those rows x BN) K (BN x those columns), added to the accumulator by f32 atomics. */
+        float dq[MQ][WDT][4];
 #pragma unroll
-        for (int mq = 0; mq < QS; mq++)
+        for (int mq = 0; mq < MQ; mq++)
 #pragma unroll
             for (int nt = 0; nt < WDT; nt++)
 #pragma unroll
@@ -437,16 +473,16 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
                     dq[mq][nt][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
-            uint32_t a[QS][4];
+            uint32_t a[MQ][4];
 #pragma unroll
-            for (int mq = 0; mq < QS; mq++)
-                tk_ldmatrix_x4<true>(a[mq], s_ds + ks * 16 * S_ROW + ds_lane + mq * 32);
+            for (int mq = 0; mq < MQ; mq++)
+                tk_ldmatrix_x4<true>(a[mq], s_ds + ks * 16 * S_ROW + ds_lane + dq_row0 * 2 + mq * 32);
 #pragma unroll
             for (int np = 0; np < WDT / 2; np++) {
                 uint32_t b[4];
-                tk_ldmatrix_x4<true>(b, s_k + ks * 16 * ROW + ab_lane + warp * WD * 2 + np * 32);
+                tk_ldmatrix_x4<true>(b, s_k + ks * 16 * ROW + ab_lane + dq_col0 * 2 + np * 32);
 #pragma unroll
-                for (int mq = 0; mq < QS; mq++) {
+                for (int mq = 0; mq < MQ; mq++) {
                     tk_mma_16816<T>(dq[mq][2 * np], a[mq], b[0], b[1]);
                     tk_mma_16816<T>(dq[mq][2 * np + 1], a[mq], b[2], b[3]);
                 }
@@ -463,14 +499,14 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_bwd_main(const attn_bwd_
         }
         float *acc = p.dq_acc + ((batch * p.heads_q + h) * p.seqlen_q + m0) * (int64_t)D;
 #pragma unroll
-        for (int mq = 0; mq < QS; mq++)
+        for (int mq = 0; mq < MQ; mq++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                const int r = 16 * mq + g + 8 * hh;
+                const int r = dq_row0 + 16 * mq + g + 8 * hh;
                 if (m0 + r < p.seqlen_q)
 #pragma unroll
                     for (int nt = 0; nt < WDT; nt++)
-                        attn_bwd_red2(acc + r * D + warp * WD + 8 * nt + 2 * tq,
+                        attn_bwd_red2(acc + r * D + dq_col0 + 8 * nt + 2 * tq,
                                       dq[mq][nt][2 * hh] * p.scale,
                                       dq[mq][nt][2 * hh + 1] * p.scale);
             }
@@ -508,11 +544,11 @@ size_t attn_bwd_order_count(const tk_attention_call *c) {
     return (ORDER_HEADER + tiles + 3) / 4 * 4;
 }
 
-template <typename T, int D, bool DET>
+template <typename T, int D, int WARPS, bool DET>
 cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *dev,
                             cudaStream_t stream) {
-    using shape = attn_bwd_shape<D>;
-    constexpr auto kernel = attn_bwd_main<T, D, DET>;
+    using shape = attn_bwd_shape<D, WARPS>;
+    constexpr auto kernel = attn_bwd_main<T, D, WARPS, DET>;
     cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
@@ -537,33 +573,40 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     attn_set_mask(p, c);
     p.dsinks = bc->dsinks;
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
-    const unsigned row_blocks = (unsigned)((rows + ATTN_WARPS - 1) / ATTN_WARPS);
-    err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ATTN_THREADS, 0, stream, p, rows);
+    const unsigned row_blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
+    err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ROW_THREADS, 0, stream, p, rows);
     if (err == cudaSuccess && c->sinks)
-        err = tk_launch(attn_bwd_dsinks, (unsigned)c->heads_q, ATTN_THREADS, 0, stream, p);
+        err = tk_launch(attn_bwd_dsinks, (unsigned)c->heads_q, ROW_THREADS, 0, stream, p);
     if (err == cudaSuccess && DET) {
         const int64_t words = (int64_t)attn_bwd_order_count(c);
-        const int64_t clear_blocks = (words + ATTN_THREADS - 1) / ATTN_THREADS;
+        const int64_t clear_blocks = (words + ROW_THREADS - 1) / ROW_THREADS;
         err = tk_launch(attn_bwd_order_clear, (unsigned)(clear_blocks < 1024 ? clear_blocks : 1024),
-                        ATTN_THREADS, 0, stream, attn_bwd_order_words<D>(p), words);
+                        ROW_THREADS, 0, stream, attn_bwd_order_words<D>(p), words);
     }
     if (err != cudaSuccess)
         return err;
+    /* One CTA per (key tile, batch, key/value head); MIN_CTAS of them per SM, 8 warps. */
     const unsigned blocks =
-        (unsigned)((int64_t)(c->seqlen_k + BWD_BN - 1) / BWD_BN * c->batch * c->heads_kv);
-    err = tk_launch(kernel, blocks, ATTN_THREADS, shape::SMEM_BYTES, stream, p);
+        (unsigned)((int64_t)(c->seqlen_k + shape::BN - 1) / shape::BN * c->batch * c->heads_kv);
+    err = tk_launch(kernel, blocks, shape::THREADS, shape::SMEM_BYTES, stream, p);
     if (err != cudaSuccess)
         return err;
-    return tk_launch(attn_bwd_dq<T, D>, row_blocks, ATTN_THREADS, 0, stream, p, rows);
+    return tk_launch(attn_bwd_dq<T, D>, row_blocks, ROW_THREADS, 0, stream, p, rows);
 }
 
-template <int D>
-cudaError_t attn_bwd_head_dim(const tk_attention_bwd_call *c, const tk_device *dev,
-                              cudaStream_t stream) {
+template <int WARPS>
+cudaError_t attn_bwd_variant(const tk_attention_bwd_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return c->deterministic ? attn_bwd_launch<T, D, true>(c, dev, stream)
-                                : attn_bwd_launch<T, D, false>(c, dev, stream);
+        switch (c->fwd.head_dim) {
+        case 64:
+            return c->deterministic ? attn_bwd_launch<T, 64, WARPS, true>(c, dev, stream)
+                                    : attn_bwd_launch<T, 64, WARPS, false>(c, dev, stream);
+        case 128:
+            return c->deterministic ? attn_bwd_launch<T, 128, WARPS, true>(c, dev, stream)
+                                    : attn_bwd_launch<T, 128, WARPS, false>(c, dev, stream);
+        }
+        return cudaErrorInvalidValue; /* src/attention.c admits only the head dims above */
     });
 }
 
@@ -575,12 +618,22 @@ extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, i
     return ((rows + 3) / 4 * 4 + rows * (size_t)c->head_dim + order) * sizeof(float);
 }
 
+/* The 8-warp tiles need 92 KB (D 64) or 113.5 KB (D 128) per block, the latter beyond the 99 KB
+ * of sm_86 and sm_89 (the deterministic kernel's static ticket counted too). */
+extern "C" bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev) {
+    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
+    const int smem = c->fwd.head_dim == 64 ? attn_bwd_shape<64, BWD_WARPS>::SMEM_BYTES
+                                           : attn_bwd_shape<128, BWD_WARPS>::SMEM_BYTES;
+    return smem + (int)sizeof(unsigned) <= dev->max_smem_optin;
+}
+
+extern "C" cudaError_t tk_attention_bwd_launch_mma_bn128(const void *call, const tk_device *dev,
+                                                         cudaStream_t stream) {
+    return attn_bwd_variant<BWD_WARPS>(static_cast<const tk_attention_bwd_call *>(call), dev, stream);
+}
+
 extern "C" cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev,
                                                    cudaStream_t stream) {
-    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
-    switch (c->fwd.head_dim) {
-    case 64: return attn_bwd_head_dim<64>(c, dev, stream);
-    case 128: return attn_bwd_head_dim<128>(c, dev, stream);
-    }
-    return cudaErrorInvalidValue; /* src/attention.c admits only the head dims above */
+    return attn_bwd_variant<BWD_WARPS_SMALL>(static_cast<const tk_attention_bwd_call *>(call), dev,
+                                             stream);
 }

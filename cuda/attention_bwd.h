@@ -30,8 +30,13 @@ typedef struct tk_attention_bwd_call {
  * each starting 16-byte aligned. */
 size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int deterministic);
 
-/* "mma_sm80": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, dQ by f32 atomics (with
- * deterministic, in key-tile order per query tile). */
+/* "mma_sm80_bn128": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, one CTA of 8 warps
+ * per 128 keys, dQ by f32 atomics (with deterministic, in key-tile order per query tile); runs
+ * where the device's shared memory per block holds its tiles (not D 128 on sm_86 / sm_89). */
+bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev);
+cudaError_t tk_attention_bwd_launch_mma_bn128(const void *call, const tk_device *dev, cudaStream_t stream);
+
+/* "mma_sm80": the same kernel with 4 warps per 64 keys; every call. */
 cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -904,8 +904,11 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
  * (TK_ERROR_INVALID_VALUE); head_dim other than 64
  * or 128 (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED); a
  * gradient overlapping an input, the workspace or another gradient (TK_ERROR_OVERLAP).
- * Variants (tk_last_variant, tk_experimental_force_variant op "attention_bwd"): "mma_sm80",
- * compute capability 8.0 and newer. */
+ * Variants (tk_last_variant, tk_experimental_force_variant op "attention_bwd"), in selection
+ * order: "mma_sm80_bn128" (128 keys per CTA; compute capability 8.0 and newer where the shared
+ * memory per block allows it: at head dim 128 not on 8.6 / 8.9), then "mma_sm80" (64 keys per
+ * CTA; compute capability 8.0 and newer). dq's bits under deterministic = 1 are fixed for one
+ * variant; the two variants sum in different orders. */
 TK_API tk_status tk_attention_bwd(const tk_attention_bwd_params *p, tk_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@
  * 64), both run only when forced until measured against the first,
  * "mma_sm80_packed" (calls with a window bounded on both sides and an even GQA group: 2 or 4
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
- * mma.sync, sm_80 and newer; every call).
+ * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
+ * "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
+ * tiles: at head dim 128 not sm_86 / sm_89), then "mma_sm80" (4 warps per 64 keys; every call).
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,6 +32,7 @@ static const tk_variant attention_variants[] = {
 const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT(attention_variants)};
 
 static const tk_variant attention_bwd_variants[] = {
+    {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128},
     {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_bwd_launch_mma},
 };
 const tk_op tk_op_attention_bwd = {"attention_bwd", attention_bwd_variants,

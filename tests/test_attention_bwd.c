@@ -19,6 +19,18 @@
 #include "ref/attention_bwd_ref.h"
 #include "ref/attention_ref.h"
 
+/* The variants in selection order; each GPU case runs every one that claims it. */
+static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80"};
+enum { BN128, MMA, VARIANT_COUNT };
+
+/* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
+ * D, dS^T, the key table; rows padded by 16 bytes) plus the deterministic kernel's ticket: it
+ * claims the devices that allow that much (at head dim 128 not sm_86 / sm_89). */
+static int bn128_smem(int64_t head_dim) {
+    const int bm = head_dim == 64 ? 64 : 32, row = 2 * (int)head_dim + 16;
+    return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 4;
+}
+
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
 /* Fake "device" buffers: host memory with a sentinel; validation must reject before any use.
@@ -180,10 +192,11 @@ Test(attention_bwd_args, empty_batch_is_a_noop) {
 }
 
 Test(attention_bwd_args, force_variant_names) {
-    TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80"), TK_SUCCESS, "");
+    for (int v = 0; v < VARIANT_COUNT; v++)
+        TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80_packed"),
-                     TK_ERROR_INVALID_VALUE, "\"mma_sm80\"");
+                     TK_ERROR_INVALID_VALUE, "\"mma_sm80_bn128\", \"mma_sm80\"");
 }
 
 /* ------------------------------------------------- the reference (host, finite differences) ---- */
@@ -382,11 +395,9 @@ static int64_t layout_strides(const bwd_case *c, int64_t seq, int64_t heads, int
 
 /* One gradient: got (the layout's strides st) against exact and naive (dense). seen(s, h) says
  * whether the row (query or key) s of head h has any visible partner; unseen rows must be 0. */
-static void check_gradient(const bwd_case *c, const tk_attention_params *ref, const char *name,
-                           const void *got, const int64_t st[4], const double *exact,
+static void check_gradient(const bwd_case *c, const char *what, const tk_attention_params *ref,
+                           const char *name, const void *got, const int64_t st[4], const double *exact,
                            const double *naive, int64_t seq, int64_t heads, bool keys) {
-    char what[320];
-    case_name(c, what, sizeof what);
     const int64_t d = c->head_dim;
     double err = 0.0, err_naive = 0.0, atol = 0.0;
     int64_t bad = 0, nonzero = 0;
@@ -421,11 +432,9 @@ static void check_gradient(const bwd_case *c, const tk_attention_params *ref, co
  * rounding of a sum of that many terms), and that sum to the fp64 reference's dsinks within
  * the forward's error on o (the accuracy rule's bound, 2 x the representation term per
  * element, weighted by |dout|), plus 0.1 % of the terms' magnitude. */
-static void check_dsinks(const bwd_case *c, const tk_attention_params *ref, const double *q, const double *k,
-                         const double *v, const double *dout, const float *slopes, const void *o_dev,
-                         const void *lse_dev, const void *dsinks_dev) {
-    char what[320];
-    case_name(c, what, sizeof what);
+static void check_dsinks(const bwd_case *c, const char *what, const tk_attention_params *ref, const double *q,
+                         const double *k, const double *v, const double *dout, const float *slopes,
+                         const void *o_dev, const void *lse_dev, const void *dsinks_dev) {
     const int64_t hq = c->heads_q, d = c->head_dim, rows = c->batch * hq * c->seqlen_q;
     const size_t es = tk_test_dtype_size(c->dtype);
     int64_t st[4];
@@ -466,8 +475,9 @@ static void check_dsinks(const bwd_case *c, const tk_attention_params *ref, cons
     free(lse);
 }
 
-/* The forward, then the backward `runs` times (deterministic as given), each later run on
- * poisoned gradients and workspace and bit-identical to the first, whose gradients are checked. */
+/* The forward, then with every variant forced the backward `runs` times (deterministic as
+ * given), each run on poisoned gradients and workspace, each later run bit-identical to the
+ * first, whose gradients are checked against the fp64 reference (computed once). */
 static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, int runs) {
     char what[320];
     case_name(c, what, sizeof what);
@@ -522,7 +532,6 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     void *dsinks = tk_dev_alloc((size_t)c->heads_q * sizeof(float));
     void *ids = tk_dev_alloc(ids_bytes);
     tk_to_dev(sinks, hsinks, (size_t)c->heads_q * sizeof(float));
-    tk_dev_poison(dsinks, (size_t)c->heads_q * sizeof(float));
     if (hids)
         tk_to_dev(ids, hids, ids_bytes);
     f.sinks = c->sinks ? sinks : NULL;
@@ -572,31 +581,7 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     size_t ws_bytes = 0;
     cr_assert_eq(tk_attention_bwd_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s", tk_last_error());
     void *ws = tk_dev_alloc(ws_bytes);
-    tk_dev_poison(ws, ws_bytes);
     p.workspace = ws, p.workspace_bytes = ws_bytes;
-    cr_assert_eq(tk_attention_bwd(&p, NULL), TK_SUCCESS, "%s: %s", what, tk_last_error());
-    cr_assert_str_eq(tk_last_variant(), "mma_sm80", "%s ran %s", what, tk_last_variant());
-    tk_dev_sync();
-    tk_to_host(hdq, gq, (size_t)nq * es);
-    tk_to_host(hdk, gk, (size_t)nk * es);
-    tk_to_host(hdv, gv, (size_t)nk * es);
-    void *rdq = malloc((size_t)nq * es), *rdk = malloc((size_t)nk * es), *rdv = malloc((size_t)nk * es);
-    cr_assert(rdq && rdk && rdv);
-    for (int r = 1; r < runs; r++) {
-        tk_dev_poison(gq, (size_t)nq * es);
-        tk_dev_poison(gk, (size_t)nk * es);
-        tk_dev_poison(gv, (size_t)nk * es);
-        tk_dev_poison(ws, ws_bytes);
-        cr_assert_eq(tk_attention_bwd(&p, NULL), TK_SUCCESS, "%s: run %d: %s", what, r, tk_last_error());
-        tk_dev_sync();
-        tk_to_host(rdq, gq, (size_t)nq * es);
-        tk_to_host(rdk, gk, (size_t)nk * es);
-        tk_to_host(rdv, gv, (size_t)nk * es);
-        cr_assert(memcmp(rdq, hdq, (size_t)nq * es) == 0, "%s: run %d's dq differs from run 0's", what, r);
-        cr_assert(memcmp(rdk, hdk, (size_t)nk * es) == 0, "%s: run %d's dk differs from run 0's", what, r);
-        cr_assert(memcmp(rdv, hdv, (size_t)nk * es) == 0, "%s: run %d's dv differs from run 0's", what, r);
-    }
-    free(rdq); free(rdk); free(rdv);
 
     double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
     double *v64 = ref_to_double(c->dtype, hv, nk), *do64 = ref_to_double(c->dtype, hdo, nq);
@@ -609,14 +594,53 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     const float *host_slopes = c->alibi ? hslopes : NULL;
     ref_attention_bwd(&ref, q64, k64, v64, do64, host_slopes, false, eq, ek, ev);
     ref_attention_bwd(&ref, q64, k64, v64, do64, host_slopes, true, nq64, nk64, nv64);
-    int64_t st[4];
-    layout_strides(c, c->seqlen_q, c->heads_q, st);
-    check_gradient(c, &ref, "dq", hdq, st, eq, nq64, c->seqlen_q, c->heads_q, false);
-    layout_strides(c, c->seqlen_k, c->heads_kv, st);
-    check_gradient(c, &ref, "dk", hdk, st, ek, nk64, c->seqlen_k, c->heads_kv, true);
-    check_gradient(c, &ref, "dv", hdv, st, ev, nv64, c->seqlen_k, c->heads_kv, true);
-    if (c->sinks)
-        check_dsinks(c, &ref, q64, k64, v64, do64, host_slopes, o, lse, dsinks);
+
+    /* Each variant forced: those that claim the call run it `runs` times on poisoned gradients,
+     * workspace and dsinks, every run bit-identical to the first, whose gradients are checked;
+     * the others must refuse it. */
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+    const bool claims[VARIANT_COUNT] = {[BN128] = bn128_smem(c->head_dim) <= info.max_smem_per_block,
+                                        [MMA] = true};
+    void *rdq = malloc((size_t)nq * es), *rdk = malloc((size_t)nk * es), *rdv = malloc((size_t)nk * es);
+    cr_assert(rdq && rdk && rdv);
+    for (int v = 0; v < VARIANT_COUNT; v++) {
+        char run_what[400];
+        snprintf(run_what, sizeof run_what, "%s deterministic %d %s", what, deterministic, VARIANTS[v]);
+        cr_assert_eq(tk_experimental_force_variant("attention_bwd", VARIANTS[v]), TK_SUCCESS);
+        if (!claims[v]) {
+            TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, VARIANTS[v]);
+            continue;
+        }
+        for (int r = 0; r < runs; r++) {
+            tk_dev_poison(gq, (size_t)nq * es);
+            tk_dev_poison(gk, (size_t)nk * es);
+            tk_dev_poison(gv, (size_t)nk * es);
+            tk_dev_poison(ws, ws_bytes);
+            tk_dev_poison(dsinks, (size_t)c->heads_q * sizeof(float));
+            cr_assert_eq(tk_attention_bwd(&p, NULL), TK_SUCCESS, "%s: run %d: %s", run_what, r, tk_last_error());
+            cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", run_what, tk_last_variant());
+            tk_dev_sync();
+            tk_to_host(r == 0 ? hdq : rdq, gq, (size_t)nq * es);
+            tk_to_host(r == 0 ? hdk : rdk, gk, (size_t)nk * es);
+            tk_to_host(r == 0 ? hdv : rdv, gv, (size_t)nk * es);
+            if (r == 0)
+                continue;
+            cr_assert(memcmp(rdq, hdq, (size_t)nq * es) == 0, "%s: run %d's dq differs from run 0's", run_what, r);
+            cr_assert(memcmp(rdk, hdk, (size_t)nk * es) == 0, "%s: run %d's dk differs from run 0's", run_what, r);
+            cr_assert(memcmp(rdv, hdv, (size_t)nk * es) == 0, "%s: run %d's dv differs from run 0's", run_what, r);
+        }
+        int64_t st[4];
+        layout_strides(c, c->seqlen_q, c->heads_q, st);
+        check_gradient(c, run_what, &ref, "dq", hdq, st, eq, nq64, c->seqlen_q, c->heads_q, false);
+        layout_strides(c, c->seqlen_k, c->heads_kv, st);
+        check_gradient(c, run_what, &ref, "dk", hdk, st, ek, nk64, c->seqlen_k, c->heads_kv, true);
+        check_gradient(c, run_what, &ref, "dv", hdv, st, ev, nv64, c->seqlen_k, c->heads_kv, true);
+        if (c->sinks)
+            check_dsinks(c, run_what, &ref, q64, k64, v64, do64, host_slopes, o, lse, dsinks);
+    }
+    cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
+    free(rdq); free(rdk); free(rdv);
 
     free(q64); free(k64); free(v64); free(do64);
     free(eq); free(nq64); free(ek); free(nk64); free(ev); free(nv64);
@@ -632,7 +656,7 @@ static void run_case(const bwd_case *c, uint64_t seed) {
 }
 
 static const bwd_case MASK_CASES[] = {
-    /* dense, both lengths ragged against the 64-key and query tiles */
+    /* dense, both lengths ragged against the 64- and 128-key and the query tiles */
     {TK_BF16, 2, 130, 130, 4, 4, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
     /* causal, seqlen_q < seqlen_k */
     {TK_BF16, 1, 100, 150, 2, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
@@ -642,6 +666,15 @@ static const bwd_case MASK_CASES[] = {
     {TK_BF16, 1, 200, 200, 2, 2, 64, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
     /* causal sliding window, seqlen_q < seqlen_k: keys before 150 - 10 are never seen */
     {TK_BF16, 1, 40, 200, 2, 2, 128, false, 1, 10, -1, 0.0f, false, false, 0, 0, 0},
+    /* fewer keys than one warp's 16 (the other warps' keys all past the end), one key, and
+     * one key in a second 128-key tile */
+    {TK_BF16, 1, 300, 13, 4, 2, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 70, 1, 2, 1, 128, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 129, 129, 2, 1, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    /* seqlen_k below 64, causal with seqlen_q > seqlen_k, GQA group 3 */
+    {TK_F16, 2, 45, 40, 6, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    /* lengths at whole 128-key and query tiles, causal, GQA group 4 */
+    {TK_BF16, 1, 256, 256, 4, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
 };
 
 Test(attention_bwd_gpu, masks_and_lengths, .timeout = 600) {
@@ -672,7 +705,7 @@ Test(attention_bwd_gpu, gqa_softcap_alibi_layouts, .timeout = 600) {
 }
 
 /* Chunked local, prefix-LM, documents and sinks (with dsinks), with windows, GQA, softcap and
- * ALiBi, lengths that cut the 64-key and query tiles, chunks and documents anywhere. */
+ * ALiBi, lengths that cut the key (64, 128) and query tiles, chunks and documents anywhere. */
 static const bwd_case SPECIALISED_CASES[] = {
     {TK_BF16, 1, 200, 200, 4, 2, 128, false, 1, -1, -1, 0.0f, false, false, 48, 0, 0},
     {TK_F16, 2, 130, 190, 2, 2, 64, true, 0, -1, -1, 0.0f, true, false, 70, 0, 0},
@@ -707,7 +740,7 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
 }
 
 /* deterministic = 1: dq, dk, dv bit-identical over 3 runs where many key tiles add to each query
- * tile (causal GQA, 16 key tiles), and under masks that keep key tiles from some query tiles
+ * tile (causal GQA, 8 key tiles of 128 or 16 of 64), and under masks that keep key tiles from some query tiles
  * (windows on both sides with seqlen_q < seqlen_k; a causal window over documents), so that
  * the chains of adds start and end at different key tiles. */
 Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
