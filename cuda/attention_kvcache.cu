@@ -821,17 +821,13 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
             const float *lse_s = p.part_lse + row;
             for (int s = tid; s < n; s += KVC_COMBINE_THREADS)
                 m = fmaxf(m, weight[s] = lse_s[s * rows]);
-            /* The sink joins the denominator once, as a part without a value. */
-            const float sink = p.sinks ? p.sinks[row % p.heads_q] : -INFINITY;
-            m = fmaxf(tk_block_max(m, scratch), sink);
+            m = tk_block_max(m, scratch);
             for (int s = tid; s < n; s += KVC_COMBINE_THREADS) {
                 const float w = m == -INFINITY || weight[s] == -INFINITY ? 0.0f : __expf(weight[s] - m);
                 weight[s] = w;
                 l += w;
             }
             l = tk_block_sum(l, scratch); /* its barriers also publish weight[] */
-            if (sink != -INFINITY)
-                l += __expf(sink - m);
         }
 #pragma unroll
         for (int i = 0; i < BATCH; i++) {
@@ -845,7 +841,10 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
                     acc[c].w += w * x[i][c].w;
         }
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    /* l = sum_s exp(lse_s - m) is a row sum against max exp2(m log2 e): the sink joins it once,
+     * as a part without a value, through the decode epilogue's own finish. */
+    float inv, lse;
+    attn_finish_row(l, m * ATTN_LOG2E, p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY, inv, lse);
 #pragma unroll
     for (int c = 0; c < PER_LANE; c++)
         sums[group][col + c * LANES] = acc[c];
@@ -867,8 +866,7 @@ __global__ void __launch_bounds__(KVC_COMBINE_THREADS) kvcache_combine_kernel(co
     }
     if (p.lse && tid == 0)
         p.lse[p.cu_seqlens_q ? (int64_t)head * p.total_q + token
-                             : ((int64_t)b * p.heads_q + head) * p.seqlen_q + pos] =
-            l > 0.0f ? m + logf(l) : -INFINITY;
+                             : ((int64_t)b * p.heads_q + head) * p.seqlen_q + pos] = lse;
 }
 
 /* How a call is cut into work items (the fields of kvc_params of the same names). */
