@@ -621,11 +621,11 @@ Test(softmax_gpu, in_place_matches_out_of_place, .timeout = 300) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t d = 0; d < 3; d++)
             for (size_t v = 0; v < VARIANT_COUNT; v++)
-                for (int mode = 0; mode < 3; mode++) {
+                for (int mode = 0; mode < 6; mode++) {
                     const tk_dtype dtype = DTYPES[d];
-                    const bool backward = mode > 0;
+                    const bool backward = mode % 3 > 0;
                     tk_softmax_params p = params(dtype, shapes[s].rows, shapes[s].cols);
-                    p.log = (int)(v % 2);
+                    p.log = mode / 3; /* each mode with the softmax and the log-softmax */
                     const int64_t n = p.rows * p.cols;
                     const size_t bytes = (size_t)n * tk_test_dtype_size(dtype);
                     unsigned char *hin = malloc(bytes), *hdy = malloc(bytes), *want = malloc(bytes);
@@ -639,7 +639,7 @@ Test(softmax_gpu, in_place_matches_out_of_place, .timeout = 300) {
                     char what[160];
                     snprintf(what, sizeof what, "%lldx%lld %s variant %s log %d mode %s", (long long)p.rows,
                              (long long)p.cols, tk_test_dtype_name(dtype), VARIANTS[v], p.log,
-                             mode == 0 ? "y = x" : mode == 1 ? "dx = y" : "dx = dy");
+                             mode % 3 == 0 ? "y = x" : mode % 3 == 1 ? "dx = y" : "dx = dy");
                     const char *op = backward ? "softmax_bwd" : "softmax";
                     cr_assert_eq(tk_experimental_force_variant(op, VARIANTS[v]), TK_SUCCESS);
                     tk_status st =
@@ -648,7 +648,7 @@ Test(softmax_gpu, in_place_matches_out_of_place, .timeout = 300) {
                         cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
                         tk_dev_sync();
                         tk_to_host(want, dout, bytes);
-                        unsigned char *target = mode == 2 ? ddy : din;
+                        unsigned char *target = mode % 3 == 2 ? ddy : din;
                         st = backward ? tk_softmax_bwd(&p, din, ddy, target, NULL) : tk_softmax_fwd(&p, din, target, NULL);
                         cr_assert_eq(st, TK_SUCCESS, "%s: %s", what, tk_last_error());
                         cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s ran %s", what, tk_last_variant());
