@@ -308,7 +308,7 @@ static void run_case(const sm_case *c, tk_rng *rng) {
      * f16's subnormal range, log-probabilities relative to 1 + |ref|, gradients relative to
      * their largest size (they come from a difference, dy - sum). */
     const double atol = c->backward ? max_abs : c->log ? 1.0 : (c->dtype == TK_F16 ? 1e-4 : 1e-6);
-    const double rtol = tk_default_rtol(c->dtype);
+    const double rtol = tk_default_rtol(c->dtype), floor = tk_subnormal_half_step(c->dtype);
     for (int64_t i = 0; i < out_n; i++) {
         const double g = tk_test_load(c->dtype, h_out, i);
         if (isnan(ref[i])) {
@@ -320,7 +320,7 @@ static void run_case(const sm_case *c, tk_rng *rng) {
             cr_assert(g == ref[i], "%s: position %lld got %.9g, expected %g", what, (long long)i, g, ref[i]);
             continue;
         }
-        cr_assert(fabs(g - ref[i]) <= rtol * (atol + fabs(ref[i])),
+        cr_assert(fabs(g - ref[i]) <= rtol * (atol + fabs(ref[i])) + floor,
                   "%s: position %lld (row %lld) got %.9g, reference %.9g", what, (long long)i,
                   (long long)((i - c->misalign) / out_stride), g, ref[i]);
     }
