@@ -4,8 +4,9 @@
  * once. The stream variant's second read of a row (from L2 when it hits) is not counted: the
  * ratio shows what that second read costs. Rows: bf16 16384 x 4096 and 4096 x 131072
  * (a vocabulary), log-softmax, f32 vocabulary rows (f32 logits), a causal attention-score
- * matrix, backward, f32; then a decode-sized sampling row (one f32 vocabulary row), timed
- * against the launch floor instead (bench_memory_baseline).
+ * matrix, backward (vocabulary rows for both gradients: the log-softmax's first pass reads dy
+ * alone, the softmax's y and dy), f32; then a decode-sized sampling row (one f32 vocabulary
+ * row), timed against the launch floor instead (bench_memory_baseline).
  */
 #include <stdio.h>
 
@@ -67,6 +68,7 @@ extern "C" void bench_softmax(bench_ctx *ctx) {
     bench_one(ctx, "softmax fwd", TK_BF16, 65536, 1024, 0, 0, false);
     bench_one(ctx, "softmax bwd", TK_BF16, 16384, 4096, 0, 0, true);
     bench_one(ctx, "log_softmax bwd", TK_BF16, 4096, 131072, 1, 0, true);
+    bench_one(ctx, "softmax bwd", TK_BF16, 4096, 131072, 0, 0, true);
     /* Decode-sized: one token's sampling distribution over a vocabulary, against the launch
      * floor (64 such rows move 67 MB: a bandwidth row, not a launch one). */
     bench_one(ctx, "softmax fwd", TK_F32, 1, 131072, 0, 0, false);

@@ -41,19 +41,23 @@
  * pass 2 hits L2. One block per SM alternates between a load-only and a store-only phase,
  * which is what the pipelined kernel removes.
  *
- * "pipelined" (forward on sm_90; the library sends it rows of 64 to 512 KB): the stream's two
- * passes interleaved. A block writes row r (pass 2: re-read from L2, outputs) and reads row r + 1
- * of its sequence (pass 1: (max, sum)) in the same loop, chunk by chunk, so that DRAM sees reads
- * and writes all along; the loads of the next chunk (at the end of a row, the next row's first
- * one) are issued before the current chunk is used, so nothing drains at row ends. A block has
- * two slices in L2 (the one it re-reads, the one it reads), so a row is split into slices of at
- * most 128 KB, one 512-thread block per SM: 132 x 2 x 128 KB = 33 MB in flight on an H200
- * (60 MB of L2). A row of more than one slice runs on a thread-block cluster whose blocks send
- * each other their (max, sum) parts with st.async into shared memory, counted on the
- * receiver's mbarrier, which does not wait for the sender's global stores as the release of
- * barrier.cluster does; a row of one slice runs on one block without a cluster. A chunk is held
- * as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what was
- * tried: docs/kernels/softmax.md.
+ * "pipelined" (sm_90, both directions; the library sends it rows of 64 to 512 KB): the stream's
+ * two passes interleaved. A block writes row r (pass 2: re-read from L2, outputs) and reads row
+ * r + 1 of its sequence (pass 1: (max, sum) forward, the dot backward) in the same loop, chunk by
+ * chunk, so that DRAM sees reads and writes all along; the loads of the next chunk (at the end
+ * of a row, the next row's first one) are issued before the current chunk is used, so nothing
+ * drains at row ends. A block has two slices in L2 (the one it re-reads, the one it reads), so a
+ * row is split into slices that keep at most 128 KB in L2 each, one 512-thread block per SM:
+ * 132 x 2 x 128 KB = 33 MB in flight on an H200 (60 MB of L2). The softmax backward re-reads
+ * y and dy, so its slices are 64 KB of each, twice the blocks of the forward; the log-softmax
+ * backward's pass 1 reads dy alone, and its pass 2 reads y once, from DRAM. A chunk holds 4
+ * packs per thread forward and 2 of each tensor backward: the same bytes in flight and about
+ * the same registers. A row of more than one slice runs on a thread-block cluster whose blocks
+ * send each other their parts of the row's statistic with st.async into shared memory, counted
+ * on the receiver's mbarrier, which does not wait for the sender's global stores as the release
+ * of barrier.cluster does; a row of one slice runs on one block without a cluster. A chunk is
+ * held as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what
+ * was tried: docs/kernels/softmax.md.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -131,8 +135,13 @@ template <typename T, int Vec, bool LastUse> __device__ __forceinline__ tk_pack<
         return tk_load_pack<T, Vec>(p);
 }
 
-/* What a row's outputs are computed from (stream kernel). Forward: lse = m + log2 s (base 2);
- * backward: sum dy y (softmax) or sum dy (log-softmax). */
+/* What a kernel computes, as a template parameter where it changes the register plan: the
+ * forward reads x; the softmax backward y and dy (for sum dy y); the log-softmax backward's
+ * sum dy needs dy alone, so the pipelined kernel's pass 1 does not hold y. */
+enum softmax_mode { FORWARD, BACKWARD, BACKWARD_LOG };
+
+/* What a row's outputs are computed from (stream and pipelined kernels). Forward:
+ * lse = m + log2 s (base 2); backward: sum dy y (softmax) or sum dy (log-softmax). */
 struct row_stats {
     float lse, dot;
 };
@@ -226,10 +235,7 @@ __device__ __forceinline__ row_tail<T, Vec> load_tail(const T *in_row, const T *
 
 /* ------------------------------------------------------------------------------- rows ---- */
 
-/* Forward holds x (ROWS_PACKS per thread); backward y and dy (ROWS_PACKS_BWD each), for the
- * softmax (dot of dy and y) or the log-softmax (sum of dy) gradient. */
-enum rows_mode { FORWARD, BACKWARD, BACKWARD_LOG };
-
+/* Packs a thread holds per tensor: x forward, y and dy backward. */
 template <int Mode> __host__ __device__ constexpr int rows_packs() {
     return Mode == FORWARD ? ROWS_PACKS : ROWS_PACKS_BWD;
 }
@@ -596,34 +602,48 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
 /* -------------------------------------------------------------------------- pipelined ---- */
 
 constexpr int PIPE_THREADS = 512;
-constexpr int PIPE_MAX_BLOCKS = 8;            /* per cluster (the portable limit) */
-constexpr int64_t PIPE_SLICE_BYTES = 131072;  /* most of a row one block streams */
-/* The rows the library sends to this kernel (forward, any dtype): whole packs of 64 to 512 KB,
- * on 1 to 4 blocks; from 64 KB it is faster than the regs kernel, up to 512 KB than the stream
- * (docs/kernels/softmax.md). */
+constexpr int PIPE_MAX_BLOCKS = 8; /* per cluster (the portable limit) */
+/* Most of a row that one block keeps in L2 between its passes, over the tensors pass 2 re-reads
+ * (x; y and dy for the softmax backward, so 64 KB of each; dy for the log-softmax backward). */
+constexpr int64_t PIPE_SLICE_BYTES = 131072;
+/* The rows the library sends to this kernel (any dtype, both directions): whole packs of 64 to
+ * 512 KB, on 1 to 4 blocks (to 8 for the softmax backward); from 64 KB the forward is faster than
+ * the regs kernel, up to 512 KB than the stream (docs/kernels/softmax.md). */
 constexpr int64_t PIPE_MIN_BYTES = 65536, PIPE_MAX_BYTES = 4 * PIPE_SLICE_BYTES;
+static_assert(2 * PIPE_MAX_BYTES <= PIPE_MAX_BLOCKS * PIPE_SLICE_BYTES,
+              "a softmax backward row (y and dy re-read) fits the slices of one cluster");
 
-/* A partial softmax denominator: s = sum 2^(t - m) over some elements, m their max (-inf and
- * s = 0 for none). Two partials combine like the online rescaling of the stream. */
+/* A part of a row's pass-1 statistic. Forward, a partial softmax denominator: s = sum 2^(t - m)
+ * over some elements, m their max (-inf and s = 0 for none); two parts combine like the online
+ * rescaling of the stream. Backward: s a part of sum dy y (of sum dy for the log-softmax), m = 0
+ * and unused, so that both directions exchange the same 8 bytes. */
 struct max_sum {
     float m, s;
 };
 
-constexpr int PIPE_UNROLL = 4; /* packs per thread and row in one chunk */
+/* Packs per thread, row and tensor in one chunk: 4 of x forward, 2 of y and 2 of dy backward:
+ * the same 32 KB of a row in flight per block, within the same 128 registers a thread. */
+constexpr int PIPE_UNROLL = 4, PIPE_UNROLL_BWD = 2;
+template <int Mode> constexpr int pipe_unroll() { return Mode == FORWARD ? PIPE_UNROLL : PIPE_UNROLL_BWD; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
-__device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
-    const float m = fmaxf(a.m, b.m);
-    if (m == -INFINITY)
-        return {m, 0.0f};
-    return {m, a.s * tk_exp2_approx(a.m - m) + b.s * tk_exp2_approx(b.m - m)}; /* commutative, bit for bit */
+template <bool Backward> __device__ __forceinline__ max_sum combine(max_sum a, max_sum b) {
+    if constexpr (Backward) {
+        return {a.m, a.s + b.s};
+    } else {
+        const float m = fmaxf(a.m, b.m);
+        if (m == -INFINITY)
+            return {m, 0.0f};
+        return {m, a.s * tk_exp2_approx(a.m - m) + b.s * tk_exp2_approx(b.m - m)}; /* commutative, bit for bit */
+    }
 }
 
-__device__ __forceinline__ max_sum warp_combine(max_sum v) {
+template <bool Backward> __device__ __forceinline__ max_sum warp_combine(max_sum v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
-        v = combine(v, {__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)});
+        v = combine<Backward>(v,
+                              {__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)});
     return v;
 }
 
@@ -658,28 +678,37 @@ struct pipe_row {
     int load_end; /* column past this block's visible whole packs */
 };
 
-/* Forward. A cluster of tk_cluster_blocks() blocks (one per SM) streams rows first_row,
- * first_row + clusters, ...; block `rank` owns packs [rank * slice_packs, +slice_packs) of each
- * (the last block fewer, and the cols % Vec last elements). Iteration k writes row k - 1 (pass
- * 2: re-read from L2 with last-use loads, outputs) and reads row k (pass 1: statistics) in the
- * same chunks, so that DRAM sees reads and writes all along; the loads of the chunk after the
- * current one, including the first chunk of the next iteration, are issued before the current
- * one is used, so they are in flight during the exchange of row k's (max, sum).
+/* A cluster of tk_cluster_blocks() blocks (one per SM) streams rows first_row, first_row +
+ * clusters, ...; block `rank` owns packs [rank * slice_packs, +slice_packs) of each (the last
+ * block fewer, and the cols % Vec last elements). Iteration k writes row k - 1 (pass 2: re-read
+ * with last-use loads, outputs) and reads row k (pass 1: statistics) in the same chunks, so that
+ * DRAM sees reads and writes all along; the loads of the chunk after the current one, including
+ * the first chunk of the next iteration, are issued before the current one is used, so they are
+ * in flight during the exchange of row k's statistic.
+ * Mode (softmax_mode): forward, pass 1 reads x for (max, sum) and pass 2 re-reads x from L2 and
+ * writes y. Backward, pass 1 reads y and dy for sum dy y and pass 2 re-reads both from L2 and
+ * writes dx; the log-softmax backward's pass 1 reads dy alone for sum dy, so its pass 2 reads y
+ * from DRAM for the first time (and dy from L2), which keeps reads and writes mixed all the same.
  * Cluster: launched as clusters of 2 to PIPE_MAX_BLOCKS blocks, which exchange their parts with
  * st.async. Otherwise one block per row, launched without clusters (st.async is undefined in a
  * cluster of one block): its warps combine their parts in its own shared memory behind one
- * barrier. Threads per block and Unroll packs per thread and row in a chunk: the library's are
- * PIPE_THREADS and PIPE_UNROLL; experiments/softmax_long_rows.cu times others. */
-template <typename T, int Vec, int Threads, int Unroll, bool Cluster>
+ * barrier. Threads per block and Unroll packs per thread, row and tensor in a chunk: the
+ * library's are PIPE_THREADS and pipe_unroll<Mode>(); experiments/softmax_long_rows.cu (commit
+ * 93c5117) timed other forward shapes. */
+template <typename T, int Vec, int Mode, int Threads, int Unroll, bool Cluster>
 __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr bool Backward = Mode != FORWARD;
+    if constexpr (Backward)
+        a.log = Mode == BACKWARD_LOG; /* as the launcher chose: a constant in the per-element math */
     using pack = tk_pack<T, Vec>;
     constexpr int WARPS = Threads / 32;
     constexpr int STEP = Threads * Unroll; /* packs per chunk */
     __shared__ max_sum partials[2][(Cluster ? PIPE_MAX_BLOCKS : 1) * WARPS]; /* by iteration parity */
     __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
     const T *in = static_cast<const T *>(a.in);
+    const T *dy = static_cast<const T *>(a.dy);
     T *out = static_cast<T *>(a.out);
     const int cols = (int)a.cols;
     const int whole = cols / Vec * Vec;
@@ -691,6 +720,7 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tail_lane = rank == blocks - 1 ? (int)threadIdx.x : Vec; /* Vec: no tail element */
     const float c2 = a.scale * LOG2E;
+    const max_sum no_part = {Backward ? 0.0f : -INFINITY, 0.0f};
 
     auto row_at = [&](int64_t row) {
         pipe_row r = {-1, 0, 0};
@@ -701,29 +731,43 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         }
         return r;
     };
-    /* Raw words, not packs of 16-bit elements: see pack_words. */
-    struct chunk {
-        pack_words cur[Unroll], nxt[Unroll];
+    /* Raw words, not packs of 16-bit elements: see pack_words. in: x forward, y backward; dy:
+     * backward only. */
+    struct row_chunk {
+        pack_words in[Unroll], dy[Unroll];
     };
-    /* The packs at slice positions base + u * Threads + threadIdx.x of both rows. */
+    struct chunk {
+        row_chunk cur, nxt;
+    };
+    /* The packs at slice positions base + u * Threads + threadIdx.x of both rows: what pass 2
+     * reads of row cur (last use), what pass 1 reads of row nxt. */
     auto load_chunk = [&](const pipe_row &cur, const pipe_row &nxt, int base) {
         chunk c;
 #pragma unroll
         for (int u = 0; u < Unroll; u++) {
             const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
-            if (c0 < cur.load_end)
-                c.cur[u] = load_words<true>(in + cur.row * a.in_stride + c0);
-            if (c0 < nxt.load_end)
-                c.nxt[u] = load_words<false>(in + nxt.row * a.in_stride + c0);
+            if (c0 < cur.load_end) {
+                c.cur.in[u] = load_words<true>(in + cur.row * a.in_stride + c0);
+                if constexpr (Backward)
+                    c.cur.dy[u] = load_words<true>(dy + cur.row * a.in_stride + c0);
+            }
+            if (c0 < nxt.load_end) {
+                if constexpr (Mode != BACKWARD_LOG)
+                    c.nxt.in[u] = load_words<false>(in + nxt.row * a.in_stride + c0);
+                if constexpr (Backward)
+                    c.nxt.dy[u] = load_words<false>(dy + nxt.row * a.in_stride + c0);
+            }
         }
         return c;
     };
+    auto tail_of = [&](const pipe_row &r) {
+        return load_tail<T, Vec, Backward>(in + r.row * a.in_stride, Backward ? dy + r.row * a.in_stride : nullptr,
+                                           cols, r.len, tail_lane);
+    };
 
     pipe_row cur = row_at(-1), nxt = row_at(blockIdx.x / blocks);
-    row_tail<T, Vec> cur_tail,
-        nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
-    row_stats st;
-    st.lse = 0.0f;
+    row_tail<T, Vec> cur_tail, nxt_tail = tail_of(nxt);
+    row_stats st = {0.0f, 0.0f};
     chunk c = load_chunk(cur, nxt, 0);
     if constexpr (Cluster) {
         if (threadIdx.x == 0) {
@@ -735,7 +779,7 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     }
     for (int iteration = 0;; iteration++) {
         const pipe_row after = row_at(nxt.row < 0 ? a.rows : nxt.row + clusters);
-        max_sum part = {-INFINITY, 0.0f}; /* this thread's, of row nxt */
+        max_sum part = no_part; /* this thread's, of row nxt */
 #pragma unroll 1
         for (int base = 0; base < own_packs; base += STEP) {
             const chunk following =
@@ -744,32 +788,41 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
 #pragma unroll
                 for (int u = 0; u < Unroll; u++) {
                     const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
-                    const pack xs = as_pack<T, Vec>(c.cur[u]);
+                    const pack xs = as_pack<T, Vec>(c.cur.in[u]);
+                    const pack gs = Backward ? as_pack<T, Vec>(c.cur.dy[u]) : xs;
                     if (c0 < slice_end) /* masked packs too */
                         store_streaming<T, Vec>(out + cur.row * a.out_stride + c0,
-                                                output_pack<T, Vec, false>(a, st, xs, xs, c0, cur.len, c2));
+                                                output_pack<T, Vec, Backward>(a, st, xs, gs, c0, cur.len, c2));
                 }
             }
             if (nxt.row >= 0) {
-                row_extremes<T, Vec> ext;
+                if constexpr (Backward) {
 #pragma unroll
-                for (int u = 0; u < Unroll; u++) {
-                    const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
-                    if (c0 < nxt.load_end)
-                        ext.add_visible(as_pack<T, Vec>(c.nxt[u]), c0, nxt.load_end);
-                }
-                const float chunk_max = ext.max_times(c2);
-                if (chunk_max > part.m) {
-                    part.s *= tk_exp2_approx(part.m - chunk_max);
-                    part.m = chunk_max;
-                }
-                if (part.m != -INFINITY) {
+                    for (int u = 0; u < Unroll; u++)
+                        accumulate_pack<T, Vec, true>(a, as_pack<T, Vec>(c.nxt.in[u]), as_pack<T, Vec>(c.nxt.dy[u]),
+                                                      (first_pack + base + u * Threads + (int)threadIdx.x) * Vec,
+                                                      nxt.load_end, c2, 0.0f, &part.s);
+                } else {
+                    row_extremes<T, Vec> ext;
 #pragma unroll
                     for (int u = 0; u < Unroll; u++) {
-                        const pack xs = as_pack<T, Vec>(c.nxt[u]);
-                        accumulate_pack<T, Vec, false>(a, xs, xs,
-                                                       (first_pack + base + u * Threads + (int)threadIdx.x) * Vec,
-                                                       nxt.load_end, c2, part.m, &part.s);
+                        const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
+                        if (c0 < nxt.load_end)
+                            ext.add_visible(as_pack<T, Vec>(c.nxt.in[u]), c0, nxt.load_end);
+                    }
+                    const float chunk_max = ext.max_times(c2);
+                    if (chunk_max > part.m) {
+                        part.s *= tk_exp2_approx(part.m - chunk_max);
+                        part.m = chunk_max;
+                    }
+                    if (part.m != -INFINITY) {
+#pragma unroll
+                        for (int u = 0; u < Unroll; u++) {
+                            const pack xs = as_pack<T, Vec>(c.nxt.in[u]);
+                            accumulate_pack<T, Vec, false>(a, xs, xs,
+                                                           (first_pack + base + u * Threads + (int)threadIdx.x) * Vec,
+                                                           nxt.load_end, c2, part.m, &part.s);
+                        }
                     }
                 }
             }
@@ -777,19 +830,23 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         }
         if (cur.row >= 0 && cur_tail.col < cols)
             out[cur.row * a.out_stride + cur_tail.col] = tk_from_float<T>(
-                output_value<false>(a, st, tk_to_float(cur_tail.x), 0.0f, c2, cur_tail.col < cur.len));
+                output_value<Backward>(a, st, tk_to_float(cur_tail.x), Backward ? tk_to_float(cur_tail.g) : 0.0f, c2,
+                                       cur_tail.col < cur.len));
         if (nxt.row < 0)
             break;
-        if (nxt_tail.col < nxt.len)
-            part = combine(part, {tk_to_float(nxt_tail.x) * c2, 1.0f});
+        if (nxt_tail.col < nxt.len) {
+            if constexpr (Backward)
+                accumulate<true>(a, tk_to_float(nxt_tail.x), tk_to_float(nxt_tail.g), c2, 0.0f, &part.s);
+            else
+                part = combine<false>(part, {tk_to_float(nxt_tail.x) * c2, 1.0f});
+        }
 
-        /* Row nxt's (max, sum): every warp's part to every block of the cluster, by
-         * asynchronous stores counted on the receiver's barrier of this iteration's parity. A
-         * buffer is written again two iterations later, by blocks that have received this
-         * block's parts of the next iteration, which each warp sends after reading this one's
-         * (one block: after the next iteration's barrier, which every reader of this one has
-         * passed). */
-        part = warp_combine(part);
+        /* Row nxt's statistic: every warp's part to every block of the cluster, by asynchronous
+         * stores counted on the receiver's barrier of this iteration's parity. A buffer is
+         * written again two iterations later, by blocks that have received this block's parts
+         * of the next iteration, which each warp sends after reading this one's (one block:
+         * after the next iteration's barrier, which every reader of this one has passed). */
+        part = warp_combine<Backward>(part);
         const int parity = iteration & 1;
         if constexpr (Cluster) {
             const uint32_t arrived = tk_smem_address(&partials_in[parity]);
@@ -804,17 +861,20 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
                 partials[parity][warp] = part;
             __syncthreads();
         }
-        max_sum total = {-INFINITY, 0.0f};
+        max_sum total = no_part;
         for (int i = lane; i < blocks * WARPS; i += 32)
-            total = combine(total, partials[parity][i]);
-        total = warp_combine(total);
-        st.lse = total.m + log2f(total.s); /* -inf: nothing visible */
+            total = combine<Backward>(total, partials[parity][i]);
+        total = warp_combine<Backward>(total);
+        if constexpr (Backward)
+            st.dot = total.s;
+        else
+            st.lse = total.m + log2f(total.s); /* -inf: nothing visible */
 
         cur = nxt;
         cur_tail = nxt_tail;
         nxt = after;
         if (nxt.row >= 0)
-            nxt_tail = load_tail<T, Vec, false>(in + nxt.row * a.in_stride, nullptr, cols, nxt.len, tail_lane);
+            nxt_tail = tail_of(nxt);
     }
     if constexpr (Cluster)
         tk_cluster_sync(); /* no block exits while its parts may still be on their way */
@@ -824,6 +884,10 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
 /* ---------------------------------------------------------------------------- launchers ---- */
 
 int64_t grid_limit(int64_t blocks) { return blocks > 0x7fffffff ? 0x7fffffff : (blocks < 1 ? 1 : blocks); }
+
+/* Tensors whose rows pass 2 of the stream and pipelined kernels re-read, to be found in L2: x,
+ * or y and dy (dy alone for the log-softmax backward, whose pass 1 does not read y). */
+int reread_tensors(const tk_softmax_call *a) { return a->backward && !a->log ? 2 : 1; }
 
 template <typename T, int Vec, int Mode>
 cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
@@ -850,9 +914,9 @@ cudaError_t launch_rows(const tk_softmax_call *a, cudaStream_t stream) {
 template <typename T, int Vec, bool Backward>
 cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = softmax_stream_kernel<T, Vec, Backward>;
-    /* Rows in flight: at least one per SM, more only while they fit in half of L2. */
-    /* What pass 2 re-reads: x, or y and dy (dy alone for the log-softmax backward). */
-    const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * (Backward && !a->log ? 2 : 1);
+    /* Rows in flight: at least one per SM, more only while what pass 2 re-reads of them fits in
+     * half of L2. */
+    const int64_t row_bytes = a->cols * (int64_t)sizeof(T) * reread_tensors(a);
     int64_t blocks = (int64_t)dev->l2_bytes / 2 / row_bytes;
     if (blocks < dev->sm_count)
         blocks = dev->sm_count;
@@ -867,12 +931,14 @@ cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaSt
     return tk_launch(kernel, (unsigned)grid_limit(blocks), STREAM_THREADS, 0, stream, *a);
 }
 
-/* Blocks per cluster for a row: the fewest (a power of two) whose slices hold at most
- * PIPE_SLICE_BYTES each (the host checked that PIPE_MAX_BLOCKS do). */
-int pipelined_blocks(int64_t cols, int elem_bytes) {
-    const int64_t whole_bytes = cols / (16 / elem_bytes) * 16;
+/* Blocks per cluster for a row: the fewest (a power of two) whose slices keep at most
+ * PIPE_SLICE_BYTES each in L2 for pass 2, over the tensors it re-reads (the host checked the
+ * width, and a static_assert above that PIPE_MAX_BLOCKS then do): the softmax backward, which
+ * re-reads y and dy, takes twice the blocks of the forward on the same row. */
+int pipelined_blocks(const tk_softmax_call *a, int elem_bytes) {
+    const int64_t kept_bytes = a->cols / (16 / elem_bytes) * 16 * reread_tensors(a);
     int blocks = 1;
-    while (blocks < PIPE_MAX_BLOCKS && whole_bytes > blocks * PIPE_SLICE_BYTES)
+    while (blocks < PIPE_MAX_BLOCKS && kept_bytes > blocks * PIPE_SLICE_BYTES)
         blocks *= 2;
     return blocks;
 }
@@ -898,11 +964,13 @@ cudaError_t clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int 
  * many clusters as fit at once (a cluster's rows follow one another); one block per row is
  * launched without clusters, as many blocks as fit at once. Each block has at most two slices
  * of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB = 33 MB on an
- * H200 (60 MB of L2), so that pass 2 hits. */
-template <typename T, int Vec, int Threads = PIPE_THREADS, int Unroll = PIPE_UNROLL>
+ * H200 (60 MB of L2), so that pass 2 hits. The backward's chunks (2 packs of each of two
+ * tensors instead of 4 of one) fit the same 128 registers, so it has the forward's launch
+ * shape. */
+template <typename T, int Vec, int Mode, int Threads = PIPE_THREADS, int Unroll = pipe_unroll<Mode>()>
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
-    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll, true>;
-    constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Threads, Unroll, false>;
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, true>;
+    constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, false>;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
     cudaLaunchAttribute cluster;
@@ -962,7 +1030,12 @@ extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const
     const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return launch_pipelined<T, tk_pack_width<T>(true)>(a, dev, stream, pipelined_blocks(a->cols, (int)sizeof(T)));
+        constexpr int Vec = tk_pack_width<T>(true);
+        const int blocks = pipelined_blocks(a, (int)sizeof(T));
+        if (!a->backward)
+            return launch_pipelined<T, Vec, FORWARD>(a, dev, stream, blocks);
+        return a->log ? launch_pipelined<T, Vec, BACKWARD_LOG>(a, dev, stream, blocks)
+                      : launch_pipelined<T, Vec, BACKWARD>(a, dev, stream, blocks);
     });
 }
 

@@ -32,12 +32,13 @@ typedef struct tk_softmax_call {
 int64_t tk_softmax_regs_max_cols(int elem_bytes, bool wide, bool backward);
 
 /* Whether "vec16_pipelined" takes a row of `cols` elements of elem_bytes each (rows whose whole
- * 16-byte packs hold 64 to 512 KB, where it measured faster than "vec16_regs" and
- * "vec16_stream"). */
+ * 16-byte packs hold 64 to 512 KB, where the forward measured faster than "vec16_regs" and
+ * "vec16_stream"), in either direction. */
 bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols);
 
-/* "vec16_pipelined" (forward, cc >= 9.0): long rows streamed with the two passes interleaved, a
- * row split over a thread-block cluster in slices of at most 128 KB. */
+/* "vec16_pipelined" (forward and backward, cc >= 9.0): long rows streamed with the two passes
+ * interleaved, a row split over a thread-block cluster in slices that keep at most 128 KB in L2
+ * for the second pass. */
 cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream);
 /* "vec16_regs" / "scalar_regs": a row in registers (cols <= tk_softmax_regs_max_cols). */
 cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream);

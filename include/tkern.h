@@ -131,7 +131,7 @@ TK_API const char *tk_last_variant(void);
  * families), "activation_bwd", "glu_bwd", "norm_bwd", "softmax_bwd" and "rope_bwd" (their *_bwd
  * calls), "attention", "attention_bwd", "attention_kvcache" and "gemm". Forward and backward are
  * forced separately: forcing "norm" leaves tk_rmsnorm_bwd's choice alone, and a forward-only
- * variant ("vec16_pipelined") is not a variant of "softmax_bwd". A forced variant that cannot run a call makes that call fail with
+ * variant ("cluster_vec16") is not a variant of "norm_bwd". A forced variant that cannot run a call makes that call fail with
  * TK_ERROR_NOT_SUPPORTED instead of falling back. The environment variable
  * TKERN_FORCE_VARIANT="op=variant[,op=variant...]", read once at first use, does the same for
  * every thread; `variant` NULL also undoes it for the calling thread. An unknown op or variant
@@ -380,8 +380,8 @@ typedef struct tk_softmax_params {
  * y_row_stride == x_row_stride: in place); any other overlap is rejected. Pointers must be
  * aligned to the element size; any other alignment is accepted (16-byte aligned rows are faster).
  * Variants (tk_last_variant, force with op "softmax"), in selection order, each for 16-byte
- * aligned rows unless said otherwise: "vec16_pipelined" (forward only, compute capability 9.0
- * and newer, rows whose whole 16-byte packs hold 64 to 512 KB: 32768 to 262151 f16 / bf16 or
+ * aligned rows unless said otherwise: "vec16_pipelined" (compute capability 9.0 and newer, rows
+ * whose whole 16-byte packs hold 64 to 512 KB: 32768 to 262151 f16 / bf16 or
  * 16384 to 131075 f32 elements), "vec16_regs" (forward rows up to 32768 f16 / bf16 or 16384 f32
  * elements, backward rows up to half that), "vec16_stream" (any width; reads each row twice),
  * "scalar_regs" (any element alignment, forward rows up to 4096 elements, backward 2048) and
@@ -397,7 +397,7 @@ TK_API tk_status tk_softmax_fwd(const tk_softmax_params *p, const void *x, void 
 /* dx from the forward output y and its gradient dy (formulas above; p as in the forward call:
  * y and dy use y_row_stride, dx uses x_row_stride). dx may alias dy or y exactly (same pointer
  * and equal strides); other overlaps are rejected. Same errors as tk_softmax_fwd (NULL y, dy or
- * dx) and the same variants but "vec16_pipelined", forced with op "softmax_bwd". */
+ * dx) and the same variants, forced with op "softmax_bwd". */
 TK_API tk_status tk_softmax_bwd(const tk_softmax_params *p, const void *y, const void *dy,
                                 void *dx, tk_stream_t stream);
 

@@ -6,8 +6,11 @@
  * two passes of the stream interleaved, a row split over a thread-block cluster), "vec16_regs"
  * (row in registers, 16-byte packs), "vec16_stream" (any width, two passes), "scalar_regs",
  * "scalar_stream" (one element per access, any alignment). Op "softmax_bwd" has the same
- * variants but "vec16_pipelined", with the backward's register limits; the launchers read the
- * direction.
+ * variants, with the backward's register limits for the "_regs" ones; "vec16_pipelined" takes
+ * the forward's widths (its pass 1 sums dy y, or dy alone for the log-softmax, and a softmax
+ * backward row is split over twice the blocks, as y and dy are both re-read from L2). The
+ * launchers read the direction. Forcing "vec16_stream" on op "softmax_bwd" runs the previous
+ * long-row backward, for an A/B against "vec16_pipelined".
  */
 #include <math.h>
 #include <stdint.h>
@@ -67,6 +70,7 @@ static const tk_variant softmax_variants[] = {
 const tk_op tk_op_softmax = {"softmax", softmax_variants, TK_VARIANT_COUNT(softmax_variants)};
 
 static const tk_variant softmax_bwd_variants[] = {
+    {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
     {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_bwd_supports, tk_launch_softmax_vec16_regs},
     {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
     {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_bwd_supports, tk_launch_softmax_scalar_regs},

@@ -284,19 +284,22 @@ static void run_softmax(tk_dtype dtype, int64_t rows, int64_t cols, bool backwar
 }
 
 static const char *const SOFTMAX_VARIANTS[] = {"vec16_regs", "vec16_stream"};
+static const char *const SOFTMAX_PIPELINED[] = {"vec16_pipelined"};
 
 Test(caller_errors_gpu, softmax_forward) {
     TK_REQUIRE_GPU();
     run_softmax(TK_BF16, 4, 1000, false, SOFTMAX_VARIANTS, 2, 5);
-    /* The cluster launch of the pipelined variant (f32 rows of 400 KB). */
-    static const char *const pipelined[] = {"vec16_pipelined"};
+    /* The cluster launch of the pipelined variant (f32 rows of 400 KB: 4 blocks). */
     if (device_runs(900))
-        run_softmax(TK_F32, 2, 100000, false, pipelined, 1, 6);
+        run_softmax(TK_F32, 2, 100000, false, SOFTMAX_PIPELINED, 1, 6);
 }
 
 Test(caller_errors_gpu, softmax_backward) {
     TK_REQUIRE_GPU();
     run_softmax(TK_BF16, 4, 1000, true, SOFTMAX_VARIANTS, 2, 7);
+    /* The backward's cluster launch (the same rows, y and dy re-read: 8 blocks). */
+    if (device_runs(900))
+        run_softmax(TK_F32, 2, 100000, true, SOFTMAX_PIPELINED, 1, 11);
 }
 
 Test(caller_errors_gpu, rope) {

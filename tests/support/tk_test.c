@@ -222,6 +222,10 @@ double tk_default_rtol(tk_dtype dtype) {
     return dtype == TK_F32 ? 1e-5 : dtype == TK_F16 ? 1e-3 : 1e-2;
 }
 
+double tk_subnormal_half_step(tk_dtype dtype) {
+    return ldexp(1.0, dtype == TK_F32 ? -150 : dtype == TK_F16 ? -25 : -134);
+}
+
 bool tk_build_has_arch(const char *arch) {
     static const char archs[] = TK_COMPILED_ARCHS;
     const size_t len = strlen(arch);

@@ -119,6 +119,10 @@ tk_compare tk_compare_to_ref(tk_dtype dtype, const void *got, const double *ref,
 /* Default relative tolerance per dtype: f32 1e-5, f16 1e-3, bf16 1e-2 (GUIDE section 5),
  * for results computed in f32 and rounded once to dtype. */
 double tk_default_rtol(tk_dtype dtype);
+/* Half the spacing of dtype's subnormals (f16 2^-25, bf16 2^-134, f32 2^-150): how far a value
+ * rounded correctly to dtype may lie from the exact one where |value| is below dtype's smallest
+ * normal, and relative tolerances no longer bound it. An absolute term of every such check. */
+double tk_subnormal_half_step(tk_dtype dtype);
 
 /* Asserts that `got` matches `ref` within rtol (relative to atol_scale + |ref|), with no NaN,
  * naming `what` (the case) in the failure message. */
