@@ -950,30 +950,49 @@ int pipelined_blocks(const tk_softmax_call *a, int elem_bytes) {
     return blocks;
 }
 
-/* Clusters of `blocks` that fit on the device at once, per instantiation, device and cluster
- * size (the occupancy query is host work that a launch need not repeat). */
+/* `cfg` (no attributes) as clusters of `blocks`; `attr` must outlive its use. */
+cudaLaunchConfig_t in_clusters(cudaLaunchConfig_t cfg, cudaLaunchAttribute *attr, int blocks) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = (unsigned)blocks;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
+/* Clusters of `blocks` (2 to 16) that are resident on the device at once, 0 for none, per
+ * instantiation, device and cluster size (the occupancy query is host work that a launch need
+ * not repeat; the cache holds the count + 1, so that 0 is kept too). */
 template <auto Kernel>
-cudaError_t clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int blocks, int *clusters) {
-    static tk_device_cache<5> cache; /* 1, 2, 4, 8, 16 blocks */
+cudaError_t clusters_that_fit(const tk_device *dev, const cudaLaunchConfig_t &cfg, int blocks, int *clusters) {
+    static tk_device_cache<4> cache; /* 2, 4, 8, 16 blocks */
     int size_index = 0;
-    while ((1 << size_index) < blocks)
+    while ((2 << size_index) < blocks)
         size_index++;
-    return cache.get(dev, size_index, clusters, [&](int *fit) {
-        cfg.gridDim = dim3((unsigned)blocks);
-        const cudaError_t err = cudaOccupancyMaxActiveClusters(fit, Kernel, &cfg);
-        if (*fit < 1) /* a cluster that cannot be resident fails at its launch, with that error */
-            *fit = 1;
-        return err;
+    int count_plus_one = 1; /* a failed query: none */
+    const cudaError_t err = cache.get(dev, size_index, &count_plus_one, [&](int *v) {
+        cudaLaunchAttribute attr;
+        cudaLaunchConfig_t query = in_clusters(cfg, &attr, blocks);
+        query.gridDim = dim3((unsigned)blocks);
+        int fit = 0;
+        const cudaError_t query_err = cudaOccupancyMaxActiveClusters(&fit, Kernel, &query);
+        *v = fit + 1;
+        return query_err;
     });
+    *clusters = count_plus_one - 1;
+    return err;
 }
 
 /* Few rows (a decode step's sampling distribution over a vocabulary) on the L2 budget's blocks
  * would leave most SMs idle, and one block streams its slice no faster than the 32 KB of loads
  * it keeps in flight allow per round trip to DRAM: a 512 KB f32 row on 4 blocks took 4 times
- * the launch floor. So while the rows' clusters of twice the blocks still fit the SMs side by
- * side, each row takes twice the blocks (half the slices, down to PIPE_MIN_SLICE_BYTES), up to
- * the largest cluster the device schedules for this kernel (16 on an H100/H200). Many rows keep
- * the L2 budget's blocks: their clusters already fill the device. */
+ * the launch floor. So while twice the blocks per row still fit the SMs (2 B rows <= SMs) and
+ * the device holds every row's cluster of them at once (a cluster lives in one GPC: an H200
+ * holds 7 or 8 clusters of 16, not 132 / 16), each row takes twice the blocks (half the slices,
+ * down to PIPE_MIN_SLICE_BYTES), up to the largest cluster the device schedules for this kernel
+ * (16 on an H100/H200). Many rows keep the L2 budget's blocks: their clusters already fill the
+ * device. */
 template <auto Kernel>
 cudaError_t widen_for_few_rows(const tk_softmax_call *a, const tk_device *dev, const cudaLaunchConfig_t &cfg,
                                int elem_bytes, int *blocks) {
@@ -983,14 +1002,17 @@ cudaError_t widen_for_few_rows(const tk_softmax_call *a, const tk_device *dev, c
     if (!spare(*blocks))
         return cudaSuccess;
     int most;
-    const cudaError_t err = tk_max_cluster_blocks<Kernel>(dev, cfg, &most);
-    if (err != cudaSuccess)
-        return err;
+    cudaError_t err = tk_max_cluster_blocks<Kernel>(dev, cfg, &most);
     if (most > PIPE_MAX_BLOCKS)
         most = PIPE_MAX_BLOCKS;
-    while (2 * *blocks <= most && spare(*blocks))
+    while (err == cudaSuccess && 2 * *blocks <= most && spare(*blocks)) {
+        int fit;
+        err = clusters_that_fit<Kernel>(dev, cfg, 2 * *blocks, &fit);
+        if (fit < a->rows)
+            break;
         *blocks *= 2;
-    return cudaSuccess;
+    }
+    return err;
 }
 
 /* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS: the L2
@@ -1004,31 +1026,26 @@ template <typename T, int Vec, int Mode, int Threads = PIPE_THREADS, int Unroll 
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, true>;
     constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, false>;
-    cudaLaunchAttribute cluster;
-    cudaLaunchConfig_t cfg = tk_launch_config(dim3(), Threads, 0, stream);
+    const cudaLaunchConfig_t plain = tk_launch_config(dim3(), Threads, 0, stream);
     int blocks = pipelined_blocks(a, (int)sizeof(T));
-    cudaError_t err = widen_for_few_rows<kernel>(a, dev, cfg, (int)sizeof(T), &blocks);
+    cudaError_t err = widen_for_few_rows<kernel>(a, dev, plain, (int)sizeof(T), &blocks);
     if (err != cudaSuccess)
         return err;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
     int64_t fit;
     if (blocks > 1) { /* st.async is undefined in a cluster of one block: one block a row runs without */
-        cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim.x = (unsigned)blocks;
-        cluster.val.clusterDim.y = 1;
-        cluster.val.clusterDim.z = 1;
-        cfg.attrs = &cluster;
-        cfg.numAttrs = 1;
         int clusters_fit;
-        err = clusters_that_fit<kernel>(dev, cfg, blocks, &clusters_fit);
-        fit = clusters_fit;
+        err = clusters_that_fit<kernel>(dev, plain, blocks, &clusters_fit);
+        fit = clusters_fit > 0 ? clusters_fit : 1; /* none resident: the launch fails, with that error */
     } else {
         err = tk_wave_blocks<one_block_kernel>(dev, Threads, 0, &fit);
     }
     if (err != cudaSuccess)
         return err;
     const int64_t clusters = fit < a->rows ? fit : a->rows;
+    cudaLaunchAttribute cluster;
+    cudaLaunchConfig_t cfg = blocks > 1 ? in_clusters(plain, &cluster, blocks) : plain;
     cfg.gridDim = dim3((unsigned)(clusters * blocks));
     return blocks > 1 ? tk_launch(cfg, kernel, *a, slice_packs) : tk_launch(cfg, one_block_kernel, *a, slice_packs);
 }

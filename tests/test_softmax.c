@@ -405,9 +405,9 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
  * cluster of 2 or 4 blocks, 128 KB or less each): 64 KB and the widest one-block row, just past
  * 128 and 256 KB, a partial last slice with a cols % Vec tail, causal masks that end on either
  * side of a slice boundary or leave rows with nothing visible, in place, more rows than clusters
- * fit on the device (rows follow one another in a cluster). At least 80 rows, so that twice the
- * blocks would not fit beside each other on a device of up to 160 SMs and the launcher keeps the
- * budget's; fewer rows spread over more blocks (pipelined_few_rows below). */
+ * fit on the device (rows follow one another in a cluster). At least 81 rows, so that twice the
+ * blocks would not fit beside each other on a device of fewer than 162 SMs and the launcher
+ * keeps the budget's; fewer rows spread over more blocks (pipelined_few_rows below). */
 static void run_pipelined(tk_dtype dtype, bool backward, const sm_shape *shapes, size_t count, uint64_t seed) {
     tk_rng rng = tk_rng_seeded(seed);
     for (size_t s = 0; s < count; s++) {
@@ -426,16 +426,16 @@ static void run_pipelined(tk_dtype dtype, bool backward, const sm_shape *shapes,
     } while (0)
 
 static const sm_shape pipelined_shapes_f32[] = {
-    {80, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* 64 KB: one block, two chunks */
-    {80, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0}, /* one block, tail of 1, causal */
-    {80, 32771, 1, 1, 1.0f, 0, 0, 0, 0, false, 0}, /* 128 KB + tail of 3: the widest one-block row */
-    {80, 32772, 0, 0, 1.0f, 1, 0, 0, 0, false, 0}, /* just past 128 KB: 2 blocks */
-    {80, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* just past 256 KB: 4097 packs a block */
-    {80, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false, 0}, /* slices of 25000 + tail of 3 */
-    {80, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0}, /* lens 32761..32768: rank 1 sees none */
-    {80, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false, 0}, /* lens 65531..65538 around rank 2 */
-    {80, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0}, /* rows r % 6 < 3 see nothing, in place */
-    {80, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0}, /* partial last slice, padded y */
+    {81, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* 64 KB: one block, two chunks */
+    {81, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0}, /* one block, tail of 1, causal */
+    {81, 32771, 1, 1, 1.0f, 0, 0, 0, 0, false, 0}, /* 128 KB + tail of 3: the widest one-block row */
+    {81, 32772, 0, 0, 1.0f, 1, 0, 0, 0, false, 0}, /* just past 128 KB: 2 blocks */
+    {81, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* just past 256 KB: 4097 packs a block */
+    {81, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false, 0}, /* slices of 25000 + tail of 3 */
+    {81, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0}, /* lens 32761..32768: rank 1 sees none */
+    {81, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false, 0}, /* lens 65531..65538 around rank 2 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0}, /* rows r % 6 < 3 see nothing, in place */
+    {81, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0}, /* partial last slice, padded y */
     {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
 };
 
@@ -443,17 +443,17 @@ Test(softmax_gpu, pipelined_slices_f32, .timeout = 600) { RUN_PIPELINED(TK_F32, 
 
 /* The same for bf16 and f16 (8 elements a pack). */
 static const sm_shape pipelined_shapes_16[] = {
-    {80, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* 64 KB: one block, two chunks */
-    {80, 40003, 5, 5, 0.5f, 1, 1, 9000, 0, false, 0},    /* one block, tail of 3, causal */
-    {80, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},       /* 128 KB + tail of 7: the widest one-block row */
-    {80, 65544, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* just past 128 KB: 2 blocks */
-    {80, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},      /* 256 KB: 2 slices of 8192 packs */
-    {80, 131080, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},      /* just past 256 KB: 4 blocks */
-    {80, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},      /* 4 slices of 6250 packs + tail of 3 */
-    {80, 131072, 0, 0, 1.0f, 0, 1, 65528, 8, false, 0},  /* lens 65529..65536: rank 1 sees none */
-    {80, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0}, /* lens 131067..131074 around rank 2 */
-    {80, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},      /* rows r % 6 < 3 see nothing, in place */
-    {80, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},     /* partial last slice, padded y */
+    {81, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* 64 KB: one block, two chunks */
+    {81, 40003, 5, 5, 0.5f, 1, 1, 9000, 0, false, 0},    /* one block, tail of 3, causal */
+    {81, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},       /* 128 KB + tail of 7: the widest one-block row */
+    {81, 65544, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* just past 128 KB: 2 blocks */
+    {81, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},      /* 256 KB: 2 slices of 8192 packs */
+    {81, 131080, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},      /* just past 256 KB: 4 blocks */
+    {81, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},      /* 4 slices of 6250 packs + tail of 3 */
+    {81, 131072, 0, 0, 1.0f, 0, 1, 65528, 8, false, 0},  /* lens 65529..65536: rank 1 sees none */
+    {81, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0}, /* lens 131067..131074 around rank 2 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},      /* rows r % 6 < 3 see nothing, in place */
+    {81, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},     /* partial last slice, padded y */
     {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
 };
 
@@ -466,40 +466,40 @@ Test(softmax_gpu, pipelined_slices_f16, .timeout = 600) { RUN_PIPELINED(TK_F16, 
  * up to clusters of 8. B: blocks per row, P softmax, L log-softmax. f32 (4 elements a pack;
  * slices of 64 KB of each tensor for P, 128 KB for L): */
 static const sm_shape pipelined_bwd_shapes_f32[] = {
-    {80, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B1: 64 KB, the widest one-block row */
-    {80, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0},       /* L B1, tail of 1, causal */
-    {80, 20001, 3, 3, 1.0f, 0, 1, 5000, 0, false, 0},       /* P B2, tail of 1: rank 1 sees none */
-    {80, 32771, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},          /* L B1: 128 KB + tail of 3 */
-    {80, 32772, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: just past 128 KB */
-    {80, 65540, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* L B4: just past 256 KB */
-    {80, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8 */
-    {80, 100003, 1, 1, 0.5f, 0, 0, 0, 0, false, 0},         /* P B8, slices of 3125 packs + tail of 3 */
-    {80, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false, 0},     /* P B8: lens 65531..65538 around rank 4 */
-    {80, 131072, 0, 0, 1.0f, 1, 1, 32760, 8, false, 0},     /* L B4: lens 32761..32768, rank 1 sees none */
-    {80, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},         /* L B4: rows r % 6 < 3 see nothing, dx = dy */
-    {80, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},         /* P B8: rows r % 5 < 2 see nothing, dx = dy */
-    {80, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* P B8: partial last slice, padded y */
+    {81, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B1: 64 KB, the widest one-block row */
+    {81, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0},       /* L B1, tail of 1, causal */
+    {81, 20001, 3, 3, 1.0f, 0, 1, 5000, 0, false, 0},       /* P B2, tail of 1: rank 1 sees none */
+    {81, 32771, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},          /* L B1: 128 KB + tail of 3 */
+    {81, 32772, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: just past 128 KB */
+    {81, 65540, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* L B4: just past 256 KB */
+    {81, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8 */
+    {81, 100003, 1, 1, 0.5f, 0, 0, 0, 0, false, 0},         /* P B8, slices of 3125 packs + tail of 3 */
+    {81, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false, 0},     /* P B8: lens 65531..65538 around rank 4 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, 32760, 8, false, 0},     /* L B4: lens 32761..32768, rank 1 sees none */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},         /* L B4: rows r % 6 < 3 see nothing, dx = dy */
+    {81, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},         /* P B8: rows r % 5 < 2 see nothing, dx = dy */
+    {81, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* P B8: partial last slice, padded y */
     {301, 131072, 0, 0, 1.0f, 0, 1, -100, 150, false, 0},  /* P B8: rows > clusters, empty rows */
     {299, 131072, 0, 0, 0.7f, 1, 1, 65530, 150, false, 0}, /* L B4: rows > clusters */
 };
 
 /* bf16 and f16 (8 elements a pack). */
 static const sm_shape pipelined_bwd_shapes_16[] = {
-    {80, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},           /* P B1: 64 KB, 4 chunks */
-    {80, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1 */
-    {80, 40003, 5, 5, 0.5f, 0, 1, 9000, 0, false, 0},        /* P B2, tail of 3: rank 1 sees none */
-    {80, 65543, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1: 128 KB + tail of 7 */
-    {80, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},           /* P B2 */
-    {80, 65544, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B2: just past 128 KB */
-    {80, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: 4 slices of 4096 packs */
-    {80, 131080, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8: just past 256 KB */
-    {80, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},          /* L B4 + tail of 3 */
-    {80, 200003, 5, 5, 0.5f, 0, 0, 0, 0, false, 0},          /* P B8 + tail of 3 */
-    {80, 262144, 0, 0, 1.0f, 0, 1, 131066, 8, false, 0},     /* P B8: lens 131067..131074 around rank 4 */
-    {80, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0},     /* L B4: the same around rank 2 */
-    {80, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},          /* L B2: rows r % 6 < 3 see nothing, dx = dy */
-    {80, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},          /* P B4: rows r % 5 < 2 see nothing, dx = dy */
-    {80, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},         /* P B8: partial last slice, padded y */
+    {81, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},           /* P B1: 64 KB, 4 chunks */
+    {81, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1 */
+    {81, 40003, 5, 5, 0.5f, 0, 1, 9000, 0, false, 0},        /* P B2, tail of 3: rank 1 sees none */
+    {81, 65543, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1: 128 KB + tail of 7 */
+    {81, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},           /* P B2 */
+    {81, 65544, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B2: just past 128 KB */
+    {81, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: 4 slices of 4096 packs */
+    {81, 131080, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8: just past 256 KB */
+    {81, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},          /* L B4 + tail of 3 */
+    {81, 200003, 5, 5, 0.5f, 0, 0, 0, 0, false, 0},          /* P B8 + tail of 3 */
+    {81, 262144, 0, 0, 1.0f, 0, 1, 131066, 8, false, 0},     /* P B8: lens 131067..131074 around rank 4 */
+    {81, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0},     /* L B4: the same around rank 2 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},          /* L B2: rows r % 6 < 3 see nothing, dx = dy */
+    {81, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},          /* P B4: rows r % 5 < 2 see nothing, dx = dy */
+    {81, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},         /* P B8: partial last slice, padded y */
     {301, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0},   /* L B2: rows > clusters, empty rows */
     {299, 131072, 0, 0, 0.7f, 0, 1, 65530, 150, false, 0},  /* P B4: rows > clusters */
 };
@@ -516,9 +516,10 @@ Test(softmax_gpu, pipelined_bwd_slices_f16, .timeout = 600) {
     RUN_PIPELINED(TK_F16, true, pipelined_bwd_shapes_16, 38);
 }
 
-/* Few rows: while the rows' clusters of twice the blocks fit the SMs side by side, a row takes
- * twice the blocks, down to slices of 16 KB, up to the largest cluster the device schedules.
- * The blocks noted are an H200's (132 SMs, clusters of up to 16 with the non-portable opt-in):
+/* Few rows: while twice the blocks per row fit the SMs and the device holds every row's cluster
+ * of them at once, a row takes twice the blocks, down to slices of 16 KB, up to the largest
+ * cluster the device schedules. The blocks noted are an H200's (132 SMs, clusters of up to 16
+ * with the non-portable opt-in; 8 rows take 16 blocks where 8 such clusters are resident, else 8):
  * one 16-block row, a row widened from one block to a cluster, 16 rows that stop at 8 blocks,
  * 40 that stop at 2, causal rows whose lengths end around a slice boundary or in the first
  * slice (the other ranks see none) or see nothing at all, a partial last slice with a cols % Vec
@@ -529,7 +530,7 @@ static const sm_shape few_rows_f32[] = {
     {1, 131072, 0, 0, 1.0f, 0, 1, -1, 1, false, 0},        /* B16, len 0: no rank sees anything */
     {1, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* 64 KB: B4 (one block by the budget) */
     {4, 65540, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* B16: 1025 packs a block, the last 1010 */
-    {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0},     /* B16: lens 32761..32768 end at rank 4 */
+    {8, 131072, 0, 0, 1.0f, 0, 1, 32764, 8, false, 0},     /* B16: lens 32765..32772 around rank 4 (B8: 2) */
     {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, true, 0},          /* B16: 1563 packs a block + tail of 3, in place */
     {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* B16: partial last slice, padded y */
     {16, 131072, 0, 0, 1.0f, 1, 1, -3, 16, false, 0},      /* B8: rows 0..2 see nothing */
@@ -542,7 +543,7 @@ static const sm_shape few_rows_16[] = {
     {1, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* 64 KB: B4 */
     {1, 262144, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* 512 KB: B16, slices of 2048 packs */
     {3, 131080, 0, 0, 1.0f, 0, 1, 8198, 3, false, 0},      /* B16, 1025 packs: lens 8199..8201 around rank 1 */
-    {8, 131072, 0, 0, 1.0f, 1, 1, 16380, 8, false, 0},     /* B16: lens 16381..16388 around rank 2 */
+    {8, 131072, 0, 0, 1.0f, 1, 1, 16380, 8, false, 0},     /* B16: lens 16381..16388 around rank 2 (B8: 1) */
     {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},        /* B16: partial last slice, padded y */
     {16, 131072, 0, 0, 1.0f, 0, 1, -3, 16, true, 0},       /* B8: rows 0..2 see nothing, in place */
     {40, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B2 */
@@ -554,7 +555,7 @@ static const sm_shape few_rows_bwd_f32[] = {
     {1, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* L B16 */
     {1, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4 (one block by the budget) */
     {4, 20001, 3, 3, 1.0f, 1, 1, 5000, 4, false, 0},       /* L B4, tail of 1: lens 5001..5004, rank 1 */
-    {8, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false, 0},     /* P B16: lens 65531..65538 around rank 8 */
+    {8, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false, 0},     /* P B16: lens 65531..65538 around rank 8 (B8: 4) */
     {8, 131072, 0, 0, 1.0f, 1, 1, -2, 8, true, 0},         /* L B16: rows 0..1 see nothing, dx = dy */
     {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* P B16: partial last slice, padded y */
     {40, 16384, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* L B2 */

@@ -128,18 +128,17 @@ template <auto Kernel> cudaError_t tk_opt_in_smem(const tk_device *dev, int byte
 
 /* The most blocks a cluster of Kernel may have on this device, launched as `cfg` (block size,
  * shared memory; the query ignores its grid and cluster size): 8 is the portable limit; past it,
- * up to 16 on an H100/H200, only with the function's non-portable opt-in, which this sets. The
- * driver's answer also accounts for a smaller device (a MIG slice). Cached per device. */
+ * up to 16 on an H100/H200, only with the function's non-portable opt-in, which this sets (where
+ * the driver refuses it, the answer is at most 8). The driver's answer also accounts for a
+ * smaller device (a MIG slice). Cached per device. */
 template <auto Kernel> cudaError_t tk_max_cluster_blocks(const tk_device *dev, cudaLaunchConfig_t cfg, int *blocks) {
     static tk_device_cache<1> cache;
     return cache.get(dev, 0, blocks, [&](int *v) {
-        *v = 1;
+        /* A driver that refuses the opt-in leaves the query at the portable limit. */
+        (void)tk_set_kernel_attribute<Kernel>(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
         int size = 0;
-        cudaError_t err = tk_set_kernel_attribute<Kernel>(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
-        if (err == cudaSuccess)
-            err = cudaOccupancyMaxPotentialClusterSize(&size, Kernel, &cfg);
-        if (size > 1)
-            *v = size;
+        const cudaError_t err = cudaOccupancyMaxPotentialClusterSize(&size, Kernel, &cfg);
+        *v = size > 1 ? size : 1;
         return err;
     });
 }
