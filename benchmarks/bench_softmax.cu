@@ -69,7 +69,9 @@ extern "C" void bench_softmax(bench_ctx *ctx) {
     bench_one(ctx, "softmax bwd", TK_BF16, 16384, 4096, 0, 0, true);
     bench_one(ctx, "log_softmax bwd", TK_BF16, 4096, 131072, 1, 0, true);
     bench_one(ctx, "softmax bwd", TK_BF16, 4096, 131072, 0, 0, true);
-    /* Decode-sized: one token's sampling distribution over a vocabulary, against the launch
-     * floor (64 such rows move 67 MB: a bandwidth row, not a launch one). */
+    /* Decode-sized: one token's sampling distribution over a vocabulary (f32 logits, and bf16
+     * as a model writes them), against the launch floor (64 such rows move 67 MB: a bandwidth
+     * row, not a launch one). */
     bench_one(ctx, "softmax fwd", TK_F32, 1, 131072, 0, 0, false);
+    bench_one(ctx, "softmax fwd", TK_BF16, 1, 131072, 0, 0, false);
 }

@@ -602,16 +602,23 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) softmax_stream_kernel(tk_so
 /* -------------------------------------------------------------------------- pipelined ---- */
 
 constexpr int PIPE_THREADS = 512;
-constexpr int PIPE_MAX_BLOCKS = 8; /* per cluster (the portable limit) */
+/* Blocks per cluster: the L2 budget below needs at most the portable 8, which every sm_90 device
+ * schedules; a row gets up to 16 (non-portable: where the device allows it) only when rows are
+ * too few to fill the SMs (launch_pipelined). */
+constexpr int PIPE_PORTABLE_BLOCKS = 8, PIPE_MAX_BLOCKS = 16;
 /* Most of a row that one block keeps in L2 between its passes, over the tensors pass 2 re-reads
  * (x; y and dy for the softmax backward, so 64 KB of each; dy for the log-softmax backward). */
 constexpr int64_t PIPE_SLICE_BYTES = 131072;
+/* The least of a row's tensor that a block streams when few rows spread over more blocks: half a
+ * chunk (PIPE_THREADS x 2 packs), so that the exchange of the row's statistic, whose cost does not
+ * shrink with the slice, stays small beside it. */
+constexpr int64_t PIPE_MIN_SLICE_BYTES = 16384;
 /* The rows the library sends to this kernel (any dtype, both directions): whole packs of 64 to
- * 512 KB, on 1 to 4 blocks (to 8 for the softmax backward); from 64 KB the forward is faster than
- * the regs kernel, up to 512 KB than the stream (docs/kernels/softmax.md). */
+ * 512 KB, on 1 to 4 blocks (to 8 for the softmax backward; to 16 for few rows); from 64 KB the
+ * forward is faster than the regs kernel, up to 512 KB than the stream (docs/kernels/softmax.md). */
 constexpr int64_t PIPE_MIN_BYTES = 65536, PIPE_MAX_BYTES = 4 * PIPE_SLICE_BYTES;
-static_assert(2 * PIPE_MAX_BYTES <= PIPE_MAX_BLOCKS * PIPE_SLICE_BYTES,
-              "a softmax backward row (y and dy re-read) fits the slices of one cluster");
+static_assert(2 * PIPE_MAX_BYTES <= PIPE_PORTABLE_BLOCKS * PIPE_SLICE_BYTES,
+              "a softmax backward row (y and dy re-read) fits the slices of one portable cluster");
 
 /* A part of a row's pass-1 statistic. Forward, a partial softmax denominator: s = sum 2^(t - m)
  * over some elements, m their max (-inf and s = 0 for none); two parts combine like the online
@@ -931,67 +938,114 @@ cudaError_t launch_stream(const tk_softmax_call *a, const tk_device *dev, cudaSt
     return tk_launch(kernel, (unsigned)grid_limit(blocks), STREAM_THREADS, 0, stream, *a);
 }
 
-/* Blocks per cluster for a row: the fewest (a power of two) whose slices keep at most
- * PIPE_SLICE_BYTES each in L2 for pass 2, over the tensors it re-reads (the host checked the
- * width, and a static_assert above that PIPE_MAX_BLOCKS then do): the softmax backward, which
- * re-reads y and dy, takes twice the blocks of the forward on the same row. */
+/* Blocks per cluster for a row's L2 budget: the fewest (a power of two) whose slices keep at
+ * most PIPE_SLICE_BYTES each in L2 for pass 2, over the tensors it re-reads (the host checked the
+ * width, and a static_assert above that PIPE_PORTABLE_BLOCKS then do): the softmax backward,
+ * which re-reads y and dy, takes twice the blocks of the forward on the same row. */
 int pipelined_blocks(const tk_softmax_call *a, int elem_bytes) {
     const int64_t kept_bytes = a->cols / (16 / elem_bytes) * 16 * reread_tensors(a);
     int blocks = 1;
-    while (blocks < PIPE_MAX_BLOCKS && kept_bytes > blocks * PIPE_SLICE_BYTES)
+    while (blocks < PIPE_PORTABLE_BLOCKS && kept_bytes > blocks * PIPE_SLICE_BYTES)
         blocks *= 2;
     return blocks;
 }
 
-/* Clusters of `blocks` that fit on the device at once, per instantiation, device and cluster
- * size (the occupancy query is host work that a launch need not repeat). */
-template <auto Kernel>
-cudaError_t clusters_that_fit(const tk_device *dev, cudaLaunchConfig_t cfg, int blocks, int *clusters) {
-    static tk_device_cache<4> cache; /* 1, 2, 4, 8 blocks */
-    int size_index = 0;
-    while ((1 << size_index) < blocks)
-        size_index++;
-    return cache.get(dev, size_index, clusters, [&](int *fit) {
-        cfg.gridDim = dim3((unsigned)blocks);
-        const cudaError_t err = cudaOccupancyMaxActiveClusters(fit, Kernel, &cfg);
-        if (*fit < 1) /* a cluster that cannot be resident fails at its launch, with that error */
-            *fit = 1;
-        return err;
-    });
+/* `cfg` (no attributes) as clusters of `blocks`; `attr` must outlive its use. */
+cudaLaunchConfig_t in_clusters(cudaLaunchConfig_t cfg, cudaLaunchAttribute *attr, int blocks) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = (unsigned)blocks;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
 }
 
-/* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS), as
- * many clusters as fit at once (a cluster's rows follow one another); one block per row is
- * launched without clusters, as many blocks as fit at once. Each block has at most two slices
- * of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it reads): 132 x 256 KB = 33 MB on an
- * H200 (60 MB of L2), so that pass 2 hits. The backward's chunks (2 packs of each of two
- * tensors instead of 4 of one) fit the same 128 registers, so it has the forward's launch
- * shape. */
+/* Clusters of `blocks` (2 to 16) that are resident on the device at once, 0 for none, per
+ * instantiation, device and cluster size (the occupancy query is host work that a launch need
+ * not repeat; the cache holds the count + 1, so that 0 is kept too). */
+template <auto Kernel>
+cudaError_t clusters_that_fit(const tk_device *dev, const cudaLaunchConfig_t &cfg, int blocks, int *clusters) {
+    static tk_device_cache<4> cache; /* 2, 4, 8, 16 blocks */
+    int size_index = 0;
+    while ((2 << size_index) < blocks)
+        size_index++;
+    int count_plus_one = 1; /* a failed query: none */
+    const cudaError_t err = cache.get(dev, size_index, &count_plus_one, [&](int *v) {
+        cudaLaunchAttribute attr;
+        cudaLaunchConfig_t query = in_clusters(cfg, &attr, blocks);
+        query.gridDim = dim3((unsigned)blocks);
+        int fit = 0;
+        const cudaError_t query_err = cudaOccupancyMaxActiveClusters(&fit, Kernel, &query);
+        *v = fit + 1;
+        return query_err;
+    });
+    *clusters = count_plus_one - 1;
+    return err;
+}
+
+/* Few rows (a decode step's sampling distribution over a vocabulary) on the L2 budget's blocks
+ * would leave most SMs idle, and one block streams its slice no faster than the 32 KB of loads
+ * it keeps in flight allow per round trip to DRAM: a 512 KB f32 row on 4 blocks took 4 times
+ * the launch floor. So while twice the blocks per row still fit the SMs (2 B rows <= SMs) and
+ * the device holds every row's cluster of them at once (a cluster lives in one GPC: an H200
+ * holds 7 or 8 clusters of 16, not 132 / 16), each row takes twice the blocks (half the slices,
+ * down to PIPE_MIN_SLICE_BYTES), up to the largest cluster the device schedules for this kernel
+ * (16 on an H100/H200). Many rows keep the L2 budget's blocks: their clusters already fill the
+ * device. */
+template <auto Kernel>
+cudaError_t widen_for_few_rows(const tk_softmax_call *a, const tk_device *dev, const cudaLaunchConfig_t &cfg,
+                               int elem_bytes, int *blocks) {
+    auto spare = [&](int b) {
+        return 2 * b * a->rows <= dev->sm_count && a->cols / (16 / elem_bytes) * 16 / (2 * b) >= PIPE_MIN_SLICE_BYTES;
+    };
+    if (!spare(*blocks))
+        return cudaSuccess;
+    int most;
+    cudaError_t err = tk_max_cluster_blocks<Kernel>(dev, cfg, &most);
+    if (most > PIPE_MAX_BLOCKS)
+        most = PIPE_MAX_BLOCKS;
+    while (err == cudaSuccess && 2 * *blocks <= most && spare(*blocks)) {
+        int fit;
+        err = clusters_that_fit<Kernel>(dev, cfg, 2 * *blocks, &fit);
+        if (fit < a->rows)
+            break;
+        *blocks *= 2;
+    }
+    return err;
+}
+
+/* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS: the L2
+ * budget's, widened for few rows), as many clusters as fit at once (a cluster's rows follow one
+ * another); one block per row is launched without clusters, as many blocks as fit at once. Each
+ * block has at most two slices of PIPE_SLICE_BYTES in L2 (the one it re-reads, the one it
+ * reads): 132 x 256 KB = 33 MB on an H200 (60 MB of L2), so that pass 2 hits. The backward's
+ * chunks (2 packs of each of two tensors instead of 4 of one) fit the same 128 registers, so it
+ * has the forward's launch shape. */
 template <typename T, int Vec, int Mode, int Threads = PIPE_THREADS, int Unroll = pipe_unroll<Mode>()>
-cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream, int blocks) {
+cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, true>;
     constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, false>;
+    const cudaLaunchConfig_t plain = tk_launch_config(dim3(), Threads, 0, stream);
+    int blocks = pipelined_blocks(a, (int)sizeof(T));
+    cudaError_t err = widen_for_few_rows<kernel>(a, dev, plain, (int)sizeof(T), &blocks);
+    if (err != cudaSuccess)
+        return err;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = (unsigned)blocks;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = tk_launch_config(dim3(), Threads, 0, stream, &cluster, blocks > 1 ? 1 : 0);
     int64_t fit;
     if (blocks > 1) { /* st.async is undefined in a cluster of one block: one block a row runs without */
         int clusters_fit;
-        const cudaError_t err = clusters_that_fit<kernel>(dev, cfg, blocks, &clusters_fit);
-        if (err != cudaSuccess)
-            return err;
-        fit = clusters_fit;
+        err = clusters_that_fit<kernel>(dev, plain, blocks, &clusters_fit);
+        fit = clusters_fit > 0 ? clusters_fit : 1; /* none resident: the launch fails, with that error */
     } else {
-        const cudaError_t err = tk_wave_blocks<one_block_kernel>(dev, Threads, 0, &fit);
-        if (err != cudaSuccess)
-            return err;
+        err = tk_wave_blocks<one_block_kernel>(dev, Threads, 0, &fit);
     }
+    if (err != cudaSuccess)
+        return err;
     const int64_t clusters = fit < a->rows ? fit : a->rows;
+    cudaLaunchAttribute cluster;
+    cudaLaunchConfig_t cfg = blocks > 1 ? in_clusters(plain, &cluster, blocks) : plain;
     cfg.gridDim = dim3((unsigned)(clusters * blocks));
     return blocks > 1 ? tk_launch(cfg, kernel, *a, slice_packs) : tk_launch(cfg, one_block_kernel, *a, slice_packs);
 }
@@ -1031,11 +1085,10 @@ extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
         constexpr int Vec = tk_pack_width<T>(true);
-        const int blocks = pipelined_blocks(a, (int)sizeof(T));
         if (!a->backward)
-            return launch_pipelined<T, Vec, FORWARD>(a, dev, stream, blocks);
-        return a->log ? launch_pipelined<T, Vec, BACKWARD_LOG>(a, dev, stream, blocks)
-                      : launch_pipelined<T, Vec, BACKWARD>(a, dev, stream, blocks);
+            return launch_pipelined<T, Vec, FORWARD>(a, dev, stream);
+        return a->log ? launch_pipelined<T, Vec, BACKWARD_LOG>(a, dev, stream)
+                      : launch_pipelined<T, Vec, BACKWARD>(a, dev, stream);
     });
 }
 

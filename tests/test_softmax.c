@@ -401,11 +401,13 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
     run_all(true);
 }
 
-/* vec16_pipelined's slices (rows of 64 to 512 KB on one block, or a cluster of 2 or 4 blocks,
- * 128 KB or less each): 64 KB and the widest one-block row, just past 128 and 256 KB, a partial
- * last slice with a cols % Vec tail, causal masks that end on either side of a slice boundary
- * or leave rows with nothing visible, in place, more rows than clusters fit on the device (rows
- * follow one another in a cluster). */
+/* vec16_pipelined's slices as the L2 budget sets them (rows of 64 to 512 KB on one block, or a
+ * cluster of 2 or 4 blocks, 128 KB or less each): 64 KB and the widest one-block row, just past
+ * 128 and 256 KB, a partial last slice with a cols % Vec tail, causal masks that end on either
+ * side of a slice boundary or leave rows with nothing visible, in place, more rows than clusters
+ * fit on the device (rows follow one another in a cluster). At least 81 rows, so that twice the
+ * blocks would not fit beside each other on a device of fewer than 162 SMs and the launcher
+ * keeps the budget's; fewer rows spread over more blocks (pipelined_few_rows below). */
 static void run_pipelined(tk_dtype dtype, bool backward, const sm_shape *shapes, size_t count, uint64_t seed) {
     tk_rng rng = tk_rng_seeded(seed);
     for (size_t s = 0; s < count; s++) {
@@ -415,122 +417,166 @@ static void run_pipelined(tk_dtype dtype, bool backward, const sm_shape *shapes,
     }
 }
 
-Test(softmax_gpu, pipelined_slices_f32, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    if (!pipelined_runs_here())
-        return;
-    const sm_shape shapes[] = {
-        {5, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* 64 KB: one block, two chunks */
-        {3, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0}, /* one block, tail of 1, causal */
-        {3, 32771, 1, 1, 1.0f, 0, 0, 0, 0, false, 0}, /* 128 KB + tail of 3: the widest one-block row */
-        {3, 32772, 0, 0, 1.0f, 1, 0, 0, 0, false, 0}, /* just past 128 KB: 2 blocks */
-        {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* just past 256 KB: 4097 packs a block */
-        {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false, 0}, /* slices of 25000 + tail of 3 */
-        {8, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0}, /* lens 32761..32768: rank 1 sees none */
-        {8, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false, 0}, /* lens 65531..65538 around rank 2 */
-        {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0}, /* rows 0..2 see nothing, in place */
-        {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0}, /* partial last slice, padded y */
-        {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
-    };
-    run_pipelined(TK_F32, false, shapes, sizeof shapes / sizeof shapes[0], 33);
-}
+/* A pipelined test: its shapes where the variant runs, on a cc >= 9.0 device. */
+#define RUN_PIPELINED(dtype, backward, shapes, seed)                                                                   \
+    do {                                                                                                               \
+        TK_REQUIRE_GPU();                                                                                              \
+        if (pipelined_runs_here())                                                                                     \
+            run_pipelined(dtype, backward, shapes, sizeof shapes / sizeof shapes[0], seed);                            \
+    } while (0)
 
-/* The same for bf16 and f16 (8 elements a pack). */
-static const sm_shape pipelined_shapes_16[] = {
-    {5, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* 64 KB: one block, two chunks */
-    {4, 40003, 5, 5, 0.5f, 1, 1, 9000, 0, false, 0},    /* one block, tail of 3, causal */
-    {3, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},       /* 128 KB + tail of 7: the widest one-block row */
-    {3, 65544, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* just past 128 KB: 2 blocks */
-    {2, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},      /* 256 KB: 2 slices of 8192 packs */
-    {3, 131080, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},      /* just past 256 KB: 4 blocks */
-    {3, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},      /* 4 slices of 6250 packs + tail of 3 */
-    {8, 131072, 0, 0, 1.0f, 0, 1, 65528, 8, false, 0},  /* lens 65529..65536: rank 1 sees none */
-    {8, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0}, /* lens 131067..131074 around rank 2 */
-    {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},      /* rows 0..2 see nothing, in place */
-    {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},     /* partial last slice, padded y */
+static const sm_shape pipelined_shapes_f32[] = {
+    {81, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* 64 KB: one block, two chunks */
+    {81, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0}, /* one block, tail of 1, causal */
+    {81, 32771, 1, 1, 1.0f, 0, 0, 0, 0, false, 0}, /* 128 KB + tail of 3: the widest one-block row */
+    {81, 32772, 0, 0, 1.0f, 1, 0, 0, 0, false, 0}, /* just past 128 KB: 2 blocks */
+    {81, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* just past 256 KB: 4097 packs a block */
+    {81, 100003, 1, 1, 0.5f, 1, 0, 0, 0, false, 0}, /* slices of 25000 + tail of 3 */
+    {81, 131072, 0, 0, 1.0f, 0, 1, 32760, 8, false, 0}, /* lens 32761..32768: rank 1 sees none */
+    {81, 131072, 0, 0, 1.0f, 1, 1, 65530, 8, false, 0}, /* lens 65531..65538 around rank 2 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0}, /* rows r % 6 < 3 see nothing, in place */
+    {81, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0}, /* partial last slice, padded y */
     {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
 };
 
-Test(softmax_gpu, pipelined_slices_bf16, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    if (!pipelined_runs_here())
-        return;
-    run_pipelined(TK_BF16, false, pipelined_shapes_16, sizeof pipelined_shapes_16 / sizeof pipelined_shapes_16[0], 34);
-}
+Test(softmax_gpu, pipelined_slices_f32, .timeout = 600) { RUN_PIPELINED(TK_F32, false, pipelined_shapes_f32, 33); }
 
-Test(softmax_gpu, pipelined_slices_f16, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    if (!pipelined_runs_here())
-        return;
-    run_pipelined(TK_F16, false, pipelined_shapes_16, sizeof pipelined_shapes_16 / sizeof pipelined_shapes_16[0], 35);
-}
+/* The same for bf16 and f16 (8 elements a pack). */
+static const sm_shape pipelined_shapes_16[] = {
+    {81, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* 64 KB: one block, two chunks */
+    {81, 40003, 5, 5, 0.5f, 1, 1, 9000, 0, false, 0},    /* one block, tail of 3, causal */
+    {81, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},       /* 128 KB + tail of 7: the widest one-block row */
+    {81, 65544, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},       /* just past 128 KB: 2 blocks */
+    {81, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},      /* 256 KB: 2 slices of 8192 packs */
+    {81, 131080, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},      /* just past 256 KB: 4 blocks */
+    {81, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},      /* 4 slices of 6250 packs + tail of 3 */
+    {81, 131072, 0, 0, 1.0f, 0, 1, 65528, 8, false, 0},  /* lens 65529..65536: rank 1 sees none */
+    {81, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0}, /* lens 131067..131074 around rank 2 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},      /* rows r % 6 < 3 see nothing, in place */
+    {81, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},     /* partial last slice, padded y */
+    {300, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0}, /* rows > clusters, empty rows */
+};
+
+Test(softmax_gpu, pipelined_slices_bf16, .timeout = 600) { RUN_PIPELINED(TK_BF16, false, pipelined_shapes_16, 34); }
+
+Test(softmax_gpu, pipelined_slices_f16, .timeout = 600) { RUN_PIPELINED(TK_F16, false, pipelined_shapes_16, 35); }
 
 /* The backward's slices. The log-softmax backward splits a row as the forward does (it keeps dy
  * alone in L2); the softmax backward keeps y and dy, so it splits a row over twice the blocks,
  * up to clusters of 8. B: blocks per row, P softmax, L log-softmax. f32 (4 elements a pack;
  * slices of 64 KB of each tensor for P, 128 KB for L): */
 static const sm_shape pipelined_bwd_shapes_f32[] = {
-    {5, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B1: 64 KB, the widest one-block row */
-    {3, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0},       /* L B1, tail of 1, causal */
-    {3, 20001, 3, 3, 1.0f, 0, 1, 5000, 0, false, 0},       /* P B2, tail of 1: rank 1 sees none */
-    {3, 32771, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},          /* L B1: 128 KB + tail of 3 */
-    {3, 32772, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: just past 128 KB */
-    {2, 65540, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* L B4: just past 256 KB */
-    {2, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8 */
-    {3, 100003, 1, 1, 0.5f, 0, 0, 0, 0, false, 0},         /* P B8, slices of 3125 packs + tail of 3 */
-    {8, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false, 0},     /* P B8: lens 65531..65538 around rank 4 */
-    {8, 131072, 0, 0, 1.0f, 1, 1, 32760, 8, false, 0},     /* L B4: lens 32761..32768, rank 1 sees none */
-    {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},         /* L B4: rows 0..2 see nothing, dx = dy */
-    {5, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},         /* P B8: rows 0..1 see nothing, dx = dy */
-    {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* P B8: partial last slice, padded y */
+    {81, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B1: 64 KB, the widest one-block row */
+    {81, 20001, 3, 3, 1.0f, 1, 1, 5000, 0, false, 0},       /* L B1, tail of 1, causal */
+    {81, 20001, 3, 3, 1.0f, 0, 1, 5000, 0, false, 0},       /* P B2, tail of 1: rank 1 sees none */
+    {81, 32771, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},          /* L B1: 128 KB + tail of 3 */
+    {81, 32772, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: just past 128 KB */
+    {81, 65540, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* L B4: just past 256 KB */
+    {81, 65540, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8 */
+    {81, 100003, 1, 1, 0.5f, 0, 0, 0, 0, false, 0},         /* P B8, slices of 3125 packs + tail of 3 */
+    {81, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false, 0},     /* P B8: lens 65531..65538 around rank 4 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, 32760, 8, false, 0},     /* L B4: lens 32761..32768, rank 1 sees none */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},         /* L B4: rows r % 6 < 3 see nothing, dx = dy */
+    {81, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},         /* P B8: rows r % 5 < 2 see nothing, dx = dy */
+    {81, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* P B8: partial last slice, padded y */
     {301, 131072, 0, 0, 1.0f, 0, 1, -100, 150, false, 0},  /* P B8: rows > clusters, empty rows */
     {299, 131072, 0, 0, 0.7f, 1, 1, 65530, 150, false, 0}, /* L B4: rows > clusters */
 };
 
 /* bf16 and f16 (8 elements a pack). */
 static const sm_shape pipelined_bwd_shapes_16[] = {
-    {5, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},           /* P B1: 64 KB, 4 chunks */
-    {5, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1 */
-    {3, 40003, 5, 5, 0.5f, 0, 1, 9000, 0, false, 0},        /* P B2, tail of 3: rank 1 sees none */
-    {3, 65543, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1: 128 KB + tail of 7 */
-    {3, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},           /* P B2 */
-    {3, 65544, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B2: just past 128 KB */
-    {2, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: 4 slices of 4096 packs */
-    {3, 131080, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8: just past 256 KB */
-    {3, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},          /* L B4 + tail of 3 */
-    {3, 200003, 5, 5, 0.5f, 0, 0, 0, 0, false, 0},          /* P B8 + tail of 3 */
-    {8, 262144, 0, 0, 1.0f, 0, 1, 131066, 8, false, 0},     /* P B8: lens 131067..131074 around rank 4 */
-    {8, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0},     /* L B4: the same around rank 2 */
-    {6, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},          /* L B2: rows 0..2 see nothing, dx = dy */
-    {5, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},          /* P B4: rows 0..1 see nothing, dx = dy */
-    {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},         /* P B8: partial last slice, padded y */
+    {81, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},           /* P B1: 64 KB, 4 chunks */
+    {81, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1 */
+    {81, 40003, 5, 5, 0.5f, 0, 1, 9000, 0, false, 0},        /* P B2, tail of 3: rank 1 sees none */
+    {81, 65543, 1, 1, 1.0f, 1, 0, 0, 0, false, 0},           /* L B1: 128 KB + tail of 7 */
+    {81, 65543, 1, 1, 1.0f, 0, 0, 0, 0, false, 0},           /* P B2 */
+    {81, 65544, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* L B2: just past 128 KB */
+    {81, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4: 4 slices of 4096 packs */
+    {81, 131080, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B8: just past 256 KB */
+    {81, 200003, 5, 5, 0.5f, 1, 0, 0, 0, false, 0},          /* L B4 + tail of 3 */
+    {81, 200003, 5, 5, 0.5f, 0, 0, 0, 0, false, 0},          /* P B8 + tail of 3 */
+    {81, 262144, 0, 0, 1.0f, 0, 1, 131066, 8, false, 0},     /* P B8: lens 131067..131074 around rank 4 */
+    {81, 262144, 0, 0, 1.0f, 1, 1, 131066, 8, false, 0},     /* L B4: the same around rank 2 */
+    {81, 131072, 0, 0, 1.0f, 1, 1, -3, 6, true, 0},          /* L B2: rows r % 6 < 3 see nothing, dx = dy */
+    {81, 131072, 0, 0, 2.0f, 0, 1, -2, 5, true, 0},          /* P B4: rows r % 5 < 2 see nothing, dx = dy */
+    {81, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},         /* P B8: partial last slice, padded y */
     {301, 131072, 0, 0, 1.0f, 1, 1, -100, 150, false, 0},   /* L B2: rows > clusters, empty rows */
     {299, 131072, 0, 0, 0.7f, 0, 1, 65530, 150, false, 0},  /* P B4: rows > clusters */
 };
 
 Test(softmax_gpu, pipelined_bwd_slices_f32, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    if (!pipelined_runs_here())
-        return;
-    run_pipelined(TK_F32, true, pipelined_bwd_shapes_f32,
-                  sizeof pipelined_bwd_shapes_f32 / sizeof pipelined_bwd_shapes_f32[0], 36);
+    RUN_PIPELINED(TK_F32, true, pipelined_bwd_shapes_f32, 36);
 }
 
 Test(softmax_gpu, pipelined_bwd_slices_bf16, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    if (!pipelined_runs_here())
-        return;
-    run_pipelined(TK_BF16, true, pipelined_bwd_shapes_16,
-                  sizeof pipelined_bwd_shapes_16 / sizeof pipelined_bwd_shapes_16[0], 37);
+    RUN_PIPELINED(TK_BF16, true, pipelined_bwd_shapes_16, 37);
 }
 
 Test(softmax_gpu, pipelined_bwd_slices_f16, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    if (!pipelined_runs_here())
-        return;
-    run_pipelined(TK_F16, true, pipelined_bwd_shapes_16,
-                  sizeof pipelined_bwd_shapes_16 / sizeof pipelined_bwd_shapes_16[0], 38);
+    RUN_PIPELINED(TK_F16, true, pipelined_bwd_shapes_16, 38);
 }
+
+/* Few rows: while twice the blocks per row fit the SMs and the device holds every row's cluster
+ * of them at once, a row takes twice the blocks, down to slices of 16 KB, up to the largest
+ * cluster the device schedules. The blocks noted are an H200's (132 SMs, clusters of up to 16
+ * with the non-portable opt-in; 8 rows take 16 blocks where 8 such clusters are resident, else 8):
+ * one 16-block row, a row widened from one block to a cluster, 16 rows that stop at 8 blocks,
+ * 40 that stop at 2, causal rows whose lengths end around a slice boundary or in the first
+ * slice (the other ranks see none) or see nothing at all, a partial last slice with a cols % Vec
+ * tail, in place. Softmax forward, f32 (4 elements a pack): */
+static const sm_shape few_rows_f32[] = {
+    {1, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B16: slices of 2048 packs */
+    {1, 131072, 0, 0, 1.0f, 1, 1, 8190, 1, false, 0},      /* B16, len 8191: ranks 1..15 see none */
+    {1, 131072, 0, 0, 1.0f, 0, 1, -1, 1, false, 0},        /* B16, len 0: no rank sees anything */
+    {1, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* 64 KB: B4 (one block by the budget) */
+    {4, 65540, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* B16: 1025 packs a block, the last 1010 */
+    {8, 131072, 0, 0, 1.0f, 0, 1, 32764, 8, false, 0},     /* B16: lens 32765..32772 around rank 4 (B8: 2) */
+    {3, 100003, 1, 1, 0.5f, 1, 0, 0, 0, true, 0},          /* B16: 1563 packs a block + tail of 3, in place */
+    {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* B16: partial last slice, padded y */
+    {16, 131072, 0, 0, 1.0f, 1, 1, -3, 16, false, 0},      /* B8: rows 0..2 see nothing */
+    {40, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B2 */
+};
+
+/* bf16 and f16 (8 elements a pack). */
+static const sm_shape few_rows_16[] = {
+    {1, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B16: slices of 1024 packs */
+    {1, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* 64 KB: B4 */
+    {1, 262144, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* 512 KB: B16, slices of 2048 packs */
+    {3, 131080, 0, 0, 1.0f, 0, 1, 8198, 3, false, 0},      /* B16, 1025 packs: lens 8199..8201 around rank 1 */
+    {8, 131072, 0, 0, 1.0f, 1, 1, 16380, 8, false, 0},     /* B16: lens 16381..16388 around rank 2 (B8: 1) */
+    {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},        /* B16: partial last slice, padded y */
+    {16, 131072, 0, 0, 1.0f, 0, 1, -3, 16, true, 0},       /* B8: rows 0..2 see nothing, in place */
+    {40, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B2 */
+};
+
+/* Backward (P softmax, L log-softmax; the softmax backward's budget is twice the blocks), f32: */
+static const sm_shape few_rows_bwd_f32[] = {
+    {1, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* P B16 */
+    {1, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* L B16 */
+    {1, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* P B4 (one block by the budget) */
+    {4, 20001, 3, 3, 1.0f, 1, 1, 5000, 4, false, 0},       /* L B4, tail of 1: lens 5001..5004, rank 1 */
+    {8, 131072, 0, 0, 1.0f, 0, 1, 65530, 8, false, 0},     /* P B16: lens 65531..65538 around rank 8 (B8: 4) */
+    {8, 131072, 0, 0, 1.0f, 1, 1, -2, 8, true, 0},         /* L B16: rows 0..1 see nothing, dx = dy */
+    {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* P B16: partial last slice, padded y */
+    {40, 16384, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* L B2 */
+};
+
+/* bf16 and f16. */
+static const sm_shape few_rows_bwd_16[] = {
+    {1, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* P B16: slices of 1024 packs */
+    {1, 262144, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* L B16 */
+    {8, 262144, 0, 0, 1.0f, 0, 1, 16380, 8, false, 0},     /* P B16: lens 16381..16388 around rank 1 */
+    {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},        /* P B16: partial last slice, padded y */
+    {5, 40003, 5, 5, 0.5f, 0, 1, 9000, 0, false, 0},       /* P B4, tail of 3: ranks 1..3 see none */
+    {40, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* P B2 (one block by the budget) */
+};
+
+Test(softmax_gpu, pipelined_few_rows_f32, .timeout = 600) { RUN_PIPELINED(TK_F32, false, few_rows_f32, 39); }
+Test(softmax_gpu, pipelined_few_rows_bf16, .timeout = 600) { RUN_PIPELINED(TK_BF16, false, few_rows_16, 40); }
+Test(softmax_gpu, pipelined_few_rows_f16, .timeout = 600) { RUN_PIPELINED(TK_F16, false, few_rows_16, 41); }
+Test(softmax_gpu, pipelined_few_rows_bwd_f32, .timeout = 600) { RUN_PIPELINED(TK_F32, true, few_rows_bwd_f32, 42); }
+Test(softmax_gpu, pipelined_few_rows_bwd_bf16, .timeout = 600) { RUN_PIPELINED(TK_BF16, true, few_rows_bwd_16, 43); }
+Test(softmax_gpu, pipelined_few_rows_bwd_f16, .timeout = 600) { RUN_PIPELINED(TK_F16, true, few_rows_bwd_16, 44); }
 
 /* The automatic choice, and a forced variant that cannot run the call. */
 Test(softmax_gpu, automatic_choice) {

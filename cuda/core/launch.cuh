@@ -92,15 +92,29 @@ template <typename Fn> Fn tk_driver_function(const char *name, int version) {
     return reinterpret_cast<Fn>(fn);
 }
 
-/* ---- shared-memory opt-in ---- */
+/* ---- kernel attributes ---- */
 
-/* Lets Kernel use `bytes` of dynamic shared memory past the 48 KB every kernel may use. The
- * attribute belongs to the function on the current device: set once per device.
+/* Sets the driver attribute `attribute` of Kernel to `value` on the current device.
  * Through the driver's cuFuncSetAttribute, not cudaFuncSetAttribute: the runtime call resets the
  * thread's last error even when it succeeds (CUDA 13 runtime, driver 580), which would lose a
  * caller's pending error; cudaGetFuncBySymbol and the driver call leave it alone.
  * cudaErrorNotSupported without the driver function, cudaErrorInvalidValue when the driver
- * refuses the size. */
+ * refuses the value. */
+template <auto Kernel> cudaError_t tk_set_kernel_attribute(CUfunction_attribute attribute, int value) {
+    static const PFN_cuFuncSetAttribute_v9000 set =
+        tk_driver_function<PFN_cuFuncSetAttribute_v9000>("cuFuncSetAttribute", 9000);
+    if (!set)
+        return cudaErrorNotSupported;
+    cudaFunction_t function;
+    const cudaError_t err = cudaGetFuncBySymbol(&function, reinterpret_cast<const void *>(Kernel));
+    if (err != cudaSuccess)
+        return err;
+    return set(reinterpret_cast<CUfunction>(function), attribute, value) == CUDA_SUCCESS ? cudaSuccess
+                                                                                         : cudaErrorInvalidValue;
+}
+
+/* Lets Kernel use `bytes` of dynamic shared memory past the 48 KB every kernel may use. The
+ * attribute belongs to the function on the current device: set once per device. */
 template <auto Kernel> cudaError_t tk_opt_in_smem(const tk_device *dev, int bytes) {
     static tk_device_cache<1> opted_in;
     if (bytes <= 48 * 1024)
@@ -108,18 +122,24 @@ template <auto Kernel> cudaError_t tk_opt_in_smem(const tk_device *dev, int byte
     int done;
     return opted_in.get(dev, 0, &done, [bytes](int *v) {
         *v = 1;
-        static const PFN_cuFuncSetAttribute_v9000 set =
-            tk_driver_function<PFN_cuFuncSetAttribute_v9000>("cuFuncSetAttribute", 9000);
-        if (!set)
-            return cudaErrorNotSupported;
-        cudaFunction_t function;
-        const cudaError_t err = cudaGetFuncBySymbol(&function, reinterpret_cast<const void *>(Kernel));
-        if (err != cudaSuccess)
-            return err;
-        return set(reinterpret_cast<CUfunction>(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes) ==
-                       CUDA_SUCCESS
-                   ? cudaSuccess
-                   : cudaErrorInvalidValue;
+        return tk_set_kernel_attribute<Kernel>(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+    });
+}
+
+/* The most blocks a cluster of Kernel may have on this device, launched as `cfg` (block size,
+ * shared memory; the query ignores its grid and cluster size): 8 is the portable limit; past it,
+ * up to 16 on an H100/H200, only with the function's non-portable opt-in, which this sets (where
+ * the driver refuses it, the answer is at most 8). The driver's answer also accounts for a
+ * smaller device (a MIG slice). Cached per device. */
+template <auto Kernel> cudaError_t tk_max_cluster_blocks(const tk_device *dev, cudaLaunchConfig_t cfg, int *blocks) {
+    static tk_device_cache<1> cache;
+    return cache.get(dev, 0, blocks, [&](int *v) {
+        /* A driver that refuses the opt-in leaves the query at the portable limit. */
+        (void)tk_set_kernel_attribute<Kernel>(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+        int size = 0;
+        const cudaError_t err = cudaOccupancyMaxPotentialClusterSize(&size, Kernel, &cfg);
+        *v = size > 1 ? size : 1;
+        return err;
     });
 }
 
