@@ -169,9 +169,8 @@ __device__ __forceinline__ void cluster_wait_started() {
  * warp's slot of reduction k + 1, which each warp sends after reading buffer k; that block's
  * slots of k + 2 may land before the receiver's thread 0 arms the phase (the count of bytes
  * still to land goes negative), but never before the phase of k completed. No cluster barrier
- * at the end: every block of a cluster runs the same rows and so the same reductions, so a
- * block's last wait returns only once everything sent to it has landed, and nothing is sent
- * after it. */
+ * at the end: a block's last wait returns only once everything sent to it has landed, and
+ * nothing is sent after it. */
 __device__ __forceinline__ float cluster_sum(float v, int &reductions) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
@@ -187,7 +186,7 @@ __device__ __forceinline__ float cluster_sum(float v, int &reductions) {
     if (lane < blocks)
         tk_cluster_send_f32(tk_smem_address(&x.sums[parity][cluster_rank() * warps + (threadIdx.x >> 5)]), landed,
                             lane, v);
-    tk_mbarrier_wait<true>(landed, (uint32_t)(reductions >> 1) & 1); /* other blocks' st.async */
+    tk_mbarrier_wait(landed, (uint32_t)(reductions >> 1) & 1);
     reductions++;
     float sum = 0.0f;
     for (int i = lane; i < blocks * warps; i += 32)

@@ -798,7 +798,7 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
             if (lane < blocks)
                 tk_cluster_send_f32x2(tk_smem_address(&partials[parity][rank * WARPS + warp]), arrived, lane, part.m,
                                       part.s);
-            tk_mbarrier_wait<true>(arrived, (uint32_t)(iteration >> 1) & 1); /* other blocks' st.async */
+            tk_mbarrier_wait(arrived, (uint32_t)(iteration >> 1) & 1);
         } else {
             if (lane == 0)
                 partials[parity][warp] = part;

@@ -128,28 +128,16 @@ __device__ __forceinline__ void tk_mbarrier_arrive(uint32_t bar) {
 /* Returns once the phase of `bar` with the given parity has completed (mbarrier.try_wait.parity
  * in a loop; try_wait suspends the thread for a while in hardware rather than spinning).
  * Acquire: the bytes counted on the phase and the writes released by its arrivals are visible
- * after it. Waiting on the parity of the phase before the current one returns at once.
- * Cluster: acquire at cluster scope, for a phase that other blocks of the cluster complete
- * (st.async into this block's shared memory, whose complete_tx releases at cluster scope); the
- * default scope is the block's (TMA copies, this block's arrivals). */
-template <bool Cluster = false>
+ * after it. Waiting on the parity of the phase before the current one returns at once. */
 __device__ __forceinline__ void tk_mbarrier_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;
     do {
-        if constexpr (Cluster)
-            asm volatile("{\n.reg .pred p;\n"
-                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                         "selp.u32 %0, 1, 0, p;\n}"
-                         : "=r"(done)
-                         : "r"(bar), "r"(parity)
-                         : "memory");
-        else
-            asm volatile("{\n.reg .pred p;\n"
-                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                         "selp.u32 %0, 1, 0, p;\n}"
-                         : "=r"(done)
-                         : "r"(bar), "r"(parity)
-                         : "memory");
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
     } while (!done);
 }
 
