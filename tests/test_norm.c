@@ -621,7 +621,8 @@ Test(norm_gpu, cluster_blocks_agree, .timeout = 300) {
                 cr_assert_str_eq(tk_last_variant(), "cluster_vec16");
                 tk_dev_sync();
                 tk_to_host(y[call], y_dev, bytes);
-                tk_to_host(stats[call][0], mean, stat_bytes);
+                if (layernorm) /* the RMSNorm writes no mean */
+                    tk_to_host(stats[call][0], mean, stat_bytes);
                 tk_to_host(stats[call][1], rstd, stat_bytes);
             }
             cr_assert_eq(tk_experimental_force_variant("norm", NULL), TK_SUCCESS);
