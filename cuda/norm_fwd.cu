@@ -31,10 +31,12 @@
  *   8 blocks' worth: 131072 16-bit or 65536 f32 elements): a row split into slices over the 2
  *   to 8 blocks of a thread-block cluster, each slice held in registers like a row of the rows
  *   kernel (a 65536-wide bf16 row is 4 blocks of 512 threads x 4 packs), so the row is still
- *   read once. A reduction sends every warp's sum to every block of
- *   the cluster (distributed shared memory) behind one cluster barrier, and each block adds them
- *   in the same order, so all blocks get the same bits. The residual is stored with y, after
- *   the reductions: the barrier's release would otherwise wait for those stores.
+ *   read once. A reduction sends every warp's sum to every block of the cluster with st.async
+ *   (distributed shared memory), counted on the receiver's mbarrier, and each block adds them in
+ *   the same order, so all blocks get the same bits. No cluster barrier per reduction: its
+ *   release (a GPU-scope memory barrier in the SASS) would wait for the thread's outstanding
+ *   stores, and all 512 threads of every block would meet in it; a send waits for nothing and
+ *   only the receiver waits, so the residual is stored as it is computed, as in the rows kernel.
  * - "wide" kernels (any width, up to 262144): a 512-thread block per row, two passes over the
  *   row: pass 1 reads it (adding and storing the residual) and accumulates per-thread shifted
  *   sums, combined across the block with Chan's formula in a fixed order; pass 2 reads it back
@@ -44,6 +46,7 @@
  * reduce and store phases share each SM); "wide" kernels one wave of the occupancy limit, so
  * that the rows in flight stay in L2 for pass 2.
  */
+#include "core/sm90.cuh"
 #include "norm.cuh"
 
 namespace {
@@ -114,13 +117,34 @@ __device__ __forceinline__ int cluster_blocks() {
 #endif
 }
 
-/* The cluster's blocks may write into each other's shared memory only once all of them run:
- * every thread arrives at the start (relaxed: nothing to publish) and waits before its first
- * write, with its loads in flight. */
-__device__ __forceinline__ void cluster_arrive_started() {
+#ifndef NORM_NO_CLUSTERS
+/* The partial sums that the cluster's blocks send each other (cluster_sum), double-buffered by
+ * parity, and the barriers on which they land. */
+struct cluster_exchange {
+    float sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * TK_NORM_ROWS_MAX_THREADS / 32];
+    uint64_t landed[2]; /* landed[p] completes a phase when all of sums[p] has arrived */
+};
+
+__device__ __forceinline__ cluster_exchange &cluster_shared() {
+    __shared__ cluster_exchange exchange;
+    return exchange;
+}
+#endif
+
+/* A block may send into another's shared memory only once that block runs and has initialised
+ * its barriers (one arrival a phase: its thread 0's expect_tx): thread 0 initialises them, then
+ * every thread arrives at the start (relaxed: the fence publishes the initialisation) and waits
+ * (cluster_wait_started) before its first send, with its loads in flight. */
+__device__ __forceinline__ void cluster_start() {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
+    if (threadIdx.x == 0) {
+        cluster_exchange &x = cluster_shared();
+        tk_mbarrier_init(tk_smem_address(&x.landed[0]), 1);
+        tk_mbarrier_init(tk_smem_address(&x.landed[1]), 1);
+        tk_fence_mbarrier_init();
+    }
     __cluster_barrier_arrive_relaxed();
 #endif
 }
@@ -133,29 +157,40 @@ __device__ __forceinline__ void cluster_wait_started() {
 #endif
 }
 
-/* Sum over the blocks of the cluster that holds the row, returned to all of them: every warp
- * writes its sum into slot rank * warps + warp of every block, one cluster barrier (its release
- * and acquire publish the slots), then each warp adds all the slots in one fixed order: every
- * block gets the same bits. Slots alternate between two buffers by `parity`: a buffer is written
- * again two reductions later, by blocks past the barrier of the one in between, which each block
- * reaches only after reading this one. */
-__device__ __forceinline__ float cluster_sum(float v, int &parity) {
+/* Sum over the blocks of the cluster that holds the row, returned to all of them. Every warp
+ * sends its sum with st.async into slot rank * warps + warp of every block, where its 4 bytes
+ * complete on that block's barrier of this reduction (armed by the block's thread 0 with the
+ * bytes of all the slots); each warp waits on its own block's barrier and adds all the slots in
+ * one fixed order: every block gets the same bits. Unlike the release of a cluster barrier, a
+ * send does not wait for the thread's earlier global stores (the residual's, a previous row's
+ * y), and only the receiver waits, for one one-way trip.
+ * Reduction k (`reductions` counts them) uses buffer k % 2 and completes phase k / 2 of its
+ * barrier. A buffer is written again at reduction k + 2, by a block that has received every
+ * warp's slot of reduction k + 1, which each warp sends after reading buffer k; that block's
+ * slots of k + 2 may land before the receiver's thread 0 arms the phase (the count of bytes
+ * still to land goes negative), but never before the phase of k completed. No cluster barrier
+ * at the end: a block's last wait returns only once everything sent to it has landed, and
+ * nothing is sent after it. */
+__device__ __forceinline__ float cluster_sum(float v, int &reductions) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
     return v;
 #else
-    __shared__ float slots[2][TK_NORM_CLUSTER_MAX_BLOCKS * TK_NORM_ROWS_MAX_THREADS / 32];
     v = tk_warp_sum(v);
+    cluster_exchange &x = cluster_shared();
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, blocks = cluster_blocks();
-    float *buf = slots[parity];
-    parity ^= 1;
+    const int parity = reductions & 1;
+    const uint32_t landed = tk_smem_address(&x.landed[parity]);
+    if (threadIdx.x == 0)
+        tk_mbarrier_arrive_expect_tx(landed, (uint32_t)(blocks * warps * sizeof(float)));
     if (lane < blocks)
-        *static_cast<float *>(__cluster_map_shared_rank(&buf[cluster_rank() * warps + (threadIdx.x >> 5)], lane)) = v;
-    __cluster_barrier_arrive();
-    __cluster_barrier_wait();
+        tk_cluster_send_f32(tk_smem_address(&x.sums[parity][cluster_rank() * warps + (threadIdx.x >> 5)]), landed,
+                            lane, v);
+    tk_mbarrier_wait(landed, (uint32_t)(reductions >> 1) & 1);
+    reductions++;
     float sum = 0.0f;
     for (int i = lane; i < blocks * warps; i += 32)
-        sum += buf[i];
+        sum += x.sums[parity][i];
     return tk_warp_sum(sum);
 #endif
 }
@@ -178,7 +213,8 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
     norm_fwd_rows(tk_norm_call a, int group, float inv_n, int slice_packs) {
     constexpr int PACKS = fwd_packs<VEC>();
     __shared__ float scratch[2][32];
-    int parity = 0;
+    int parity = 0;     /* group_sum's buffer */
+    int reductions = 0; /* cluster_sum's count */
     const W *w = static_cast<const W *>(a.weight);
     const W *b = static_cast<const W *>(a.bias);
     /* The block's first column, and its packs of the row. */
@@ -195,12 +231,12 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
     const int64_t base_step = Cluster ? (int64_t)(gridDim.x / cluster_blocks()) : (int64_t)gridDim.x * groups_per_block;
     auto row_sum = [&](float v) {
         if constexpr (Cluster)
-            return cluster_sum(v, parity);
+            return cluster_sum(v, reductions);
         else
             return group_sum<Whole>(v, group, scratch, parity);
     };
     if constexpr (Cluster)
-        cluster_arrive_started();
+        cluster_start();
 
     for (int64_t base = first_base; base < a.rows; base += base_step) {
         const int64_t row = base + local;
@@ -238,8 +274,7 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
                         h[p].v[e] = tk_from_float<T>(f[e] + g[e]);
-                    if constexpr (!Cluster)
-                        tk_store_pack<T, VEC>(res_row + j * VEC, h[p]);
+                    tk_store_pack<T, VEC>(res_row + j * VEC, h[p]);
                 }
                 tk_unpack(h[p], f); /* the rounded h that was stored */
 #pragma unroll
@@ -277,12 +312,6 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
          * LayerNorm has one) are lifted out of the loop: each combination gets its own copy of
          * the loop with no per-element select or add and no per-pack test. (h - mu) rstd stays
          * a subtraction first (h rstd - mu rstd would cancel for rows far from zero). */
-        if constexpr (Residual && Cluster) {
-#pragma unroll
-            for (int p = 0; p < PACKS; p++)
-                if (in_row(lane + p * group))
-                    tk_store_pack<T, VEC>(res_row + (lane + p * group) * VEC, h[p]);
-        }
         auto store_normalised = [&](auto scale_kind, auto with_bias) {
             constexpr int kind = decltype(scale_kind)::value;
 #pragma unroll

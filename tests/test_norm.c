@@ -542,12 +542,17 @@ static const struct {
     /* Forward rows wider than 8192: 16-bit ones on one 512-thread block up to 16384 (whole, and
      * 8200 one pack past 256 threads), then on clusters of 32 KB slices: 65536 is 4 whole
      * slices (f32: 8), 131072 8 (16-bit, the most), 40000 3 uneven ones (f32: 5), 16384 and
-     * 8200 2 f32 ones. */
+     * 8200 2 f32 ones, 98304 6 whole 16-bit ones, 114680 7 16-bit ones (the last one pack
+     * short); 400 rows of 16392 (2 uneven 16-bit slices, 3 f32) are several waves of clusters
+     * (cluster_blocks_agree covers f32 on 2 to 8 blocks as well). */
     {5, 16384, 0, 0, 0, 0, true, true, true, false, true, false},
     {3, 65536, 8, 16, 24, 0, true, true, true, true, true, false},
     {4, 40000, 0, 0, 0, 0, false, true, true, false, true, true},
     {3, 8200, 0, 0, 0, 0, true, false, false, false, true, false},
     {2, 131072, 0, 0, 0, 0, true, true, true, false, true, false},
+    {2, 98304, 0, 0, 0, 0, true, true, false, true, true, false},
+    {3, 114680, 8, 0, 16, 0, true, true, true, false, true, false},
+    {400, 16392, 8, 16, 24, 0, true, true, true, false, true, false},
 };
 
 static void run_all(bool backward) {
@@ -577,6 +582,68 @@ Test(norm_gpu, forward_all_shapes_dtypes_variants, .timeout = 600) {
 Test(norm_gpu, backward_all_shapes_dtypes_variants_deterministic, .timeout = 600) {
     TK_REQUIRE_GPU();
     run_all(true);
+}
+
+/* The blocks of a cluster hold the same statistics bit for bit, and the call is deterministic.
+ * f32 rows on 2 to 8 blocks, one pack short of 8192 columns a block (so 8192-column slices, the
+ * last one uneven), whose first 64 columns of every slice hold the same values: without a weight
+ * those columns of y are then equal bit for bit in every slice only if every block computed the
+ * same mean and rstd (a one-ulp difference in rstd changes most f32 products). A second call
+ * must give the same bits for y and the stats. */
+Test(norm_gpu, cluster_blocks_agree, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    if (!clusters_run_here())
+        cr_skip_test("cluster_vec16 does not run on this device or build");
+    tk_rng rng = tk_rng_seeded(35);
+    enum { rows = 3 };
+    const int64_t slice = 8192, same = 64;
+    for (int layernorm = 0; layernorm < 2; layernorm++)
+        for (int64_t blocks = 2; blocks <= 8; blocks++) {
+            tk_norm_params p = norm_params(TK_F32, TK_F32, rows, blocks * slice - 4);
+            const int64_t n = rows * p.cols;
+            const size_t bytes = (size_t)n * sizeof(float), stat_bytes = (size_t)rows * sizeof(float);
+            float *x = malloc(bytes), *y[2] = {malloc(bytes), malloc(bytes)};
+            float stats[2][2][rows]; /* call, mean / rstd, row */
+            cr_assert(x && y[0] && y[1]);
+            tk_fill_uniform(&rng, TK_F32, x, n, -1.0, 3.0);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t b = 1; b < blocks; b++)
+                    memcpy(x + r * p.cols + b * slice, x + r * p.cols, (size_t)same * sizeof(float));
+            void *x_dev = tk_dev_alloc(bytes), *y_dev = tk_dev_alloc(bytes);
+            float *mean = tk_dev_alloc(stat_bytes), *rstd = tk_dev_alloc(stat_bytes);
+            tk_to_dev(x_dev, x, bytes);
+            cr_assert_eq(tk_experimental_force_variant("norm", "cluster_vec16"), TK_SUCCESS);
+            for (int call = 0; call < 2; call++) {
+                tk_dev_poison(y_dev, bytes);
+                const tk_status s = layernorm ? tk_layernorm_fwd(&p, x_dev, NULL, NULL, NULL, y_dev, mean, rstd, NULL)
+                                              : tk_rmsnorm_fwd(&p, x_dev, NULL, NULL, y_dev, rstd, NULL);
+                cr_assert_eq(s, TK_SUCCESS, "%s", tk_last_error());
+                cr_assert_str_eq(tk_last_variant(), "cluster_vec16");
+                tk_dev_sync();
+                tk_to_host(y[call], y_dev, bytes);
+                if (layernorm) /* the RMSNorm writes no mean */
+                    tk_to_host(stats[call][0], mean, stat_bytes);
+                tk_to_host(stats[call][1], rstd, stat_bytes);
+            }
+            cr_assert_eq(tk_experimental_force_variant("norm", NULL), TK_SUCCESS);
+            const char *op = layernorm ? "layernorm" : "rmsnorm";
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t b = 1; b < blocks; b++)
+                    cr_assert(!memcmp(y[0] + r * p.cols + b * slice, y[0] + r * p.cols, (size_t)same * sizeof(float)),
+                              "%s on %lld blocks, row %lld: block %lld's statistics differ from block 0's", op,
+                              (long long)blocks, (long long)r, (long long)b);
+            cr_assert(!memcmp(y[0], y[1], bytes), "%s on %lld blocks: y differs between two calls", op, (long long)blocks);
+            cr_assert(!memcmp(stats[0][1], stats[1][1], stat_bytes) &&
+                          (!layernorm || !memcmp(stats[0][0], stats[1][0], stat_bytes)),
+                      "%s on %lld blocks: the stats differ between two calls", op, (long long)blocks);
+            tk_dev_free(x_dev);
+            tk_dev_free(y_dev);
+            tk_dev_free(mean);
+            tk_dev_free(rstd);
+            free(x);
+            free(y[0]);
+            free(y[1]);
+        }
 }
 
 /* The automatic choice: registers when the row fits and is aligned, else the next variant. */

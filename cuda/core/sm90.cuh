@@ -204,6 +204,16 @@ __device__ __forceinline__ void tk_cluster_send_f32x2(uint32_t slot, uint32_t ba
                  : "memory");
 }
 
+/* st.async of one f32, as tk_cluster_send_f32x2: for a partial that is a single value (a row
+ * sum), 4 bytes counted on the receiver's mbarrier. The same rules: asynchronous, clusters of
+ * two blocks or more. */
+__device__ __forceinline__ void tk_cluster_send_f32(uint32_t slot, uint32_t bar, int rank, float x) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                     tk_cluster_map(slot, rank)),
+                 "f"(x), "r"(tk_cluster_map(bar, rank))
+                 : "memory");
+}
+
 #endif
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
