@@ -812,3 +812,17 @@ def test_checked_params_are_cached_and_errors_never_are(fake_launch, monkeypatch
     assert not _attention._PLANS._plans and calls[-1]["softmax_scale"] == 0.5
     tkern.attention(q, q, q, window=(3, 0), out=FakeCudaArray((1, 8, 2, 64)))
     assert len(_attention._PLANS._plans) == 1 and calls[-1]["window_left"] == 3
+
+
+def test_scalar_keys_tell_apart_what_a_call_could_tell_apart():
+    """The key of a call's scalar arguments (Plans and the fast lane) holds each value's type and
+    each float's sign, and refuses anything that could change between calls."""
+    key = _arrays._scalars_key
+    assert key((1e-6, False, None, "swiglu", (3, None), 7)) is not None
+    assert key((1e-6, False)) == key((1e-6, False))
+    assert key((0.0,)) != key((-0.0,))          # alpha=-0.0 is not alpha=0.0
+    assert len({key((1,)), key((True,)), key((1.0,))}) == 3  # equal values, other types
+    assert key(((1, None),)) != key(((1, 2),))
+    assert key((object(),)) is None               # mutable or unknown: never keyed
+    assert key(((True, None),)) is None           # a tuple holds ints and None only
+    assert key(([3, None],)) is None

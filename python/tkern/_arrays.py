@@ -576,24 +576,23 @@ def ptr(a):
     return 0 if a is None else a.ptr
 
 
-_PLAIN_SCALARS = (int, bool, str, type(None))
+_KEY_SCALARS = frozenset((int, bool, float, str, type(None)))
 _PLAIN_INDICES = (int, type(None))
 
 
 def _scalars_key(scalars):
     """The scalar arguments as a key, or None when one is not a plain immutable value (an int,
-    float, str, None, or a tuple of ints and None): an object such as a 0-d tensor could change
-    between calls."""
-    values = []
-    for v in scalars:
-        t = type(v)
-        if t is float:  # the sign too: alpha=-0.0 is not alpha=0.0
-            values.append((t, v, math.copysign(1.0, v)))
-        elif t in _PLAIN_SCALARS or (t is tuple and all(type(e) in _PLAIN_INDICES for e in v)):
-            values.append((t, v))
-        else:
-            return None
-    return tuple(values)
+    bool, float, str, None, or a tuple of ints and None): an object such as a 0-d tensor could
+    change between calls. The key holds each value's type (True, 1 and 1.0 are equal values)
+    and each float's sign (alpha=-0.0 is not alpha=0.0)."""
+    types = tuple(map(type, scalars))
+    if not _KEY_SCALARS.issuperset(types) and not all(
+            t in _KEY_SCALARS or (t is tuple and all(type(e) in _PLAIN_INDICES for e in v))
+            for v, t in zip(scalars, types)):
+        return None
+    if float in types:
+        return types, scalars, tuple([math.copysign(1.0, v) for v in scalars if type(v) is float])
+    return types, scalars
 
 
 class Plans:
@@ -644,7 +643,8 @@ class Lane:
 
     A call whose arrays are all plain torch tensors (see plain_torch) on the current device,
     with no output and no stream given (how a model's forward calls), is keyed on each
-    tensor's dtype, shape, strides, device and negative bit and on the scalar arguments. The
+    tensor's dtype, shape, strides and device and on the scalar arguments (a tensor with the
+    negative bit, which DLPack refuses to export, takes the full path and its error). The
     first call with a key takes the function's full path, which checks everything and then
     stores its plan under the key: what a replay passes besides this call's pointers and
     stream (the params struct, as the byref() to pass when it holds no pointer), and how it
@@ -670,26 +670,30 @@ class Lane:
         t = _torch_state[0] or _torch()
         if t is None or stream is not None or outs.count(None) != len(outs):
             return self._MISS
+        values = _scalars_key(scalars)
+        if values is None:
+            return self._MISS
         (tensor, parameter), strided = t.types, t.strided
-        parts, device = [], None
+        # The key: the scalars, then per array slot None (absent) or its dtype, shape and
+        # strides (a dtype is never None, so the slots read back unambiguously), then the device.
+        key, device = [values], None
         for x in tensors:
             if x is None:
-                parts.append(None)
+                key.append(None)
                 continue
             tp = type(x)
             if ((tp is not tensor and tp is not parameter) or not x.is_cuda
-                    or x.layout is not strided):
+                    or x.layout is not strided or x.is_neg()):
                 return self._MISS
-            d = x.get_device()
-            if d != device:
-                if device is not None:
-                    return self._MISS
-                device = d
-            parts.append((x.dtype, x.shape, x.stride(), x.is_neg()))
-        values = _scalars_key(scalars)
-        if device is None or values is None or t.device() != device:
+            if device is None:
+                device = x.get_device()
+            elif x.get_device() != device:
+                return self._MISS
+            key += (x.dtype, x.shape, x.stride())
+        if device is None or t.device() != device:
             return self._MISS
-        key = (device, tuple(parts), values)
+        key.append(device)
+        key = tuple(key)
         plan = self._plans.get(key)
         if plan is None:
             return None, None, key
@@ -705,17 +709,7 @@ class Lane:
     run = staticmethod(replay)  # Lane.run(fn, *args): a replay's C call (see replay)
 
     @staticmethod
-    def output(ref, shape, dtype):
-        """An output of a replay, allocated as the full path allocates it (see allocator)."""
-        return allocator(_torch(), ref, shape, dtype)(ref)
-
-    @staticmethod
     def allocator(ref, shape, dtype):
         """For a plan: how a replay allocates an output of `shape` and dtype name `dtype` like
         the full path's, a function of the replay's reference tensor (see allocator)."""
         return allocator(_torch(), ref, shape, dtype)
-
-    @staticmethod
-    def ptr(t):
-        """The data pointer of an optional tensor (0 for None)."""
-        return 0 if t is None else t.data_ptr()

@@ -149,7 +149,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                             out=out, lse=lse, stream=stream, sinks=sinks, chunk_size=chunk_size,
                             prefix_len=prefix_len, document_ids=document_ids)
     c.run("tk_attention_fwd", _lib.byref(p), c.stream)
-    _LANE.put(lane_key, _plan(p, c))
+    if lane_key is not None:
+        _LANE.put(lane_key, _plan(p, c))
     return (out, lse) if return_lse else out
 
 
@@ -157,20 +158,34 @@ _LANE = Lane()
 
 
 def _plan(p, c):
-    """What a replay of the call of params p and Call c needs (see Lane)."""
-    la = c.get("lse")
-    return p, c["q"].dtype, None if la is None else la.shape
+    """What a replay of the call of params p and Call c needs (see Lane): the params and the
+    allocators of out and lse (None without lse)."""
+    qa, la = c["q"], c.get("lse")
+    return (p, Lane.allocator(qa.obj, qa.shape, qa.dtype),
+            None if la is None else Lane.allocator(qa.obj, la.shape, "float32"))
 
 
 def _replay(plan, q, k, v, alibi_slopes, return_lse, sinks=None, document_ids=None):
     """(params, out, lse) of a replayed call: the plan's params with this call's pointers."""
-    template, dtype, lse_shape = plan
+    template, new_out, new_lse = plan
     p = type(template).from_buffer_copy(template)
-    out = Lane.output(q, q.shape, dtype)
-    lse = Lane.output(q, lse_shape, "float32") if return_lse else None
-    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-    p.alibi_slopes, p.lse = Lane.ptr(alibi_slopes), Lane.ptr(lse)
-    p.sinks, p.document_ids = Lane.ptr(sinks), Lane.ptr(document_ids)
+    out = new_out(q)
+    lse = new_lse(q) if return_lse else None
+    set_field = _lib.set_field  # data_ptr()s: always within void *, nothing to check
+    set_field(p, "q", q.data_ptr())
+    set_field(p, "k", k.data_ptr())
+    set_field(p, "v", v.data_ptr())
+    set_field(p, "o", out.data_ptr())
+    # An array absent here was absent from the plan's call (the key says which are present):
+    # its field is 0 in the template.
+    if alibi_slopes is not None:
+        set_field(p, "alibi_slopes", alibi_slopes.data_ptr())
+    if lse is not None:
+        set_field(p, "lse", lse.data_ptr())
+    if sinks is not None:
+        set_field(p, "sinks", sinks.data_ptr())
+    if document_ids is not None:
+        set_field(p, "document_ids", document_ids.data_ptr())
     return p, out, lse
 
 
@@ -191,7 +206,8 @@ def sliding_window_attention(q, k, v, window_left, *, softcap=0.0, scale=None,
                             scale=scale, alibi_slopes=alibi_slopes, return_lse=return_lse,
                             layout=layout, out=out, lse=lse, stream=stream)
     c.run("tk_attention_sliding_fwd", _lib.byref(p), p.window_left, c.stream)
-    _SLIDING_LANE.put(lane_key, _plan(p, c))
+    if lane_key is not None:
+        _SLIDING_LANE.put(lane_key, _plan(p, c))
     return (out, lse) if return_lse else out
 
 
