@@ -326,10 +326,14 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
                             scale[e] = 1.0f;
                     } else {
                         norm_load_params<W, VEC>(w, col0 + j * VEC, scale);
-                        if constexpr (kind == SCALE_GEMMA)
+                        /* Braced: CUDA 13.0's front end silently dropped the #pragma unroll loop
+                         * that followed a discarded, unbraced if constexpr over a loop (it did so
+                         * in the attention backward); here the block ends next, but keep braces. */
+                        if constexpr (kind == SCALE_GEMMA) {
 #pragma unroll
                             for (int e = 0; e < VEC; e++)
                                 scale[e] += 1.0f;
+                        }
                     }
                     tk_pack<T, VEC> out;
                     if constexpr (decltype(with_bias)::value) {
