@@ -313,9 +313,20 @@ static bool sm90_persistent_claims(const attn_case *c) {
     return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
 }
 
-/* "wgmma_sm90_wide": head dims 64 and 128 there (192 query rows at 64, 176 keys at 128). */
+/* Whether every query sees every key once the library has resolved the mask (as packed_claims
+ * does): no window bounded on either side, at most one chunk, no prefix, no documents. */
+static bool sees_every_key(const attn_case *c) {
+    const int64_t right = c->sliding || c->causal ? 0 : c->window_right;
+    const bool left_open = c->window_left < 0 || c->window_left >= c->seqlen_k - 1;
+    const bool right_open = right < 0 || right >= c->seqlen_q - 1;
+    const bool one_chunk = c->chunk == 0 || (c->seqlen_k <= c->chunk && c->seqlen_q <= c->seqlen_k);
+    return left_open && right_open && one_chunk && c->prefix == 0 && c->doc_len == 0;
+}
+
+/* "wgmma_sm90_wide": head dims 64 and 128 there (192 query rows at 64, 176 keys at 128), calls in
+ * which every query sees every key; the automatic choice wherever it claims the case. */
 static bool sm90_wide_claims(const attn_case *c) {
-    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
+    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here() && sees_every_key(c);
 }
 
 /* The fp64 reference (exact and naive rows, exact lse) of the last case run_case checked: every
@@ -456,7 +467,11 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
         tk_dev_free(dslopes); tk_dev_free(dsinks); tk_dev_free(dids);
         return NULL;
     }
-    const char *expected = variant ? variant : sm90 ? "wgmma_sm90" : packed ? "mma_sm80_packed" : "mma_sm80";
+    const char *expected = variant                 ? variant
+                           : sm90_wide_claims(c) ? "wgmma_sm90_wide"
+                           : sm90                ? "wgmma_sm90"
+                           : packed              ? "mma_sm80_packed"
+                                                 : "mma_sm80";
     cr_assert_str_eq(named, expected, "%s: tk_attention_supported named %s", what, named);
     const tk_status s = c->sliding ? tk_attention_sliding_fwd(&p, c->window_left, NULL)
                                    : tk_attention_fwd(&p, NULL);
@@ -725,7 +740,8 @@ Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
 
 /* Query lengths around the wide variant's 192-row tile at head dim 64 (and its 176-key tile at
  * 128): its third consumer warpgroup's rows partly or wholly past seqlen_q, a second tile of one
- * row, several tiles; dense, causal and a window, every variant forced. */
+ * row, several tiles; dense (which the wide variant runs, also unforced), causal and a window
+ * (which it declines), every variant forced. */
 Test(attention_gpu, wide_tile_edges, .timeout = 600) {
     TK_REQUIRE_GPU();
     static const int64_t lengths[][2] = {{191, 191}, {192, 192}, {193, 193}, {385, 300}, {130, 353}};
@@ -833,9 +849,9 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_REQUIRE_GPU();
     const tk_attention_params ok = host_params(); /* never launched: host pointers are fine */
     const char *name = NULL;
-    /* Head dim 64: the Hopper variant first where it runs. */
+    /* Head dim 64, nothing masked: the wide Hopper variant first where it runs. */
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80");
+    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
     TK_EXPECT_STATUS(tk_attention_supported(&ok, NULL), TK_SUCCESS, "");
     tk_attention_params window = ok; /* a sliding window over a GQA group of 2 */
     window.causal = 1, window.window_left = 4;
@@ -874,12 +890,20 @@ Test(attention_gpu, supported_names_the_variant) {
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_persistent\"");
-    /* The wide variant: head dims 64 and 128. */
+    /* The wide variant: head dims 64 and 128, calls in which every query sees every key (the
+     * automatic choice there: d128_open below names it unforced too). */
+    tk_attention_params d128_open = d128;
+    d128_open.causal = 0, d128_open.window_left = -1;
+    TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name), TK_SUCCESS, "");
+    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
-    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+    TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name),
+                     sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"wgmma_sm90_wide\""); /* a causal sliding window */
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_wide\"");
     tk_experimental_force_variant("attention", NULL);
