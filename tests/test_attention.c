@@ -740,8 +740,8 @@ Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
 
 /* Query lengths around the wide variant's 192-row tile at head dim 64 (and its 176-key tile at
  * 128): its third consumer warpgroup's rows partly or wholly past seqlen_q, a second tile of one
- * row, several tiles; dense (which the wide variant runs, also unforced), causal and a window
- * (which it declines), every variant forced. */
+ * row, several tiles; dense (which the wide variant runs, also unforced: each case also runs
+ * the automatic choice), causal and a window (which it declines), every variant forced. */
 Test(attention_gpu, wide_tile_edges, .timeout = 600) {
     TK_REQUIRE_GPU();
     static const int64_t lengths[][2] = {{191, 191}, {192, 192}, {193, 193}, {385, 300}, {130, 353}};
@@ -751,6 +751,7 @@ Test(attention_gpu, wide_tile_edges, .timeout = 600) {
             for (int causal = 0; causal < 2; causal++) {
                 attn_case c = {DTYPES[l % 2], 1, lengths[l][0], lengths[l][1], 4, 2, d, false, causal,
                                causal && l == 3 ? 100 : -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0};
+                free(run_case(&c, NULL, seed)); /* the automatic choice: wide where dense */
                 run_case_all_variants(&c, seed++);
             }
 }
