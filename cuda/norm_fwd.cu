@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
      * and larger calls find them in L2 anyway. Not in a cluster: the wait for its blocks to start
      * invalidates L1. */
     if constexpr (!Cluster) {
-        if (a.rows <= NORM_DECODE_ROWS) {
+        if (a.rows <= NORM_DECODE_ROWS && local == 0) { /* one row's group per block suffices */
 #pragma unroll
             for (int p = 0; p < PACKS; p++) {
                 const int j = lane + p * group;
