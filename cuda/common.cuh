@@ -84,6 +84,10 @@ template <typename T, int N> struct alignas(sizeof(T) * N) tk_pack {
     T v[N];
 };
 
+/* prefetch.global.L1: asks for the line holding p in this SM's L1 (and in L2) without waiting
+ * and without a register: a hint, for data that a kernel reads later, behind a dependency. */
+__device__ __forceinline__ void tk_prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 template <typename T, int N> __device__ __forceinline__ tk_pack<T, N> tk_load_pack(const T *p) {
     if constexpr (sizeof(T) * N == 16) {
         tk_pack<T, N> r;

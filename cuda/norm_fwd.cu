@@ -53,6 +53,8 @@ namespace {
 
 constexpr int WIDE_THREADS = 512;
 constexpr int WIDE_UNROLL = 2;
+/* A decode step's rows (a token per row, up to a batch of 64): the calls that prefetch w' and b. */
+constexpr int64_t NORM_DECODE_ROWS = 64;
 
 /* Packs per thread: 4 of 16 bytes (16 f32 or 32 f16 / bf16 elements), or 8 scalars. */
 template <int VEC> constexpr int fwd_packs() { return VEC > 1 ? TK_NORM_FWD_PACKS : TK_NORM_FWD_ELEMS_SCALAR; }
@@ -237,6 +239,26 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
     };
     if constexpr (Cluster)
         cluster_start();
+    /* A decode-sized call (NORM_DECODE_ROWS rows or fewer, the whole kernel's time counts) reads
+     * w' and b only after the row's reductions, a second DRAM round trip after x's; prefetched
+     * beside x's loads, the two overlap. Only there: prefetched at every block's start, they cost
+     * the 16384 x 4096 16-bit rows a third of their speed on the H200 (the card's Tried table),
+     * and larger calls find them in L2 anyway. Not in a cluster: the wait for its blocks to start
+     * invalidates L1. */
+    if constexpr (!Cluster) {
+        if (a.rows <= NORM_DECODE_ROWS && local == 0) { /* one row's group per block suffices */
+#pragma unroll
+            for (int p = 0; p < PACKS; p++) {
+                const int j = lane + p * group;
+                if (Whole || j < packs_row) {
+                    if (w)
+                        tk_prefetch_l1(w + col0 + j * VEC);
+                    if (LayerNorm && b)
+                        tk_prefetch_l1(b + col0 + j * VEC);
+                }
+            }
+        }
+    }
 
     for (int64_t base = first_base; base < a.rows; base += base_step) {
         const int64_t row = base + local;
