@@ -1,4 +1,4 @@
-/* Attention backward: bf16 training shapes (Llama-style GQA, D 128). TFLOP/s count the
+/* Attention backward: bf16 training shapes (Llama-style GQA, D 128; Gemma-style D 256). TFLOP/s count the
  * backward as 2.5 x the forward's FLOPs of the visible (query, key) pairs, 2.5 x 4 x batch x
  * heads_q x head_dim x pairs (five products of the forward's size instead of two), the
  * convention of FlashAttention's benchmarks. The forward runs once first for o and lse. No
@@ -81,6 +81,10 @@ extern "C" void bench_attention_bwd(bench_ctx *ctx) {
          32, 8, 128, 0},
         {"attention bwd causal", "attention bwd causal deterministic", "B4 H32/8 S4096 D128", 4,
          4096, 32, 8, 128, 1},
+        {"attention bwd dense", "attention bwd dense deterministic", "B4 H16/8 S4096 D256", 4, 4096,
+         16, 8, 256, 0},
+        {"attention bwd causal", "attention bwd causal deterministic", "B4 H16/8 S4096 D256", 4,
+         4096, 16, 8, 256, 1},
     };
     for (const bwd_shape &s : shapes)
         bench_shape(ctx, s);

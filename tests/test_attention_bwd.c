@@ -20,15 +20,22 @@
 #include "ref/attention_ref.h"
 
 /* The variants in selection order; each GPU case runs every one that claims it. */
-static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80"};
-enum { BN128, MMA, VARIANT_COUNT };
+static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
+enum { BN128, D256, MMA, VARIANT_COUNT };
 
 /* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
  * D, dS^T, the key table; rows padded by 16 bytes) plus the deterministic kernel's ticket: it
- * claims the devices that allow that much (at head dim 128 not sm_86 / sm_89). */
+ * claims head dims 64 and 128 on the devices that allow that much (at 128 not sm_86 / sm_89). */
 static int bn128_smem(int64_t head_dim) {
     const int bm = head_dim == 64 ? 64 : 32, row = 2 * (int)head_dim + 16;
     return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 4;
+}
+
+/* "mma_sm80_d256" at head dim 256: K and V of 64 keys, two stages of 32 query rows, dS^T and P^T,
+ * the key table, the ticket (143 KB: sm_80 and sm_90, not sm_86 / sm_89). */
+static int d256_smem(void) {
+    const int row = 2 * 256 + 16;
+    return 2 * 64 * row + 2 * (2 * 32 * row + 2 * 32 * 4) + 2 * 64 * (2 * 32 + 16) + 64 * 8 + 4;
 }
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
@@ -91,8 +98,8 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(seqlen_q = 0, TK_ERROR_INVALID_VALUE, "p->seqlen_q");
     REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 2 is not a multiple of p->heads_kv");
     REJECT(head_dim = 72, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 72 is not supported");
-    REJECT(head_dim = 96, TK_ERROR_NOT_SUPPORTED, "by the backward yet; accepted: 64, 128");
-    REJECT(head_dim = 256, TK_ERROR_NOT_SUPPORTED, "by the backward yet");
+    REJECT(head_dim = 96, TK_ERROR_NOT_SUPPORTED, "by the backward yet; accepted: 64, 128, 256");
+    REJECT(head_dim = 80, TK_ERROR_NOT_SUPPORTED, "by the backward yet");
     REJECT(softmax_scale = NAN, TK_ERROR_INVALID_VALUE, "p->softmax_scale");
     REJECT(causal = 2, TK_ERROR_INVALID_VALUE, "p->causal");
     REJECT(window_left = -2, TK_ERROR_INVALID_VALUE, "p->window_left");
@@ -181,7 +188,10 @@ Test(attention_bwd_args, workspace_size) {
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(NULL, &bytes), TK_ERROR_NULL_POINTER, "'p'");
     p.batch = -2;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->batch");
-    p.batch = 1, p.head_dim = 80;
+    p.batch = 1, p.head_dim = 256; /* the accumulator grows with the head dim, the rest does not */
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)(32 + 30 * 256) * 4, "workspace %zu bytes", bytes);
+    p.head_dim = 80;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_NOT_SUPPORTED, "p->head_dim");
 }
 
@@ -196,7 +206,7 @@ Test(attention_bwd_args, force_variant_names) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80_packed"),
-                     TK_ERROR_INVALID_VALUE, "\"mma_sm80_bn128\", \"mma_sm80\"");
+                     TK_ERROR_INVALID_VALUE, "\"mma_sm80_bn128\", \"mma_sm80_d256\", \"mma_sm80\"");
 }
 
 /* ------------------------------------------------- the reference (host, finite differences) ---- */
@@ -597,11 +607,17 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
 
     /* Each variant forced: those that claim the call run it `runs` times on poisoned gradients,
      * workspace and dsinks, every run bit-identical to the first, whose gradients are checked;
-     * the others must refuse it. */
+     * the others must refuse it, and the call with none forced too if none claims it. */
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
-    const bool claims[VARIANT_COUNT] = {[BN128] = bn128_smem(c->head_dim) <= info.max_smem_per_block,
-                                        [MMA] = true};
+    const bool d256 = c->head_dim == 256;
+    const bool claims[VARIANT_COUNT] = {
+        [BN128] = !d256 && bn128_smem(c->head_dim) <= info.max_smem_per_block,
+        [D256] = d256 && d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
+    if (!claims[BN128] && !claims[D256] && !claims[MMA]) {
+        cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
+        TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, "no variant");
+    }
     void *rdq = malloc((size_t)nq * es), *rdk = malloc((size_t)nk * es), *rdv = malloc((size_t)nk * es);
     cr_assert(rdq && rdk && rdv);
     for (int v = 0; v < VARIANT_COUNT; v++) {
@@ -726,21 +742,45 @@ Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
         run_case(&SPECIALISED_CASES[i], 300 + i);
 }
 
+/* Head dim 256 ("mma_sm80_d256": two warps per key, 64 keys per CTA): dense and causal with
+ * lengths that cut the 64-key and 32-row tiles, seqlen_q above and below seqlen_k, fewer keys
+ * than one key group's 16, GQA and MQA, windows, softcap, ALiBi, a strided layout, and the
+ * specialised masks with sinks. */
+static const bwd_case D256_CASES[] = {
+    {TK_BF16, 2, 130, 130, 4, 4, 256, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 100, 150, 2, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 150, 90, 2, 1, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 96, 96, 8, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 200, 200, 2, 2, 256, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 70, 13, 3, 1, 256, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 65, 65, 2, 1, 256, true, 1, 20, -1, 30.0f, true, false, 0, 0, 0},
+    {TK_BF16, 1, 150, 230, 4, 2, 256, false, 0, 30, 10, 0.0f, true, false, 40, 0, 60},
+    {TK_F16, 1, 120, 200, 4, 2, 256, false, 1, -1, -1, 10.0f, false, false, 0, 150, 0},
+    {TK_BF16, 2, 100, 100, 4, 2, 256, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+};
+
+Test(attention_bwd_gpu, head_dim_256, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof D256_CASES / sizeof D256_CASES[0]; i++)
+        run_case(&D256_CASES[i], 500 + i);
+}
+
 /* deterministic = 1 on every shape above, by the same accuracy rule, each run twice. */
 Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[3] = {
+    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[4] = {
         {MASK_CASES, sizeof MASK_CASES / sizeof MASK_CASES[0], 100},
         {GQA_CASES, sizeof GQA_CASES / sizeof GQA_CASES[0], 200},
         {SPECIALISED_CASES, sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0], 300},
+        {D256_CASES, sizeof D256_CASES / sizeof D256_CASES[0], 500},
     };
-    for (int l = 0; l < 3; l++)
+    for (int l = 0; l < 4; l++)
         for (size_t i = 0; i < lists[l].count; i++)
             run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2);
 }
 
 /* deterministic = 1: dq, dk, dv bit-identical over 3 runs where many key tiles add to each query
- * tile (causal GQA, 8 key tiles of 128 or 16 of 64), and under masks that keep key tiles from some query tiles
+ * tile (causal GQA, 8 key tiles of 128 or 16 of 64; at head dim 256 10 of 64), and under masks that keep key tiles from some query tiles
  * (windows on both sides with seqlen_q < seqlen_k; a causal window over documents), so that
  * the chains of adds start and end at different key tiles. */
 Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
@@ -749,6 +789,8 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
         {TK_BF16, 1, 1024, 1024, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         {TK_F16, 2, 600, 700, 4, 2, 64, false, 0, 100, 40, 0.0f, false, false, 0, 0, 0},
         {TK_BF16, 1, 640, 640, 4, 1, 128, false, 1, 150, -1, 0.0f, false, false, 0, 0, 200},
+        {TK_BF16, 1, 640, 640, 4, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 1, 500, 600, 2, 1, 256, false, 0, 90, 30, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case_runs(&cases[i], 400 + i, 1, 3);

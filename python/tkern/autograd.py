@@ -285,8 +285,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, al
     """tkern.attention with gradients for q, k and v (GQA: dk, dv summed over each group) and
     the sink logits (sinks, float32 [heads_q], as learnable_sink). The forward keeps its output
     and log-sum-exp for the backward kernel (tk_attention_bwd), which takes every forward
-    option (chunk_size, prefix_len and document_ids too); the backward supports head_dim 64 and
-    128 (another raises tkern.TkernError when backpropagated). No gradient flows to
+    option (chunk_size, prefix_len and document_ids too); the backward supports head_dim 64, 128
+    and 256 (another, or 256 on a device without the shared memory for it, raises
+    tkern.TkernError when backpropagated). No gradient flows to
     alibi_slopes or document_ids. deterministic=True makes dq bit-identical from run to run
     (attention_backward's deterministic)."""
     kwargs = dict(causal=causal, window=window, softcap=softcap, scale=scale, layout=layout,
