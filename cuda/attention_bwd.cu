@@ -656,8 +656,12 @@ cudaError_t attn_bwd_variant(const tk_attention_bwd_call *c, const tk_device *de
 
 /* Whether the device's shared memory per block holds shape <D, WARPS>, the deterministic
  * kernel's static ticket counted too. */
+/* The dynamic shared memory plus the static: the deterministic kernel's ticket, which the
+ * dynamic part's 128-byte alignment rounds up to 128 bytes (ptxas -v). */
+constexpr int ATTN_BWD_STATIC_SMEM = 128;
+
 template <int D, int WARPS> bool attn_bwd_fits(const tk_device *dev) {
-    return attn_bwd_shape<D, WARPS>::SMEM_BYTES + (int)sizeof(unsigned) <= dev->max_smem_optin;
+    return attn_bwd_shape<D, WARPS>::SMEM_BYTES + ATTN_BWD_STATIC_SMEM <= dev->max_smem_optin;
 }
 
 } // namespace

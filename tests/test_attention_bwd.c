@@ -24,18 +24,19 @@ static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80_d256", "mma_s
 enum { BN128, D256, MMA, VARIANT_COUNT };
 
 /* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
- * D, dS^T, the key table; rows padded by 16 bytes) plus the deterministic kernel's ticket: it
+ * D, dS^T, the key table; rows padded by 16 bytes) plus the static shared memory (the
+ * deterministic kernel's ticket, 128 bytes with the dynamic part's alignment): it
  * claims head dims 64 and 128 on the devices that allow that much (at 128 not sm_86 / sm_89). */
 static int bn128_smem(int64_t head_dim) {
     const int bm = head_dim == 64 ? 64 : 32, row = 2 * (int)head_dim + 16;
-    return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 4;
+    return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 128;
 }
 
 /* "mma_sm80_d256" at head dim 256: K and V of 64 keys, two stages of 32 query rows, dS^T and P^T,
  * the key table, the ticket (143 KB: sm_80 and sm_90, not sm_86 / sm_89). */
 static int d256_smem(void) {
     const int row = 2 * 256 + 16;
-    return 2 * 64 * row + 2 * (2 * 32 * row + 2 * 32 * 4) + 2 * 64 * (2 * 32 + 16) + 64 * 8 + 4;
+    return 2 * 64 * row + 2 * (2 * 32 * row + 2 * 32 * 4) + 2 * 64 * (2 * 32 + 16) + 64 * 8 + 128;
 }
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
@@ -655,7 +656,15 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
         if (c->sinks)
             check_dsinks(c, run_what, &ref, q64, k64, v64, do64, host_slopes, o, lse, dsinks);
     }
+    /* Unforced, the first variant of the table (VARIANTS' order) that claims the call runs it. */
     cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
+    for (int v = 0; v < VARIANT_COUNT; v++)
+        if (claims[v]) {
+            cr_assert_eq(tk_attention_bwd(&p, NULL), TK_SUCCESS, "%s: %s", what, tk_last_error());
+            cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s: the automatic choice ran %s", what,
+                             tk_last_variant());
+            break;
+        }
     free(rdq); free(rdk); free(rdv);
 
     free(q64); free(k64); free(v64); free(do64);
@@ -780,9 +789,12 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
 }
 
 /* deterministic = 1: dq, dk, dv bit-identical over 3 runs where many key tiles add to each query
- * tile (causal GQA, 8 key tiles of 128 or 16 of 64; at head dim 256 10 of 64), and under masks that keep key tiles from some query tiles
- * (windows on both sides with seqlen_q < seqlen_k; a causal window over documents), so that
- * the chains of adds start and end at different key tiles. */
+ * tile (causal GQA, 8 key tiles of 128 or 16 of 64; at head dim 256 10 of 64), and under masks
+ * that keep key tiles from some query tiles (windows on both sides with seqlen_q < seqlen_k; a
+ * causal window over documents), so that the chains of adds start and end at different key
+ * tiles; and grids of more CTAs than an H200 holds at once (192 or 384 at head dim 64, 160 at
+ * 256, against 132 SMs of one CTA each for the 8-warp tiles), so that CTAs wait on the
+ * semaphores of CTAs that are not resident yet. */
 Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
@@ -791,6 +803,8 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
         {TK_BF16, 1, 640, 640, 4, 1, 128, false, 1, 150, -1, 0.0f, false, false, 0, 0, 200},
         {TK_BF16, 1, 640, 640, 4, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         {TK_F16, 1, 500, 600, 2, 1, 256, false, 0, 90, 30, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 384, 384, 64, 64, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case_runs(&cases[i], 400 + i, 1, 3);
