@@ -31,9 +31,14 @@ namespace {
  * dV and 2 x 16 BM / (32 COL_WARPS) of S^T, dP^T, in kernels that use 220 to 250 of their 255
  * registers: BM = 64 at D 128 (or 128 at D 64) adds 32 (64) and ptxas spills; at D 256 one warp
  * per key would need 256 for dK and dV alone, so two warps share each key: 128 + 16, less than
- * at D 128 with BM 32 (BM 64 there would need 217.5 KB of shared memory, sm_90 only). */
+ * at D 128 with BM 32 (BM 64 there would need 217.5 KB of shared memory, sm_90 only). D 80 takes
+ * BM = 64 (80 + 64, below D 128's 128 + 32): with 32 rows its dQ (32 x 80: two m16 by ten n8)
+ * has no even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
+ * 8-warp kernel spills at sm_90a. */
 template <int D> struct attn_bwd_tile;
 template <> struct attn_bwd_tile<64> { static constexpr int BM = 64, COL_WARPS = 1; };
+template <> struct attn_bwd_tile<80> { static constexpr int BM = 64, COL_WARPS = 1; };
+template <> struct attn_bwd_tile<96> { static constexpr int BM = 32, COL_WARPS = 1; };
 template <> struct attn_bwd_tile<128> { static constexpr int BM = 32, COL_WARPS = 1; };
 template <> struct attn_bwd_tile<256> { static constexpr int BM = 32, COL_WARPS = 2; };
 
@@ -47,26 +52,37 @@ constexpr int BWD_SM_WARPS = 8;
 constexpr int BWD_WARPS = 8;
 constexpr int BWD_WARPS_SMALL = 4;
 
+/* The column blocks of dQ (BM x D) over `warps` warps: as many as there are warps, down to 16
+ * columns each, such that the warps, D's n8 tiles and BM's m16 rows all split evenly; the
+ * remaining warps split the rows. */
+constexpr int attn_bwd_dq_col_warps(int d, int warps, int bm) {
+    for (int cols = warps < d / 16 ? warps : d / 16; cols > 1; cols--)
+        if (warps % cols == 0 && d / 8 % cols == 0 && bm / 16 % (warps / cols) == 0)
+            return cols;
+    return 1;
+}
+
 /* The main kernel's plan for WARPS warps: BN = 16 WARPS / COL_WARPS keys, warp w owning keys
  * 16 (w / COL_WARPS) .. + 15, of them queries BM / COL_WARPS (w % COL_WARPS) .. + BM / COL_WARPS - 1
  * of S^T and dP^T and columns D / COL_WARPS (w % COL_WARPS) .. of dK and dV. With COL_WARPS > 1 a
  * key's warps trade P^T and dS^T through shared memory (dS^T is there for dQ anyway), so S^T and
  * dP^T are computed once. dQ = dS K (BM x D over the BN keys) is split into DQ_ROW_WARPS x
- * DQ_COL_WARPS blocks of DQ_ROWS x DQ_COLS, one per warp: as many column blocks as there are warps
- * down to 16 columns (one transposed ldmatrix.x4 of K), then row blocks. Per k16 step a warp loads
- * DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 16 B pairs (K) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
- * 4 warps 64 x 16 (D 64) and 32 x 32 (D 128), 8 warps 32 x 16 at D 64 and 128, 32 x 32 at 256. */
+ * DQ_COL_WARPS blocks of DQ_ROWS x DQ_COLS, one per warp (attn_bwd_dq_col_warps). Per k16 step a
+ * warp loads DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 8 B fragments (K, by transposed
+ * ldmatrix: .x4 per two n8 tiles, .x2 for an odd last one) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
+ * 4 warps 64 x 16 (D 64), 32 x 40 (D 80), 32 x 24 (D 96) and 32 x 32 (D 128); 8 warps 32 x 16 at
+ * D 64 and 128, 16 x 40 at D 80, 16 x 24 at D 96, 32 x 32 at 256. */
 template <int D, int WARPS> struct attn_bwd_shape {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int MIN_CTAS = BWD_SM_WARPS / WARPS;
     static constexpr int COL_WARPS = attn_bwd_tile<D>::COL_WARPS;
     static constexpr int BN = 16 * WARPS / COL_WARPS;
     static constexpr int BM = attn_bwd_tile<D>::BM;
-    static constexpr int DQ_COL_WARPS = WARPS < D / 16 ? WARPS : D / 16;
+    static constexpr int DQ_COL_WARPS = attn_bwd_dq_col_warps(D, WARPS, BM);
     static constexpr int DQ_ROW_WARPS = WARPS / DQ_COL_WARPS;
     static constexpr int DQ_ROWS = BM / DQ_ROW_WARPS, DQ_COLS = D / DQ_COL_WARPS;
-    static_assert(DQ_ROW_WARPS * DQ_COL_WARPS == WARPS && DQ_ROWS % 16 == 0 && DQ_COLS % 16 == 0,
-                  "whole m16 and n16 blocks of dQ per warp");
+    static_assert(DQ_ROW_WARPS * DQ_COL_WARPS == WARPS && DQ_ROWS % 16 == 0 && DQ_COLS % 8 == 0,
+                  "whole m16 rows and n8 columns of dQ per warp");
     static constexpr int ROW = 2 * D + 16;  /* bytes per padded Q, K, V, dO row */
     static constexpr int S_ROW = 2 * BM + 16; /* bytes per padded dS^T row (one key) */
     static constexpr int K_BYTES = BN * ROW;
@@ -195,7 +211,9 @@ __global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dq(const attn_bwd_params
  * they share no later in its walk than n does, and the waits mostly find the semaphore set. */
 constexpr int ORDER_HEADER = 4; /* ints before the semaphores: the ticket counter, 16 bytes */
 constexpr int ORDER_ROWS = 32;  /* query rows per semaphore in the workspace: the smallest BM */
-static_assert(attn_bwd_tile<64>::BM % ORDER_ROWS == 0 && attn_bwd_tile<128>::BM % ORDER_ROWS == 0 &&
+static_assert(attn_bwd_tile<64>::BM % ORDER_ROWS == 0 && attn_bwd_tile<80>::BM % ORDER_ROWS == 0 &&
+                  attn_bwd_tile<96>::BM % ORDER_ROWS == 0 &&
+                  attn_bwd_tile<128>::BM % ORDER_ROWS == 0 &&
                   attn_bwd_tile<256>::BM % ORDER_ROWS == 0,
               "a query tile needs its own semaphore");
 
@@ -516,15 +534,24 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 #pragma unroll
             for (int mq = 0; mq < MQ; mq++)
                 tk_ldmatrix_x4<true>(a[mq], s_ds + ks * 16 * S_ROW + ds_lane + dq_row0 * 2 + mq * 32);
+            const uint32_t k_at = s_k + ks * 16 * ROW + ab_lane + dq_col0 * 2;
 #pragma unroll
             for (int np = 0; np < WDT / 2; np++) {
                 uint32_t b[4];
-                tk_ldmatrix_x4<true>(b, s_k + ks * 16 * ROW + ab_lane + dq_col0 * 2 + np * 32);
+                tk_ldmatrix_x4<true>(b, k_at + np * 32);
 #pragma unroll
                 for (int mq = 0; mq < MQ; mq++) {
                     tk_mma_16816<T>(dq[mq][2 * np], a[mq], b[0], b[1]);
                     tk_mma_16816<T>(dq[mq][2 * np + 1], a[mq], b[2], b[3]);
                 }
+            }
+            /* An odd last n8 tile (D 80, 96): lanes 0-15 name its two matrices. */
+            if constexpr (WDT % 2) {
+                uint32_t b[2];
+                tk_ldmatrix_x2_trans(b, k_at + WDT / 2 * 32);
+#pragma unroll
+                for (int mq = 0; mq < MQ; mq++)
+                    tk_mma_16816<T>(dq[mq][WDT - 1], a[mq], b[0], b[1]);
             }
         }
         if constexpr (DET) {
@@ -639,7 +666,7 @@ cudaError_t attn_bwd_head(const tk_attention_bwd_call *c, const tk_device *dev, 
                             : attn_bwd_launch<T, D, WARPS, false>(c, dev, stream);
 }
 
-/* The one-warp-per-key shapes: head dims 64 and 128. */
+/* The one-warp-per-key shapes: head dims 64, 80, 96 and 128. */
 template <int WARPS>
 cudaError_t attn_bwd_variant(const tk_attention_bwd_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
@@ -647,6 +674,10 @@ cudaError_t attn_bwd_variant(const tk_attention_bwd_call *c, const tk_device *de
         switch (c->fwd.head_dim) {
         case 64:
             return attn_bwd_head<T, 64, WARPS>(c, dev, stream);
+        case 80:
+            return attn_bwd_head<T, 80, WARPS>(c, dev, stream);
+        case 96:
+            return attn_bwd_head<T, 96, WARPS>(c, dev, stream);
         case 128:
             return attn_bwd_head<T, 128, WARPS>(c, dev, stream);
         }
@@ -672,12 +703,16 @@ extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, i
     return ((rows + 3) / 4 * 4 + rows * (size_t)c->head_dim + order) * sizeof(float);
 }
 
-/* The 8-warp tiles need 92 KB (D 64) or 113.5 KB (D 128) per block, the latter beyond the 99 KB
- * of sm_86 and sm_89. */
+/* The 8-warp tiles need 92 KB (D 64), 108 KB (D 80), 89.5 KB (D 96) or 113.5 KB (D 128) per block:
+ * D 80 and 128 are beyond the 99 KB of sm_86 and sm_89. */
 extern "C" bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev) {
-    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
-    return c->fwd.head_dim == 64 ? attn_bwd_fits<64, BWD_WARPS>(dev)
-                                 : c->fwd.head_dim == 128 && attn_bwd_fits<128, BWD_WARPS>(dev);
+    switch (static_cast<const tk_attention_bwd_call *>(call)->fwd.head_dim) {
+    case 64: return attn_bwd_fits<64, BWD_WARPS>(dev);
+    case 80: return attn_bwd_fits<80, BWD_WARPS>(dev);
+    case 96: return attn_bwd_fits<96, BWD_WARPS>(dev);
+    case 128: return attn_bwd_fits<128, BWD_WARPS>(dev);
+    default: return false;
+    }
 }
 
 extern "C" cudaError_t tk_attention_bwd_launch_mma_bn128(const void *call, const tk_device *dev,
@@ -702,10 +737,10 @@ extern "C" cudaError_t tk_attention_bwd_launch_mma_d256(const void *call, const 
     });
 }
 
-/* The 4-warp tiles fit every sm_80+ device at head dims 64 and 128 (74 KB at most). */
+/* The 4-warp tiles fit every sm_80+ device at head dims 64 to 128 (76.5 KB at most, D 80). */
 extern "C" bool tk_attention_bwd_supports_mma(const void *call, const tk_device *) {
     const int d = static_cast<const tk_attention_bwd_call *>(call)->fwd.head_dim;
-    return d == 64 || d == 128;
+    return d == 64 || d == 80 || d == 96 || d == 128;
 }
 
 extern "C" cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev,

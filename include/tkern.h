@@ -834,9 +834,9 @@ TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_param
  * like k and v; each is written whole, must not overlap any input, the workspace or another
  * gradient, and no two of its elements may share an address. workspace: device memory of
  * workspace_bytes >= tk_attention_bwd_workspace_size(p), 16-byte aligned, overwritten.
- * head_dim: 64, 128 or 256 (80 and 96 TK_ERROR_NOT_SUPPORTED for now); 256 runs on compute
- * capability 8.0 and 9.x (and others whose shared memory per block holds 143 KB), not on 8.6 /
- * 8.9, where the call fails with TK_ERROR_NOT_SUPPORTED.
+ * head_dim: 64, 80, 96, 128 or 256; 256 runs on compute capability 8.0 and 9.x (and others
+ * whose shared memory per block holds 143 KB), not on 8.6 / 8.9, where the call fails with
+ * TK_ERROR_NOT_SUPPORTED.
  * Initialise with TK_ATTENTION_BWD_PARAMS_INIT; fields are only ever appended.
  * ------------------------------------------------------------------------------------------- */
 typedef struct tk_attention_bwd_params {
@@ -856,7 +856,7 @@ typedef struct tk_attention_bwd_params {
     int64_t seqlen_k;
     int64_t heads_q;
     int64_t heads_kv;
-    int64_t head_dim;         /* 64, 128 or 256 */
+    int64_t head_dim;         /* 64, 80, 96, 128 or 256 */
     int64_t q_strides[4];     /* {batch, seq, head, dim}; all 0 = dense [B, S, H, D] */
     int64_t k_strides[4];
     int64_t v_strides[4];

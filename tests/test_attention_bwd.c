@@ -24,11 +24,12 @@ static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80_d256", "mma_s
 enum { BN128, D256, MMA, VARIANT_COUNT };
 
 /* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
- * D, dS^T, the key table; rows padded by 16 bytes) plus the static shared memory (the
- * deterministic kernel's ticket, 128 bytes with the dynamic part's alignment): it
- * claims head dims 64 and 128 on the devices that allow that much (at 128 not sm_86 / sm_89). */
+ * D over BM = 64 query rows at head dims 64 and 80, 32 at 96 and 128, dS^T, the key table; rows
+ * padded by 16 bytes) plus the static shared memory (the deterministic kernel's ticket, 128 bytes
+ * with the dynamic part's alignment): it claims head dims 64 to 128 on the devices that allow that
+ * much (at 80 and 128 not sm_86 / sm_89). */
 static int bn128_smem(int64_t head_dim) {
-    const int bm = head_dim == 64 ? 64 : 32, row = 2 * (int)head_dim + 16;
+    const int bm = head_dim <= 80 ? 64 : 32, row = 2 * (int)head_dim + 16;
     return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 128;
 }
 
@@ -99,8 +100,7 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(seqlen_q = 0, TK_ERROR_INVALID_VALUE, "p->seqlen_q");
     REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 2 is not a multiple of p->heads_kv");
     REJECT(head_dim = 72, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 72 is not supported");
-    REJECT(head_dim = 96, TK_ERROR_NOT_SUPPORTED, "by the backward yet; accepted: 64, 128, 256");
-    REJECT(head_dim = 80, TK_ERROR_NOT_SUPPORTED, "by the backward yet");
+    REJECT(head_dim = 48, TK_ERROR_NOT_SUPPORTED, "accepted: 64, 80, 96, 128, 256");
     REJECT(softmax_scale = NAN, TK_ERROR_INVALID_VALUE, "p->softmax_scale");
     REJECT(causal = 2, TK_ERROR_INVALID_VALUE, "p->causal");
     REJECT(window_left = -2, TK_ERROR_INVALID_VALUE, "p->window_left");
@@ -193,6 +193,9 @@ Test(attention_bwd_args, workspace_size) {
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
     cr_assert_eq(bytes, (size_t)(32 + 30 * 256) * 4, "workspace %zu bytes", bytes);
     p.head_dim = 80;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)(32 + 30 * 80) * 4, "workspace %zu bytes", bytes);
+    p.head_dim = 72;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_NOT_SUPPORTED, "p->head_dim");
 }
 
@@ -774,16 +777,42 @@ Test(attention_bwd_gpu, head_dim_256, .timeout = 600) {
         run_case(&D256_CASES[i], 500 + i);
 }
 
+/* Head dims 80 and 96 (rows of 11 and 13 16-byte chunks; dQ blocks of 40 and 24 columns, an odd
+ * number of n8 tiles): the 64- and 128-key tiles and the 32- and 64-row query tiles cut, seqlen_q
+ * above and below seqlen_k, fewer keys than 16, GQA and MQA, windows, softcap, ALiBi, strided
+ * layouts, and the specialised masks with sinks. */
+static const bwd_case D80_96_CASES[] = {
+    {TK_BF16, 2, 130, 130, 4, 4, 80, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 100, 150, 2, 2, 96, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 150, 90, 2, 1, 80, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 96, 96, 8, 2, 96, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 200, 200, 2, 2, 80, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 70, 13, 3, 1, 96, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 65, 65, 2, 1, 80, true, 1, 20, -1, 30.0f, true, false, 0, 0, 0},
+    {TK_BF16, 2, 70, 130, 2, 2, 96, true, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 150, 230, 4, 2, 96, false, 0, 30, 10, 0.0f, true, false, 40, 0, 60},
+    {TK_F16, 1, 120, 200, 4, 2, 80, false, 1, -1, -1, 10.0f, false, false, 0, 150, 0},
+    {TK_BF16, 2, 100, 100, 4, 2, 96, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+    {TK_BF16, 1, 129, 129, 2, 1, 80, false, 1, -1, -1, 0.0f, false, true, 0, 0, 50},
+};
+
+Test(attention_bwd_gpu, head_dims_80_96, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof D80_96_CASES / sizeof D80_96_CASES[0]; i++)
+        run_case(&D80_96_CASES[i], 600 + i);
+}
+
 /* deterministic = 1 on every shape above, by the same accuracy rule, each run twice. */
 Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[4] = {
+    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[5] = {
         {MASK_CASES, sizeof MASK_CASES / sizeof MASK_CASES[0], 100},
         {GQA_CASES, sizeof GQA_CASES / sizeof GQA_CASES[0], 200},
         {SPECIALISED_CASES, sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0], 300},
         {D256_CASES, sizeof D256_CASES / sizeof D256_CASES[0], 500},
+        {D80_96_CASES, sizeof D80_96_CASES / sizeof D80_96_CASES[0], 600},
     };
-    for (int l = 0; l < 4; l++)
+    for (int l = 0; l < 5; l++)
         for (size_t i = 0; i < lists[l].count; i++)
             run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2);
 }
