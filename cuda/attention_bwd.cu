@@ -474,8 +474,11 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             }
         };
         /* One warp per key holds all BM queries of P^T and dS^T: A straight from the
-         * accumulators (k = queries). */
-        if constexpr (CW == 1)
+         * accumulators (k = queries). The braces are load-bearing: CUDA 13.0's front end drops
+         * the #pragma unroll statement that follows a discarded unbraced `if constexpr` whose
+         * body is a loop, which at CW = 2 (D 256) removed the dS^T / P^T stores below and the
+         * barrier after them (no ex2 in the D 256 PTX; dK, dV, dQ then read stale shared memory). */
+        if constexpr (CW == 1) {
 #pragma unroll
             for (int qs = 0; qs < QS; qs++) {
                 uint32_t ap[4], ad[4];
@@ -483,6 +486,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 tk_mma_a_from_acc<T>(ad, dp[2 * qs], dp[2 * qs + 1]);
                 dv_dk_step(qs, ap, ad);
             }
+        }
 
         /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys; with
          * CW > 1 P^T beside it, for the key's other warps. */
