@@ -7,7 +7,8 @@
  *                  f32 atomics into the accumulator (deterministic: the same atomics, each
  *                  query tile's in key-tile order, attn_bwd_order below); BN = 128 keys and
  *                  8 warps ("mma_sm80_bn128"), or 64 keys and 4 warps where a device's shared
- *                  memory per block cannot hold the former ("mma_sm80"; attn_bwd_shape);
+ *                  memory per block cannot hold the former ("mma_sm80"; attn_bwd_shape); at
+ *                  head dim 256 64 keys and 8 warps, two per key ("mma_sm80_d256");
  *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides;
  *   attn_bwd_dsinks (with sinks): dsinks_h = -sum_i exp(sink_h - lse_i) D_i, one CTA per head,
  *                  summed in a fixed order;
@@ -24,13 +25,22 @@
 
 namespace {
 
-/* Per head dim: BM query rows per streamed tile. Each warp holds its 16 keys' dK and dV (D
- * floats per thread) and S^T, dP^T of 16 keys x BM rows (BM floats per thread) in registers:
- * BM = 64 at D 128 (or 128 at D 64) would add 32 (64) accumulators to kernels that use 220 to
- * 250 of their 255 registers, and ptxas spills. */
+/* Per head dim: BM query rows per streamed tile, and COL_WARPS, the warps that share 16 keys.
+ * A key's warps split its dK and dV by columns (D / COL_WARPS each) and its S^T and dP^T by
+ * queries (BM / COL_WARPS each), so a thread holds 2 x 16 D / (32 COL_WARPS) accumulators of dK,
+ * dV and 2 x 16 BM / (32 COL_WARPS) of S^T, dP^T, in kernels that use 220 to 250 of their 255
+ * registers: BM = 64 at D 128 (or 128 at D 64) adds 32 (64) and ptxas spills; at D 256 one warp
+ * per key would need 256 for dK and dV alone, so two warps share each key: 128 + 16, less than
+ * at D 128 with BM 32 (BM 64 there would need 217.5 KB of shared memory, sm_90 only). D 80 takes
+ * BM = 64 (80 + 64, below D 128's 128 + 32): with 32 rows its dQ (32 x 80: two m16 by ten n8)
+ * has no even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
+ * 8-warp kernel spills at sm_90a. */
 template <int D> struct attn_bwd_tile;
-template <> struct attn_bwd_tile<64> { static constexpr int BM = 64; };
-template <> struct attn_bwd_tile<128> { static constexpr int BM = 32; };
+template <> struct attn_bwd_tile<64> { static constexpr int BM = 64, COL_WARPS = 1; };
+template <> struct attn_bwd_tile<80> { static constexpr int BM = 64, COL_WARPS = 1; };
+template <> struct attn_bwd_tile<96> { static constexpr int BM = 32, COL_WARPS = 1; };
+template <> struct attn_bwd_tile<128> { static constexpr int BM = 32, COL_WARPS = 1; };
+template <> struct attn_bwd_tile<256> { static constexpr int BM = 32, COL_WARPS = 2; };
 
 /* The warps an SM runs: the 64K registers hold 256 threads at up to 255 registers each (the main
  * kernel needs over 220), as one CTA of 8 warps or two of 4. */
@@ -42,29 +52,45 @@ constexpr int BWD_SM_WARPS = 8;
 constexpr int BWD_WARPS = 8;
 constexpr int BWD_WARPS_SMALL = 4;
 
-/* The main kernel's plan for WARPS warps: BN = 16 WARPS keys, warp w owning keys 16w .. 16w + 15
- * for S^T, dP^T, dK and dV. dQ = dS K (BM x D over the BN keys) is split into DQ_ROW_WARPS x
- * DQ_COL_WARPS blocks of DQ_ROWS x DQ_COLS, one per warp: as many column blocks as there are warps
- * down to 16 columns (one transposed ldmatrix.x4 of K), then row blocks. Per k16 step a warp loads
- * DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 16 B pairs (K) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
- * 4 warps 64 x 16 (D 64) and 32 x 32 (D 128), 8 warps 32 x 16 at both. */
+/* The column blocks of dQ (BM x D) over `warps` warps: as many as there are warps, down to 16
+ * columns each, such that the warps, D's n8 tiles and BM's m16 rows all split evenly; the
+ * remaining warps split the rows. */
+constexpr int attn_bwd_dq_col_warps(int d, int warps, int bm) {
+    for (int cols = warps < d / 16 ? warps : d / 16; cols > 1; cols--)
+        if (warps % cols == 0 && d / 8 % cols == 0 && bm / 16 % (warps / cols) == 0)
+            return cols;
+    return 1;
+}
+
+/* The main kernel's plan for WARPS warps: BN = 16 WARPS / COL_WARPS keys, warp w owning keys
+ * 16 (w / COL_WARPS) .. + 15, of them queries BM / COL_WARPS (w % COL_WARPS) .. + BM / COL_WARPS - 1
+ * of S^T and dP^T and columns D / COL_WARPS (w % COL_WARPS) .. of dK and dV. With COL_WARPS > 1 a
+ * key's warps trade P^T and dS^T through shared memory (dS^T is there for dQ anyway), so S^T and
+ * dP^T are computed once. dQ = dS K (BM x D over the BN keys) is split into DQ_ROW_WARPS x
+ * DQ_COL_WARPS blocks of DQ_ROWS x DQ_COLS, one per warp (attn_bwd_dq_col_warps). Per k16 step a
+ * warp loads DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 8 B fragments (K, by transposed
+ * ldmatrix: .x4 per two n8 tiles, .x2 for an odd last one) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
+ * 4 warps 64 x 16 (D 64), 32 x 40 (D 80), 32 x 24 (D 96) and 32 x 32 (D 128); 8 warps 32 x 16 at
+ * D 64 and 128, 16 x 40 at D 80, 16 x 24 at D 96, 32 x 32 at 256. */
 template <int D, int WARPS> struct attn_bwd_shape {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int MIN_CTAS = BWD_SM_WARPS / WARPS;
-    static constexpr int BN = 16 * WARPS;
+    static constexpr int COL_WARPS = attn_bwd_tile<D>::COL_WARPS;
+    static constexpr int BN = 16 * WARPS / COL_WARPS;
     static constexpr int BM = attn_bwd_tile<D>::BM;
-    static constexpr int DQ_COL_WARPS = WARPS < D / 16 ? WARPS : D / 16;
+    static constexpr int DQ_COL_WARPS = attn_bwd_dq_col_warps(D, WARPS, BM);
     static constexpr int DQ_ROW_WARPS = WARPS / DQ_COL_WARPS;
     static constexpr int DQ_ROWS = BM / DQ_ROW_WARPS, DQ_COLS = D / DQ_COL_WARPS;
-    static_assert(DQ_ROW_WARPS * DQ_COL_WARPS == WARPS && DQ_ROWS % 16 == 0 && DQ_COLS % 16 == 0,
-                  "whole m16 and n16 blocks of dQ per warp");
+    static_assert(DQ_ROW_WARPS * DQ_COL_WARPS == WARPS && DQ_ROWS % 16 == 0 && DQ_COLS % 8 == 0,
+                  "whole m16 rows and n8 columns of dQ per warp");
     static constexpr int ROW = 2 * D + 16;  /* bytes per padded Q, K, V, dO row */
     static constexpr int S_ROW = 2 * BM + 16; /* bytes per padded dS^T row (one key) */
     static constexpr int K_BYTES = BN * ROW;
     static constexpr int Q_BYTES = BM * ROW;
     static constexpr int STAGE_BYTES = 2 * Q_BYTES + 2 * BM * 4; /* Q, dO, lse, D */
     static constexpr int S_BYTES = BN * S_ROW;
-    static constexpr int TABLE_OFFSET = 2 * K_BYTES + 2 * STAGE_BYTES + S_BYTES;
+    static constexpr int P_BYTES = COL_WARPS > 1 ? S_BYTES : 0; /* P^T, laid out as dS^T */
+    static constexpr int TABLE_OFFSET = 2 * K_BYTES + 2 * STAGE_BYTES + S_BYTES + P_BYTES;
     static constexpr int SMEM_BYTES = TABLE_OFFSET + BN * 8; /* + each key's rows (int2) */
 };
 
@@ -185,7 +211,10 @@ __global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dq(const attn_bwd_params
  * they share no later in its walk than n does, and the waits mostly find the semaphore set. */
 constexpr int ORDER_HEADER = 4; /* ints before the semaphores: the ticket counter, 16 bytes */
 constexpr int ORDER_ROWS = 32;  /* query rows per semaphore in the workspace: the smallest BM */
-static_assert(attn_bwd_tile<64>::BM % ORDER_ROWS == 0 && attn_bwd_tile<128>::BM % ORDER_ROWS == 0,
+static_assert(attn_bwd_tile<64>::BM % ORDER_ROWS == 0 && attn_bwd_tile<80>::BM % ORDER_ROWS == 0 &&
+                  attn_bwd_tile<96>::BM % ORDER_ROWS == 0 &&
+                  attn_bwd_tile<128>::BM % ORDER_ROWS == 0 &&
+                  attn_bwd_tile<256>::BM % ORDER_ROWS == 0,
               "a query tile needs its own semaphore");
 
 /* The deterministic kernel's words, after the dQ accumulator: the ticket counter, then from
@@ -236,17 +265,19 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     attn_bwd_main(const attn_bwd_params p) {
     using shape = attn_bwd_shape<D, WARPS>;
     constexpr int BM = shape::BM, BN = shape::BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
-    constexpr int THREADS = shape::THREADS;
-    constexpr int QT = BM / 8;       /* n8 tiles of S^T (queries) */
+    constexpr int THREADS = shape::THREADS, CW = shape::COL_WARPS;
+    constexpr int QT = BM / 8 / CW;  /* n8 tiles of this warp's S^T (queries) */
     constexpr int QS = BM / 16;      /* k16 steps over queries (dV, dK) */
     constexpr int KSTEPS = D / 16;   /* k16 steps over the head dim (S^T, dP^T) */
-    constexpr int DT = D / 8;        /* n8 tiles of dK, dV */
+    constexpr int DT = D / 8 / CW;   /* n8 tiles of this warp's dK, dV */
     constexpr int MQ = shape::DQ_ROWS / 16; /* m16 tiles of this warp's dQ block */
     constexpr int WDT = shape::DQ_COLS / 8; /* n8 tiles of this warp's dQ block */
     extern __shared__ __align__(128) unsigned char smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3, lrow = lane & 7, lmat = lane >> 3;
+    /* This warp's 16 keys, first query of its S^T and first column of its dK, dV (shape). */
+    const int key_warp = warp / CW, q_own = warp % CW * (BM / CW), c_own = warp % CW * (D / CW);
 
     /* Block -> (key tile, batch, key/value head), heads fastest; deterministic: the ticket's. */
     unsigned block = blockIdx.x;
@@ -290,6 +321,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     const uint32_t s_v = s_k + shape::K_BYTES;
     const uint32_t s_stage = s_v + shape::K_BYTES; /* two stages: Q, dO, lse, D */
     const uint32_t s_ds = s_stage + 2 * shape::STAGE_BYTES;
+    const uint32_t s_p = s_ds + shape::S_BYTES; /* P^T, with COL_WARPS > 1 */
     float *stage_f = reinterpret_cast<float *>(smem + 2 * shape::K_BYTES + 2 * shape::Q_BYTES);
 
     /* Issues the loads of step `it` into stage `st`: Q, dO by cp.async; lse, D by plain loads
@@ -327,7 +359,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
      * rows; K over keys): the same rows and chunks. Transposed for A stored [k][m] (dS^T over
      * keys, for dQ): key row lrow + 8 (lmat >> 1), query chunk lmat & 1. */
     const uint32_t ab_lane = (uint32_t)((lrow + 8 * (lmat & 1)) * ROW + ((lmat >> 1) << 4));
-    const uint32_t kw = (uint32_t)(warp * 16 * ROW); /* this warp's 16 keys */
+    const uint32_t kw = (uint32_t)(key_warp * 16 * ROW); /* this warp's 16 keys */
     const uint32_t ds_lane = (uint32_t)((lrow + 8 * (lmat >> 1)) * S_ROW + ((lmat & 1) << 4));
 
     float dk[DT][4], dv[DT][4];
@@ -337,8 +369,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         for (int e = 0; e < 4; e++)
             dk[dt][e] = dv[dt][e] = 0.0f;
 
-    /* This thread's keys: j = n0 + 16 warp + g (+ 8 for e >= 2); this warp's dQ block. */
-    const int key_base = n0 + warp * 16 + g;
+    /* This thread's keys: j = n0 + 16 key_warp + g (+ 8 for e >= 2); this warp's dQ block. */
+    const int key_base = n0 + key_warp * 16 + g;
     const int dq_row0 = shape::DQ_ROW_WARPS > 1 ? warp / shape::DQ_COL_WARPS * shape::DQ_ROWS : 0;
     const int dq_col0 = (shape::DQ_ROW_WARPS > 1 ? warp % shape::DQ_COL_WARPS : warp) * shape::DQ_COLS;
 
@@ -372,7 +404,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             reinterpret_cast<const unsigned char *>(stage_f) + st * shape::STAGE_BYTES);
         const float *dsum = lse2 + BM;
 
-        /* S^T = K Q^T and dP^T = V dO^T: 16 keys x BM queries per warp. */
+        /* S^T = K Q^T and dP^T = V dO^T: 16 keys x BM / CW queries per warp. */
         float s[QT][4], dp[QT][4];
 #pragma unroll
         for (int nt = 0; nt < QT; nt++)
@@ -387,8 +419,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 #pragma unroll
             for (int np = 0; np < QT / 2; np++) {
                 uint32_t b[4], bo[4];
-                tk_ldmatrix_x4<false>(b, s_q + np * 16 * ROW + ab_lane + ks * 32);
-                tk_ldmatrix_x4<false>(bo, s_do + np * 16 * ROW + ab_lane + ks * 32);
+                tk_ldmatrix_x4<false>(b, s_q + (q_own + np * 16) * ROW + ab_lane + ks * 32);
+                tk_ldmatrix_x4<false>(bo, s_do + (q_own + np * 16) * ROW + ab_lane + ks * 32);
                 tk_mma_16816<T>(s[2 * np], a, b[0], b[2]);
                 tk_mma_16816<T>(s[2 * np + 1], a, b[1], b[3]);
                 tk_mma_16816<T>(dp[2 * np], av, bo[0], bo[2]);
@@ -400,12 +432,12 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
          * scale factor is applied to dK and dQ at the end); invisible pairs give 0. */
         const bool partial = m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
         const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
-        const int2 rows[2] = {table[warp * 16 + g], table[warp * 16 + g + 8]}; /* this thread's keys' rows */
+        const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]}; /* this thread's keys' rows */
 #pragma unroll
         for (int nt = 0; nt < QT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int qc = 8 * nt + 2 * tq + (e & 1); /* query column in the tile */
+                const int qc = q_own + 8 * nt + 2 * tq + (e & 1); /* query column in the tile */
                 const int i = m0 + qc, j = key_base + 8 * (e >> 1);
                 float x = s[nt][e], dfac = 1.0f;
                 if (p.transform) {
@@ -426,40 +458,69 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 dp[nt][e] = pe * (dp[nt][e] - dsum[qc]) * dfac;
             }
 
-        /* dV += P^T dO and dK += dS^T Q: A from the accumulators (k = queries), B = dO, Q
-         * stored [query][d] (transposed ldmatrix). */
-#pragma unroll
-        for (int qs = 0; qs < QS; qs++) {
-            uint32_t ap[4], ad[4];
-            tk_mma_a_from_acc<T>(ap, s[2 * qs], s[2 * qs + 1]);
-            tk_mma_a_from_acc<T>(ad, dp[2 * qs], dp[2 * qs + 1]);
+        /* dV += P^T dO and dK += dS^T Q over the queries of k16 step qs, given this warp's keys'
+         * A fragments of P^T and dS^T there: B = dO, Q stored [query][d] (transposed ldmatrix),
+         * this warp's columns. */
+        auto dv_dk_step = [&](int qs, const uint32_t (&ap)[4], const uint32_t (&ad)[4]) {
 #pragma unroll
             for (int dp2 = 0; dp2 < DT / 2; dp2++) {
                 uint32_t b[4], bq[4];
-                tk_ldmatrix_x4<true>(b, s_do + qs * 16 * ROW + ab_lane + dp2 * 32);
-                tk_ldmatrix_x4<true>(bq, s_q + qs * 16 * ROW + ab_lane + dp2 * 32);
+                tk_ldmatrix_x4<true>(b, s_do + qs * 16 * ROW + ab_lane + c_own * 2 + dp2 * 32);
+                tk_ldmatrix_x4<true>(bq, s_q + qs * 16 * ROW + ab_lane + c_own * 2 + dp2 * 32);
                 tk_mma_16816<T>(dv[2 * dp2], ap, b[0], b[1]);
                 tk_mma_16816<T>(dv[2 * dp2 + 1], ap, b[2], b[3]);
                 tk_mma_16816<T>(dk[2 * dp2], ad, bq[0], bq[1]);
                 tk_mma_16816<T>(dk[2 * dp2 + 1], ad, bq[2], bq[3]);
             }
+        };
+        /* One warp per key holds all BM queries of P^T and dS^T: A straight from the
+         * accumulators (k = queries). The braces are load-bearing: CUDA 13.0's front end drops
+         * the #pragma unroll statement that follows a discarded unbraced `if constexpr` whose
+         * body is a loop, which at CW = 2 (D 256) removed the dS^T / P^T stores below and the
+         * barrier after them (no ex2 in the D 256 PTX; dK, dV, dQ then read stale shared memory). */
+        if constexpr (CW == 1) {
+#pragma unroll
+            for (int qs = 0; qs < QS; qs++) {
+                uint32_t ap[4], ad[4];
+                tk_mma_a_from_acc<T>(ap, s[2 * qs], s[2 * qs + 1]);
+                tk_mma_a_from_acc<T>(ad, dp[2 * qs], dp[2 * qs + 1]);
+                dv_dk_step(qs, ap, ad);
+            }
         }
 
-        /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys. */
+        /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys; with
+         * CW > 1 P^T beside it, for the key's other warps. */
 #pragma unroll
         for (int nt = 0; nt < QT; nt++)
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-                *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) +
-                                              (warp * 16 + g + 8 * hh) * S_ROW +
-                                              (8 * nt + 2 * tq) * 2) =
+            for (int hh = 0; hh < 2; hh++) {
+                const int at = (key_warp * 16 + g + 8 * hh) * S_ROW + (q_own + 8 * nt + 2 * tq) * 2;
+                *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) + at) =
                     tk_pack2<T>(dp[nt][2 * hh], dp[nt][2 * hh + 1]);
+                if constexpr (CW > 1)
+                    *reinterpret_cast<uint32_t *>(smem + (s_p - s_k) + at) =
+                        tk_pack2<T>(s[nt][2 * hh], s[nt][2 * hh + 1]);
+            }
         __syncthreads();
         /* Deterministic: every thread made the previous step's adds before the barriers since,
          * so they are published (a release after a barrier covers the whole CTA's writes). */
         if constexpr (DET)
             if (tid == 0 && it > 0)
                 semaphore(it - 1).store(n + 1, cuda::memory_order_release);
+
+        /* CW > 1: the key's P^T and dS^T over all BM queries from shared memory, A fragments by
+         * plain ldmatrix ([key][query] is row-major m x k); they stay until the next step's first
+         * barrier. */
+        if constexpr (CW > 1) {
+            const uint32_t a_lane = (uint32_t)((key_warp * 16 + lrow + 8 * (lmat & 1)) * S_ROW + ((lmat >> 1) << 4));
+#pragma unroll
+            for (int qs = 0; qs < QS; qs++) {
+                uint32_t ap[4], ad[4];
+                tk_ldmatrix_x4<false>(ap, s_p + a_lane + qs * 32);
+                tk_ldmatrix_x4<false>(ad, s_ds + a_lane + qs * 32);
+                dv_dk_step(qs, ap, ad);
+            }
+        }
 
         /* dQ of this warp's block (DQ_ROWS x DQ_COLS from row dq_row0, column dq_col0) = dS
          * (those rows x BN) K (BN x those columns), added to the accumulator by f32 atomics. */
@@ -477,15 +538,24 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 #pragma unroll
             for (int mq = 0; mq < MQ; mq++)
                 tk_ldmatrix_x4<true>(a[mq], s_ds + ks * 16 * S_ROW + ds_lane + dq_row0 * 2 + mq * 32);
+            const uint32_t k_at = s_k + ks * 16 * ROW + ab_lane + dq_col0 * 2;
 #pragma unroll
             for (int np = 0; np < WDT / 2; np++) {
                 uint32_t b[4];
-                tk_ldmatrix_x4<true>(b, s_k + ks * 16 * ROW + ab_lane + dq_col0 * 2 + np * 32);
+                tk_ldmatrix_x4<true>(b, k_at + np * 32);
 #pragma unroll
                 for (int mq = 0; mq < MQ; mq++) {
                     tk_mma_16816<T>(dq[mq][2 * np], a[mq], b[0], b[1]);
                     tk_mma_16816<T>(dq[mq][2 * np + 1], a[mq], b[2], b[3]);
                 }
+            }
+            /* An odd last n8 tile (D 80, 96): lanes 0-15 name its two matrices. */
+            if constexpr (WDT % 2) {
+                uint32_t b[2];
+                tk_ldmatrix_x2_trans(b, k_at + WDT / 2 * 32);
+#pragma unroll
+                for (int mq = 0; mq < MQ; mq++)
+                    tk_mma_16816<T>(dq[mq][WDT - 1], a[mq], b[0], b[1]);
             }
         }
         if constexpr (DET) {
@@ -518,7 +588,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             semaphore(steps - 1).store(n + 1, cuda::memory_order_release);
     }
 
-    /* dK (times the score scale), dV of this warp's keys, straight from the accumulators. */
+    /* dK (times the score scale), dV of this warp's keys and columns, from the accumulators. */
     T *dkg = static_cast<T *>(p.dk) + batch * p.dk_sb + head_kv * p.dk_sh;
     T *dvg = static_cast<T *>(p.dv) + batch * p.dv_sb + head_kv * p.dv_sh;
 #pragma unroll
@@ -527,7 +597,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         if (j < p.seqlen_k)
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
-                const int c = 8 * dt + 2 * tq;
+                const int c = c_own + 8 * dt + 2 * tq;
                 *reinterpret_cast<uint32_t *>(dkg + j * p.dk_ss + c) =
                     tk_pack2<T>(dk[dt][2 * hh] * p.scale, dk[dt][2 * hh + 1] * p.scale);
                 *reinterpret_cast<uint32_t *>(dvg + j * p.dv_ss + c) =
@@ -594,20 +664,39 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     return tk_launch(attn_bwd_dq<T, D>, row_blocks, ROW_THREADS, 0, stream, p, rows);
 }
 
+template <typename T, int D, int WARPS>
+cudaError_t attn_bwd_head(const tk_attention_bwd_call *c, const tk_device *dev, cudaStream_t stream) {
+    return c->deterministic ? attn_bwd_launch<T, D, WARPS, true>(c, dev, stream)
+                            : attn_bwd_launch<T, D, WARPS, false>(c, dev, stream);
+}
+
+/* The one-warp-per-key shapes: head dims 64, 80, 96 and 128. */
 template <int WARPS>
 cudaError_t attn_bwd_variant(const tk_attention_bwd_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
         using T = typename decltype(type)::type;
         switch (c->fwd.head_dim) {
         case 64:
-            return c->deterministic ? attn_bwd_launch<T, 64, WARPS, true>(c, dev, stream)
-                                    : attn_bwd_launch<T, 64, WARPS, false>(c, dev, stream);
+            return attn_bwd_head<T, 64, WARPS>(c, dev, stream);
+        case 80:
+            return attn_bwd_head<T, 80, WARPS>(c, dev, stream);
+        case 96:
+            return attn_bwd_head<T, 96, WARPS>(c, dev, stream);
         case 128:
-            return c->deterministic ? attn_bwd_launch<T, 128, WARPS, true>(c, dev, stream)
-                                    : attn_bwd_launch<T, 128, WARPS, false>(c, dev, stream);
+            return attn_bwd_head<T, 128, WARPS>(c, dev, stream);
         }
-        return cudaErrorInvalidValue; /* src/attention.c admits only the head dims above */
+        return cudaErrorInvalidValue; /* the supports functions admit only the head dims above */
     });
+}
+
+/* Whether the device's shared memory per block holds shape <D, WARPS>, the deterministic
+ * kernel's static ticket counted too. */
+/* The dynamic shared memory plus the static: the deterministic kernel's ticket, which the
+ * dynamic part's 128-byte alignment rounds up to 128 bytes (ptxas -v). */
+constexpr int ATTN_BWD_STATIC_SMEM = 128;
+
+template <int D, int WARPS> bool attn_bwd_fits(const tk_device *dev) {
+    return attn_bwd_shape<D, WARPS>::SMEM_BYTES + ATTN_BWD_STATIC_SMEM <= dev->max_smem_optin;
 }
 
 } // namespace
@@ -618,18 +707,44 @@ extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, i
     return ((rows + 3) / 4 * 4 + rows * (size_t)c->head_dim + order) * sizeof(float);
 }
 
-/* The 8-warp tiles need 92 KB (D 64) or 113.5 KB (D 128) per block, the latter beyond the 99 KB
- * of sm_86 and sm_89 (the deterministic kernel's static ticket counted too). */
+/* The 8-warp tiles need 92 KB (D 64), 108 KB (D 80), 89.5 KB (D 96) or 113.5 KB (D 128) per block:
+ * D 80 and 128 are beyond the 99 KB of sm_86 and sm_89. */
 extern "C" bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev) {
-    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
-    const int smem = c->fwd.head_dim == 64 ? attn_bwd_shape<64, BWD_WARPS>::SMEM_BYTES
-                                           : attn_bwd_shape<128, BWD_WARPS>::SMEM_BYTES;
-    return smem + (int)sizeof(unsigned) <= dev->max_smem_optin;
+    switch (static_cast<const tk_attention_bwd_call *>(call)->fwd.head_dim) {
+    case 64: return attn_bwd_fits<64, BWD_WARPS>(dev);
+    case 80: return attn_bwd_fits<80, BWD_WARPS>(dev);
+    case 96: return attn_bwd_fits<96, BWD_WARPS>(dev);
+    case 128: return attn_bwd_fits<128, BWD_WARPS>(dev);
+    default: return false;
+    }
 }
 
 extern "C" cudaError_t tk_attention_bwd_launch_mma_bn128(const void *call, const tk_device *dev,
                                                          cudaStream_t stream) {
     return attn_bwd_variant<BWD_WARPS>(static_cast<const tk_attention_bwd_call *>(call), dev, stream);
+}
+
+/* D 256: 64 keys, 8 warps, 143 KB per block: sm_80 and sm_90 (163 and 227 KB), not sm_86 / sm_89.
+ * With 4 warps (32 keys) it would still need 104.75 KB, so no shape of this kernel runs D 256
+ * there. */
+extern "C" bool tk_attention_bwd_supports_d256(const void *call, const tk_device *dev) {
+    return static_cast<const tk_attention_bwd_call *>(call)->fwd.head_dim == 256 &&
+           attn_bwd_fits<256, BWD_WARPS>(dev);
+}
+
+extern "C" cudaError_t tk_attention_bwd_launch_mma_d256(const void *call, const tk_device *dev,
+                                                        cudaStream_t stream) {
+    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
+    return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return attn_bwd_head<T, 256, BWD_WARPS>(c, dev, stream);
+    });
+}
+
+/* The 4-warp tiles fit every sm_80+ device at head dims 64 to 128 (76.5 KB at most, D 80). */
+extern "C" bool tk_attention_bwd_supports_mma(const void *call, const tk_device *) {
+    const int d = static_cast<const tk_attention_bwd_call *>(call)->fwd.head_dim;
+    return d == 64 || d == 80 || d == 96 || d == 128;
 }
 
 extern "C" cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev,

@@ -36,7 +36,14 @@ size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int determin
 bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_mma_bn128(const void *call, const tk_device *dev, cudaStream_t stream);
 
-/* "mma_sm80": the same kernel with 4 warps per 64 keys; every call. */
+/* "mma_sm80_d256": the same kernel at head dim 256, one CTA of 8 warps per 64 keys, two warps per
+ * 16 keys, each owning half of their dK and dV columns; runs where the device's shared memory per
+ * block holds its 143 KB (sm_80, sm_90; not sm_86 / sm_89). */
+bool tk_attention_bwd_supports_d256(const void *call, const tk_device *dev);
+cudaError_t tk_attention_bwd_launch_mma_d256(const void *call, const tk_device *dev, cudaStream_t stream);
+
+/* "mma_sm80": the same kernel with 4 warps per 64 keys; every call at head dims 64 and 128. */
+bool tk_attention_bwd_supports_mma(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -841,7 +841,9 @@ TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_param
  * like k and v; each is written whole, must not overlap any input, the workspace or another
  * gradient, and no two of its elements may share an address. workspace: device memory of
  * workspace_bytes >= tk_attention_bwd_workspace_size(p), 16-byte aligned, overwritten.
- * head_dim: 64 or 128 (others TK_ERROR_NOT_SUPPORTED for now).
+ * head_dim: 64, 80, 96, 128 or 256; 256 runs on compute capability 8.0 and 9.x (and others
+ * whose shared memory per block holds 143 KB), not on 8.6 / 8.9, where the call fails with
+ * TK_ERROR_NOT_SUPPORTED.
  * Initialise with TK_ATTENTION_BWD_PARAMS_INIT; fields are only ever appended.
  * ------------------------------------------------------------------------------------------- */
 typedef struct tk_attention_bwd_params {
@@ -861,7 +863,7 @@ typedef struct tk_attention_bwd_params {
     int64_t seqlen_k;
     int64_t heads_q;
     int64_t heads_kv;
-    int64_t head_dim;         /* 64 or 128 */
+    int64_t head_dim;         /* 64, 80, 96, 128 or 256 */
     int64_t q_strides[4];     /* {batch, seq, head, dim}; all 0 = dense [B, S, H, D] */
     int64_t k_strides[4];
     int64_t v_strides[4];
@@ -904,14 +906,16 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
  * Errors (nothing is written): those of tk_attention_fwd for the shared fields; o, lse, dout,
  * dq, dk, dv or workspace NULL, dsinks NULL with sinks (TK_ERROR_NULL_POINTER); workspace_bytes too small,
  * deterministic other than 0 or 1, or a gradient whose strides make elements overlap
- * (TK_ERROR_INVALID_VALUE); head_dim other than 64
- * or 128 (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED); a
+ * (TK_ERROR_INVALID_VALUE); head_dim other than 64, 128
+ * or 256, or 256 on a device without the shared memory for it (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED); a
  * gradient overlapping an input, the workspace or another gradient (TK_ERROR_OVERLAP).
  * Variants (tk_last_variant, tk_experimental_force_variant op "attention_bwd"), in selection
  * order: "mma_sm80_bn128" (128 keys per CTA; compute capability 8.0 and newer where the shared
- * memory per block allows it: at head dim 128 not on 8.6 / 8.9), then "mma_sm80" (64 keys per
- * CTA; compute capability 8.0 and newer). dq's bits under deterministic = 1 are fixed for one
- * variant; the two variants sum in different orders. */
+ * memory per block allows it: at head dim 128 not on 8.6 / 8.9; head dims 64 and 128),
+ * "mma_sm80_d256" (head dim 256, 64 keys per CTA; where the shared memory per block allows it:
+ * 8.0, 9.x), then "mma_sm80" (64 keys per CTA; compute capability 8.0 and newer; head dims 64 and
+ * 128). dq's bits under deterministic = 1 are fixed for one variant; the variants sum in
+ * different orders. */
 TK_API tk_status tk_attention_bwd(const tk_attention_bwd_params *p, tk_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------

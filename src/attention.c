@@ -13,7 +13,10 @@
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
  * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
  * "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
- * tiles: at head dim 128 not sm_86 / sm_89), then "mma_sm80" (4 warps per 64 keys; every call).
+ * tiles: at head dims 80 and 128 not sm_86 / sm_89), "mma_sm80_d256" (head dim 256: 8 warps
+ * per 64 keys, two per key splitting dK and dV by columns; sm_80 and sm_90, whose shared
+ * memory per block holds its 143 KB), then "mma_sm80" (4 warps per 64 keys; every call at
+ * head dims 64, 80, 96 and 128).
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,7 +37,8 @@ const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT
 
 static const tk_variant attention_bwd_variants[] = {
     {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128},
-    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_bwd_launch_mma},
+    {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256},
+    {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma},
 };
 const tk_op tk_op_attention_bwd = {"attention_bwd", attention_bwd_variants,
                                    TK_VARIANT_COUNT(attention_bwd_variants)};
@@ -429,11 +433,6 @@ static tk_status prepare_bwd_shape(const char *fn, const tk_attention_bwd_params
                                    tk_attention_bwd_call *call, bool *work) {
     const tk_attention_params f = forward_params(p);
     memset(call, 0, sizeof *call);
-    /* Before the forward's checks, whose tensor extents assume the head dim is runnable. */
-    if (p->head_dim >= 1 && p->head_dim != 64 && p->head_dim != 128)
-        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
-                       "p->head_dim = %lld is not supported by the backward yet; accepted: 64, 128",
-                       (long long)p->head_dim);
     TK_TRY(prepare(fn, &f, &call->fwd, work));
     if (p->deterministic != 0 && p->deterministic != 1)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->deterministic = %d; accepted: 0 or 1",

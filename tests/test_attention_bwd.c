@@ -20,15 +20,24 @@
 #include "ref/attention_ref.h"
 
 /* The variants in selection order; each GPU case runs every one that claims it. */
-static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80"};
-enum { BN128, MMA, VARIANT_COUNT };
+static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
+enum { BN128, D256, MMA, VARIANT_COUNT };
 
 /* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
- * D, dS^T, the key table; rows padded by 16 bytes) plus the deterministic kernel's ticket: it
- * claims the devices that allow that much (at head dim 128 not sm_86 / sm_89). */
+ * D over BM = 64 query rows at head dims 64 and 80, 32 at 96 and 128, dS^T, the key table; rows
+ * padded by 16 bytes) plus the static shared memory (the deterministic kernel's ticket, 128 bytes
+ * with the dynamic part's alignment): it claims head dims 64 to 128 on the devices that allow that
+ * much (at 80 and 128 not sm_86 / sm_89). */
 static int bn128_smem(int64_t head_dim) {
-    const int bm = head_dim == 64 ? 64 : 32, row = 2 * (int)head_dim + 16;
-    return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 4;
+    const int bm = head_dim <= 80 ? 64 : 32, row = 2 * (int)head_dim + 16;
+    return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 128;
+}
+
+/* "mma_sm80_d256" at head dim 256: K and V of 64 keys, two stages of 32 query rows, dS^T and P^T,
+ * the key table, the ticket (143 KB: sm_80 and sm_90, not sm_86 / sm_89). */
+static int d256_smem(void) {
+    const int row = 2 * 256 + 16;
+    return 2 * 64 * row + 2 * (2 * 32 * row + 2 * 32 * 4) + 2 * 64 * (2 * 32 + 16) + 64 * 8 + 128;
 }
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
@@ -91,8 +100,7 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(seqlen_q = 0, TK_ERROR_INVALID_VALUE, "p->seqlen_q");
     REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 2 is not a multiple of p->heads_kv");
     REJECT(head_dim = 72, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 72 is not supported");
-    REJECT(head_dim = 96, TK_ERROR_NOT_SUPPORTED, "by the backward yet; accepted: 64, 128");
-    REJECT(head_dim = 256, TK_ERROR_NOT_SUPPORTED, "by the backward yet");
+    REJECT(head_dim = 48, TK_ERROR_NOT_SUPPORTED, "accepted: 64, 80, 96, 128, 256");
     REJECT(softmax_scale = NAN, TK_ERROR_INVALID_VALUE, "p->softmax_scale");
     REJECT(causal = 2, TK_ERROR_INVALID_VALUE, "p->causal");
     REJECT(window_left = -2, TK_ERROR_INVALID_VALUE, "p->window_left");
@@ -181,7 +189,13 @@ Test(attention_bwd_args, workspace_size) {
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(NULL, &bytes), TK_ERROR_NULL_POINTER, "'p'");
     p.batch = -2;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->batch");
-    p.batch = 1, p.head_dim = 80;
+    p.batch = 1, p.head_dim = 256; /* the accumulator grows with the head dim, the rest does not */
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)(32 + 30 * 256) * 4, "workspace %zu bytes", bytes);
+    p.head_dim = 80;
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
+    cr_assert_eq(bytes, (size_t)(32 + 30 * 80) * 4, "workspace %zu bytes", bytes);
+    p.head_dim = 72;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_NOT_SUPPORTED, "p->head_dim");
 }
 
@@ -196,7 +210,48 @@ Test(attention_bwd_args, force_variant_names) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80_packed"),
-                     TK_ERROR_INVALID_VALUE, "\"mma_sm80_bn128\", \"mma_sm80\"");
+                     TK_ERROR_INVALID_VALUE, "\"mma_sm80_bn128\", \"mma_sm80_d256\", \"mma_sm80\"");
+}
+
+/* CUDA 13.0's front end (cicc, even at -O0) drops the `#pragma unroll` statement that follows a
+ * discarded, unbraced `if constexpr` whose body is a loop: mma_sm80_d256 (COL_WARPS = 2) lost its
+ * dS^T / P^T stores and the barrier after them that way, and its dq, dk, dv came from stale
+ * shared memory, different on every run, with nothing for compute-sanitizer to see. The kernel's
+ * `if constexpr` bodies that are loops must be braced; this keeps the braces from being tidied
+ * away. The check is textual: the line after an unbraced `if constexpr (...)` must not start
+ * a loop or a pragma. */
+Test(attention_bwd_source, if_constexpr_loops_are_braced) {
+    FILE *f = fopen(TK_SOURCE_DIR "/cuda/attention_bwd.cu", "rb");
+    cr_assert(f, "cannot open cuda/attention_bwd.cu");
+    char line[512], pending[512] = "";
+    int n = 0, pending_line = 0, checked = 0;
+    while (fgets(line, sizeof line, f)) {
+        n++;
+        const char *t = line + strspn(line, " \t");
+        if (*t == '\n' || *t == '\0')
+            continue;
+        if (pending_line) {
+            const bool loop = strncmp(t, "#pragma", 7) == 0 || strncmp(t, "for ", 4) == 0 ||
+                              strncmp(t, "for(", 4) == 0 || strncmp(t, "while", 5) == 0 ||
+                              strncmp(t, "do ", 3) == 0;
+            cr_assert(!loop, "cuda/attention_bwd.cu:%d: unbraced `if constexpr` over a loop (%s); brace it",
+                      pending_line, pending);
+            pending_line = 0;
+        }
+        const char *c = strstr(t, "if constexpr");
+        if (!c)
+            continue;
+        checked++;
+        const char *end = line + strcspn(line, "\n");
+        while (end > c && (end[-1] == ' ' || end[-1] == '\r'))
+            end--;
+        if (end[-1] == ')') { /* the condition ends the line: its statement is on the next */
+            pending_line = n;
+            snprintf(pending, sizeof pending, "%.*s", (int)(end - t), t);
+        }
+    }
+    fclose(f);
+    cr_assert(checked > 0, "no `if constexpr` found: is this still the kernel's file?");
 }
 
 /* ------------------------------------------------- the reference (host, finite differences) ---- */
@@ -394,10 +449,14 @@ static int64_t layout_strides(const bwd_case *c, int64_t seq, int64_t heads, int
 }
 
 /* One gradient: got (the layout's strides st) against exact and naive (dense). seen(s, h) says
- * whether the row (query or key) s of head h has any visible partner; unseen rows must be 0. */
-static void check_gradient(const bwd_case *c, const char *what, const tk_attention_params *ref,
-                           const char *name, const void *got, const int64_t st[4], const double *exact,
-                           const double *naive, int64_t seq, int64_t heads, bool keys) {
+ * whether the row (query or key) s of head h has any visible partner; unseen rows must be 0.
+ * A failure is appended to fails (size bytes) rather than asserted, so that the caller reports
+ * dq, dk and dv together: which of them are wrong tells a dQ reduction bug (dq only) from a
+ * wrong P or dS (all three; mma_sm80_d256 once lost its dS^T / P^T stores, and dq, checked
+ * first, hid that dk and dv were wrong too). */
+static void check_gradient(const bwd_case *c, const tk_attention_params *ref, const char *name,
+                           const void *got, const int64_t st[4], const double *exact, const double *naive,
+                           int64_t seq, int64_t heads, bool keys, char *fails, size_t size) {
     const int64_t d = c->head_dim;
     double err = 0.0, err_naive = 0.0, atol = 0.0;
     int64_t bad = 0, nonzero = 0;
@@ -421,10 +480,14 @@ static void check_gradient(const bwd_case *c, const char *what, const tk_attenti
                     atol = fmax(atol, ref_attention_representation_term(c->dtype, exact[i]));
                 }
         }
-    cr_assert(bad == 0, "%s: %lld non-finite %s values", what, (long long)bad, name);
-    cr_assert(nonzero == 0, "%s: %lld %s values of unseen rows are not 0", what, (long long)nonzero, name);
-    cr_assert(err <= 2.0 * err_naive + atol, "%s: max |%s - ref| = %.3g > 2 x naive error %.3g + %.3g",
-              what, name, err, err_naive, atol);
+    const size_t used = strlen(fails);
+    if (bad != 0)
+        snprintf(fails + used, size - used, "; %lld non-finite %s values", (long long)bad, name);
+    else if (nonzero != 0)
+        snprintf(fails + used, size - used, "; %lld %s values of unseen rows are not 0", (long long)nonzero, name);
+    else if (!(err <= 2.0 * err_naive + atol))
+        snprintf(fails + used, size - used, "; max |%s - ref| = %.3g > 2 x naive error %.3g + %.3g", name, err,
+                 err_naive, atol);
 }
 
 /* dsinks: the kernel sums -exp(sink - lse_i) D_i over the forward's stored o and lse in f32, so
@@ -597,11 +660,17 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
 
     /* Each variant forced: those that claim the call run it `runs` times on poisoned gradients,
      * workspace and dsinks, every run bit-identical to the first, whose gradients are checked;
-     * the others must refuse it. */
+     * the others must refuse it, and the call with none forced too if none claims it. */
     tk_device_info info = TK_DEVICE_INFO_INIT;
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
-    const bool claims[VARIANT_COUNT] = {[BN128] = bn128_smem(c->head_dim) <= info.max_smem_per_block,
-                                        [MMA] = true};
+    const bool d256 = c->head_dim == 256;
+    const bool claims[VARIANT_COUNT] = {
+        [BN128] = !d256 && bn128_smem(c->head_dim) <= info.max_smem_per_block,
+        [D256] = d256 && d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
+    if (!claims[BN128] && !claims[D256] && !claims[MMA]) {
+        cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
+        TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, "no variant");
+    }
     void *rdq = malloc((size_t)nq * es), *rdk = malloc((size_t)nk * es), *rdv = malloc((size_t)nk * es);
     cr_assert(rdq && rdk && rdv);
     for (int v = 0; v < VARIANT_COUNT; v++) {
@@ -626,20 +695,32 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
             tk_to_host(r == 0 ? hdv : rdv, gv, (size_t)nk * es);
             if (r == 0)
                 continue;
-            cr_assert(memcmp(rdq, hdq, (size_t)nq * es) == 0, "%s: run %d's dq differs from run 0's", run_what, r);
-            cr_assert(memcmp(rdk, hdk, (size_t)nk * es) == 0, "%s: run %d's dk differs from run 0's", run_what, r);
-            cr_assert(memcmp(rdv, hdv, (size_t)nk * es) == 0, "%s: run %d's dv differs from run 0's", run_what, r);
+            const bool same_q = memcmp(rdq, hdq, (size_t)nq * es) == 0;
+            const bool same_k = memcmp(rdk, hdk, (size_t)nk * es) == 0;
+            const bool same_v = memcmp(rdv, hdv, (size_t)nk * es) == 0;
+            cr_assert(same_q && same_k && same_v, "%s: run %d's%s%s%s differ from run 0's", run_what, r,
+                      same_q ? "" : " dq", same_k ? "" : " dk", same_v ? "" : " dv");
         }
         int64_t st[4];
         layout_strides(c, c->seqlen_q, c->heads_q, st);
-        check_gradient(c, run_what, &ref, "dq", hdq, st, eq, nq64, c->seqlen_q, c->heads_q, false);
+        char fails[512] = "";
+        check_gradient(c, &ref, "dq", hdq, st, eq, nq64, c->seqlen_q, c->heads_q, false, fails, sizeof fails);
         layout_strides(c, c->seqlen_k, c->heads_kv, st);
-        check_gradient(c, run_what, &ref, "dk", hdk, st, ek, nk64, c->seqlen_k, c->heads_kv, true);
-        check_gradient(c, run_what, &ref, "dv", hdv, st, ev, nv64, c->seqlen_k, c->heads_kv, true);
+        check_gradient(c, &ref, "dk", hdk, st, ek, nk64, c->seqlen_k, c->heads_kv, true, fails, sizeof fails);
+        check_gradient(c, &ref, "dv", hdv, st, ev, nv64, c->seqlen_k, c->heads_kv, true, fails, sizeof fails);
+        cr_assert(fails[0] == '\0', "%s%s", run_what, fails);
         if (c->sinks)
             check_dsinks(c, run_what, &ref, q64, k64, v64, do64, host_slopes, o, lse, dsinks);
     }
+    /* Unforced, the first variant of the table (VARIANTS' order) that claims the call runs it. */
     cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
+    for (int v = 0; v < VARIANT_COUNT; v++)
+        if (claims[v]) {
+            cr_assert_eq(tk_attention_bwd(&p, NULL), TK_SUCCESS, "%s: %s", what, tk_last_error());
+            cr_assert_str_eq(tk_last_variant(), VARIANTS[v], "%s: the automatic choice ran %s", what,
+                             tk_last_variant());
+            break;
+        }
     free(rdq); free(rdk); free(rdv);
 
     free(q64); free(k64); free(v64); free(do64);
@@ -726,29 +807,86 @@ Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
         run_case(&SPECIALISED_CASES[i], 300 + i);
 }
 
+/* Head dim 256 ("mma_sm80_d256": two warps per key, 64 keys per CTA): dense and causal with
+ * lengths that cut the 64-key and 32-row tiles, seqlen_q above and below seqlen_k, fewer keys
+ * than one key group's 16, GQA and MQA, windows, softcap, ALiBi, a strided layout, and the
+ * specialised masks with sinks. */
+static const bwd_case D256_CASES[] = {
+    {TK_BF16, 2, 130, 130, 4, 4, 256, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 100, 150, 2, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 150, 90, 2, 1, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 96, 96, 8, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 200, 200, 2, 2, 256, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 70, 13, 3, 1, 256, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 65, 65, 2, 1, 256, true, 1, 20, -1, 30.0f, true, false, 0, 0, 0},
+    {TK_BF16, 1, 150, 230, 4, 2, 256, false, 0, 30, 10, 0.0f, true, false, 40, 0, 60},
+    {TK_F16, 1, 120, 200, 4, 2, 256, false, 1, -1, -1, 10.0f, false, false, 0, 150, 0},
+    {TK_BF16, 2, 100, 100, 4, 2, 256, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+};
+
+Test(attention_bwd_gpu, head_dim_256, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof D256_CASES / sizeof D256_CASES[0]; i++)
+        run_case(&D256_CASES[i], 500 + i);
+}
+
+/* Head dims 80 and 96 (rows of 11 and 13 16-byte chunks; dQ blocks of 40 and 24 columns, an odd
+ * number of n8 tiles): the 64- and 128-key tiles and the 32- and 64-row query tiles cut, seqlen_q
+ * above and below seqlen_k, fewer keys than 16, GQA and MQA, windows, softcap, ALiBi, strided
+ * layouts, and the specialised masks with sinks. */
+static const bwd_case D80_96_CASES[] = {
+    {TK_BF16, 2, 130, 130, 4, 4, 80, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 100, 150, 2, 2, 96, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 150, 90, 2, 1, 80, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 96, 96, 8, 2, 96, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 200, 200, 2, 2, 80, false, 0, 32, 16, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 70, 13, 3, 1, 96, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 65, 65, 2, 1, 80, true, 1, 20, -1, 30.0f, true, false, 0, 0, 0},
+    {TK_BF16, 2, 70, 130, 2, 2, 96, true, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 150, 230, 4, 2, 96, false, 0, 30, 10, 0.0f, true, false, 40, 0, 60},
+    {TK_F16, 1, 120, 200, 4, 2, 80, false, 1, -1, -1, 10.0f, false, false, 0, 150, 0},
+    {TK_BF16, 2, 100, 100, 4, 2, 96, false, 1, -1, -1, 0.0f, false, true, 0, 0, 0},
+    {TK_BF16, 1, 129, 129, 2, 1, 80, false, 1, -1, -1, 0.0f, false, true, 0, 0, 50},
+};
+
+Test(attention_bwd_gpu, head_dims_80_96, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof D80_96_CASES / sizeof D80_96_CASES[0]; i++)
+        run_case(&D80_96_CASES[i], 600 + i);
+}
+
 /* deterministic = 1 on every shape above, by the same accuracy rule, each run twice. */
 Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[3] = {
+    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[5] = {
         {MASK_CASES, sizeof MASK_CASES / sizeof MASK_CASES[0], 100},
         {GQA_CASES, sizeof GQA_CASES / sizeof GQA_CASES[0], 200},
         {SPECIALISED_CASES, sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0], 300},
+        {D256_CASES, sizeof D256_CASES / sizeof D256_CASES[0], 500},
+        {D80_96_CASES, sizeof D80_96_CASES / sizeof D80_96_CASES[0], 600},
     };
-    for (int l = 0; l < 3; l++)
+    for (int l = 0; l < 5; l++)
         for (size_t i = 0; i < lists[l].count; i++)
             run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2);
 }
 
 /* deterministic = 1: dq, dk, dv bit-identical over 3 runs where many key tiles add to each query
- * tile (causal GQA, 8 key tiles of 128 or 16 of 64), and under masks that keep key tiles from some query tiles
- * (windows on both sides with seqlen_q < seqlen_k; a causal window over documents), so that
- * the chains of adds start and end at different key tiles. */
+ * tile (causal GQA, 8 key tiles of 128 or 16 of 64; at head dim 256 10 of 64), and under masks
+ * that keep key tiles from some query tiles (windows on both sides with seqlen_q < seqlen_k; a
+ * causal window over documents), so that the chains of adds start and end at different key
+ * tiles; and grids of more CTAs than an H200 holds at once (192 or 384 at head dim 64, 160 at
+ * 256, against 132 SMs of one CTA each for the 8-warp tiles), so that CTAs wait on the
+ * semaphores of CTAs that are not resident yet. */
 Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
         {TK_BF16, 1, 1024, 1024, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         {TK_F16, 2, 600, 700, 4, 2, 64, false, 0, 100, 40, 0.0f, false, false, 0, 0, 0},
         {TK_BF16, 1, 640, 640, 4, 1, 128, false, 1, 150, -1, 0.0f, false, false, 0, 0, 200},
+        {TK_BF16, 1, 640, 640, 4, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 1, 500, 600, 2, 1, 256, false, 0, 90, 30, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 384, 384, 64, 64, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case_runs(&cases[i], 400 + i, 1, 3);

@@ -130,6 +130,14 @@ __device__ __forceinline__ void tk_ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) 
                      : "r"(addr));
 }
 
+/* ldmatrix .x2 .trans: matrices 0 and 1 only, named by lanes 0-15 (the other lanes' addresses
+ * are not read): the B fragment of one n8 tile stored as [K, N]. */
+__device__ __forceinline__ void tk_ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
+
 /* ---- mma.sync m16n8k16: D (16x8, f32) += A (16x16) B (16x8), inputs f16 or bf16 ----
  *
  * mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32. Warp-wide; each lane holds a

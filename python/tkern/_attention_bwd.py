@@ -16,8 +16,10 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, so
 
     out and lse are attention's outputs for the same call (return_lse=True); every option means
     what it means in attention (same layouts, masks, softcap, scale, ALiBi). dout is laid out
-    like out, dq like q, dk and dv like k and v (GQA: summed over each group). head_dim 64 or
-    128. dq is accumulated with float32 atomics, so its last bits may vary from run to run;
+    like out, dq like q, dk and dv like k and v (GQA: summed over each group). head_dim 64, 80,
+    96, 128 or 256 (256 needs 143 KB of shared memory per block, e.g. compute capability 8.0 or 9.0;
+    elsewhere TkernError NOT_SUPPORTED). dq is accumulated with float32 atomics, so its last bits
+    may vary from run to run;
     deterministic=True makes the same adds in a fixed order, so that dq is bit-identical from
     run to run (a little slower, and a little more workspace).
     workspace: a uint8 array of tk_attention_bwd_workspace_size bytes (at least 1), allocated

@@ -284,11 +284,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, al
               deterministic=False):
     """tkern.attention with gradients for q, k and v (GQA: dk, dv summed over each group) and
     the sink logits (sinks, float32 [heads_q], as learnable_sink). The forward keeps its output
-    and log-sum-exp for the backward kernel (tk_attention_bwd), which takes every forward
-    option (chunk_size, prefix_len and document_ids too); the backward supports head_dim 64 and
-    128 (another raises tkern.TkernError when backpropagated). No gradient flows to
-    alibi_slopes or document_ids. deterministic=True makes dq bit-identical from run to run
-    (attention_backward's deterministic)."""
+    and log-sum-exp for the backward kernel (tk_attention_bwd), which takes every forward option
+    (chunk_size, prefix_len and document_ids too) and every forward head_dim (256 on a device
+    without the shared memory for it raises tkern.TkernError when backpropagated). No gradient
+    flows to alibi_slopes or document_ids. deterministic=True makes dq bit-identical from run to
+    run (attention_backward's deterministic)."""
     kwargs = dict(causal=causal, window=window, softcap=softcap, scale=scale, layout=layout,
                   chunk_size=chunk_size, prefix_len=prefix_len)
     return _Attention.apply(q, k, v, alibi_slopes, sinks, document_ids, kwargs, deterministic)
