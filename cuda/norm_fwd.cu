@@ -535,11 +535,7 @@ cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, flo
                                                     : norm_fwd_rows<T, W, VEC, Threads, true, false, Whole, Cluster>)
                                      : (a->residual ? norm_fwd_rows<T, W, VEC, Threads, false, true, Whole, Cluster>
                                                     : norm_fwd_rows<T, W, VEC, Threads, false, false, Whole, Cluster>);
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = (unsigned)blocks_per_row;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
+    cudaLaunchAttribute cluster = tk_cluster_attribute(blocks_per_row);
     const cudaLaunchConfig_t cfg = tk_launch_config(grid, s.threads, 0, stream, &cluster, Cluster ? 1 : 0);
     return tk_launch(cfg, kernel, *a, s.group, inv_n, slice_packs);
 }

@@ -950,17 +950,6 @@ int pipelined_blocks(const tk_softmax_call *a, int elem_bytes) {
     return blocks;
 }
 
-/* `cfg` (no attributes) as clusters of `blocks`; `attr` must outlive its use. */
-cudaLaunchConfig_t in_clusters(cudaLaunchConfig_t cfg, cudaLaunchAttribute *attr, int blocks) {
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = (unsigned)blocks;
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cfg;
-}
-
 /* Clusters of `blocks` (2 to 16) that are resident on the device at once, 0 for none, per
  * instantiation, device and cluster size (the occupancy query is host work that a launch need
  * not repeat; the cache holds the count + 1, so that 0 is kept too). */
@@ -972,8 +961,9 @@ cudaError_t clusters_that_fit(const tk_device *dev, const cudaLaunchConfig_t &cf
         size_index++;
     int count_plus_one = 1; /* a failed query: none */
     const cudaError_t err = cache.get(dev, size_index, &count_plus_one, [&](int *v) {
-        cudaLaunchAttribute attr;
-        cudaLaunchConfig_t query = in_clusters(cfg, &attr, blocks);
+        cudaLaunchAttribute attr = tk_cluster_attribute(blocks);
+        cudaLaunchConfig_t query = cfg;
+        query.attrs = &attr, query.numAttrs = 1;
         query.gridDim = dim3((unsigned)blocks);
         int fit = 0;
         const cudaError_t query_err = cudaOccupancyMaxActiveClusters(&fit, Kernel, &query);
@@ -1044,8 +1034,10 @@ cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cud
     if (err != cudaSuccess)
         return err;
     const int64_t clusters = fit < a->rows ? fit : a->rows;
-    cudaLaunchAttribute cluster;
-    cudaLaunchConfig_t cfg = blocks > 1 ? in_clusters(plain, &cluster, blocks) : plain;
+    cudaLaunchAttribute cluster = tk_cluster_attribute(blocks);
+    cudaLaunchConfig_t cfg = plain;
+    if (blocks > 1)
+        cfg.attrs = &cluster, cfg.numAttrs = 1;
     cfg.gridDim = dim3((unsigned)(clusters * blocks));
     return blocks > 1 ? tk_launch(cfg, kernel, *a, slice_packs) : tk_launch(cfg, one_block_kernel, *a, slice_packs);
 }

@@ -39,6 +39,16 @@ inline cudaLaunchConfig_t tk_launch_config(dim3 grid, dim3 block, size_t smem, c
     return cfg;
 }
 
+/* The launch attribute that groups a 1D grid into thread-block clusters of `blocks` blocks. */
+inline cudaLaunchAttribute tk_cluster_attribute(int blocks) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)blocks;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    return attr;
+}
+
 /* Launches kernel(args...) with `cfg` and returns the launch's own error. */
 template <typename... Params, typename... Args>
 cudaError_t tk_launch(const cudaLaunchConfig_t &cfg, void (*kernel)(Params...), Args &&...args) {
