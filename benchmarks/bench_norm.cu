@@ -87,6 +87,7 @@ extern "C" void bench_norm(bench_ctx *ctx) {
     bench_one(ctx, "add+rmsnorm fwd", false, true, false, TK_BF16, TK_BF16, 16384, 4096);
     bench_one(ctx, "layernorm fwd", true, false, false, TK_BF16, TK_BF16, 16384, 4096);
     bench_one(ctx, "rmsnorm fwd", false, false, false, TK_BF16, TK_F32, 16384, 4096);
+    bench_one(ctx, "layernorm fwd", true, false, false, TK_BF16, TK_F32, 16384, 3072);
     bench_one(ctx, "rmsnorm fwd", false, false, false, TK_F16, TK_F16, 16384, 4096);
     bench_one(ctx, "rmsnorm fwd", false, false, false, TK_F32, TK_F32, 16384, 4096);
     bench_one(ctx, "add+rmsnorm fwd", false, true, false, TK_BF16, TK_BF16, 16384, 3584);
