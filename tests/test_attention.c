@@ -891,6 +891,7 @@ Test(attention_gpu, supported_names_the_variant) {
                      sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_persistent\"");
+    tk_experimental_force_variant("attention", NULL);
     /* The wide variant: head dims 64 and 128, calls in which every query sees every key (the
      * automatic choice there: d128_open below names it unforced too). */
     tk_attention_params d128_open = d128;
