@@ -119,8 +119,8 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(deterministic = -1, TK_ERROR_INVALID_VALUE, "p->deterministic = -1");
     {
         tk_attention_bwd_params p = ok; /* the atomic path's workspace: no room for the order */
-        p.deterministic = 1, p.workspace_bytes = (32 + 32 * 64) * 4;
-        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->workspace_bytes = 8320 is smaller than the 8352");
+        p.deterministic = 1, p.workspace_bytes = (32 + 32 * 64) * 4 + 112;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->workspace_bytes = 8432 is smaller than the 8464");
     }
     REJECT(dout_strides[3] = 2, TK_ERROR_NOT_SUPPORTED, "p->dout_strides[3]");
     REJECT(dq = out_buf + 2, TK_ERROR_MISALIGNED, "'p->dq'");
@@ -166,19 +166,21 @@ Test(attention_bwd_args, workspace_size) {
     p.q = p.k = p.v = p.o = p.dout = NULL; /* only the sizes are read */
     size_t bytes = 1;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    /* D rows (32 floats) and the dq accumulator (32 x 64 floats). */
-    cr_assert_eq(bytes, (size_t)(32 + 32 * 64) * 4, "workspace %zu bytes", bytes);
-    p.seqlen_q = 15; /* 30 rows: D rounded up to 32 floats */
+    /* D rows (32 floats), the dq accumulator (32 x 64 floats) and the 112 bytes that let it start
+     * on a 128-byte boundary after a 16-byte aligned D. */
+    cr_assert_eq(bytes, (size_t)(32 + 32 * 64) * 4 + 112, "workspace %zu bytes", bytes);
+    p.seqlen_q = 15; /* 30 rows: D rounded up to 32 floats, each head's accumulator to 16 rows */
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 64) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 64) * 4 + 112, "workspace %zu bytes", bytes);
     /* deterministic: the ticket counter and one semaphore per 32 rows of each head, in words
-     * rounded up to 4: 4 + 2 x 1 -> 8 words; 4 + 2 x 4 = 12 words for 100 rows. */
+     * rounded up to 4: 4 + 2 x 1 -> 8 words; 4 + 2 x 4 = 12 words for 100 rows (112 in the
+     * accumulator). */
     p.deterministic = 1;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 64 + 8) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 64 + 8) * 4 + 112, "workspace %zu bytes", bytes);
     p.seqlen_q = 100;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(200 + 200 * 64 + 12) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(200 + 2 * 112 * 64 + 12) * 4 + 112, "workspace %zu bytes", bytes);
     p.deterministic = 2;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->deterministic");
     p.deterministic = 0, p.seqlen_q = 15;
@@ -191,10 +193,10 @@ Test(attention_bwd_args, workspace_size) {
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->batch");
     p.batch = 1, p.head_dim = 256; /* the accumulator grows with the head dim, the rest does not */
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 256) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 256) * 4 + 112, "workspace %zu bytes", bytes);
     p.head_dim = 80;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 80) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 80) * 4 + 112, "workspace %zu bytes", bytes);
     p.head_dim = 72;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_NOT_SUPPORTED, "p->head_dim");
 }
