@@ -500,9 +500,11 @@ static void check_dsinks(const bwd_case *c, const char *what, const tk_attention
 }
 
 /* The forward, then with every variant forced the backward `runs` times (deterministic as
- * given), each run on poisoned gradients and workspace, each later run bit-identical to the
- * first, whose gradients are checked against the fp64 reference (computed once). */
-static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, int runs) {
+ * given, the workspace ws_offset bytes into its allocation), each run on poisoned gradients and
+ * workspace, each later run bit-identical to the first, whose gradients are checked against the
+ * fp64 reference (computed once). */
+static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, int runs,
+                          size_t ws_offset) {
     char what[320];
     case_name(c, what, sizeof what);
     tk_rng rng = tk_rng_seeded(seed);
@@ -604,7 +606,8 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     p.deterministic = deterministic;
     size_t ws_bytes = 0;
     cr_assert_eq(tk_attention_bwd_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s", tk_last_error());
-    void *ws = tk_dev_alloc(ws_bytes);
+    void *ws_alloc = tk_dev_alloc(ws_bytes + ws_offset);
+    void *ws = (unsigned char *)ws_alloc + ws_offset;
     p.workspace = ws, p.workspace_bytes = ws_bytes;
 
     double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
@@ -636,7 +639,8 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     cr_assert(rdq && rdk && rdv);
     for (int v = 0; v < VARIANT_COUNT; v++) {
         char run_what[400];
-        snprintf(run_what, sizeof run_what, "%s deterministic %d %s", what, deterministic, VARIANTS[v]);
+        snprintf(run_what, sizeof run_what, "%s deterministic %d workspace +%zu %s", what, deterministic,
+                 ws_offset, VARIANTS[v]);
         cr_assert_eq(tk_experimental_force_variant("attention_bwd", VARIANTS[v]), TK_SUCCESS);
         if (!claims[v]) {
             TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, VARIANTS[v]);
@@ -690,11 +694,11 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     free(hsinks); free(hdsinks); free(hids);
     tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dout); tk_dev_free(o);
     tk_dev_free(lse); tk_dev_free(gq); tk_dev_free(gk); tk_dev_free(gv); tk_dev_free(slopes);
-    tk_dev_free(ws); tk_dev_free(sinks); tk_dev_free(dsinks); tk_dev_free(ids);
+    tk_dev_free(ws_alloc); tk_dev_free(sinks); tk_dev_free(dsinks); tk_dev_free(ids);
 }
 
 static void run_case(const bwd_case *c, uint64_t seed) {
-    run_case_runs(c, seed, 0, 1);
+    run_case_runs(c, seed, 0, 1, 0);
 }
 
 static const bwd_case MASK_CASES[] = {
@@ -828,7 +832,7 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
     };
     for (int l = 0; l < 5; l++)
         for (size_t i = 0; i < lists[l].count; i++)
-            run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2);
+            run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2, 0);
 }
 
 /* deterministic = 1: dq, dk, dv bit-identical over 3 runs where many key tiles add to each query
@@ -850,5 +854,26 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
         {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case_runs(&cases[i], 400 + i, 1, 3);
+        run_case_runs(&cases[i], 400 + i, 1, 3, 0);
+}
+
+/* The workspace 16, 48 and 112 bytes past the allocation's start (which is 256-byte aligned):
+ * the dQ accumulator then starts on the next 128-byte boundary after D, inside the 112 bytes
+ * that the workspace size reserves for that, at a different distance each time. Lengths that
+ * leave pad rows in the accumulator's last 16-row slab of every head and D lengths that are not
+ * a multiple of 32 floats; atomic and deterministic, at every variant. */
+Test(attention_bwd_gpu, workspace_offsets, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const bwd_case cases[] = {
+        {TK_BF16, 1, 130, 130, 4, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 2, 45, 40, 6, 2, 80, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 70, 90, 3, 1, 256, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 1, 33, 33, 2, 2, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    };
+    const size_t offsets[] = {16, 48, 112};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++) {
+            run_case_runs(&cases[i], 700 + i, 0, 1, offsets[o]);
+            run_case_runs(&cases[i], 700 + i, 1, 2, offsets[o]);
+        }
 }
