@@ -1,7 +1,7 @@
 """Rotary position embedding: tk_rope_fwd, tk_rope_bwd."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr, replay
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
 
 
 def _heads(a):
@@ -132,9 +132,9 @@ def _replay(plan, q, k, positions, cos, sin, cos_sin_cache, stream):
         params = _lib.byref(p)
     q_out = q if new_q is None else new_q(q)
     k_out = k if new_k is None else new_k(k)
-    replay(fn, params, 0 if q is None else q.data_ptr(), 0 if k is None else k.data_ptr(),
-           0 if q_out is None else q_out.data_ptr(), 0 if k_out is None else k_out.data_ptr(),
-           stream)
+    _lib.replay(fn, params, 0 if q is None else q.data_ptr(), 0 if k is None else k.data_ptr(),
+                0 if q_out is None else q_out.data_ptr(), 0 if k_out is None else k_out.data_ptr(),
+                stream)
     return q_out, k_out
 
 
