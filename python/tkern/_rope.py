@@ -138,16 +138,13 @@ def _replay(plan, q, k, positions, cos, sin, cos_sin_cache, stream):
     return q_out, k_out
 
 
-def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim,
+def _rope(fn, names, q, k, positions, outs, lane_key, *, inplace, theta, style, rotary_dim,
           position_start, cos, sin, cos_sin_cache, stream):
+    """The full path of rope_, rope and rope_backward, for a call that the lane did not replay;
+    stores the call's plan under lane_key (from _LANE.find, None: nothing to store)."""
     qn, kn = names
     if q is None and k is None:
         raise TypeError(f"at least one of '{qn}' and '{kn}' must be given")
-    lane, s, lane_key = _LANE.find(stream, () if inplace else outs,
-                                   (q, k, positions, cos, sin, cos_sin_cache),
-                                   (fn, inplace, theta, style, rotary_dim, position_start))
-    if lane is not None:
-        return _replay(lane, q, k, positions, cos, sin, cos_sin_cache, s)
     c = Call(stream, **{qn: q, kn: k}, positions=positions, cos=cos, sin=sin,
              cos_sin_cache=cos_sin_cache,
              **({} if inplace else {qn + "_out": outs[0], kn + "_out": outs[1]}))
@@ -198,9 +195,14 @@ def rope_(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
     [max_position, rotary_dim] (vLLM's layout, cos then sin) or cos and sin [max_position,
     rotary_dim / 2]. Returns (q, k).
     """
-    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q, k), inplace=True, theta=theta,
-                 style=style, rotary_dim=rotary_dim, position_start=position_start, cos=cos,
-                 sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
+    # The lane is looked up here, not in _rope: a replay then skips _rope's call (the hot path).
+    plan, s, key = _LANE.find(stream, (), (q, k, positions, cos, sin, cos_sin_cache),
+                              ("tk_rope_fwd", True, theta, style, rotary_dim, position_start))
+    if plan is not None:
+        return _replay(plan, q, k, positions, cos, sin, cos_sin_cache, s)
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q, k), key, inplace=True,
+                 theta=theta, style=style, rotary_dim=rotary_dim, position_start=position_start,
+                 cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
 
 
 def rope(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
@@ -208,7 +210,11 @@ def rope(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
          stream=None):
     """Out-of-place rope_: returns (q_rotated, k_rotated), new arrays (or q_out / k_out) of the
     inputs' shapes; elements past rotary_dim are copied. Arguments as rope_."""
-    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q_out, k_out), inplace=False,
+    plan, s, key = _LANE.find(stream, (q_out, k_out), (q, k, positions, cos, sin, cos_sin_cache),
+                              ("tk_rope_fwd", False, theta, style, rotary_dim, position_start))
+    if plan is not None:  # as in rope_
+        return _replay(plan, q, k, positions, cos, sin, cos_sin_cache, s)
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q_out, k_out), key, inplace=False,
                  theta=theta, style=style, rotary_dim=rotary_dim, position_start=position_start,
                  cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
 
@@ -218,7 +224,11 @@ def rope_backward(grad_q, grad_k, positions=None, *, theta=10000.0, style="neox"
                   inplace=False, stream=None):
     """Gradient of rope: rotates grad_q and grad_k by the opposite angles (the exact gradient).
     Same arguments as rope; inplace=True overwrites grad_q / grad_k. Returns (dq, dk)."""
+    plan, s, key = _LANE.find(stream, (), (grad_q, grad_k, positions, cos, sin, cos_sin_cache),
+                              ("tk_rope_bwd", inplace, theta, style, rotary_dim, position_start))
+    if plan is not None:  # as in rope_
+        return _replay(plan, grad_q, grad_k, positions, cos, sin, cos_sin_cache, s)
     return _rope("tk_rope_bwd", ("grad_q", "grad_k"), grad_q, grad_k, positions, (None, None),
-                 inplace=inplace, theta=theta, style=style, rotary_dim=rotary_dim,
+                 key, inplace=inplace, theta=theta, style=style, rotary_dim=rotary_dim,
                  position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
                  stream=stream)
