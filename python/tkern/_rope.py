@@ -94,7 +94,10 @@ def _checked(c, names, style, theta, position_start, rotary_dim):
     return p
 
 
-_PLANS, _LANE = Plans(), Lane()
+_PLANS = Plans()
+# A lane per entry point (see Lane): which function is called, and in place or not, is then
+# no part of a lane's key.
+_INPLACE_LANE, _LANE, _BACKWARD_LANE = Lane(), Lane(), Lane()
 
 
 def _lane_plan(fn, p, c, names, inplace):
@@ -138,10 +141,11 @@ def _replay(plan, q, k, positions, cos, sin, cos_sin_cache, stream):
     return q_out, k_out
 
 
-def _rope(fn, names, q, k, positions, outs, lane_key, *, inplace, theta, style, rotary_dim,
-          position_start, cos, sin, cos_sin_cache, stream):
-    """The full path of rope_, rope and rope_backward, for a call that the lane did not replay;
-    stores the call's plan under lane_key (from _LANE.find, None: nothing to store)."""
+def _rope(fn, names, q, k, positions, outs, lane, lane_key, *, inplace, theta, style,
+          rotary_dim, position_start, cos, sin, cos_sin_cache, stream):
+    """The full path of rope_, rope and rope_backward, for a call that their lane did not
+    replay; stores the call's plan in that lane under lane_key (from lane.find, None: nothing
+    to store)."""
     qn, kn = names
     if q is None and k is None:
         raise TypeError(f"at least one of '{qn}' and '{kn}' must be given")
@@ -178,7 +182,7 @@ def _rope(fn, names, q, k, positions, outs, lane_key, *, inplace, theta, style, 
     plan = None if lane_key is None else _lane_plan(fn, p, c, names, inplace)
     _pointers(c, p)
     c.run(fn, _lib.byref(p), ptr(c.get(qn)), ptr(c.get(kn)), ptrs[0], ptrs[1], c.stream)
-    _LANE.put(lane_key, plan)
+    lane.put(lane_key, plan)
     return tuple(results)
 
 
@@ -196,13 +200,14 @@ def rope_(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
     rotary_dim / 2]. Returns (q, k).
     """
     # The lane is looked up here, not in _rope: a replay then skips _rope's call (the hot path).
-    plan, s, key = _LANE.find(stream, (), (q, k, positions, cos, sin, cos_sin_cache),
-                              ("tk_rope_fwd", True, theta, style, rotary_dim, position_start))
+    plan, s, key = _INPLACE_LANE.find(stream, (), (q, k, positions, cos, sin, cos_sin_cache),
+                                      (theta, style, rotary_dim, position_start))
     if plan is not None:
         return _replay(plan, q, k, positions, cos, sin, cos_sin_cache, s)
-    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q, k), key, inplace=True,
-                 theta=theta, style=style, rotary_dim=rotary_dim, position_start=position_start,
-                 cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q, k), _INPLACE_LANE, key,
+                 inplace=True, theta=theta, style=style, rotary_dim=rotary_dim,
+                 position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
+                 stream=stream)
 
 
 def rope(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
@@ -211,12 +216,13 @@ def rope(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
     """Out-of-place rope_: returns (q_rotated, k_rotated), new arrays (or q_out / k_out) of the
     inputs' shapes; elements past rotary_dim are copied. Arguments as rope_."""
     plan, s, key = _LANE.find(stream, (q_out, k_out), (q, k, positions, cos, sin, cos_sin_cache),
-                              ("tk_rope_fwd", False, theta, style, rotary_dim, position_start))
+                              (theta, style, rotary_dim, position_start))
     if plan is not None:  # as in rope_
         return _replay(plan, q, k, positions, cos, sin, cos_sin_cache, s)
-    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q_out, k_out), key, inplace=False,
-                 theta=theta, style=style, rotary_dim=rotary_dim, position_start=position_start,
-                 cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q_out, k_out), _LANE, key,
+                 inplace=False, theta=theta, style=style, rotary_dim=rotary_dim,
+                 position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
+                 stream=stream)
 
 
 def rope_backward(grad_q, grad_k, positions=None, *, theta=10000.0, style="neox",
@@ -224,11 +230,12 @@ def rope_backward(grad_q, grad_k, positions=None, *, theta=10000.0, style="neox"
                   inplace=False, stream=None):
     """Gradient of rope: rotates grad_q and grad_k by the opposite angles (the exact gradient).
     Same arguments as rope; inplace=True overwrites grad_q / grad_k. Returns (dq, dk)."""
-    plan, s, key = _LANE.find(stream, (), (grad_q, grad_k, positions, cos, sin, cos_sin_cache),
-                              ("tk_rope_bwd", inplace, theta, style, rotary_dim, position_start))
+    plan, s, key = _BACKWARD_LANE.find(stream, (), (grad_q, grad_k, positions, cos, sin,
+                                                    cos_sin_cache),
+                                       (inplace, theta, style, rotary_dim, position_start))
     if plan is not None:  # as in rope_
         return _replay(plan, grad_q, grad_k, positions, cos, sin, cos_sin_cache, s)
     return _rope("tk_rope_bwd", ("grad_q", "grad_k"), grad_q, grad_k, positions, (None, None),
-                 key, inplace=inplace, theta=theta, style=style, rotary_dim=rotary_dim,
-                 position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
-                 stream=stream)
+                 _BACKWARD_LANE, key, inplace=inplace, theta=theta, style=style,
+                 rotary_dim=rotary_dim, position_start=position_start, cos=cos, sin=sin,
+                 cos_sin_cache=cos_sin_cache, stream=stream)
