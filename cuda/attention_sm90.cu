@@ -709,9 +709,9 @@ extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, con
 }
 
 /* The wide tiles take only calls in which every query sees every key, as FlashAttention-3's
- * 176-key tile does: where nothing is masked they won on the H200 (1.03x wgmma_sm90 at head dim
- * 128, 1.12x at 64), so they come first there; under masks they were no better (windows
- * 0.90-0.97x, causal 0.985-1.035x; docs/kernels/attention.md). */
+ * 176-key tile does: where nothing is masked they won on the H200 at head dim 64 (1.11-1.12x
+ * wgmma_sm90 in three rounds) and tied at 128 (0.99-1.03x), so they come first there; under masks
+ * they were no better (windows 0.90-0.97x, causal 0.985-1.035x; docs/kernels/attention.md). */
 extern "C" bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev) {
     const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
     const bool every_key = c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 &&
