@@ -701,6 +701,11 @@ static void run_case(const bwd_case *c, uint64_t seed) {
     run_case_runs(c, seed, 0, 1, 0);
 }
 
+/* run_case over a table of cases, case i with seed seed0 + i. */
+#define RUN_CASES(cases, seed0)                                                                    \
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases)[0]; i++)                                  \
+        run_case(&(cases)[i], (seed0) + i)
+
 static const bwd_case MASK_CASES[] = {
     /* dense, both lengths ragged against the 64- and 128-key and the query tiles */
     {TK_BF16, 2, 130, 130, 4, 4, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
@@ -725,8 +730,7 @@ static const bwd_case MASK_CASES[] = {
 
 Test(attention_bwd_gpu, masks_and_lengths, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof MASK_CASES / sizeof MASK_CASES[0]; i++)
-        run_case(&MASK_CASES[i], 100 + i);
+    RUN_CASES(MASK_CASES, 100);
 }
 
 static const bwd_case GQA_CASES[] = {
@@ -746,8 +750,7 @@ static const bwd_case GQA_CASES[] = {
 
 Test(attention_bwd_gpu, gqa_softcap_alibi_layouts, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof GQA_CASES / sizeof GQA_CASES[0]; i++)
-        run_case(&GQA_CASES[i], 200 + i);
+    RUN_CASES(GQA_CASES, 200);
 }
 
 /* Chunked local, prefix-LM, documents and sinks (with dsinks), with windows, GQA, softcap and
@@ -768,8 +771,7 @@ static const bwd_case SPECIALISED_CASES[] = {
 
 Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0]; i++)
-        run_case(&SPECIALISED_CASES[i], 300 + i);
+    RUN_CASES(SPECIALISED_CASES, 300);
 }
 
 /* Head dim 256 ("mma_sm80_d256": two warps per key, 64 keys per CTA): dense and causal with
@@ -791,8 +793,7 @@ static const bwd_case D256_CASES[] = {
 
 Test(attention_bwd_gpu, head_dim_256, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof D256_CASES / sizeof D256_CASES[0]; i++)
-        run_case(&D256_CASES[i], 500 + i);
+    RUN_CASES(D256_CASES, 500);
 }
 
 /* Head dims 80 and 96 (rows of 11 and 13 16-byte chunks; dQ blocks of 40 and 24 columns, an odd
@@ -816,8 +817,7 @@ static const bwd_case D80_96_CASES[] = {
 
 Test(attention_bwd_gpu, head_dims_80_96, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof D80_96_CASES / sizeof D80_96_CASES[0]; i++)
-        run_case(&D80_96_CASES[i], 600 + i);
+    RUN_CASES(D80_96_CASES, 600);
 }
 
 /* deterministic = 1 on every shape above, by the same accuracy rule, each run twice. */
