@@ -424,11 +424,11 @@ __device__ __forceinline__ void tk_wgmma_64x256(float (&d)[128], uint64_t desc_a
  * keys): A and B K-major from shared memory; d[j][e] is tk_wgmma_64x256's d[4j + e] (n8 slice j). */
 template <typename T, int N>
 __device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC)                                                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                   \
-                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                                \
-                 : OPS                                                                                   \
+#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC)                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                 \
+                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                              \
+                 : OPS                                                                                 \
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate))
     static_assert(N == 176 || N == 128 || N == 64, "the widths attention_sm90.cu uses");
     constexpr bool F16 = std::is_same_v<T, __half>;
@@ -451,11 +451,11 @@ __device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_
  * per warp (attention's P), B N-major from shared memory (transpose bit; attention's V). */
 template <typename T>
 __device__ __forceinline__ void tk_wgmma_rs_64x64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#define WGMMA_RS(TYPE)                                                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" TK_WGMMA_REGS_32           \
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                        \
-                 : TK_WGMMA_OPS_8                                                                            \
+#define WGMMA_RS(TYPE)                                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" TK_WGMMA_REGS_32     \
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                      \
+                 : TK_WGMMA_OPS_8                                                                      \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
     if constexpr (std::is_same_v<T, __half>)
         WGMMA_RS("f16");
