@@ -6,6 +6,7 @@
  *   TMA      tk_tma_load_2d / _4d      copy a box of it into shared memory, counted on an mbarrier
  *   mbarrier tk_mbarrier_*             init, arrive, arrive + expect bytes, wait for a phase
  *   ring     tk_stage_ring             which stage and phase parity a pipeline step uses
+ *   smem     tk_stmatrix_x4_trans, tk_fence_proxy_async_shared   a tile written by threads, for wgmma
  *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16, m64nNk16
  *                                      (N = 64, 128, 176), m64n64k16 with A from registers
  *   warps    tk_setmaxnreg_*, tk_named_barrier_*   producer / consumer warpgroups
@@ -166,6 +167,28 @@ __device__ __forceinline__ void tk_tma_load_4d(uint32_t dst, const CUtensorMap *
                  "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
+}
+
+/* ---- shared memory written for the async proxy ---- */
+
+/* stmatrix.m8n8.x4.trans: four 8 x 8 matrices of 16-bit elements stored transposed. Register
+ * r[m] holds this thread's pair of matrix m in the mma.sync fragment layout (lane 4 g + t: row g,
+ * columns 2t, 2t + 1), e.g. an A fragment packed from accumulators (tk_mma_a_from_acc); lane l
+ * gives the shared address of stored row l % 8 of matrix l / 8, which receives column l % 8 of
+ * the fragment's matrix (16 contiguous bytes). A warp transposes a 16 x 16 tile in one
+ * instruction: the attention backward stores dS^T as dS this way. */
+__device__ __forceinline__ void tk_stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+/* fence.proxy.async.shared::cta: this thread's earlier writes to shared memory (st.shared,
+ * stmatrix: the generic proxy) become visible to the async proxy, which wgmma's descriptor
+ * operands and TMA stores read through. The writers fence, then a barrier hands the tile to the
+ * warpgroups that issue the wgmma. */
+__device__ __forceinline__ void tk_fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 /* ---- clusters (distributed shared memory) ---- */
@@ -421,29 +444,32 @@ __device__ __forceinline__ void tk_wgmma_64x256(float (&d)[128], uint64_t desc_a
     "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
 
 /* d (=)+= A B^T, wgmma m64nNk16 for N = 176, 128 or 64 (attention's S = Q K^T for a tile of N
- * keys): A and B K-major from shared memory; d[j][e] is tk_wgmma_64x256's d[4j + e] (n8 slice j). */
-template <typename T, int N>
+ * keys): A K-major from shared memory, B K-major (or with TRANS_B N-major, the transpose bit:
+ * d += A B for a B stored k x N, N contiguous, such as the backward's K in dQ = dS K, described
+ * by tk_wgmma_desc_n_major_sw128); d[j][e] is tk_wgmma_64x256's d[4j + e] (n8 slice j). */
+template <typename T, int N, bool TRANS_B = false>
 __device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC)                                                    \
+#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC, TB)                                                \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                     \
                  "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                 \
-                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                              \
+                 "}, %" A ", %" B ", p, 1, 1, 0, %" TB ";\n}\n"                                        \
                  : OPS                                                                                 \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    static_assert(N == 176 || N == 128 || N == 64, "the widths attention_sm90.cu uses");
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B ? 1 : 0))
+    static_assert(N == 176 || N == 128 || N == 64, "the widths the attention kernels use");
+    static_assert(!TRANS_B || N == 64, "an N-major B of one 128-byte swizzle atom");
     constexpr bool F16 = std::is_same_v<T, __half>;
     if constexpr (N == 176 && F16)
-        WGMMA_SS("m64n176k16", "f16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90");
+        WGMMA_SS("m64n176k16", "f16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90", "91");
     else if constexpr (N == 176)
-        WGMMA_SS("m64n176k16", "bf16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90");
+        WGMMA_SS("m64n176k16", "bf16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90", "91");
     else if constexpr (N == 128 && F16)
-        WGMMA_SS("m64n128k16", "f16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66");
+        WGMMA_SS("m64n128k16", "f16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67");
     else if constexpr (N == 128)
-        WGMMA_SS("m64n128k16", "bf16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66");
+        WGMMA_SS("m64n128k16", "bf16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67");
     else if constexpr (F16)
-        WGMMA_SS("m64n64k16", "f16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34");
+        WGMMA_SS("m64n64k16", "f16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34", "35");
     else
-        WGMMA_SS("m64n64k16", "bf16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34");
+        WGMMA_SS("m64n64k16", "bf16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34", "35");
 #undef WGMMA_SS
 }
 
