@@ -60,6 +60,7 @@
  */
 #include "attention.h"
 
+#include "attention_sm90.cuh"
 #include "attention_softmax.cuh"
 #include "common.cuh"
 #include "core/sm80.cuh"
@@ -68,7 +69,6 @@
 
 namespace {
 
-constexpr int HALF = 64;                   /* head-dim columns per 128-byte swizzled row */
 constexpr int Q_HALF_BYTES = 64 * HALF * 2; /* one consumer's rows, one half: 8 KiB */
 constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
 
@@ -459,39 +459,15 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 
 /* ---- host side ---- */
 
-/* The 4D tensor map (head dim, position, head, batch) of Q, K or V, read in boxes of
- * box_rows positions x 64 head-dim columns of one head in the 128-byte swizzle. Strides of
- * dimensions of extent 1 are never used; they are given as 16 bytes, which TMA accepts. */
-cudaError_t encode_4d(CUtensorMap *map, int dtype, const void *base, int head_dim, int batch, int seqlen,
-                      int heads, const int64_t stride[3], uint32_t box_rows) {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode =
-        tk_driver_function<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
-    if (!encode)
-        return cudaErrorNotSupported;
-    const CUtensorMapDataType type =
-        dtype == TK_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
-    const cuuint64_t strides[3] = {seqlen > 1 ? (cuuint64_t)stride[1] * 2 : 16,
-                                   heads > 1 ? (cuuint64_t)stride[2] * 2 : 16,
-                                   batch > 1 ? (cuuint64_t)stride[0] * 2 : 16};
-    const cuuint32_t box[4] = {HALF, box_rows, 1, 1};
-    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-    return encode(map, type, 4, const_cast<void *>(base), dims, strides, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
-               ? cudaSuccess
-               : cudaErrorInvalidValue;
-}
-
 template <typename T, int D, sm90_kind KIND>
 cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     using plan = sm90_plan<D, KIND>;
     CUtensorMap map_q, map_k, map_v;
-    cudaError_t err = encode_4d(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
+    cudaError_t err = attn_tensor_map(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
     if (err == cudaSuccess)
-        err = encode_4d(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, plan::BN);
+        err = attn_tensor_map(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, plan::BN);
     if (err == cudaSuccess)
-        err = encode_4d(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, plan::BN);
+        err = attn_tensor_map(&map_v, c->dtype, c->v, D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride, plan::BN);
     if (err != cudaSuccess)
         return err;
     constexpr auto kernel = attention_sm90_kernel<T, D, KIND>;
@@ -521,11 +497,9 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
 /* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
  * 256 the consumers' 232 registers spill) and wide; a plan that does not exist is never made. */
 template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
-    /* TMA: strides below 2^40 bytes (src/attention.c has checked the 16-byte alignment). */
-    const int64_t max_stride = (int64_t)1 << 39;
-    for (int d = 0; d < 3; d++)
-        if (c->q_stride[d] >= max_stride || c->k_stride[d] >= max_stride || c->v_stride[d] >= max_stride)
-            return false;
+    /* TMA (src/attention.c has checked the 16-byte alignment). */
+    if (!attn_tma_strides(c->q_stride) || !attn_tma_strides(c->k_stride) || !attn_tma_strides(c->v_stride))
+        return false;
     switch (c->head_dim) {
     case 64:
         return sm90_plan<64, KIND>::SMEM_BYTES <= dev->max_smem_optin;
