@@ -1,0 +1,372 @@
+/* The pieces of the attention backward that every main kernel shares (attention_bwd.cu's
+ * portable "mma_sm80*" kernels, attention_bwd_sm90.cu's Hopper "wgmma_sm90"): the kernel
+ * parameters, the f32 dQ accumulator's layout, the row kernels around the main one (D, dsinks,
+ * dQ's conversion, the order words' clearing), the deterministic order of the dQ adds, the
+ * per-element P and dS, and the launch sequence. docs/kernels/attention_bwd.md has the math. */
+#ifndef TK_ATTENTION_BWD_CUH
+#define TK_ATTENTION_BWD_CUH
+
+#include <cuda/atomic>
+
+#include "attention.cuh"
+#include "attention_bwd.h"
+
+namespace {
+
+/* The row kernels' blocks (pre, dq, dsinks, order_clear): one warp per row or a strided loop, so
+ * any size serves. */
+constexpr int ROW_WARPS = 4;
+constexpr int ROW_THREADS = 32 * ROW_WARPS;
+
+/* ---- the dQ accumulator's layout ----
+ * Every key tile that a query row sees adds its share of that row's dQ, so the main kernel's f32
+ * reductions into the accumulator are the bulk of its memory traffic, and what one warp
+ * instruction of them costs grows with the 128-byte lines it touches. A warp's dQ product is
+ * made of m16 x n8 accumulator fragments (core/sm80.cuh): lane l = 4 g + t holds rows g and
+ * g + 8, columns 2t and 2t + 1. Stored row-major, each of the warp's reductions covers 8 rows of
+ * 8 (one pair per lane) or 4 (scalar) floats: 8 lines. So the accumulator is stored in the
+ * fragments' order instead (FlashAttention-2 permutes its dQ accumulator to the same end):
+ *   - each (batch, query head) has seqlen_q rows padded up to a multiple of 16, a whole number
+ *     of 16-row slabs (ATTN_BWD_SLAB; pad rows only ever receive zeros, dS being 0 there, and are
+ *     never read);
+ *   - a slab is D / 8 blocks of 16 rows x 8 columns (128 floats, 512 bytes), in column order;
+ *   - element (row 8 hh + g, column 2 t + c) of a block, register e = 2 hh + c of lane 4 g + t,
+ *     is float 4 (4 g + t) + e of the block on sm_90 and newer, so that each lane adds its
+ *     fragment with one red.global.add.v4.f32 and the warp's instruction covers 512 contiguous
+ *     bytes, 4 lines, each wholly; before sm_90, which has no vector f32 reduction in PTX, it is
+ *     float 32 e + 4 g + t, so that each of the four scalar reductions of a fragment covers 128
+ *     contiguous bytes, 1 line.
+ * Float (padded row r, column c) of a head is thus at 16 D (r / 16) + 128 (c / 8) + slot: a
+ * fragment whose first row is a multiple of 16 and first column a multiple of 8 (every dQ block
+ * of attn_bwd_shape) is one whole block. The accumulator starts at a 128-byte boundary
+ * (attn_bwd_acc_start), so a block is 4 whole lines. The slot depends on __CUDA_ARCH__: each
+ * translation unit with a main kernel (attention_bwd.cu, attention_bwd_sm90.cu) launches its own
+ * attn_bwd_dq from this header, so the writer and the reader of a call run from the same device
+ * image and agree. */
+constexpr int ATTN_BWD_SLAB = 16;       /* rows per slab: an m16 fragment's */
+constexpr int ATTN_BWD_BLOCK = 16 * 8;  /* floats per block: an m16 x n8 fragment's */
+constexpr int ATTN_BWD_ACC_ALIGN = 128; /* bytes: an L2 line */
+
+/* Rows of one (batch, query head) in the accumulator: seqlen_q padded to whole slabs. */
+__host__ __device__ __forceinline__ int64_t attn_bwd_acc_rows(int seqlen_q) {
+    return ((int64_t)seqlen_q + ATTN_BWD_SLAB - 1) / ATTN_BWD_SLAB * ATTN_BWD_SLAB;
+}
+
+/* Lane `lane`'s fragment (x0..x3 = registers 0..3) added to the block at `block`. */
+__device__ __forceinline__ void attn_bwd_acc_add(float *block, int lane, float x0, float x1,
+                                                 float x2, float x3) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4 *>(block) + lane, make_float4(x0, x1, x2, x3));
+#else
+    atomicAdd(block + lane, x0);
+    atomicAdd(block + 32 + lane, x1);
+    atomicAdd(block + 64 + lane, x2);
+    atomicAdd(block + 96 + lane, x3);
+#endif
+}
+
+/* Lane `lane`'s fragment (registers 0..3) read back from the block at `block`: one warp
+ * instruction reads 512 contiguous bytes (sm_90 and newer) or four read 128 each. */
+__device__ __forceinline__ float4 attn_bwd_acc_load(const float *block, int lane) {
+#if __CUDA_ARCH__ >= 900
+    return reinterpret_cast<const float4 *>(block)[lane];
+#else
+    return make_float4(block[lane], block[32 + lane], block[64 + lane], block[96 + lane]);
+#endif
+}
+
+struct attn_bwd_params {
+    const void *q, *k, *v, *o, *dout;
+    void *dq, *dk, *dv;
+    const float *lse, *alibi_slopes;
+    float *dsum;   /* D, [batch, heads_q, seqlen_q] */
+    float *dq_acc; /* [batch, heads_q, attn_bwd_acc_rows(seqlen_q), head_dim] in slabs, above */
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+    int64_t do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
+    int window_left, window_right;
+    const float *sinks;
+    int chunk, prefix;
+    const int *doc_ids;
+    float *dsinks; /* [heads_q], with sinks */
+    int transform;
+    float scale, softcap, softcap_in, exp_scale;
+};
+
+/* Row r = (b * heads_q + h) * seqlen_q + i of the accumulator and of D. */
+__device__ __forceinline__ void attn_bwd_row(const attn_bwd_params &p, int64_t r, int64_t *b,
+                                             int64_t *h, int64_t *i) {
+    *i = r % p.seqlen_q;
+    r /= p.seqlen_q;
+    *h = r % p.heads_q;
+    *b = r / p.heads_q;
+}
+
+/* One warp per row: D_i = dO_i . O_i in f32. And the whole dQ accumulator zeroed, pad rows
+ * included, by 16-byte stores strided over the grid: in its slab layout a row's floats are
+ * scattered, so the zeroing does not follow the rows. */
+template <typename T, int D>
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_pre(const attn_bwd_params p, int64_t rows) {
+    const int64_t acc_vectors = (int64_t)p.batch * p.heads_q * attn_bwd_acc_rows(p.seqlen_q) * (D / 4);
+    for (int64_t x = (int64_t)blockIdx.x * ROW_THREADS + threadIdx.x; x < acc_vectors;
+         x += (int64_t)gridDim.x * ROW_THREADS)
+        reinterpret_cast<float4 *>(p.dq_acc)[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    int64_t b, h, i;
+    attn_bwd_row(p, r, &b, &h, &i);
+    const T *o = static_cast<const T *>(p.o) + b * p.o_sb + i * p.o_ss + h * p.o_sh;
+    const T *d = static_cast<const T *>(p.dout) + b * p.do_sb + i * p.do_ss + h * p.do_sh;
+    float sum = 0.0f;
+#pragma unroll
+    for (int e = lane; e < D; e += 32)
+        sum += tk_to_float(o[e]) * tk_to_float(d[e]);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (lane == 0)
+        p.dsum[r] = sum;
+}
+
+/* dsinks_h = -sum over (b, i) of exp(sink_h - lse_bhi) D_bhi: CTA h, each thread a strided
+ * share of the rows, then a fixed tree over the threads, so the sum is the same every run. */
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dsinks(const attn_bwd_params p) {
+    __shared__ float part[ROW_WARPS];
+    const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float sink = p.sinks[h];
+    const int64_t rows = (int64_t)p.batch * p.seqlen_q;
+    float sum = 0.0f;
+    for (int64_t x = threadIdx.x; x < rows; x += ROW_THREADS) {
+        const int64_t r = (x / p.seqlen_q * p.heads_q + h) * p.seqlen_q + x % p.seqlen_q;
+        sum += expf(sink - p.lse[r]) * p.dsum[r];
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (lane == 0)
+        part[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < ROW_WARPS; w++)
+            total += part[w];
+        p.dsinks[h] = -total;
+    }
+}
+
+/* dQ = the accumulator in the dtype, un-permuted: one warp per 16-row slab, whose lanes read
+ * their fragment of each block (the warp's reads contiguous, as the adds were) and write its
+ * two columns of rows g and g + 8 as one 4-byte pair each (dq's rows are 16-byte aligned, which
+ * the host checks); rows past seqlen_q are pad and stay unwritten. */
+template <typename T, int D>
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dq(const attn_bwd_params p, int64_t slabs) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int64_t s = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (s >= slabs)
+        return;
+    const int64_t head_slabs = attn_bwd_acc_rows(p.seqlen_q) / ATTN_BWD_SLAB;
+    const int64_t bh = s / head_slabs, b = bh / p.heads_q, h = bh % p.heads_q;
+    const int i = (int)(s % head_slabs) * ATTN_BWD_SLAB + g;
+    const float *block = p.dq_acc + s * ATTN_BWD_SLAB * D;
+    T *dq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_ss + 2 * tq;
+    const bool low = i < p.seqlen_q, high = i + 8 < p.seqlen_q;
+#pragma unroll
+    for (int c = 0; c < D / 8; c++) {
+        const float4 v = attn_bwd_acc_load(block + c * ATTN_BWD_BLOCK, lane);
+        if (low)
+            *reinterpret_cast<uint32_t *>(dq + 8 * c) = tk_pack2<T>(v.x, v.y);
+        if (high)
+            *reinterpret_cast<uint32_t *>(dq + 8 * p.dq_ss + 8 * c) = tk_pack2<T>(v.z, v.w);
+    }
+}
+
+/* ---- attn_bwd_order: the deterministic kernel's order of the dQ adds ----
+ * A query tile's dQ (batch, query head, BM rows) is the sum of one product per key tile that
+ * visits it. f32 addition is not associative, so the deterministic kernel makes the same atomic
+ * adds in key-tile order: each query tile has a semaphore in the workspace, zeroed before the
+ * launch, and key tile n waits until it reads n (tile n - 1 has added), adds, and publishes
+ * n + 1. Every mask gives each key a range of rows whose ends are non-decreasing in the key
+ * (attention_softmax.cuh), so the key tiles that visit a query tile are consecutive, and tile n
+ * has a predecessor at query tile m exactly when tile n - 1's last row, that of key n0 - 1,
+ * reaches m's first row; the first tile of each chain does not wait. Only the visits form the
+ * chain: a tile that the mask keeps away from a query tile neither waits for nor holds it.
+ *
+ * No deadlock: a CTA takes its (key tile, batch, key/value head) from a ticket, a counter that
+ * each CTA bumps as it starts, in the block order (key tiles slowest), so it only ever waits for
+ * a CTA with an earlier ticket, which is resident or done; a chain of waits descends in tickets
+ * and ends at a CTA that computes. Each CTA walks its query tiles from the last down, the
+ * group's heads fastest: tile n - 1's query tiles end no later than n's, so it reaches each tile
+ * they share no later in its walk than n does, and the waits mostly find the semaphore set. */
+constexpr int ORDER_HEADER = 4; /* ints before the semaphores: the ticket counter, 16 bytes */
+constexpr int ORDER_ROWS = 32;  /* query rows per semaphore in the workspace: the smallest BM
+                                  * (each main kernel asserts that its BM is a multiple) */
+
+/* The deterministic kernel's words, after the dQ accumulator: the ticket counter, then from
+ * ORDER_HEADER on the semaphores. */
+template <int D>
+__host__ __device__ __forceinline__ int *attn_bwd_order_words(const attn_bwd_params &p) {
+    return reinterpret_cast<int *>(p.dq_acc + (int64_t)p.batch * p.heads_q * attn_bwd_acc_rows(p.seqlen_q) * D);
+}
+
+/* The shared memory that a main kernel holds besides its dynamic part: the deterministic
+ * kernel's ticket (below), which the dynamic part's 128-byte alignment rounds up to 128 bytes
+ * (ptxas -v). */
+constexpr int ATTN_BWD_STATIC_SMEM = 128;
+
+/* The CTA's ticket: its place in the order in which the CTAs started. */
+__device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
+    __shared__ unsigned ticket;
+    if (threadIdx.x == 0)
+        ticket = atomicAdd(reinterpret_cast<unsigned *>(counter), 1u);
+    __syncthreads();
+    return ticket;
+}
+
+/* Step `it` of a main kernel's walk over the (query head, query tile of BM rows) pairs that see
+ * its keys: the group's heads from head0, tiles m_begin .. m_begin + m_tiles - 1; tiles fastest,
+ * from the first; deterministic: heads fastest, tiles from the last down (above). */
+template <int BM, bool DET>
+__device__ __forceinline__ void attn_bwd_step(int it, int head0, int group, int m_begin, int m_tiles, int &h,
+                                              int &m0) {
+    if constexpr (DET) {
+        h = head0 + it % group;
+        m0 = (m_begin + m_tiles - 1 - it / group) * BM;
+    } else {
+        h = head0 + it / m_tiles;
+        m0 = (m_begin + it % m_tiles) * BM;
+    }
+}
+
+/* The semaphore of query tile (batch, head h, rows m0 .. m0 + BM - 1) in the deterministic order. */
+template <int D, int BM>
+__device__ __forceinline__ cuda::atomic_ref<int, cuda::thread_scope_device>
+attn_bwd_semaphore(const attn_bwd_params &p, int64_t batch, int h, int m0) {
+    static_assert(BM % ORDER_ROWS == 0, "a query tile needs its own semaphore");
+    const int64_t tile = (batch * p.heads_q + h) * ((p.seqlen_q + BM - 1) / BM) + m0 / BM;
+    return cuda::atomic_ref<int, cuda::thread_scope_device>(*(attn_bwd_order_words<D>(p) + ORDER_HEADER + tile));
+}
+
+/* The last query row that sees key j, negative for none (attn_key_rows); every lane of the
+ * calling warp calls it. */
+__device__ __forceinline__ int attn_bwd_last_row(const attn_mask &m, int j) {
+    attn_docs d;
+    if (m.doc_ids)
+        d = attn_doc_band(m, j, j);
+    return attn_key_rows(m, d, j).y;
+}
+
+/* The ticket counter and the semaphores zeroed. */
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_order_clear(int *order, int64_t words) {
+    for (int64_t w = (int64_t)blockIdx.x * ROW_THREADS + threadIdx.x; w < words;
+         w += (int64_t)gridDim.x * ROW_THREADS)
+        order[w] = 0;
+}
+
+/* Words of the deterministic kernel's workspace (attn_bwd_order): the ticket counter, one
+ * semaphore per (batch, query head, ORDER_ROWS query rows), rounded up to 16 bytes. */
+size_t attn_bwd_order_count(const tk_attention_call *c) {
+    const size_t tiles = (size_t)c->batch * (size_t)c->heads_q *
+                         (size_t)((c->seqlen_q + ORDER_ROWS - 1) / ORDER_ROWS);
+    return (ORDER_HEADER + tiles + 3) / 4 * 4;
+}
+
+/* The dQ accumulator in the workspace: the first 128-byte boundary after D ([rows] f32, rounded
+ * up to 16 bytes). The workspace is promised 16-byte alignment only; its size reserves the gap
+ * (tk_attention_bwd_workspace_bytes). */
+float *attn_bwd_acc_start(float *workspace, int64_t rows) {
+    const uintptr_t after_d = reinterpret_cast<uintptr_t>(workspace + (rows + 3) / 4 * 4);
+    return reinterpret_cast<float *>((after_d + ATTN_BWD_ACC_ALIGN - 1) &
+                                     ~(uintptr_t)(ATTN_BWD_ACC_ALIGN - 1));
+}
+
+/* P_ij = exp(score_ij - lse_i), invisible pairs 0, and with GRADS dS_ij = P_ij (dP_ij - D_i)
+ * times softcap's derivative 1 - tanh^2 (its scale factor is applied to dK and dQ at the end),
+ * on a warp's fragments s of S^T and dp of dP^T in the tensor cores' accumulator layout (that of
+ * mma.sync m16n8 and of each warp's 16 rows of wgmma m64nN), keys by rows and queries by
+ * columns: element [nt][e] pairs key key0 + 8 (e >> 1) with query column qc = qc0 + 8 nt +
+ * (e & 1) of the tile of rows m0.., whose lse * log2(e) and D are lse2[qc] and dsum[qc]. On a
+ * tile that may hold invisible pairs (partial), a pair is visible when the query row lies in
+ * rows[e >> 1], the rows of that key (attn_key_rows). Without GRADS only s changes: a kernel
+ * that forms P while dP^T is still being computed forms dS itself (no softcap: dS = P (dP - D)). */
+template <bool GRADS, int NT>
+__device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (&s)[NT][4], float (&dp)[NT][4],
+                                               int m0, int qc0, int key0, const int2 (&rows)[2], bool partial,
+                                               float slope, const float *lse2, const float *dsum) {
+    const int shift = p.seqlen_k - p.seqlen_q;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int qc = qc0 + 8 * nt + (e & 1);
+            const int i = m0 + qc, j = key0 + 8 * (e >> 1);
+            float x = s[nt][e], dfac = 1.0f;
+            if (p.transform) {
+                if (p.softcap > 0.0f) {
+                    const float t = tanhf(x * p.softcap_in);
+                    x = p.softcap * t;
+                    dfac = 1.0f - t * t;
+                } else {
+                    x *= p.scale;
+                }
+                if (p.alibi_slopes)
+                    x -= slope * (float)abs(i + shift - j);
+            }
+            float pe = tk_exp2_approx(fmaf(x, p.exp_scale, -lse2[qc]));
+            if (partial && (i < rows[e >> 1].x || i > rows[e >> 1].y))
+                pe = 0.0f;
+            s[nt][e] = pe;
+            if constexpr (GRADS)
+                dp[nt][e] = pe * (dp[nt][e] - dsum[qc]) * dfac;
+        }
+}
+
+/* One backward call around its main kernel: the parameters from the call, then attn_bwd_pre (D
+ * and the zeroed accumulator), attn_bwd_dsinks (with sinks), attn_bwd_order_clear (DET), the
+ * main kernel by launch_main(p), and attn_bwd_dq. */
+template <typename T, int D, bool DET, typename LaunchMain>
+cudaError_t attn_bwd_run(const tk_attention_bwd_call *bc, cudaStream_t stream, LaunchMain launch_main) {
+    const tk_attention_call *c = &bc->fwd;
+    attn_bwd_params p;
+    attn_set_tensors(p, c); /* the forward's q, k, v, o, lse, slopes and strides */
+    p.dout = bc->dout;
+    p.dq = bc->dq, p.dk = bc->dk, p.dv = bc->dv;
+    const int64_t rows = (int64_t)c->batch * c->heads_q * c->seqlen_q;
+    p.dsum = bc->workspace;
+    p.dq_acc = attn_bwd_acc_start(bc->workspace, rows);
+    p.do_sb = bc->do_stride[0], p.do_ss = bc->do_stride[1], p.do_sh = bc->do_stride[2];
+    p.dq_sb = bc->dq_stride[0], p.dq_ss = bc->dq_stride[1], p.dq_sh = bc->dq_stride[2];
+    p.dk_sb = bc->dk_stride[0], p.dk_ss = bc->dk_stride[1], p.dk_sh = bc->dk_stride[2];
+    p.dv_sb = bc->dv_stride[0], p.dv_ss = bc->dv_stride[1], p.dv_sh = bc->dv_stride[2];
+    p.batch = c->batch;
+    p.seqlen_q = c->seqlen_q;
+    p.seqlen_k = c->seqlen_k;
+    p.heads_q = c->heads_q;
+    p.heads_kv = c->heads_kv;
+    p.group = c->heads_q / c->heads_kv;
+    attn_set_mask(p, c);
+    p.dsinks = bc->dsinks;
+    attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
+    const unsigned row_blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
+    cudaError_t err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ROW_THREADS, 0, stream, p, rows);
+    if (err == cudaSuccess && c->sinks)
+        err = tk_launch(attn_bwd_dsinks, (unsigned)c->heads_q, ROW_THREADS, 0, stream, p);
+    if (err == cudaSuccess && DET) {
+        const int64_t words = (int64_t)attn_bwd_order_count(c);
+        const int64_t clear_blocks = (words + ROW_THREADS - 1) / ROW_THREADS;
+        err = tk_launch(attn_bwd_order_clear, (unsigned)(clear_blocks < 1024 ? clear_blocks : 1024),
+                        ROW_THREADS, 0, stream, attn_bwd_order_words<D>(p), words);
+    }
+    if (err == cudaSuccess)
+        err = launch_main(p);
+    if (err != cudaSuccess)
+        return err;
+    const int64_t slabs = (int64_t)c->batch * c->heads_q * attn_bwd_acc_rows(c->seqlen_q) / ATTN_BWD_SLAB;
+    return tk_launch(attn_bwd_dq<T, D>, (unsigned)((slabs + ROW_WARPS - 1) / ROW_WARPS), ROW_THREADS,
+                     0, stream, p, slabs);
+}
+
+} // namespace
+
+#endif
