@@ -1,4 +1,4 @@
-/* Launcher of the attention backward kernels (cuda/attention_bwd.cu), called by src/attention.c
+/* Launchers of the attention backward kernels (cuda/attention_bwd*.cu), called by src/attention.c
  * after validation. Internal. */
 #ifndef TK_CUDA_ATTENTION_BWD_H
 #define TK_CUDA_ATTENTION_BWD_H
@@ -30,6 +30,13 @@ typedef struct tk_attention_bwd_call {
  * deterministic the order of the dQ adds (a ticket counter and one semaphore per 32 query rows
  * of each batch and query head), each starting 16-byte aligned. */
 size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int deterministic);
+
+/* "wgmma_sm90": FlashAttention-3's backward on Hopper (cuda/attention_bwd_sm90.cu): TMA, a
+ * producer warpgroup and two consumer warpgroups of 64 keys each, wgmma for the five products,
+ * dQ by f32 vector atomics (with deterministic, in key-tile order per query tile); head dim 128,
+ * cc 9.0 devices with an sm_90a build. */
+bool tk_attention_bwd_supports_sm90(const void *call, const tk_device *dev);
+cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream);
 
 /* "mma_sm80_bn128": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, one CTA of 8 warps
  * per 128 keys, dQ by f32 atomics (with deterministic, in key-tile order per query tile); runs

@@ -12,7 +12,8 @@
  * "mma_sm80_packed" (calls with a window bounded on both sides and an even GQA group: 2 or 4
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
  * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
- * "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
+ * "wgmma_sm90" (FlashAttention-3 style on Hopper: TMA, warp specialisation, wgmma; arch-specific;
+ * head dim 128), "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
  * tiles: at head dims 80 and 128 not sm_86 / sm_89), "mma_sm80_d256" (head dim 256: 8 warps
  * per 64 keys, two per key splitting dK and dV by columns; sm_80 and sm_90, whose shared
  * memory per block holds its 143 KB), then "mma_sm80" (4 warps per 64 keys; every call at
@@ -36,6 +37,7 @@ static const tk_variant attention_variants[] = {
 const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT(attention_variants)};
 
 static const tk_variant attention_bwd_variants[] = {
+    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90, tk_attention_bwd_launch_sm90},
     {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128},
     {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256},
     {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma},

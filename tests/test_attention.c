@@ -291,26 +291,14 @@ static bool packed_claims(const attn_case *c) {
     return (c->heads_q / c->heads_kv) % 2 == 0 && left_bounded && right_bounded;
 }
 
-/* Whether "wgmma_sm90" runs on this machine: a cc 9.0 device and a build with its code (the
- * runtime's rule for min_cc 900; the library's builds for sm_90 include sm_90a). */
-static bool sm90_runs_here(void) {
-    static int runs = -1;
-    if (runs < 0) {
-        tk_device_info info = TK_DEVICE_INFO_INIT;
-        cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
-        runs = info.compute_capability == 900 && tk_build_runs_variant(900, info.compute_capability);
-    }
-    return runs == 1;
-}
-
 /* Whether "wgmma_sm90" claims the case: head dim 64, 128 or 256 on a machine where it runs;
  * "wgmma_sm90_persistent": 64 or 128 there. */
 static bool sm90_claims(const attn_case *c) {
-    return (c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256) && sm90_runs_here();
+    return (c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256) && tk_sm90_runs_here();
 }
 
 static bool sm90_persistent_claims(const attn_case *c) {
-    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here();
+    return (c->head_dim == 64 || c->head_dim == 128) && tk_sm90_runs_here();
 }
 
 /* Whether every query sees every key once the library has resolved the mask (as packed_claims
@@ -326,7 +314,7 @@ static bool sees_every_key(const attn_case *c) {
 /* "wgmma_sm90_wide": head dims 64 and 128 there (192 query rows at 64, 176 keys at 128), calls in
  * which every query sees every key; the automatic choice wherever it claims the case. */
 static bool sm90_wide_claims(const attn_case *c) {
-    return (c->head_dim == 64 || c->head_dim == 128) && sm90_runs_here() && sees_every_key(c);
+    return (c->head_dim == 64 || c->head_dim == 128) && tk_sm90_runs_here() && sees_every_key(c);
 }
 
 /* The fp64 reference (exact and naive rows, exact lse) of the last case run_case checked: every
@@ -852,12 +840,12 @@ Test(attention_gpu, supported_names_the_variant) {
     const char *name = NULL;
     /* Head dim 64, nothing masked: the wide Hopper variant first where it runs. */
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
+    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
     TK_EXPECT_STATUS(tk_attention_supported(&ok, NULL), TK_SUCCESS, "");
     tk_attention_params window = ok; /* a sliding window over a GQA group of 2 */
     window.causal = 1, window.window_left = 4;
     TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
+    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
     for (int v = PORTABLE; v < VARIANT_COUNT; v++) {
         cr_assert_eq(tk_experimental_force_variant("attention", VARIANTS[v]), TK_SUCCESS);
         TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
@@ -878,17 +866,17 @@ Test(attention_gpu, supported_names_the_variant) {
     d128.head_dim = 128;
     d128.seqlen_q = d128.seqlen_k = 8;
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
+    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
     tk_attention_params d256 = d128; /* 4 positions: o [1, 4, 2, 256] ends where lse starts */
     d256.head_dim = 256;
     d256.seqlen_q = d256.seqlen_k = 4;
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_SUCCESS, "");
-    if (sm90_runs_here())
+    if (tk_sm90_runs_here())
         cr_assert_str_eq(name, "wgmma_sm90");
     /* The persistent variant: head dims 64 and 128, where wgmma_sm90 runs, and only when forced. */
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_persistent"), TK_SUCCESS);
-    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
-                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_persistent\"");
     tk_experimental_force_variant("attention", NULL);
@@ -897,13 +885,13 @@ Test(attention_gpu, supported_names_the_variant) {
     tk_attention_params d128_open = d128;
     d128_open.causal = 0, d128_open.window_left = -1;
     TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
+    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
-    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
-                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name),
-                     sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
-                     sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+                     tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_wide\""); /* a causal sliding window */
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,

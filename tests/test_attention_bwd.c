@@ -20,8 +20,11 @@
 #include "ref/attention_ref.h"
 
 /* The variants in selection order; each GPU case runs every one that claims it. */
-static const char *const VARIANTS[] = {"mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
-enum { BN128, D256, MMA, VARIANT_COUNT };
+static const char *const VARIANTS[] = {"wgmma_sm90", "mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
+enum { SM90, BN128, D256, MMA, VARIANT_COUNT };
+
+/* "wgmma_sm90" claims head dim 128 on a machine where the Hopper variants run. */
+static bool sm90_claims(int64_t head_dim) { return head_dim == 128 && tk_sm90_runs_here(); }
 
 /* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
  * D over BM = 64 query rows at head dims 64 and 80, 32 at 96 and 128, dS^T, the key table; rows
@@ -212,7 +215,8 @@ Test(attention_bwd_args, force_variant_names) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", VARIANTS[v]), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80_packed"),
-                     TK_ERROR_INVALID_VALUE, "\"mma_sm80_bn128\", \"mma_sm80_d256\", \"mma_sm80\"");
+                     TK_ERROR_INVALID_VALUE,
+                     "\"wgmma_sm90\", \"mma_sm80_bn128\", \"mma_sm80_d256\", \"mma_sm80\"");
 }
 
 /* ------------------------------------------------- the reference (host, finite differences) ---- */
@@ -629,9 +633,10 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
     const bool d256 = c->head_dim == 256;
     const bool claims[VARIANT_COUNT] = {
+        [SM90] = sm90_claims(c->head_dim),
         [BN128] = !d256 && bn128_smem(c->head_dim) <= info.max_smem_per_block,
         [D256] = d256 && d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
-    if (!claims[BN128] && !claims[D256] && !claims[MMA]) {
+    if (!claims[SM90] && !claims[BN128] && !claims[D256] && !claims[MMA]) {
         cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
         TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, "no variant");
     }
@@ -840,8 +845,9 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
  * that keep key tiles from some query tiles (windows on both sides with seqlen_q < seqlen_k; a
  * causal window over documents), so that the chains of adds start and end at different key
  * tiles; and grids of more CTAs than an H200 holds at once (192 or 384 at head dim 64, 160 at
- * 256, against 132 SMs of one CTA each for the 8-warp tiles), so that CTAs wait on the
- * semaphores of CTAs that are not resident yet. */
+ * 256, and 256 at head dim 128 for "wgmma_sm90", against 132 SMs of one CTA each for the 8-warp
+ * tiles and the Hopper kernel), so that CTAs wait on the semaphores of CTAs that are not resident
+ * yet. */
 Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
@@ -852,6 +858,7 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
         {TK_F16, 1, 500, 600, 2, 1, 256, false, 0, 90, 30, 0.0f, false, false, 0, 0, 0},
         {TK_BF16, 1, 384, 384, 64, 64, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 1024, 1024, 32, 32, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case_runs(&cases[i], 400 + i, 1, 3, 0);

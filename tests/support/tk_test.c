@@ -259,6 +259,16 @@ bool tk_build_runs_variant(int min_cc, int cc) {
     return false;
 }
 
+bool tk_sm90_runs_here(void) {
+    static int runs = -1;
+    if (runs < 0) {
+        tk_device_info info = TK_DEVICE_INFO_INIT;
+        cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+        runs = info.compute_capability == 900 && tk_build_runs_variant(900, info.compute_capability);
+    }
+    return runs == 1;
+}
+
 void tk_assert_dev_bytes_equal(const void *dev, const void *want, size_t bytes, const char *what) {
     unsigned char *got = malloc(bytes);
     cr_assert(got != NULL);

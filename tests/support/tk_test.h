@@ -58,6 +58,11 @@ bool tk_build_has_arch(const char *arch);
  * cc >= XY0, "XYa" only on cc == XY0, "XY" (SASS) within its major version on cc >= XY0. */
 bool tk_build_runs_variant(int min_cc, int cc);
 
+/* Whether the Hopper variants ("wgmma_sm90" and its kin, min_cc 900, arch-specific) run on this
+ * machine: a cc 9.0 device and a build with its code (the runtime's rule; the library's builds
+ * for sm_90 include sm_90a). Asserts that the device query succeeds. */
+bool tk_sm90_runs_here(void);
+
 /* Asserts a call's status, and that tk_last_error() mentions `needle` (e.g. the argument's
  * name) when the status is a failure. */
 #define TK_EXPECT_STATUS(call, expected, needle)                                                 \

@@ -1,0 +1,417 @@
+/*
+ * Attention backward on Hopper (variant "wgmma_sm90", sm_90a only; head dim 128, f16 and bf16,
+ * every mask and option of the portable backward): FlashAttention-3's backward on the device layer
+ * of core/sm90.cuh, around the pieces every backward shares (attention_bwd.cuh: parameters, the
+ * f32 dQ accumulator, the row kernels, the deterministic order, P and dS).
+ *
+ * Math (docs/kernels/attention_bwd.md has it whole): per (batch, query head), with P the forward's
+ * softmax recomputed from its lse and D_i = dO_i . O_i (attn_bwd_pre),
+ *   dV = P^T dO,   dP = dO V^T,   dS = P o (dP - D),   dQ = scale dS K,   dK = scale dS^T Q,
+ * dK and dV summed over the query heads of a GQA group.
+ *
+ * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), 3 warpgroups of 128
+ * threads, one CTA per SM (163 KiB of shared memory):
+ * - Consumers 0 and 1 (240 registers after setmaxnreg): warpgroup w owns keys 64 w .. 64 w + 63
+ *   of the tile and keeps their dK and dV (64 x 128 each: 128 f32 per thread) in registers for the
+ *   whole CTA.
+ * - Producer (warpgroup 2, 24 registers): warp 0's lane 0 loads K and V once (TMA, on kv_full),
+ *   then per step the Q and dO tiles of BM = 64 query rows into a ring of 2 stages (full
+ *   barriers); the consumers' 8 warps free a stage on its empty barrier. The step's lse * log2(e)
+ *   and D (512 bytes) are brought by consumer warpgroup 0 a step ahead (load_stat).
+ * Steps: the (query head of the group, query tile) pairs that see a key of the tile (the key
+ * table, attn_key_rows), in attn_bwd_step's order. Per step, warpgroup w, all of it wgmma
+ * m64n64k16 (M = 64 keys or queries, N = 64, K = 16):
+ *   S^T = K_w Q^T and dP^T = V_w dO^T: 8 + 8, both operands K-major from shared memory. Keys are
+ *     rows and queries columns, so each warp's 16 rows are the portable kernel's fragments and
+ *     attn_bwd_probs applies as is.
+ *   dV_w += P^T dO: 8, P^T from registers (each warp's n8 slices of S^T pair up into the
+ *     m16 x k16 A fragments, as the forward's P) and dO an N-major B (the transpose bit).
+ *   dK_w += dS^T Q: 8, the same with dS^T; and dS^T stored transposed (stmatrix .trans) as dS
+ *     [query][key], this warpgroup's 64-key half of a 128-byte swizzled tile of the stage.
+ *   Named barrier DS_READY (both halves written, each after fence.proxy.async), then
+ *   dQ[:, 64 w .. 64 w + 63] = dS K over all 128 keys: 8, dS K-major, K an N-major B. A warp's dQ
+ *     fragments are whole blocks of the accumulator's layout, each added by one
+ *     red.global.add.v4.f32 (attention_bwd.cuh), times the scale.
+ * Overlap: P forms while dP^T runs and dS while dV runs; the other warpgroup's GEMMs fill the
+ * tensor cores during this one's element-wise work and reductions. With softcap, P waits for
+ * dP^T too: its derivative needs the score beside dP, and holding 32 more values does not fit.
+ * Shared memory: K and V (2 x 32 KiB), 2 stages of Q, dO and dS (3 x 16 KiB) and of lse, D
+ * (512 B), the key table (1 KiB), the barriers. dS needs no stage of its own: it is in the
+ * step's stage, and a warpgroup writes a stage's dS two steps later only after passing the next
+ * step's DS_READY, which the other warpgroup reaches only after its dQ of the first is done.
+ * Deterministic: consumer warps wait on the query tile's semaphore (lane 0) before their adds;
+ * consumer thread 0 publishes step it after step it + 1's DS_READY (every consumer made its adds
+ * of step it before arriving there) and the last step after a final barrier.
+ */
+#include "attention.h"
+#include "attention_bwd.cuh"
+#include "attention_sm90.cuh"
+#include "core/sm90.cuh"
+
+namespace {
+
+/* The tiles at head dim 128. Registers per consumer thread: dK, dV 128; S^T, dP^T 64, their A
+ * fragments 32, dQ 32 (S^T and dP^T are dead by then): about 220 at the peak, within 240. */
+struct bwd_sm90_plan {
+    static constexpr int D = 128;
+    static constexpr int HALVES = D / HALF;
+    static constexpr int CONSUMERS = 2;
+    static constexpr int BN = 64 * CONSUMERS; /* keys per CTA: 64 per consumer warpgroup */
+    static constexpr int BM = 64;             /* query rows per step: the N of S^T and dP^T */
+    static constexpr int STAGES = 2;
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    /* 2 x 128 x 240 + 128 x 24 = 64512 of the launch's 168 x 384. */
+    static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24;
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
+                  "the warpgroups' registers fit what the launch holds");
+    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 64 columns of K or V: 16 KiB */
+    static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;
+    static constexpr int Q_HALF_BYTES = BM * HALF * 2; /* 64 columns of Q or dO: 8 KiB */
+    static constexpr int Q_BYTES = HALVES * Q_HALF_BYTES;
+    static constexpr int DS_HALF_BYTES = BM * 64 * 2; /* dS of one warpgroup's 64 keys: 8 KiB */
+    static constexpr int STAGE_BYTES = 2 * Q_BYTES + CONSUMERS * DS_HALF_BYTES; /* Q, dO, dS */
+    static constexpr int PIPE_BYTES = 2 * KV_BYTES + STAGES * STAGE_BYTES;
+    static constexpr int STATS_FLOATS = 2 * BM; /* a stage's lse * log2(e), then D */
+    static constexpr int TABLE_OFFSET = PIPE_BYTES + STAGES * STATS_FLOATS * 4;
+    static constexpr int BARRIER_OFFSET = TABLE_OFFSET + BN * 8; /* each key's rows (int2) */
+    static constexpr int BARRIER_BYTES = (1 + 2 * STAGES) * 8;   /* kv_full, full[], empty[] */
+    static constexpr int SMEM_BYTES = BARRIER_OFFSET + BARRIER_BYTES + 1024; /* + alignment to 1024 */
+    static_assert(SMEM_BYTES <= 227 * 1024, "one block fits an sm_90 SM's opt-in shared memory");
+    static_assert(KV_HALF_BYTES % 1024 == 0 && Q_HALF_BYTES % 1024 == 0 && DS_HALF_BYTES % 1024 == 0,
+                  "swizzle-aligned tiles");
+};
+
+constexpr int DS_READY = 1; /* named barrier: both halves of the step's dS are in shared memory */
+
+template <typename T, bool DET>
+__global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
+    attn_bwd_sm90(const __grid_constant__ attn_bwd_params p, const __grid_constant__ CUtensorMap map_q,
+                  const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                  const __grid_constant__ CUtensorMap map_do) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using plan = bwd_sm90_plan;
+    constexpr int D = plan::D, BN = plan::BN, BM = plan::BM, STAGES = plan::STAGES, CONSUMERS = plan::CONSUMERS;
+    constexpr int KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, Q_HALF_BYTES = plan::Q_HALF_BYTES,
+                  Q_BYTES = plan::Q_BYTES, DS_HALF_BYTES = plan::DS_HALF_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = tk_smem_address(smem_raw);
+    const uint32_t s_k = (raw + 1023) & ~1023u;
+    unsigned char *const smem = smem_raw + (s_k - raw);
+    const uint32_t s_v = s_k + KV_BYTES;
+    const uint32_t s_stage = s_v + KV_BYTES; /* stage s: Q, dO, dS at s_stage + s STAGE_BYTES */
+    float *const stats = reinterpret_cast<float *>(smem + plan::PIPE_BYTES);
+    int2 *const table = reinterpret_cast<int2 *>(smem + plan::TABLE_OFFSET);
+    const uint32_t kv_full = s_k + plan::BARRIER_OFFSET, full = kv_full + 8, empty = full + 8 * STAGES;
+
+    /* Block -> (key tile, batch, key/value head), heads fastest; deterministic: the ticket's. */
+    const int tid = threadIdx.x;
+    unsigned block = blockIdx.x;
+    if constexpr (DET)
+        block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
+    const int head_kv = (int)(block % (unsigned)p.heads_kv);
+    block /= (unsigned)p.heads_kv;
+    const int64_t batch = block % (unsigned)p.batch;
+    const int n0 = (int)(block / (unsigned)p.batch) * BN;
+    const int k_rows = min(BN, p.seqlen_k - n0);
+
+    /* Each key's rows, and from them the query tiles and steps of this CTA. */
+    const attn_mask mask = {p.seqlen_k - p.seqlen_q, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk,
+                            p.prefix, p.doc_ids ? p.doc_ids + batch * p.seqlen_k : nullptr};
+    attn_fill_table(mask, table, n0, n0 + k_rows - 1, BN, true, tid, plan::THREADS);
+    if (tid == 0) {
+        tk_mbarrier_init(kv_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            tk_mbarrier_init(full + 8 * s, 1);              /* the TMA thread's expect_tx */
+            tk_mbarrier_init(empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
+        }
+        tk_fence_mbarrier_init();
+    }
+    __syncthreads(); /* the table and the barriers */
+    const int row_lo = table[0].x, row_hi = table[k_rows - 1].y;
+    const int m_begin = row_lo / BM;
+    const int m_tiles = row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0;
+    const int steps = m_tiles * p.group;
+    auto step_at = [&](int it, int &h, int &m0) {
+        attn_bwd_step<BM, DET>(it, head_kv * p.group, p.group, m_begin, m_tiles, h, m0);
+    };
+
+    const int warpgroup = tid / 128, warp = tid / 32 % 4, lane = tid % 32;
+    if (warpgroup == CONSUMERS) {
+        tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
+        if (steps == 0)
+            return; /* nothing to load: the consumers store zeros */
+        tk_stage_ring<STAGES> ring = {0, 0};
+        if (warp == 0 && lane == 0) {
+            tk_mbarrier_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+            for (int h = 0; h < plan::HALVES; h++) {
+                tk_tma_load_4d(s_k + h * KV_HALF_BYTES, &map_k, h * HALF, n0, head_kv, (int)batch, kv_full);
+                tk_tma_load_4d(s_v + h * KV_HALF_BYTES, &map_v, h * HALF, n0, head_kv, (int)batch, kv_full);
+            }
+            for (int it = 0; it < steps; it++, ring.next()) {
+                int head, m0;
+                step_at(it, head, m0);
+                tk_mbarrier_wait(ring.barrier(empty), ring.phase ^ 1); /* round 0 finds it free */
+                const uint32_t q_dst = s_stage + ring.stage * STAGE_BYTES;
+                tk_mbarrier_arrive_expect_tx(ring.barrier(full), 2 * Q_BYTES);
+                for (int h = 0; h < plan::HALVES; h++) {
+                    tk_tma_load_4d(q_dst + h * Q_HALF_BYTES, &map_q, h * HALF, m0, head, (int)batch,
+                                   ring.barrier(full));
+                    tk_tma_load_4d(q_dst + Q_BYTES + h * Q_HALF_BYTES, &map_do, h * HALF, m0, head, (int)batch,
+                                   ring.barrier(full));
+                }
+            }
+        }
+        return;
+    }
+
+    tk_setmaxnreg_inc<plan::CONSUMER_REGS>();
+    const int g = lane / 4, tq = lane % 4;
+    const int wk = 64 * warpgroup;            /* this warpgroup's first key in the tile */
+    const int key0 = n0 + wk + 16 * warp + g; /* this thread's keys: key0 and key0 + 8 */
+    const int2 rows[2] = {table[key0 - n0], table[key0 - n0 + 8]};
+    /* The rows of the warpgroup's first and last keys: its tile classifier's bounds. */
+    const int2 first_key = table[wk], last_key = table[wk + 63];
+    const bool keys_past_end = n0 + wk + 64 > p.seqlen_k;
+    /* stmatrix .trans: lane l stores row l % 8 of matrix l / 8 of a 16 x 16 block (queries 16 kk
+     * + 8 (l / 16) + l % 8, keys 16 warp + 8 (l / 8 % 2) of the half): 16 bytes at that query's
+     * row, in the 16-byte chunk of those keys swizzled by the row (the 128-byte swizzle XORs the
+     * chunk index with row % 8 = l % 8). */
+    const int ds_row = 8 * (lane / 16) + lane % 8, ds_chunk = (2 * warp + lane / 8 % 2) ^ (lane % 8);
+    const uint32_t ds_lane = (uint32_t)(warpgroup * DS_HALF_BYTES + ds_row * 128 + ds_chunk * 16);
+
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[j][e] = dv[j][e] = 0.0f;
+
+    /* Deterministic: the last row of key tile n - 1, whose adds come first where it reaches. */
+    const int n = n0 / BN;
+    int prev_last = -1;
+    if constexpr (DET)
+        if (n > 0)
+            prev_last = attn_bwd_last_row(mask, n0 - 1);
+
+    /* A step's lse * log2(e) and D rows, 0 past seqlen_q (those rows are masked): thread t of
+     * warpgroup 0 brings float t of the stage's slot (lse of row t, then D of row t - BM) from
+     * global memory. The loads of step it + 1 are issued during step it and stored before its
+     * DS_READY, which orders them before every read of step it + 1 and after every read of
+     * step it - 1 (the slot's previous step): the hand-off needs no barrier of its own. */
+    auto load_stat = [&](int at) {
+        int head, m0;
+        step_at(at, head, m0);
+        const int i = m0 + tid % BM;
+        if (i >= p.seqlen_q)
+            return 0.0f;
+        const int64_t r = (batch * p.heads_q + head) * p.seqlen_q + i;
+        return tid < BM ? p.lse[r] * ATTN_LOG2E : p.dsum[r];
+    };
+    if (warpgroup == 0 && steps > 0)
+        stats[tid] = load_stat(0);
+    tk_named_barrier_sync<128 * CONSUMERS>(DS_READY); /* step 0's stats */
+
+    if (steps > 0)
+        tk_mbarrier_wait(kv_full, 0);
+    tk_stage_ring<STAGES> ring = {0, 0};
+    uint32_t k_tile = s_k, v_tile = s_v;
+    for (int it = 0; it < steps; it++, ring.next()) {
+        /* Left alone, ptxas hoists the 24 descriptors of K and V out of the loop into registers,
+         * and spills: hidden from it here, each is built beside its wgmma from these two. */
+        asm volatile("" : "+r"(k_tile), "+r"(v_tile));
+        int h, m0;
+        step_at(it, h, m0);
+        const uint32_t s_q = s_stage + ring.stage * STAGE_BYTES, s_do = s_q + Q_BYTES, s_ds = s_do + Q_BYTES;
+        const float *const lse2 = stats + ring.stage * plan::STATS_FLOATS, *const dsum = lse2 + BM;
+        tk_mbarrier_wait(ring.barrier(full), ring.phase);
+
+        /* S^T = K_w Q^T and dP^T = V_w dO^T over the head dim's 8 k16 slices (k16 slice ks of a
+         * 64-column half is 32 bytes into each swizzled row). */
+        float s[BM / 8][4], dp[BM / 8][4];
+        tk_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const uint32_t off = (ks / 4) * KV_HALF_BYTES + wk * 128 + (ks % 4) * 32;
+            tk_wgmma_ss<T, BM>(s, tk_wgmma_desc_sw128(k_tile + off),
+                               tk_wgmma_desc_sw128(s_q + (ks / 4) * Q_HALF_BYTES + (ks % 4) * 32), ks > 0);
+        }
+        tk_wgmma_commit();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const uint32_t off = (ks / 4) * KV_HALF_BYTES + wk * 128 + (ks % 4) * 32;
+            tk_wgmma_ss<T, BM>(dp, tk_wgmma_desc_sw128(v_tile + off),
+                               tk_wgmma_desc_sw128(s_do + (ks / 4) * Q_HALF_BYTES + (ks % 4) * 32), ks > 0);
+        }
+        tk_wgmma_commit();
+        const bool stat_next = warpgroup == 0 && it + 1 < steps;
+        const float next_stat = stat_next ? load_stat(it + 1) : 0.0f;
+
+        /* Uniform over the warpgroup: can a pair of its keys and this step's rows be invisible? */
+        const bool partial =
+            m0 + BM > p.seqlen_q || keys_past_end || m0 < last_key.x || m0 + BM - 1 > first_key.y;
+        const float slope = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+        /* P while dP^T runs; with softcap both wait for dP^T (the header says why). */
+        tk_wgmma_wait<1>(); /* S^T, committed first */
+        tk_wgmma_pin(s);
+        const bool softcap = p.softcap > 0.0f;
+        if (!softcap)
+            attn_bwd_probs<false>(p, s, dp, m0, 2 * tq, key0, rows, partial, slope, lse2, dsum);
+        tk_wgmma_wait<0>();
+        tk_wgmma_pin(dp);
+        if (softcap) {
+            attn_bwd_probs<true>(p, s, dp, m0, 2 * tq, key0, rows, partial, slope, lse2, dsum);
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dp[nt][e] = s[nt][e] * (dp[nt][e] - dsum[8 * nt + 2 * tq + (e & 1)]);
+        }
+
+        /* P^T and dS^T as A fragments (k16 slice kk of the queries: n8 slices 2 kk, 2 kk + 1), dS^T
+         * to shared memory as dS for dQ; then dV += P^T dO and dK += dS^T Q, B N-major. */
+        uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++) {
+            tk_mma_a_from_acc<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+            tk_mma_a_from_acc<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+            tk_stmatrix_x4_trans(s_ds + ds_lane + kk * 16 * 128, da[kk]);
+        }
+        tk_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++)
+#pragma unroll
+            for (int hh = 0; hh < plan::HALVES; hh++) {
+                const uint32_t b_off = hh * Q_HALF_BYTES + kk * 16 * 128;
+                tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&dv[8 * hh]), pa[kk],
+                                     tk_wgmma_desc_n_major_sw128(s_do + b_off));
+                tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&dk[8 * hh]), da[kk],
+                                     tk_wgmma_desc_n_major_sw128(s_q + b_off));
+            }
+        tk_wgmma_commit();
+        if (stat_next)
+            stats[(ring.stage + 1) % STAGES * plan::STATS_FLOATS + tid] = next_stat;
+        tk_fence_proxy_async_shared();
+        tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
+        if constexpr (DET)
+            if (tid == 0 && it > 0) {
+                int ph, pm0;
+                step_at(it - 1, ph, pm0);
+                attn_bwd_semaphore<D, BM>(p, batch, ph, pm0).store(n + 1, cuda::memory_order_release);
+            }
+
+        /* dQ of the step's rows, columns 64 w .. 64 w + 63 = dS K over the 128 keys: k16 slice kk
+         * of the keys is in dS half kk / 4, and rows 16 kk .. of K's half w. */
+        float dq[8][4];
+        tk_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            tk_wgmma_ss<T, 64, true>(dq, tk_wgmma_desc_sw128(s_ds + (kk / 4) * DS_HALF_BYTES + (kk % 4) * 32),
+                                     tk_wgmma_desc_n_major_sw128(k_tile + warpgroup * KV_HALF_BYTES + kk * 16 * 128),
+                                     kk > 0);
+        tk_wgmma_commit();
+        tk_wgmma_wait<0>();
+        tk_wgmma_pin(dq);
+        tk_wgmma_pin(dk);
+        tk_wgmma_pin(dv);
+        tk_wgmma_pin(pa);
+        tk_wgmma_pin(da);
+        if (lane == 0) /* the warpgroup's wgmma are done with the stage's Q and dO */
+            tk_mbarrier_arrive(ring.barrier(empty));
+
+        if constexpr (DET) {
+            /* Key tile n - 1 adds first where it reaches these rows. */
+            if (lane == 0 && m0 <= prev_last) {
+                const auto sem = attn_bwd_semaphore<D, BM>(p, batch, h, m0);
+                while (sem.load(cuda::memory_order_acquire) < n)
+                    __nanosleep(64);
+            }
+            __syncwarp();
+        }
+        /* This warp's fragments: rows m0 + 16 warp .. + 15 (one slab; skipped from seqlen_q on,
+         * as in the portable kernel), column blocks 8 w + j. */
+        if (m0 + 16 * warp < p.seqlen_q) {
+            float *acc = p.dq_acc + ((batch * p.heads_q + h) * attn_bwd_acc_rows(p.seqlen_q) + m0 + 16 * warp) * D +
+                         8 * warpgroup * ATTN_BWD_BLOCK;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                attn_bwd_acc_add(acc + j * ATTN_BWD_BLOCK, lane, dq[j][0] * p.scale, dq[j][1] * p.scale,
+                                 dq[j][2] * p.scale, dq[j][3] * p.scale);
+        }
+    }
+
+    if constexpr (DET) {
+        tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
+        if (tid == 0 && steps > 0) {
+            int ph, pm0;
+            step_at(steps - 1, ph, pm0);
+            attn_bwd_semaphore<D, BM>(p, batch, ph, pm0).store(n + 1, cuda::memory_order_release);
+        }
+    }
+
+    /* dK (times the score scale) and dV of this thread's keys and columns 8 j + 2 tq. */
+    T *dkg = static_cast<T *>(p.dk) + batch * p.dk_sb + head_kv * p.dk_sh;
+    T *dvg = static_cast<T *>(p.dv) + batch * p.dv_sb + head_kv * p.dv_sh;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int j = key0 + 8 * r;
+        if (j < p.seqlen_k)
+#pragma unroll
+            for (int c = 0; c < D / 8; c++) {
+                const int col = 8 * c + 2 * tq;
+                *reinterpret_cast<uint32_t *>(dkg + j * p.dk_ss + col) =
+                    tk_pack2<T>(dk[c][2 * r] * p.scale, dk[c][2 * r + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(dvg + j * p.dv_ss + col) = tk_pack2<T>(dv[c][2 * r], dv[c][2 * r + 1]);
+            }
+    }
+#endif
+}
+
+template <typename T, bool DET>
+cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *dev, cudaStream_t stream) {
+    using plan = bwd_sm90_plan;
+    const tk_attention_call *c = &bc->fwd;
+    CUtensorMap map_q, map_k, map_v, map_do;
+    cudaError_t err = attn_tensor_map(&map_q, c->dtype, c->q, plan::D, c->batch, c->seqlen_q, c->heads_q,
+                                      c->q_stride, plan::BM);
+    if (err == cudaSuccess)
+        err = attn_tensor_map(&map_do, c->dtype, bc->dout, plan::D, c->batch, c->seqlen_q, c->heads_q, bc->do_stride,
+                              plan::BM);
+    if (err == cudaSuccess)
+        err = attn_tensor_map(&map_k, c->dtype, c->k, plan::D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride,
+                              plan::BN);
+    if (err == cudaSuccess)
+        err = attn_tensor_map(&map_v, c->dtype, c->v, plan::D, c->batch, c->seqlen_k, c->heads_kv, c->v_stride,
+                              plan::BN);
+    if (err != cudaSuccess)
+        return err;
+    constexpr auto kernel = attn_bwd_sm90<T, DET>;
+    err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
+    if (err != cudaSuccess)
+        return err;
+    return attn_bwd_run<T, plan::D, DET>(bc, stream, [&](const attn_bwd_params &p) {
+        /* One CTA per (key tile, batch, key/value head), key tiles slowest: under a causal mask
+         * the longest CTAs (the first keys) start first. */
+        const unsigned blocks = (unsigned)((int64_t)(c->seqlen_k + plan::BN - 1) / plan::BN * c->batch * c->heads_kv);
+        return tk_launch(kernel, blocks, plan::THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v, map_do);
+    });
+}
+
+} // namespace
+
+/* Head dim 128 (the plan's); TMA's stride limit on the four tensors it loads; the shared memory. */
+extern "C" bool tk_attention_bwd_supports_sm90(const void *call, const tk_device *dev) {
+    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
+    return c->fwd.head_dim == bwd_sm90_plan::D && attn_tma_strides(c->fwd.q_stride) &&
+           attn_tma_strides(c->fwd.k_stride) && attn_tma_strides(c->fwd.v_stride) && attn_tma_strides(c->do_stride) &&
+           bwd_sm90_plan::SMEM_BYTES + ATTN_BWD_STATIC_SMEM <= dev->max_smem_optin;
+}
+
+extern "C" cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
+    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
+    return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return c->deterministic ? bwd_sm90_launch<T, true>(c, dev, stream) : bwd_sm90_launch<T, false>(c, dev, stream);
+    });
+}
