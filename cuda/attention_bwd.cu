@@ -111,27 +111,17 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     /* This warp's 16 keys, first query of its S^T and first column of its dK, dV (shape). */
     const int key_warp = warp / CW, q_own = warp % CW * (BM / CW), c_own = warp % CW * (D / CW);
 
-    /* Block -> (key tile, batch, key/value head), heads fastest; deterministic: the ticket's. */
-    unsigned block = blockIdx.x;
-    if constexpr (DET)
-        block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
-    const int head_kv = (int)(block % (unsigned)p.heads_kv);
-    block /= (unsigned)p.heads_kv;
-    const int64_t batch = block % (unsigned)p.batch;
-    const int n0 = (int)(block / (unsigned)p.batch) * BN;
-    const int k_rows = min(BN, p.seqlen_k - n0);
-    const int shift = p.seqlen_k - p.seqlen_q;
-
-    /* Each key's rows (attn_key_rows), and from the first and last key the query rows that see
-     * any key of this tile, and the query tiles holding them. */
+    /* Block -> (key tile, batch, key/value head); from each key's rows (attn_key_rows) the query
+     * tiles that see any key of this tile. */
+    const attn_bwd_keys keys = attn_bwd_keys_of<D, BN, DET>(p);
+    const int head_kv = keys.head_kv, n0 = keys.n0, k_rows = keys.k_rows;
+    const int64_t batch = keys.batch;
+    const attn_mask &mask = keys.mask;
     int2 *const table = reinterpret_cast<int2 *>(smem + shape::TABLE_OFFSET);
-    const attn_mask mask = {shift, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
-                            p.doc_ids ? p.doc_ids + batch * p.seqlen_k : nullptr};
     attn_fill_table(mask, table, n0, n0 + k_rows - 1, BN, true, tid, THREADS);
     __syncthreads();
-    const int row_lo = table[0].x, row_hi = table[k_rows - 1].y;
-    const int m_begin = row_lo / BM;
-    const int m_tiles = row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0;
+    const int2 query_tiles = attn_bwd_query_tiles<BM>(table, k_rows);
+    const int m_begin = query_tiles.x, m_tiles = query_tiles.y;
     const int steps = m_tiles * p.group; /* (query head, query tile) pairs */
 
     /* Step it's query head and first row: tiles fastest, from the first; deterministic: heads

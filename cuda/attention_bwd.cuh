@@ -224,6 +224,39 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
     return ticket;
 }
 
+/* A main kernel's key tile: block blockIdx.x (deterministic: the CTA's ticket, which must be
+ * taken by every thread) as (key tile of BN keys, batch, key/value head), heads fastest, and the
+ * mask its keys are seen through. */
+struct attn_bwd_keys {
+    int head_kv, n0, k_rows; /* first key, keys in the tile */
+    int64_t batch;
+    attn_mask mask;
+};
+
+template <int D, int BN, bool DET> __device__ __forceinline__ attn_bwd_keys attn_bwd_keys_of(const attn_bwd_params &p) {
+    unsigned block = blockIdx.x;
+    if constexpr (DET)
+        block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
+    attn_bwd_keys t;
+    t.head_kv = (int)(block % (unsigned)p.heads_kv);
+    block /= (unsigned)p.heads_kv;
+    t.batch = block % (unsigned)p.batch;
+    t.n0 = (int)(block / (unsigned)p.batch) * BN;
+    t.k_rows = min(BN, p.seqlen_k - t.n0);
+    t.mask = {p.seqlen_k - p.seqlen_q, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
+              p.doc_ids ? p.doc_ids + t.batch * p.seqlen_k : nullptr};
+    return t;
+}
+
+/* From the table of the key tile's rows (attn_fill_table with keys = true, k_rows entries): the
+ * first query tile of BM rows that sees a key of the tile (x) and how many tiles do (y, 0 for
+ * none). The first and last keys bound the rows, the rows' ends being non-decreasing in the key. */
+template <int BM> __device__ __forceinline__ int2 attn_bwd_query_tiles(const int2 *table, int k_rows) {
+    const int row_lo = table[0].x, row_hi = table[k_rows - 1].y;
+    const int m_begin = row_lo / BM;
+    return make_int2(m_begin, row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0);
+}
+
 /* Step `it` of a main kernel's walk over the (query head, query tile of BM rows) pairs that see
  * its keys: the group's heads from head0, tiles m_begin .. m_begin + m_tiles - 1; tiles fastest,
  * from the first; deterministic: heads fastest, tiles from the last down (above). */

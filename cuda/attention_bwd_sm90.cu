@@ -104,20 +104,13 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
     int2 *const table = reinterpret_cast<int2 *>(smem + plan::TABLE_OFFSET);
     const uint32_t kv_full = s_k + plan::BARRIER_OFFSET, full = kv_full + 8, empty = full + 8 * STAGES;
 
-    /* Block -> (key tile, batch, key/value head), heads fastest; deterministic: the ticket's. */
+    /* Block -> (key tile, batch, key/value head); each key's rows, and from them the query tiles
+     * and steps of this CTA. */
     const int tid = threadIdx.x;
-    unsigned block = blockIdx.x;
-    if constexpr (DET)
-        block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
-    const int head_kv = (int)(block % (unsigned)p.heads_kv);
-    block /= (unsigned)p.heads_kv;
-    const int64_t batch = block % (unsigned)p.batch;
-    const int n0 = (int)(block / (unsigned)p.batch) * BN;
-    const int k_rows = min(BN, p.seqlen_k - n0);
-
-    /* Each key's rows, and from them the query tiles and steps of this CTA. */
-    const attn_mask mask = {p.seqlen_k - p.seqlen_q, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk,
-                            p.prefix, p.doc_ids ? p.doc_ids + batch * p.seqlen_k : nullptr};
+    const attn_bwd_keys keys = attn_bwd_keys_of<D, BN, DET>(p);
+    const int head_kv = keys.head_kv, n0 = keys.n0, k_rows = keys.k_rows;
+    const int64_t batch = keys.batch;
+    const attn_mask &mask = keys.mask;
     attn_fill_table(mask, table, n0, n0 + k_rows - 1, BN, true, tid, plan::THREADS);
     if (tid == 0) {
         tk_mbarrier_init(kv_full, 1);
@@ -128,9 +121,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         tk_fence_mbarrier_init();
     }
     __syncthreads(); /* the table and the barriers */
-    const int row_lo = table[0].x, row_hi = table[k_rows - 1].y;
-    const int m_begin = row_lo / BM;
-    const int m_tiles = row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0;
+    const int2 query_tiles = attn_bwd_query_tiles<BM>(table, k_rows);
+    const int m_begin = query_tiles.x, m_tiles = query_tiles.y;
     const int steps = m_tiles * p.group;
     auto step_at = [&](int it, int &h, int &m0) {
         attn_bwd_step<BM, DET>(it, head_kv * p.group, p.group, m_begin, m_tiles, h, m0);
@@ -226,24 +218,20 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         const float *const lse2 = stats + ring.stage * plan::STATS_FLOATS, *const dsum = lse2 + BM;
         tk_mbarrier_wait(ring.barrier(full), ring.phase);
 
-        /* S^T = K_w Q^T and dP^T = V_w dO^T over the head dim's 8 k16 slices (k16 slice ks of a
-         * 64-column half is 32 bytes into each swizzled row). */
+        /* S^T = K_w Q^T and dP^T = V_w dO^T, each over the head dim's 8 k16 slices (slice ks of a
+         * 64-column half is 32 bytes into each swizzled row), each committed as a group. */
         float s[BM / 8][4], dp[BM / 8][4];
+        auto issue_keys_by_rows = [&](float(&acc)[BM / 8][4], uint32_t keys_tile, uint32_t rows_tile) {
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++)
+                tk_wgmma_ss<T, BM>(acc,
+                                   tk_wgmma_desc_sw128(keys_tile + (ks / 4) * KV_HALF_BYTES + wk * 128 + (ks % 4) * 32),
+                                   tk_wgmma_desc_sw128(rows_tile + (ks / 4) * Q_HALF_BYTES + (ks % 4) * 32), ks > 0);
+            tk_wgmma_commit();
+        };
         tk_wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const uint32_t off = (ks / 4) * KV_HALF_BYTES + wk * 128 + (ks % 4) * 32;
-            tk_wgmma_ss<T, BM>(s, tk_wgmma_desc_sw128(k_tile + off),
-                               tk_wgmma_desc_sw128(s_q + (ks / 4) * Q_HALF_BYTES + (ks % 4) * 32), ks > 0);
-        }
-        tk_wgmma_commit();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const uint32_t off = (ks / 4) * KV_HALF_BYTES + wk * 128 + (ks % 4) * 32;
-            tk_wgmma_ss<T, BM>(dp, tk_wgmma_desc_sw128(v_tile + off),
-                               tk_wgmma_desc_sw128(s_do + (ks / 4) * Q_HALF_BYTES + (ks % 4) * 32), ks > 0);
-        }
-        tk_wgmma_commit();
+        issue_keys_by_rows(s, k_tile, s_q);
+        issue_keys_by_rows(dp, v_tile, s_do);
         const bool stat_next = warpgroup == 0 && it + 1 < steps;
         const float next_stat = stat_next ? load_stat(it + 1) : 0.0f;
 
