@@ -381,22 +381,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             semaphore(steps - 1).store(n + 1, cuda::memory_order_release);
     }
 
-    /* dK (times the score scale), dV of this warp's keys and columns, from the accumulators. */
-    T *dkg = static_cast<T *>(p.dk) + batch * p.dk_sb + head_kv * p.dk_sh;
-    T *dvg = static_cast<T *>(p.dv) + batch * p.dv_sb + head_kv * p.dv_sh;
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int j = key_base + 8 * hh;
-        if (j < p.seqlen_k)
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                const int c = c_own + 8 * dt + 2 * tq;
-                *reinterpret_cast<uint32_t *>(dkg + j * p.dk_ss + c) =
-                    tk_pack2<T>(dk[dt][2 * hh] * p.scale, dk[dt][2 * hh + 1] * p.scale);
-                *reinterpret_cast<uint32_t *>(dvg + j * p.dv_ss + c) =
-                    tk_pack2<T>(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
-            }
-    }
+    /* dK and dV of this warp's keys and columns, from the accumulators. */
+    attn_bwd_store_dk_dv<T>(p, batch, head_kv, key_base, c_own, dk, dv);
 }
 
 template <typename T, int D, int WARPS, bool DET>

@@ -355,6 +355,29 @@ __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (
         }
 }
 
+/* dK (times the score scale) and dV from one thread's accumulators, whose rows are keys key0 and
+ * key0 + 8 and columns col0 + 8 c + 2 (lane % 4) (+ 1), c < NC (the accumulator layout of
+ * mma.sync and of a warp's 16 rows of wgmma), as 4-byte pairs; keys past seqlen_k are not stored. */
+template <typename T, int NC>
+__device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, int64_t batch, int head_kv, int key0,
+                                                     int col0, const float (&dk)[NC][4], const float (&dv)[NC][4]) {
+    T *dkg = static_cast<T *>(p.dk) + batch * p.dk_sb + head_kv * p.dk_sh;
+    T *dvg = static_cast<T *>(p.dv) + batch * p.dv_sb + head_kv * p.dv_sh;
+    const int tq = threadIdx.x % 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int j = key0 + 8 * hh;
+        if (j < p.seqlen_k)
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const int col = col0 + 8 * c + 2 * tq;
+                *reinterpret_cast<uint32_t *>(dkg + j * p.dk_ss + col) =
+                    tk_pack2<T>(dk[c][2 * hh] * p.scale, dk[c][2 * hh + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(dvg + j * p.dv_ss + col) = tk_pack2<T>(dv[c][2 * hh], dv[c][2 * hh + 1]);
+            }
+    }
+}
+
 /* One backward call around its main kernel: the parameters from the call, then attn_bwd_pre (D
  * and the zeroed accumulator), attn_bwd_dsinks (with sinks), attn_bwd_order_clear (DET), the
  * main kernel by launch_main(p), and attn_bwd_dq. */

@@ -338,21 +338,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         }
     }
 
-    /* dK (times the score scale) and dV of this thread's keys and columns 8 j + 2 tq. */
-    T *dkg = static_cast<T *>(p.dk) + batch * p.dk_sb + head_kv * p.dk_sh;
-    T *dvg = static_cast<T *>(p.dv) + batch * p.dv_sb + head_kv * p.dv_sh;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int j = key0 + 8 * r;
-        if (j < p.seqlen_k)
-#pragma unroll
-            for (int c = 0; c < D / 8; c++) {
-                const int col = 8 * c + 2 * tq;
-                *reinterpret_cast<uint32_t *>(dkg + j * p.dk_ss + col) =
-                    tk_pack2<T>(dk[c][2 * r] * p.scale, dk[c][2 * r + 1] * p.scale);
-                *reinterpret_cast<uint32_t *>(dvg + j * p.dv_ss + col) = tk_pack2<T>(dv[c][2 * r], dv[c][2 * r + 1]);
-            }
-    }
+    /* dK and dV of this thread's keys, every column. */
+    attn_bwd_store_dk_dv<T>(p, batch, head_kv, key0, 0, dk, dv);
 #endif
 }
 
