@@ -46,10 +46,10 @@
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
  * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
  * its previous or next tile. A second producer warp fills each work tile's mask table as soon as
- * the consumers have read the previous tile's (table_empty: after their last softmax of it), so
- * during their last P V and epilogue (the document search takes a whole warp; 40 registers, the
- * consumers 232); the loading warp takes the tile's key tiles from the table (table_full) and
- * loads its Q once the consumers' last Q K^T of the previous tile is done (q_empty), its K and V
+ * the consumers have read the previous tile's (TABLE_EMPTY, a named barrier: after their last
+ * softmax of it), so during their last P V and epilogue (the document search takes a whole warp;
+ * 40 registers, the consumers 232); the loading warp takes the tile's key tiles from the table
+ * (TABLE_FULL) and loads its Q once the consumers' last Q K^T of the previous tile is done (q_empty), its K and V
  * as the ring frees stages.
  *
  * Wide (variant "wgmma_sm90_wide", head dims 64 and 128): FlashAttention-3's wider tiles, one CTA
@@ -110,9 +110,9 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
     static constexpr int STAGES = BN == 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
-    /* q_full, the stages' four, then q_empty and table_* (used by PERSISTENT, reserved in every plan
-     * so that no barrier address falls on the table) */
-    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 3) * 8;
+    /* q_full, the stages' four, then q_empty (used by PERSISTENT, reserved in every plan so that
+     * no barrier address falls on the table) */
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 1) * 8;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
@@ -320,9 +320,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    /* PERSISTENT: Q is free for the next work tile; the table holds the current work tile's
-     * entries (table_full) or the consumers are done reading it (table_empty). */
-    const uint32_t q_empty = v_empty + 8 * STAGES, table_full = q_empty + 8, table_empty = table_full + 8;
+    /* PERSISTENT: Q is free for the next work tile. */
+    const uint32_t q_empty = v_empty + 8 * STAGES;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
 
@@ -340,6 +339,9 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         w = sm90_work_of<BM>(p, tile);
         return true;
     };
+    auto more_work = [&]() { /* whether next_work will find another tile */
+        return PERSISTENT && tile + gridDim.x < (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
+    };
 
     if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
         attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
@@ -352,17 +354,23 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
             tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
         }
-        if constexpr (PERSISTENT) {
+        if constexpr (PERSISTENT)
             tk_mbarrier_init(q_empty, 4 * CONSUMERS);
-            tk_mbarrier_init(table_full, 1);                /* the filling warp's lane 0 */
-            tk_mbarrier_init(table_empty, 4 * CONSUMERS); /* one arrival per consumer warp */
-        }
         tk_fence_mbarrier_init();
     }
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
     constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
+    /* PERSISTENT: the mask table's hand-off, named barriers between the consumers, the filling warp
+     * and the loading warp: the table holds the current work tile's entries (TABLE_FULL: the
+     * filling warp arrives, the others sync) or every reader is done with it (TABLE_EMPTY: the
+     * readers arrive, the filling warp syncs). Not mbarriers: bar.arrive / bar.sync order the
+     * table's plain stores and loads as __syncthreads does, which compute-sanitizer's racecheck
+     * checks (it does not model mbarrier release / acquire). The readers arrive on TABLE_EMPTY only
+     * when another work tile follows, so that every arrival meets a sync. */
+    constexpr int TABLE_FULL = TURN + CONSUMERS, TABLE_EMPTY = TABLE_FULL + 1;
+    constexpr int TABLE_THREADS = 128 * CONSUMERS + 64; /* the consumers and the producer's two warps */
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
@@ -394,8 +402,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         };
         if constexpr (PERSISTENT) {
             /* Two warps, each running ahead of the consumers. Warp 1 fills work tile k's table
-             * (the document search takes a whole warp) once the consumers have read tile
-             * k - 1's (table_empty), and publishes it (table_full). Warp 0's lane 0 takes tile
+             * (the document search takes a whole warp) once the consumers and warp 0 have read
+             * tile k - 1's (TABLE_EMPTY), and publishes it (TABLE_FULL). Warp 0's lane 0 takes tile
              * k's key tiles from the table, loads its Q as soon as the consumers are done with
              * tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. (Two
              * tables, so that the fill need not wait for the last softmax, do not fit beside
@@ -406,14 +414,15 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             int k = 0;
             do {
                 if (warp == 1) {
-                    tk_mbarrier_wait(table_empty, (k & 1) ^ 1); /* the first work tile finds it free */
+                    if (k > 0) /* the first work tile finds the table free */
+                        tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
                     attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
-                    __syncwarp(); /* the warp's writes, before lane 0's release */
-                    if (lane == 0)
-                        tk_mbarrier_arrive(table_full);
-                } else {
-                    tk_mbarrier_wait(table_full, k & 1);
+                    tk_named_barrier_arrive<TABLE_THREADS>(TABLE_FULL);
+                } else { /* lane 0 alone: its warp's other lanes have exited, which the barriers allow */
+                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
                     const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+                    if (more_work())
+                        tk_named_barrier_arrive<TABLE_THREADS>(TABLE_EMPTY);
                     tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
                     load_work(range.x, range.y);
                 }
@@ -434,7 +443,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     int k = 0; /* the work tiles done: Q's barriers are in phase k */
     do {
         if constexpr (PERSISTENT)
-            tk_mbarrier_wait(table_full, k & 1);
+            tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
         const int head = w.head, batch = w.batch, m0 = w.m0;
         /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
         const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
@@ -499,19 +508,19 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
         };
         /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
-         * (after the wait for its P V), or (PERSISTENT) on q_empty and on the tile's
-         * table_empty after its last Q K^T and softmax. */
+         * (after the wait for its P V), or (PERSISTENT) on q_empty after the tile's last Q K^T
+         * and softmax, and then every thread's on TABLE_EMPTY (the softmax read the table). */
         auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
             if (lane == 0)
                 tk_mbarrier_arrive(at.barrier(empty));
         };
         auto release_q = [&]() {
             if constexpr (PERSISTENT) {
-                __syncwarp(); /* every lane's table reads, before lane 0's release */
-                if (lane == 0) {
+                __syncwarp(); /* every lane's wait for the Q K^T, before lane 0's release */
+                if (lane == 0)
                     tk_mbarrier_arrive(q_empty);
-                    tk_mbarrier_arrive(table_empty);
-                }
+                if (more_work())
+                    tk_named_barrier_arrive<TABLE_THREADS>(TABLE_EMPTY);
             }
         };
 
