@@ -10,7 +10,7 @@
  * dim 256; in the wide variant 176 with 2 stages at head dim 128, and 3 consumers, BM = 192, 512
  * threads, at 64; sm90_plan):
  * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg; in the persistent
- *   variant two warps at 40, warp 1 filling the mask table): the Q tile once onto q_full, then
+ *   variant one warp at 40, which fills the mask table): the Q tile once onto q_full, then
  *   per key tile: waits for the stage's k_empty and issues the TMA copies of the K tile (counted
  *   on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
@@ -45,12 +45,12 @@
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
  * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
- * its previous or next tile. A second producer warp fills each work tile's mask table as soon as
- * the consumers have read the previous tile's (TABLE_EMPTY, a named barrier: after their last
- * softmax of it), so during their last P V and epilogue (the document search takes a whole warp;
- * 40 registers, the consumers 232); the loading warp takes the tile's key tiles from the table
- * (TABLE_FULL) and loads its Q once the consumers' last Q K^T of the previous tile is done (q_empty), its K and V
- * as the ring frees stages.
+ * its previous or next tile. The producer is a warp (the document search takes a whole warp; 40
+ * registers, the consumers 232): it fills each work tile's mask table as soon as the consumers
+ * have read the previous tile's (TABLE_EMPTY, a named barrier: after their last softmax of it),
+ * loads the tile's Q once their last Q K^T of the previous tile is done (q_empty) and its first
+ * K / V tiles as the ring frees stages, all during their last P V and epilogue, then hands them
+ * the table (TABLE_FULL) and loads the rest.
  *
  * Wide (variant "wgmma_sm90_wide", head dims 64 and 128): FlashAttention-3's wider tiles, one CTA
  * per work tile. At 128, key tiles of 176 (its tile without a causal or local mask): each tile's
@@ -362,26 +362,27 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 
     const int warpgroup = threadIdx.x / 128;
     constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
-    /* PERSISTENT: the mask table's hand-off, named barriers between the consumers, the filling warp
-     * and the loading warp: the table holds the current work tile's entries (TABLE_FULL: the
-     * filling warp arrives, the others sync) or every reader is done with it (TABLE_EMPTY: the
-     * readers arrive, the filling warp syncs). Not mbarriers: bar.arrive / bar.sync order the
-     * table's plain stores and loads as __syncthreads does, which compute-sanitizer's racecheck
-     * checks (it does not model mbarrier release / acquire). The readers arrive on TABLE_EMPTY only
-     * when another work tile follows, so that every arrival meets a sync. */
+    /* PERSISTENT: the mask table's hand-off between the producer warp and the consumers, two named
+     * barriers on which every party syncs: the table holds the current work tile's entries
+     * (TABLE_FULL) or the consumers are done reading it (TABLE_EMPTY). bar.sync on both sides,
+     * the form compute-sanitizer's racecheck orders: it reported the same hand-off through
+     * mbarriers, and through bar.arrive on one side, as races. The consumers sync on TABLE_EMPTY
+     * only when another work tile follows, as the producer does before each fill but the first. */
     constexpr int TABLE_FULL = TURN + CONSUMERS, TABLE_EMPTY = TABLE_FULL + 1;
-    constexpr int TABLE_THREADS = 128 * CONSUMERS + 64; /* the consumers and the producer's two warps */
+    constexpr int TABLE_THREADS = 128 * CONSUMERS + 32; /* the consumers and the producer warp */
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
         tk_stage_ring<STAGES> ring = {0, 0};
-        auto load_work = [&](int tile_begin, int tile_end) {
-            const int head_kv = w.head / p.group;
+        auto load_q = [&]() {
             tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < CONSUMERS; c++)
                 for (int h = 0; h < HALVES; h++)
                     tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
                                 w.batch, q_full);
+        };
+        auto load_tiles = [&](int tile_begin, int tile_end) {
+            const int head_kv = w.head / p.group;
             for (int t = tile_begin; t < tile_end; t++) {
                 /* The first round finds every stage free (parity phase ^ 1). K and V of a stage
                  * are freed apart: K once the consumers' Q K^T of it is done, V after their
@@ -401,36 +402,44 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             }
         };
         if constexpr (PERSISTENT) {
-            /* Two warps, each running ahead of the consumers. Warp 1 fills work tile k's table
-             * (the document search takes a whole warp) once the consumers and warp 0 have read
-             * tile k - 1's (TABLE_EMPTY), and publishes it (TABLE_FULL). Warp 0's lane 0 takes tile
-             * k's key tiles from the table, loads its Q as soon as the consumers are done with
-             * tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. (Two
-             * tables, so that the fill need not wait for the last softmax, do not fit beside
-             * the head dim 128 ring.) */
-            const int warp = threadIdx.x / 32 - 4 * CONSUMERS, lane = threadIdx.x % 32;
-            if (warp > 1 || (warp == 0 && lane > 0))
+            /* One warp, running ahead of the consumers. For work tile k it fills the table once
+             * the consumers have read tile k - 1's (TABLE_EMPTY; the document search takes a whole
+             * warp), and its lane 0 reads the tile's key tiles from it, loads its Q as soon as the
+             * consumers are done with tile k - 1's Q K^T (q_empty) and its first STAGES K / V tiles
+             * as tile k - 1 frees the stages: all during the consumers' last P V and epilogue of
+             * tile k - 1. Only then does the warp publish the table (TABLE_FULL), which waits for
+             * the consumers to start tile k; the rest of its key tiles follow as the ring frees
+             * stages. By the consumers' last softmax of tile k - 1 (their TABLE_EMPTY), lane 0 has
+             * issued every load of that tile: the last K was needed for that Q K^T and the last V
+             * followed it. (Two tables, so that the fill need not wait for the last softmax, do not
+             * fit beside the head dim 128 ring.) */
+            if (threadIdx.x / 32 != 4 * CONSUMERS)
                 return;
+            const int lane = threadIdx.x % 32;
             int k = 0;
             do {
-                if (warp == 1) {
-                    if (k > 0) /* the first work tile finds the table free */
-                        tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
-                    attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
-                    tk_named_barrier_arrive<TABLE_THREADS>(TABLE_FULL);
-                } else { /* lane 0 alone: its warp's other lanes have exited, which the barriers allow */
-                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
-                    const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
-                    if (more_work())
-                        tk_named_barrier_arrive<TABLE_THREADS>(TABLE_EMPTY);
+                if (k > 0) /* the first work tile finds the table free */
+                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
+                attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
+                __syncwarp(); /* the warp's table entries, before lane 0 reads two of them */
+                const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+                const int early = min(range.y, range.x + STAGES); /* the tiles that need only tile k - 1's stages */
+                if (lane == 0) {
                     tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
-                    load_work(range.x, range.y);
+                    load_q();
+                    load_tiles(range.x, early);
                 }
+                __syncwarp();
+                tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
+                if (lane == 0)
+                    load_tiles(early, range.y);
+                __syncwarp();
                 k++;
             } while (next_work());
         } else if (threadIdx.x == CONSUMERS * 128) {
             const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
-            load_work(range.x, range.y);
+            load_q();
+            load_tiles(range.x, range.y);
         }
         return;
     }
@@ -509,7 +518,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         };
         /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
          * (after the wait for its P V), or (PERSISTENT) on q_empty after the tile's last Q K^T
-         * and softmax, and then every thread's on TABLE_EMPTY (the softmax read the table). */
+         * and softmax, and then every thread's sync on TABLE_EMPTY (the softmax read the table). */
         auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
             if (lane == 0)
                 tk_mbarrier_arrive(at.barrier(empty));
@@ -520,7 +529,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 if (lane == 0)
                     tk_mbarrier_arrive(q_empty);
                 if (more_work())
-                    tk_named_barrier_arrive<TABLE_THREADS>(TABLE_EMPTY);
+                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
             }
         };
 
