@@ -1,5 +1,6 @@
-/* Attention backward: bf16 training shapes (Llama-style GQA, D 128; Gemma-style D 256). TFLOP/s count the
- * backward as 2.5 x the forward's FLOPs of the visible (query, key) pairs, 2.5 x 4 x batch x
+/* Attention backward: bf16 training shapes (Llama-style GQA, D 128; Gemma-style D 256; D 64, 80
+ * and 96). TFLOP/s count the backward as 2.5 x the forward's FLOPs of the visible (query, key)
+ * pairs, 2.5 x 4 x batch x
  * heads_q x head_dim x pairs (five products of the forward's size instead of two), the
  * convention of FlashAttention's benchmarks. The forward runs once first for o and lse. No
  * baseline for the default (atomic dQ) rows in this binary: the Python bench compares with
@@ -94,6 +95,15 @@ extern "C" void bench_attention_bwd(bench_ctx *ctx) {
          16, 8, 256, 0},
         {"attention bwd causal", "attention bwd causal deterministic", "B4 H16/8 S4096 D256", 4,
          4096, 16, 8, 256, 1},
+        /* The forward's head-dim-64 shape, and Phi-style head dims 96 and 80 (causal) */
+        {"attention bwd dense", "attention bwd dense deterministic", "B8 H16 S2048 D64", 8, 2048, 16,
+         16, 64, 0},
+        {"attention bwd causal", "attention bwd causal deterministic", "B8 H16 S2048 D64", 8, 2048,
+         16, 16, 64, 1},
+        {"attention bwd causal", "attention bwd causal deterministic", "B4 H32 S4096 D96", 4, 4096,
+         32, 32, 96, 1},
+        {"attention bwd causal", "attention bwd causal deterministic", "B4 H32/8 S4096 D80", 4, 4096,
+         32, 8, 80, 1},
     };
     for (const bwd_shape &s : shapes)
         bench_shape(ctx, s);

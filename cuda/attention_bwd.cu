@@ -4,12 +4,13 @@
  *   attn_bwd_main: one CTA per (key tile, batch, key/value head): K and V of BN keys stay in
  *                  shared memory while Q, dO tiles of BM rows of every query head of the GQA
  *                  group stream through a two-stage cp.async ring; dK, dV in registers, dQ by
- *                  f32 atomics into the accumulator (deterministic: the same atomics, each
- *                  query tile's in key-tile order, attn_bwd_order below); BN = 128 keys and
+ *                  f32 atomics into the accumulator, stored in the order of the mma fragments
+ *                  (its layout below; deterministic: the same atomics, each query tile's in
+ *                  key-tile order, attn_bwd_order below); BN = 128 keys and
  *                  8 warps ("mma_sm80_bn128"), or 64 keys and 4 warps where a device's shared
  *                  memory per block cannot hold the former ("mma_sm80"; attn_bwd_shape); at
  *                  head dim 256 64 keys and 8 warps, two per key ("mma_sm80_d256");
- *   attn_bwd_dq:   the accumulator converted to the dtype with dq's strides;
+ *   attn_bwd_dq:   the accumulator back in row order, converted to the dtype with dq's strides;
  *   attn_bwd_dsinks (with sinks): dsinks_h = -sum_i exp(sink_h - lse_i) D_i, one CTA per head,
  *                  summed in a fixed order;
  *   attn_bwd_order_clear (deterministic): the ticket counter and semaphores zeroed.
@@ -99,12 +100,68 @@ template <int D, int WARPS> struct attn_bwd_shape {
 constexpr int ROW_WARPS = 4;
 constexpr int ROW_THREADS = 32 * ROW_WARPS;
 
+/* ---- the dQ accumulator's layout ----
+ * Every key tile that a query row sees adds its share of that row's dQ, so the main kernel's f32
+ * reductions into the accumulator are the bulk of its memory traffic, and what one warp
+ * instruction of them costs grows with the 128-byte lines it touches. A warp's dQ product is
+ * made of m16 x n8 accumulator fragments (core/sm80.cuh): lane l = 4 g + t holds rows g and
+ * g + 8, columns 2t and 2t + 1. Stored row-major, each of the warp's reductions covers 8 rows of
+ * 8 (one pair per lane) or 4 (scalar) floats: 8 lines. So the accumulator is stored in the
+ * fragments' order instead (FlashAttention-2 permutes its dQ accumulator to the same end):
+ *   - each (batch, query head) has seqlen_q rows padded up to a multiple of 16, a whole number
+ *     of 16-row slabs (ATTN_BWD_SLAB; pad rows only ever receive zeros, dS being 0 there, and are
+ *     never read);
+ *   - a slab is D / 8 blocks of 16 rows x 8 columns (128 floats, 512 bytes), in column order;
+ *   - element (row 8 hh + g, column 2 t + c) of a block, register e = 2 hh + c of lane 4 g + t,
+ *     is float 4 (4 g + t) + e of the block on sm_90 and newer, so that each lane adds its
+ *     fragment with one red.global.add.v4.f32 and the warp's instruction covers 512 contiguous
+ *     bytes, 4 lines, each wholly; before sm_90, which has no vector f32 reduction in PTX, it is
+ *     float 32 e + 4 g + t, so that each of the four scalar reductions of a fragment covers 128
+ *     contiguous bytes, 1 line.
+ * Float (padded row r, column c) of a head is thus at 16 D (r / 16) + 128 (c / 8) + slot: a
+ * fragment whose first row is a multiple of 16 and first column a multiple of 8 (every dQ block
+ * of attn_bwd_shape) is one whole block. The accumulator starts at a 128-byte boundary
+ * (attn_bwd_acc_start), so a block is 4 whole lines. The slot depends on __CUDA_ARCH__; the
+ * kernels that write (attn_bwd_main) and read (attn_bwd_dq) the accumulator are in this one
+ * translation unit, so a device runs both from the same image and they agree. */
+constexpr int ATTN_BWD_SLAB = 16;       /* rows per slab: an m16 fragment's */
+constexpr int ATTN_BWD_BLOCK = 16 * 8;  /* floats per block: an m16 x n8 fragment's */
+constexpr int ATTN_BWD_ACC_ALIGN = 128; /* bytes: an L2 line */
+
+/* Rows of one (batch, query head) in the accumulator: seqlen_q padded to whole slabs. */
+__host__ __device__ __forceinline__ int64_t attn_bwd_acc_rows(int seqlen_q) {
+    return ((int64_t)seqlen_q + ATTN_BWD_SLAB - 1) / ATTN_BWD_SLAB * ATTN_BWD_SLAB;
+}
+
+/* Lane `lane`'s fragment (x0..x3 = registers 0..3) added to the block at `block`. */
+__device__ __forceinline__ void attn_bwd_acc_add(float *block, int lane, float x0, float x1,
+                                                 float x2, float x3) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4 *>(block) + lane, make_float4(x0, x1, x2, x3));
+#else
+    atomicAdd(block + lane, x0);
+    atomicAdd(block + 32 + lane, x1);
+    atomicAdd(block + 64 + lane, x2);
+    atomicAdd(block + 96 + lane, x3);
+#endif
+}
+
+/* Lane `lane`'s fragment (registers 0..3) read back from the block at `block`: one warp
+ * instruction reads 512 contiguous bytes (sm_90 and newer) or four read 128 each. */
+__device__ __forceinline__ float4 attn_bwd_acc_load(const float *block, int lane) {
+#if __CUDA_ARCH__ >= 900
+    return reinterpret_cast<const float4 *>(block)[lane];
+#else
+    return make_float4(block[lane], block[32 + lane], block[64 + lane], block[96 + lane]);
+#endif
+}
+
 struct attn_bwd_params {
     const void *q, *k, *v, *o, *dout;
     void *dq, *dk, *dv;
     const float *lse, *alibi_slopes;
     float *dsum;   /* D, [batch, heads_q, seqlen_q] */
-    float *dq_acc; /* [batch, heads_q, seqlen_q, head_dim] */
+    float *dq_acc; /* [batch, heads_q, attn_bwd_acc_rows(seqlen_q), head_dim] in slabs, above */
     int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
     int64_t do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
@@ -126,9 +183,15 @@ __device__ __forceinline__ void attn_bwd_row(const attn_bwd_params &p, int64_t r
     *b = r / p.heads_q;
 }
 
-/* One warp per row: D_i = dO_i . O_i in f32; that row of the dQ accumulator zeroed. */
+/* One warp per row: D_i = dO_i . O_i in f32. And the whole dQ accumulator zeroed, pad rows
+ * included, by 16-byte stores strided over the grid: in its slab layout a row's floats are
+ * scattered, so the zeroing does not follow the rows. */
 template <typename T, int D>
 __global__ void __launch_bounds__(ROW_THREADS) attn_bwd_pre(const attn_bwd_params p, int64_t rows) {
+    const int64_t acc_vectors = (int64_t)p.batch * p.heads_q * attn_bwd_acc_rows(p.seqlen_q) * (D / 4);
+    for (int64_t x = (int64_t)blockIdx.x * ROW_THREADS + threadIdx.x; x < acc_vectors;
+         x += (int64_t)gridDim.x * ROW_THREADS)
+        reinterpret_cast<float4 *>(p.dq_acc)[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
     if (r >= rows)
@@ -146,9 +209,6 @@ __global__ void __launch_bounds__(ROW_THREADS) attn_bwd_pre(const attn_bwd_param
         sum += __shfl_xor_sync(0xffffffffu, sum, m);
     if (lane == 0)
         p.dsum[r] = sum;
-#pragma unroll
-    for (int e = lane; e < D; e += 32)
-        p.dq_acc[r * D + e] = 0.0f;
 }
 
 /* dsinks_h = -sum over (b, i) of exp(sink_h - lse_bhi) D_bhi: CTA h, each thread a strided
@@ -177,19 +237,30 @@ __global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dsinks(const attn_bwd_pa
     }
 }
 
-/* dQ = accumulator in the dtype, one warp per row. */
+/* dQ = the accumulator in the dtype, un-permuted: one warp per 16-row slab, whose lanes read
+ * their fragment of each block (the warp's reads contiguous, as the adds were) and write its
+ * two columns of rows g and g + 8 as one 4-byte pair each (dq's rows are 16-byte aligned, which
+ * the host checks); rows past seqlen_q are pad and stay unwritten. */
 template <typename T, int D>
-__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dq(const attn_bwd_params p, int64_t rows) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    if (r >= rows)
+__global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dq(const attn_bwd_params p, int64_t slabs) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int64_t s = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (s >= slabs)
         return;
-    int64_t b, h, i;
-    attn_bwd_row(p, r, &b, &h, &i);
-    T *dq = static_cast<T *>(p.dq) + b * p.dq_sb + i * p.dq_ss + h * p.dq_sh;
+    const int64_t head_slabs = attn_bwd_acc_rows(p.seqlen_q) / ATTN_BWD_SLAB;
+    const int64_t bh = s / head_slabs, b = bh / p.heads_q, h = bh % p.heads_q;
+    const int i = (int)(s % head_slabs) * ATTN_BWD_SLAB + g;
+    const float *block = p.dq_acc + s * ATTN_BWD_SLAB * D;
+    T *dq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_ss + 2 * tq;
+    const bool low = i < p.seqlen_q, high = i + 8 < p.seqlen_q;
 #pragma unroll
-    for (int e = lane; e < D; e += 32)
-        dq[e] = tk_from_float<T>(p.dq_acc[r * D + e]);
+    for (int c = 0; c < D / 8; c++) {
+        const float4 v = attn_bwd_acc_load(block + c * ATTN_BWD_BLOCK, lane);
+        if (low)
+            *reinterpret_cast<uint32_t *>(dq + 8 * c) = tk_pack2<T>(v.x, v.y);
+        if (high)
+            *reinterpret_cast<uint32_t *>(dq + 8 * p.dq_ss + 8 * c) = tk_pack2<T>(v.z, v.w);
+    }
 }
 
 /* ---- attn_bwd_order: the deterministic kernel's order of the dQ adds ----
@@ -221,7 +292,7 @@ static_assert(attn_bwd_tile<64>::BM % ORDER_ROWS == 0 && attn_bwd_tile<80>::BM %
  * ORDER_HEADER on the semaphores. */
 template <int D>
 __host__ __device__ __forceinline__ int *attn_bwd_order_words(const attn_bwd_params &p) {
-    return reinterpret_cast<int *>(p.dq_acc + (int64_t)p.batch * p.heads_q * p.seqlen_q * D);
+    return reinterpret_cast<int *>(p.dq_acc + (int64_t)p.batch * p.heads_q * attn_bwd_acc_rows(p.seqlen_q) * D);
 }
 
 /* The CTA's ticket: its place in the order in which the CTAs started. */
@@ -247,17 +318,6 @@ __global__ void __launch_bounds__(ROW_THREADS) attn_bwd_order_clear(int *order, 
     for (int64_t w = (int64_t)blockIdx.x * ROW_THREADS + threadIdx.x; w < words;
          w += (int64_t)gridDim.x * ROW_THREADS)
         order[w] = 0;
-}
-
-/* a[0] += x, a[1] += y (a 8-byte aligned): one vector reduction on sm_90 and newer, which halves
- * the atomic traffic of dQ, two elsewhere. */
-__device__ __forceinline__ void attn_bwd_red2(float *a, float x, float y) {
-#if __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2 *>(a), make_float2(x, y));
-#else
-    atomicAdd(a, x);
-    atomicAdd(a + 1, y);
-#endif
 }
 
 template <typename T, int D, int WARPS, bool DET>
@@ -567,19 +627,21 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             }
             __syncwarp();
         }
-        float *acc = p.dq_acc + ((batch * p.heads_q + h) * p.seqlen_q + m0) * (int64_t)D;
+        /* Fragment (mq, nt) is the whole block of padded row m0 + dq_row0 + 16 mq, column
+         * dq_col0 + 8 nt (the accumulator's layout, above); a slab from seqlen_q on is past the
+         * head's padded rows and is skipped, while pad rows inside the last slab take their
+         * zeros with the rest of the fragment. */
+        float *acc = p.dq_acc +
+                     ((batch * p.heads_q + h) * attn_bwd_acc_rows(p.seqlen_q) + m0 + dq_row0) * D +
+                     dq_col0 / 8 * ATTN_BWD_BLOCK;
 #pragma unroll
         for (int mq = 0; mq < MQ; mq++)
+            if (m0 + dq_row0 + 16 * mq < p.seqlen_q)
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = dq_row0 + 16 * mq + g + 8 * hh;
-                if (m0 + r < p.seqlen_q)
-#pragma unroll
-                    for (int nt = 0; nt < WDT; nt++)
-                        attn_bwd_red2(acc + r * D + dq_col0 + 8 * nt + 2 * tq,
-                                      dq[mq][nt][2 * hh] * p.scale,
-                                      dq[mq][nt][2 * hh + 1] * p.scale);
-            }
+                for (int nt = 0; nt < WDT; nt++)
+                    attn_bwd_acc_add(acc + mq * ATTN_BWD_SLAB * D + nt * ATTN_BWD_BLOCK, lane,
+                                     dq[mq][nt][0] * p.scale, dq[mq][nt][1] * p.scale,
+                                     dq[mq][nt][2] * p.scale, dq[mq][nt][3] * p.scale);
     }
 
     if constexpr (DET) {
@@ -614,6 +676,15 @@ size_t attn_bwd_order_count(const tk_attention_call *c) {
     return (ORDER_HEADER + tiles + 3) / 4 * 4;
 }
 
+/* The dQ accumulator in the workspace: the first 128-byte boundary after D ([rows] f32, rounded
+ * up to 16 bytes). The workspace is promised 16-byte alignment only; its size reserves the gap
+ * (tk_attention_bwd_workspace_bytes). */
+float *attn_bwd_acc_start(float *workspace, int64_t rows) {
+    const uintptr_t after_d = reinterpret_cast<uintptr_t>(workspace + (rows + 3) / 4 * 4);
+    return reinterpret_cast<float *>((after_d + ATTN_BWD_ACC_ALIGN - 1) &
+                                     ~(uintptr_t)(ATTN_BWD_ACC_ALIGN - 1));
+}
+
 template <typename T, int D, int WARPS, bool DET>
 cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *dev,
                             cudaStream_t stream) {
@@ -629,7 +700,7 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     p.dq = bc->dq, p.dk = bc->dk, p.dv = bc->dv;
     const int64_t rows = (int64_t)c->batch * c->heads_q * c->seqlen_q;
     p.dsum = bc->workspace;
-    p.dq_acc = bc->workspace + (rows + 3) / 4 * 4;
+    p.dq_acc = attn_bwd_acc_start(bc->workspace, rows);
     p.do_sb = bc->do_stride[0], p.do_ss = bc->do_stride[1], p.do_sh = bc->do_stride[2];
     p.dq_sb = bc->dq_stride[0], p.dq_ss = bc->dq_stride[1], p.dq_sh = bc->dq_stride[2];
     p.dk_sb = bc->dk_stride[0], p.dk_ss = bc->dk_stride[1], p.dk_sh = bc->dk_stride[2];
@@ -661,7 +732,9 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     err = tk_launch(kernel, blocks, shape::THREADS, shape::SMEM_BYTES, stream, p);
     if (err != cudaSuccess)
         return err;
-    return tk_launch(attn_bwd_dq<T, D>, row_blocks, ROW_THREADS, 0, stream, p, rows);
+    const int64_t slabs = (int64_t)c->batch * c->heads_q * attn_bwd_acc_rows(c->seqlen_q) / ATTN_BWD_SLAB;
+    return tk_launch(attn_bwd_dq<T, D>, (unsigned)((slabs + ROW_WARPS - 1) / ROW_WARPS), ROW_THREADS,
+                     0, stream, p, slabs);
 }
 
 template <typename T, int D, int WARPS>
@@ -701,10 +774,14 @@ template <int D, int WARPS> bool attn_bwd_fits(const tk_device *dev) {
 
 } // namespace
 
+/* D, the gap that puts the accumulator on a 128-byte boundary (attn_bwd_acc_start; at most 112
+ * bytes past a 16-byte aligned address), the accumulator's padded rows, the order words. */
 extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int deterministic) {
     const size_t rows = (size_t)c->batch * (size_t)c->heads_q * (size_t)c->seqlen_q;
+    const size_t acc_rows = (size_t)c->batch * (size_t)c->heads_q * (size_t)attn_bwd_acc_rows(c->seqlen_q);
     const size_t order = deterministic ? attn_bwd_order_count(c) : 0;
-    return ((rows + 3) / 4 * 4 + rows * (size_t)c->head_dim + order) * sizeof(float);
+    return ((rows + 3) / 4 * 4 + acc_rows * (size_t)c->head_dim + order) * sizeof(float) +
+           (ATTN_BWD_ACC_ALIGN - 16);
 }
 
 /* The 8-warp tiles need 92 KB (D 64), 108 KB (D 80), 89.5 KB (D 96) or 113.5 KB (D 128) per block:

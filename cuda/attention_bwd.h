@@ -24,10 +24,11 @@ typedef struct tk_attention_bwd_call {
     int deterministic; /* 1: dQ's atomic adds in a fixed order */
 } tk_attention_bwd_call;
 
-/* Workspace of a call: D = rowsum(dO o O), [batch, heads_q, seqlen_q] f32, then the f32 dQ
- * accumulator [batch, heads_q, seqlen_q, head_dim], and when deterministic the order of the dQ
- * adds (a ticket counter and one semaphore per 32 query rows of each batch and query head),
- * each starting 16-byte aligned. */
+/* Workspace of a call: D = rowsum(dO o O), [batch, heads_q, seqlen_q] f32, then at the next
+ * 128-byte boundary (the size reserves the gap) the f32 dQ accumulator, [batch, heads_q,
+ * seqlen_q rounded up to 16, head_dim] in the mma fragments' order (attention_bwd.cu), and when
+ * deterministic the order of the dQ adds (a ticket counter and one semaphore per 32 query rows
+ * of each batch and query head), each starting 16-byte aligned. */
 size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int deterministic);
 
 /* "mma_sm80_bn128": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, one CTA of 8 warps

@@ -138,142 +138,6 @@ struct sm90_params {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* cp.async.bulk.tensor.4d: the box of `map` at (c0, c1, c2, c3) into dst, counted on bar. */
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
-                                            uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-                 : "memory");
-}
-
-/* The descriptor of an N-major B operand (V: keys x head dim, head dim contiguous) in the
- * 128-byte swizzle, N = 64 (one swizzle atom wide): 8-key groups 1024 bytes apart. With one
- * atom along N the leading offset is not used; it is set to the same 1024 bytes. */
-__device__ __forceinline__ uint64_t desc_n_major_sw128(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(1024 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
-           (uint64_t)1 << 62;
-}
-
-#define ATTN_REGS_88 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87"
-#define ATTN_OPS_22 \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
-    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
-    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
-    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
-    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
-    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
-    "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), \
-    "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
-    "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), \
-    "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
-    "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), \
-    "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
-#define ATTN_REGS_64 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define ATTN_OPS_16 \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
-    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-#define ATTN_REGS_32 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define ATTN_OPS_8 \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-
-/* S (=)+= Q K^T for a tile of N = 176, 128 or 64 keys: wgmma m64nNk16, A and B K-major from
- * shared memory; d[j][e] in the accumulator layout of core/sm90.cuh (n8 slice j). */
-template <typename T, int N>
-__device__ __forceinline__ void wgmma_ss_qk(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC)                                                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                   \
-                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                                \
-                 : OPS                                                                                   \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    static_assert(N == 176 || N == 128 || N == 64, "the key-tile widths of sm90_plan");
-    constexpr bool F16 = std::is_same_v<T, __half>;
-    if constexpr (N == 176 && F16)
-        WGMMA_SS("m64n176k16", "f16", ATTN_REGS_88, ATTN_OPS_22, "88", "89", "90");
-    else if constexpr (N == 176)
-        WGMMA_SS("m64n176k16", "bf16", ATTN_REGS_88, ATTN_OPS_22, "88", "89", "90");
-    else if constexpr (N == 128 && F16)
-        WGMMA_SS("m64n128k16", "f16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
-    else if constexpr (N == 128)
-        WGMMA_SS("m64n128k16", "bf16", ATTN_REGS_64, ATTN_OPS_16, "64", "65", "66");
-    else if constexpr (F16)
-        WGMMA_SS("m64n64k16", "f16", ATTN_REGS_32, ATTN_OPS_8, "32", "33", "34");
-    else
-        WGMMA_SS("m64n64k16", "bf16", ATTN_REGS_32, ATTN_OPS_8, "32", "33", "34");
-#undef WGMMA_SS
-}
-
-/* O += P V for one 64-column half of O: wgmma m64n64k16, A (P) from registers in the mma.sync
- * m16n8k16 A layout per warp, B (V) N-major from shared memory (transpose bit). */
-template <typename T>
-__device__ __forceinline__ void wgmma_rs_64x64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#define WGMMA_RS(TYPE)                                                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" ATTN_REGS_32           \
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                        \
-                 : ATTN_OPS_8                                                                            \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
-    if constexpr (std::is_same_v<T, __half>)
-        WGMMA_RS("f16");
-    else
-        WGMMA_RS("bf16");
-#undef WGMMA_RS
-}
-
-#undef ATTN_REGS_88
-#undef ATTN_OPS_22
-#undef ATTN_REGS_64
-#undef ATTN_OPS_16
-#undef ATTN_REGS_32
-#undef ATTN_OPS_8
-
-/* Keeps the compiler from moving accesses to registers that an asynchronous wgmma still uses
- * (accumulators it writes, A fragments it reads) across the wgmma wait: the asm of the wait
- * does not name them. Emits nothing. */
-template <typename E, int N> __device__ __forceinline__ void pin(E (&d)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            if constexpr (std::is_same_v<E, float>)
-                asm volatile("" : "+f"(d[j][e])::"memory");
-            else
-                asm volatile("" : "+r"(d[j][e])::"memory");
-        }
-}
-
 /* Work tile `tile` of the grid: (query head, batch, query tile), heads fastest and query tiles
  * last to first slowest, as attention.cuh: the longest tiles of a causal grid come first. */
 struct sm90_work {
@@ -378,8 +242,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < CONSUMERS; c++)
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
-                                w.batch, q_full);
+                    tk_tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c,
+                                   w.head, w.batch, q_full);
         };
         auto load_tiles = [&](int tile_begin, int tile_end) {
             const int head_kv = w.head / p.group;
@@ -391,13 +255,13 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 const uint32_t k_dst = s_kv + ring.stage * STAGE_BYTES, v_dst = k_dst + KV_BYTES;
                 tk_mbarrier_arrive_expect_tx(ring.barrier(k_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, w.batch,
-                                ring.barrier(k_full));
+                    tk_tma_load_4d(k_dst + h * KV_HALF_BYTES, &map_k, h * HALF, t * BN, head_kv, w.batch,
+                                   ring.barrier(k_full));
                 tk_mbarrier_wait(ring.barrier(v_empty), ring.phase ^ 1);
                 tk_mbarrier_arrive_expect_tx(ring.barrier(v_full), KV_BYTES);
                 for (int h = 0; h < HALVES; h++)
-                    tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, w.batch,
-                                ring.barrier(v_full));
+                    tk_tma_load_4d(v_dst + h * KV_HALF_BYTES, &map_v, h * HALF, t * BN, head_kv, w.batch,
+                                   ring.barrier(v_full));
                 ring.next();
             }
         };
@@ -483,7 +347,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) {
                 const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
-                wgmma_ss_qk<T, BN>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
+                tk_wgmma_ss<T, BN>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
                                    tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
             }
             tk_wgmma_commit();
@@ -496,8 +360,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
                 for (int h = 0; h < HALVES; h++)
-                    wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
-                                      desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+                    tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
+                                         tk_wgmma_desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
             tk_wgmma_commit();
         };
         auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
@@ -548,7 +412,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_named_barrier_arrive<256>(TURN);
             issue_qk(ring);
             tk_wgmma_wait<0>();
-            pin(s[0]);
+            tk_wgmma_pin(s[0]);
             release(k_empty, ring);
             softmax(tile_begin); /* O is still zero: no rescale */
             pack_p();
@@ -560,13 +424,13 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 issue_pv(prev);
                 tk_named_barrier_arrive<256>(TURN + (CONSUMERS == 2 ? 1 - warpgroup : (warpgroup + 1) % CONSUMERS));
                 tk_wgmma_wait<1>(); /* the Q K^T, committed first */
-                pin(s[0]);
+                tk_wgmma_pin(s[0]);
                 release(k_empty, ring);
                 softmax(t);
                 tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
                 tk_wgmma_wait<0>();
-                pin(o[0]);
-                pin(pa);
+                tk_wgmma_pin(o[0]);
+                tk_wgmma_pin(pa);
                 release(v_empty, prev);
                 attn_rescale_o(o, alpha);
                 pack_p();
@@ -576,7 +440,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_named_barrier_sync<256>(TURN);
             issue_pv(ring);
             tk_wgmma_wait<0>();
-            pin(o[0]);
+            tk_wgmma_pin(o[0]);
             release(v_empty, ring);
             ring.next();
         } else {
@@ -727,9 +591,9 @@ extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, con
 }
 
 /* The wide tiles take only calls in which every query sees every key, as FlashAttention-3's
- * 176-key tile does: where nothing is masked they won on the H200 (1.03x wgmma_sm90 at head dim
- * 128, 1.12x at 64), so they come first there; under masks they were no better (windows
- * 0.90-0.97x, causal 0.985-1.035x; docs/kernels/attention.md). */
+ * 176-key tile does: where nothing is masked they won on the H200 at head dim 64 (1.11-1.12x
+ * wgmma_sm90 in three rounds) and tied at 128 (0.99-1.03x), so they come first there; under masks
+ * they were no better (windows 0.90-0.97x, causal 0.985-1.035x; docs/kernels/attention.md). */
 extern "C" bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev) {
     const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
     const bool every_key = c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 &&

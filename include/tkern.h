@@ -894,9 +894,10 @@ typedef struct tk_attention_bwd_params {
      NULL, 0, 0, NULL, NULL, 0}
 
 /* Bytes of workspace tk_attention_bwd needs for *p (only the sizes and deterministic are read; 0
- * for batch 0): 4 * batch * heads_q * seqlen_q * (head_dim + 1) rounded up to 16 bytes, the row
- * sums D and an f32 dQ accumulator; with deterministic = 1 another 4 * (4 + batch * heads_q *
- * ceil(seqlen_q / 32)) rounded up to 16 bytes, the order of the dQ adds. Errors: p or bytes NULL
+ * for batch 0): the row sums D, 4 * batch * heads_q * seqlen_q rounded up to 16 bytes; 112 bytes
+ * that put the f32 dQ accumulator on a 128-byte boundary; the accumulator, 4 * batch * heads_q *
+ * (seqlen_q rounded up to 16) * head_dim; with deterministic = 1 another 4 * (4 + batch * heads_q
+ * * ceil(seqlen_q / 32)) rounded up to 16 bytes, the order of the dQ adds. Errors: p or bytes NULL
  * (TK_ERROR_NULL_POINTER); p->size, the sizes or deterministic invalid as in tk_attention_bwd. */
 TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *p, size_t *bytes);
 

@@ -119,8 +119,8 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(deterministic = -1, TK_ERROR_INVALID_VALUE, "p->deterministic = -1");
     {
         tk_attention_bwd_params p = ok; /* the atomic path's workspace: no room for the order */
-        p.deterministic = 1, p.workspace_bytes = (32 + 32 * 64) * 4;
-        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->workspace_bytes = 8320 is smaller than the 8352");
+        p.deterministic = 1, p.workspace_bytes = (32 + 32 * 64) * 4 + 112;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->workspace_bytes = 8432 is smaller than the 8464");
     }
     REJECT(dout_strides[3] = 2, TK_ERROR_NOT_SUPPORTED, "p->dout_strides[3]");
     REJECT(dq = out_buf + 2, TK_ERROR_MISALIGNED, "'p->dq'");
@@ -166,19 +166,21 @@ Test(attention_bwd_args, workspace_size) {
     p.q = p.k = p.v = p.o = p.dout = NULL; /* only the sizes are read */
     size_t bytes = 1;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    /* D rows (32 floats) and the dq accumulator (32 x 64 floats). */
-    cr_assert_eq(bytes, (size_t)(32 + 32 * 64) * 4, "workspace %zu bytes", bytes);
-    p.seqlen_q = 15; /* 30 rows: D rounded up to 32 floats */
+    /* D rows (32 floats), the dq accumulator (32 x 64 floats) and the 112 bytes that let it start
+     * on a 128-byte boundary after a 16-byte aligned D. */
+    cr_assert_eq(bytes, (size_t)(32 + 32 * 64) * 4 + 112, "workspace %zu bytes", bytes);
+    p.seqlen_q = 15; /* 30 rows: D rounded up to 32 floats, each head's accumulator to 16 rows */
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 64) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 64) * 4 + 112, "workspace %zu bytes", bytes);
     /* deterministic: the ticket counter and one semaphore per 32 rows of each head, in words
-     * rounded up to 4: 4 + 2 x 1 -> 8 words; 4 + 2 x 4 = 12 words for 100 rows. */
+     * rounded up to 4: 4 + 2 x 1 -> 8 words; 4 + 2 x 4 = 12 words for 100 rows (112 in the
+     * accumulator). */
     p.deterministic = 1;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 64 + 8) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 64 + 8) * 4 + 112, "workspace %zu bytes", bytes);
     p.seqlen_q = 100;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(200 + 200 * 64 + 12) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(200 + 2 * 112 * 64 + 12) * 4 + 112, "workspace %zu bytes", bytes);
     p.deterministic = 2;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->deterministic");
     p.deterministic = 0, p.seqlen_q = 15;
@@ -191,10 +193,10 @@ Test(attention_bwd_args, workspace_size) {
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->batch");
     p.batch = 1, p.head_dim = 256; /* the accumulator grows with the head dim, the rest does not */
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 256) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 256) * 4 + 112, "workspace %zu bytes", bytes);
     p.head_dim = 80;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
-    cr_assert_eq(bytes, (size_t)(32 + 30 * 80) * 4, "workspace %zu bytes", bytes);
+    cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 80) * 4 + 112, "workspace %zu bytes", bytes);
     p.head_dim = 72;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_NOT_SUPPORTED, "p->head_dim");
 }
@@ -498,9 +500,11 @@ static void check_dsinks(const bwd_case *c, const char *what, const tk_attention
 }
 
 /* The forward, then with every variant forced the backward `runs` times (deterministic as
- * given), each run on poisoned gradients and workspace, each later run bit-identical to the
- * first, whose gradients are checked against the fp64 reference (computed once). */
-static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, int runs) {
+ * given, the workspace ws_offset bytes into its allocation), each run on poisoned gradients and
+ * workspace, each later run bit-identical to the first, whose gradients are checked against the
+ * fp64 reference (computed once). */
+static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, int runs,
+                          size_t ws_offset) {
     char what[320];
     case_name(c, what, sizeof what);
     tk_rng rng = tk_rng_seeded(seed);
@@ -602,7 +606,8 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     p.deterministic = deterministic;
     size_t ws_bytes = 0;
     cr_assert_eq(tk_attention_bwd_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s", tk_last_error());
-    void *ws = tk_dev_alloc(ws_bytes);
+    void *ws_alloc = tk_dev_alloc(ws_bytes + ws_offset);
+    void *ws = (unsigned char *)ws_alloc + ws_offset;
     p.workspace = ws, p.workspace_bytes = ws_bytes;
 
     double *q64 = ref_to_double(c->dtype, hq, nq), *k64 = ref_to_double(c->dtype, hk, nk);
@@ -634,7 +639,8 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     cr_assert(rdq && rdk && rdv);
     for (int v = 0; v < VARIANT_COUNT; v++) {
         char run_what[400];
-        snprintf(run_what, sizeof run_what, "%s deterministic %d %s", what, deterministic, VARIANTS[v]);
+        snprintf(run_what, sizeof run_what, "%s deterministic %d workspace +%zu %s", what, deterministic,
+                 ws_offset, VARIANTS[v]);
         cr_assert_eq(tk_experimental_force_variant("attention_bwd", VARIANTS[v]), TK_SUCCESS);
         if (!claims[v]) {
             TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, VARIANTS[v]);
@@ -688,12 +694,17 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     free(hsinks); free(hdsinks); free(hids);
     tk_dev_free(dq); tk_dev_free(dk); tk_dev_free(dv); tk_dev_free(dout); tk_dev_free(o);
     tk_dev_free(lse); tk_dev_free(gq); tk_dev_free(gk); tk_dev_free(gv); tk_dev_free(slopes);
-    tk_dev_free(ws); tk_dev_free(sinks); tk_dev_free(dsinks); tk_dev_free(ids);
+    tk_dev_free(ws_alloc); tk_dev_free(sinks); tk_dev_free(dsinks); tk_dev_free(ids);
 }
 
 static void run_case(const bwd_case *c, uint64_t seed) {
-    run_case_runs(c, seed, 0, 1);
+    run_case_runs(c, seed, 0, 1, 0);
 }
+
+/* run_case over a table of cases, case i with seed seed0 + i. */
+#define RUN_CASES(cases, seed0)                                                                    \
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases)[0]; i++)                                  \
+        run_case(&(cases)[i], (seed0) + i)
 
 static const bwd_case MASK_CASES[] = {
     /* dense, both lengths ragged against the 64- and 128-key and the query tiles */
@@ -719,8 +730,7 @@ static const bwd_case MASK_CASES[] = {
 
 Test(attention_bwd_gpu, masks_and_lengths, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof MASK_CASES / sizeof MASK_CASES[0]; i++)
-        run_case(&MASK_CASES[i], 100 + i);
+    RUN_CASES(MASK_CASES, 100);
 }
 
 static const bwd_case GQA_CASES[] = {
@@ -740,8 +750,7 @@ static const bwd_case GQA_CASES[] = {
 
 Test(attention_bwd_gpu, gqa_softcap_alibi_layouts, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof GQA_CASES / sizeof GQA_CASES[0]; i++)
-        run_case(&GQA_CASES[i], 200 + i);
+    RUN_CASES(GQA_CASES, 200);
 }
 
 /* Chunked local, prefix-LM, documents and sinks (with dsinks), with windows, GQA, softcap and
@@ -762,8 +771,7 @@ static const bwd_case SPECIALISED_CASES[] = {
 
 Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0]; i++)
-        run_case(&SPECIALISED_CASES[i], 300 + i);
+    RUN_CASES(SPECIALISED_CASES, 300);
 }
 
 /* Head dim 256 ("mma_sm80_d256": two warps per key, 64 keys per CTA): dense and causal with
@@ -785,8 +793,7 @@ static const bwd_case D256_CASES[] = {
 
 Test(attention_bwd_gpu, head_dim_256, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof D256_CASES / sizeof D256_CASES[0]; i++)
-        run_case(&D256_CASES[i], 500 + i);
+    RUN_CASES(D256_CASES, 500);
 }
 
 /* Head dims 80 and 96 (rows of 11 and 13 16-byte chunks; dQ blocks of 40 and 24 columns, an odd
@@ -810,8 +817,7 @@ static const bwd_case D80_96_CASES[] = {
 
 Test(attention_bwd_gpu, head_dims_80_96, .timeout = 600) {
     TK_REQUIRE_GPU();
-    for (size_t i = 0; i < sizeof D80_96_CASES / sizeof D80_96_CASES[0]; i++)
-        run_case(&D80_96_CASES[i], 600 + i);
+    RUN_CASES(D80_96_CASES, 600);
 }
 
 /* deterministic = 1 on every shape above, by the same accuracy rule, each run twice. */
@@ -826,7 +832,7 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
     };
     for (int l = 0; l < 5; l++)
         for (size_t i = 0; i < lists[l].count; i++)
-            run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2);
+            run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2, 0);
 }
 
 /* deterministic = 1: dq, dk, dv bit-identical over 3 runs where many key tiles add to each query
@@ -848,5 +854,26 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
         {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case_runs(&cases[i], 400 + i, 1, 3);
+        run_case_runs(&cases[i], 400 + i, 1, 3, 0);
+}
+
+/* The workspace 16, 48 and 112 bytes past the allocation's start (which is 256-byte aligned):
+ * the dQ accumulator then starts on the next 128-byte boundary after D, inside the 112 bytes
+ * that the workspace size reserves for that, at a different distance each time. Lengths that
+ * leave pad rows in the accumulator's last 16-row slab of every head and D lengths that are not
+ * a multiple of 32 floats; atomic and deterministic, at every variant. */
+Test(attention_bwd_gpu, workspace_offsets, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    const bwd_case cases[] = {
+        {TK_BF16, 1, 130, 130, 4, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 2, 45, 40, 6, 2, 80, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 70, 90, 3, 1, 256, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 1, 33, 33, 2, 2, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    };
+    const size_t offsets[] = {16, 48, 112};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++) {
+            run_case_runs(&cases[i], 700 + i, 0, 1, offsets[o]);
+            run_case_runs(&cases[i], 700 + i, 1, 2, offsets[o]);
+        }
 }

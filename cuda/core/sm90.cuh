@@ -3,10 +3,11 @@
  * kernel is built from, in the order such a kernel uses it:
  *
  *   host     tk_tensor_map_2d          describe a global matrix to the TMA unit
- *   TMA      tk_tma_load_2d            copy a box of it into shared memory, counted on an mbarrier
+ *   TMA      tk_tma_load_2d / _4d      copy a box of it into shared memory, counted on an mbarrier
  *   mbarrier tk_mbarrier_*             init, arrive, arrive + expect bytes, wait for a phase
  *   ring     tk_stage_ring             which stage and phase parity a pipeline step uses
- *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16
+ *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16, m64nNk16
+ *                                      (N = 64, 128, 176), m64n64k16 with A from registers
  *   warps    tk_setmaxnreg_*, tk_named_barrier_*   producer / consumer warpgroups
  *   clusters tk_cluster_*              rank, size, barrier, stores into another block's shared memory
  *
@@ -157,6 +158,16 @@ __device__ __forceinline__ void tk_tma_load_2d(uint32_t dst, const CUtensorMap *
                  : "memory");
 }
 
+/* cp.async.bulk.tensor.4d: tk_tma_load_2d for a map of four dimensions, the box at (c0, c1, c2,
+ * c3) (innermost first). */
+__device__ __forceinline__ void tk_tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                               uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+
 /* ---- clusters (distributed shared memory) ---- */
 
 /* %cluster_ctarank: this block's rank in its cluster, 0 .. tk_cluster_blocks() - 1. */
@@ -256,6 +267,14 @@ __device__ __forceinline__ uint64_t tk_wgmma_desc_sw128(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
+/* The descriptor of an N-major B operand (e.g. attention's V: keys x head dim, head dim
+ * contiguous) in the 128-byte swizzle, N = 64 (one swizzle atom wide): 8-key groups 1024 bytes
+ * apart. With one atom along N the leading offset is not used; it is set to the same 1024 bytes. */
+__device__ __forceinline__ uint64_t tk_wgmma_desc_n_major_sw128(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(1024 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
 /* wgmma.fence: orders the warpgroup's earlier accesses to the accumulator registers before the
  * wgmma that follow. Required before the first wgmma of a batch whose accumulators were written
  * or read by other instructions since the last wait (e.g. the previous tile's epilogue). */
@@ -347,6 +366,124 @@ __device__ __forceinline__ void tk_wgmma_64x256(float (&d)[128], uint64_t desc_a
 #undef OPS
 }
 #undef TK_WGMMA_64x256
+
+#define TK_WGMMA_REGS_88 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87"
+#define TK_WGMMA_OPS_22 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
+    "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), \
+    "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
+    "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), \
+    "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
+    "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), \
+    "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
+#define TK_WGMMA_REGS_64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define TK_WGMMA_OPS_16 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define TK_WGMMA_REGS_32 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define TK_WGMMA_OPS_8 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+
+/* d (=)+= A B^T, wgmma m64nNk16 for N = 176, 128 or 64 (attention's S = Q K^T for a tile of N
+ * keys): A and B K-major from shared memory; d[j][e] is tk_wgmma_64x256's d[4j + e] (n8 slice j). */
+template <typename T, int N>
+__device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#define WGMMA_SS(SHAPE, TYPE, REGS, OPS, A, B, ACC)                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                 \
+                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                              \
+                 : OPS                                                                                 \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    static_assert(N == 176 || N == 128 || N == 64, "the widths attention_sm90.cu uses");
+    constexpr bool F16 = std::is_same_v<T, __half>;
+    if constexpr (N == 176 && F16)
+        WGMMA_SS("m64n176k16", "f16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90");
+    else if constexpr (N == 176)
+        WGMMA_SS("m64n176k16", "bf16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90");
+    else if constexpr (N == 128 && F16)
+        WGMMA_SS("m64n128k16", "f16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66");
+    else if constexpr (N == 128)
+        WGMMA_SS("m64n128k16", "bf16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66");
+    else if constexpr (F16)
+        WGMMA_SS("m64n64k16", "f16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34");
+    else
+        WGMMA_SS("m64n64k16", "bf16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34");
+#undef WGMMA_SS
+}
+
+/* d += A B for a 64 x 64 d: wgmma m64n64k16, A from registers in the mma.sync m16n8k16 A layout
+ * per warp (attention's P), B N-major from shared memory (transpose bit; attention's V). */
+template <typename T>
+__device__ __forceinline__ void tk_wgmma_rs_64x64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#define WGMMA_RS(TYPE)                                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" TK_WGMMA_REGS_32     \
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                      \
+                 : TK_WGMMA_OPS_8                                                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+    if constexpr (std::is_same_v<T, __half>)
+        WGMMA_RS("f16");
+    else
+        WGMMA_RS("bf16");
+#undef WGMMA_RS
+}
+
+#undef TK_WGMMA_REGS_88
+#undef TK_WGMMA_OPS_22
+#undef TK_WGMMA_REGS_64
+#undef TK_WGMMA_OPS_16
+#undef TK_WGMMA_REGS_32
+#undef TK_WGMMA_OPS_8
+
+/* tk_wgmma_pin for registers in n8 slices: accumulators (float) or A fragments (uint32_t) that
+ * an asynchronous wgmma still writes or reads. Emits nothing. */
+template <typename E, int N> __device__ __forceinline__ void tk_wgmma_pin(E (&d)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if constexpr (std::is_same_v<E, float>)
+                asm volatile("" : "+f"(d[j][e])::"memory");
+            else
+                asm volatile("" : "+r"(d[j][e])::"memory");
+        }
+}
 
 #endif
 

@@ -1234,7 +1234,7 @@ def test_fast_path_passes_what_dlpack_passes(monkeypatch):
     modules = (_activation, _attention, _gemm, _norm, _rope, _softmax)
     caches = [v for m in modules for v in vars(m).values()
               if isinstance(v, (_arrays.Plans, _arrays.Lane))]
-    assert len(caches) == 7 + 9
+    assert len(caches) == 7 + 11
     inputs, thunks = _fast_path_calls()
     runs, replayed, layouts = {}, {}, {}
     for what in ("fast, first", "fast, cached", "dlpack"):
@@ -1302,8 +1302,9 @@ def test_rope_lane_reads_every_calls_positions_cache_and_outputs(monkeypatch):
     call's, in place and out of place, and never leave them in the stored params."""
     from tkern import _lib, _rope
 
-    monkeypatch.setattr(_rope._LANE, "_plans", {})
-    monkeypatch.setattr(_rope._PLANS, "_plans", {})
+    lanes = (_rope._LANE, _rope._INPLACE_LANE)  # rope's and rope_'s
+    for cache in lanes + (_rope._PLANS,):
+        monkeypatch.setattr(cache, "_plans", {})
     replays = []
     real = _lib.replay
     monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
@@ -1323,7 +1324,9 @@ def test_rope_lane_reads_every_calls_positions_cache_and_outputs(monkeypatch):
                            sin=cache[:, rd // 2:])[0] is q2
         check(q2, rope_ref(q.double(), pos, rd, "neox", cache=cache), f"rope_ q, call {i}")
     assert replays == ["tk_rope_fwd"] * 4  # every call but the first of each key
-    for plan in _rope._LANE._plans.values():
+    plans = [plan for lane in lanes for plan in lane._plans.values()]
+    assert len(plans) == 2
+    for plan in plans:
         p = plan[1]  # the stored params (see _rope._lane_plan)
         assert not any((p.positions32, p.positions64, p.cos_cache, p.sin_cache))
 

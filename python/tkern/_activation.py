@@ -1,7 +1,7 @@
 """Activations and gated linear units: tk_activation_*, tk_gelu_*, tk_glu_*."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr, replay
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
 
 _ACT_ALIASES = {**_lib.ACTIVATIONS, "identity": 0, "gelu_erf": 1, "swish": 4, "relu2": 6}
 _GLU_ALIASES = {**_lib.GLU_KINDS, "geglu_erf": 1}
@@ -25,7 +25,7 @@ def gelu(x, approximate="none", *, out=None, stream=None):
     if plan is not None:
         mode, dtype, n, new_y = plan
         y = new_y(x)
-        replay("tk_gelu_fwd", mode, dtype, x.data_ptr(), y.data_ptr(), n, s)
+        _lib.replay("tk_gelu_fwd", mode, dtype, x.data_ptr(), y.data_ptr(), n, s)
         return y
     c = Call(stream, x=x, out=out)
     xa = c["x"].check_dtype(FLOATS).check_contiguous()
@@ -125,7 +125,7 @@ def glu(x, kind="swiglu", layout="gate_first", *, alpha=1.702, limit=7.0, out=No
     if lane is not None:
         params, new_y = lane
         y = new_y(x)
-        replay("tk_glu_fwd", params, x.data_ptr(), y.data_ptr(), s)
+        _lib.replay("tk_glu_fwd", params, x.data_ptr(), y.data_ptr(), s)
         return y
     c = Call(stream, x=x, out=out)
     key = Plans.key(c, kind, layout, alpha, limit)

@@ -224,10 +224,12 @@ def _from_cai(obj, name, cai):
 
 
 def _dense_strides(shape):
+    """Row-major strides (elements) of `shape` as torch, NumPy and CuPy lay it out: a dimension of
+    size 0 steps as one of size 1."""
     strides, acc = [], 1
     for s in reversed(shape):
         strides.append(acc)
-        acc *= s
+        acc *= max(s, 1)
     return tuple(reversed(strides))
 
 
@@ -305,6 +307,7 @@ class _Torch:
         self.dtypes = {getattr(torch, n): n for n in ITEMSIZE}
         self.torch_dtypes = {n: t for t, n in self.dtypes.items()}
         self.empty_like = torch.empty_like
+        self.empty_strided = torch.empty_strided
         self.stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
             lambda device: torch.cuda.current_stream(device).cuda_stream)
         self.device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
@@ -358,14 +361,16 @@ def _from_torch(obj, name, dtype, device_index):
 def allocator(tables, ref, shape, dtype):
     """The function that allocates an output of `shape` and dtype name `dtype` for plain torch
     tensor ref (new(ref)), on ref's device whatever the current one is: empty_like when that is
-    what it describes (a contiguous ref of that shape and dtype; the cheaper call), else
-    new_empty. The choice depends on ref's shape, strides and dtype alone, so a replay (Lane)
-    makes it once, when its plan is stored."""
+    what it describes (a contiguous ref of that shape and dtype; the cheapest call), else
+    empty_strided with torch's contiguous strides on ref's device (what new_empty makes, at
+    about two thirds of its cost). The choice depends on ref's shape, strides, dtype and device
+    alone, so a replay (Lane), whose key holds them, makes it once, when its plan is stored."""
     torch_dtype = tables.torch_dtypes[dtype]
     if ref.dtype is torch_dtype and ref.shape == shape and ref.is_contiguous():
         return tables.empty_like
-    shape = tuple(shape)
-    return lambda like: like.new_empty(shape, dtype=torch_dtype)
+    shape, device, empty_strided = tuple(shape), ref.device, tables.empty_strided
+    strides = _dense_strides(shape)
+    return lambda like: empty_strided(shape, strides, dtype=torch_dtype, device=device)
 
 
 def torch_output(tables, ref, shape, dtype):
@@ -585,7 +590,7 @@ def _scalars_key(scalars):
     bool, float, str, None, or a tuple of ints and None): an object such as a 0-d tensor could
     change between calls. The key holds each value's type (True, 1 and 1.0 are equal values)
     and each float's sign (alpha=-0.0 is not alpha=0.0)."""
-    types = tuple(map(type, scalars))
+    types = tuple([type(v) for v in scalars])  # faster than map() for a few values
     if not _KEY_SCALARS.issuperset(types) and not all(
             t in _KEY_SCALARS or (t is tuple and all(type(e) in _PLAIN_INDICES for e in v))
             for v, t in zip(scalars, types)):
@@ -630,14 +635,6 @@ class Plans:
             self._plans[key] = type(params).from_buffer_copy(params)
 
 
-def replay(fn, *args):
-    """Calls the C entry point `fn` for a replay of a Lane's plan (on the current device, which
-    find() checked is the tensors')."""
-    if _lifetime._pending:  # the test of release_finished, without its call when nothing is held
-        _lifetime.release_finished()
-    _lib.replay(fn, *args)
-
-
 class Lane:
     """The fast lane of one function: its calls on plain torch tensors, replayed.
 
@@ -650,7 +647,8 @@ class Lane:
     stream (the params struct, as the byref() to pass when it holds no pointer), and how it
     allocates each output (see allocator), all decided then. A later call with that key replays
     the plan: it allocates the outputs, reads the tensors' pointers and torch's current stream,
-    and calls libtkern, which checks the pointers as on every call. No check of the full path
+    and calls libtkern through _lib.replay (on the current device, which find() checked is the
+    tensors'), which checks the pointers as on every call. No check of the full path
     depends on anything but the key (see Plans), and only plans of calls that succeeded are
     stored. Every other call takes the full path.
     """
@@ -666,7 +664,8 @@ class Lane:
         calls that give none), array arguments (None for an absent one) and scalar arguments:
         the stored plan and torch's current stream on a hit; (None, None, key) on a miss, key
         to be passed to put() once the full path succeeded (None when the call cannot take the
-        lane)."""
+        lane). A hit is the start of a replayed call: it releases the references held for
+        earlier calls whose work has finished, as the full path does (see _lifetime)."""
         t = _torch_state[0] or _torch()
         if t is None or stream is not None or outs.count(None) != len(outs):
             return self._MISS
@@ -697,6 +696,8 @@ class Lane:
         plan = self._plans.get(key)
         if plan is None:
             return None, None, key
+        if _lifetime._pending:  # release_finished's own test, without its call when nothing is held
+            _lifetime.release_finished()
         return plan, t.stream(device), key
 
     def put(self, key, plan):
@@ -705,8 +706,6 @@ class Lane:
             if len(self._plans) >= self.LIMIT:
                 self._plans.clear()
             self._plans[key] = plan
-
-    run = staticmethod(replay)  # Lane.run(fn, *args): a replay's C call (see replay)
 
     @staticmethod
     def allocator(ref, shape, dtype):

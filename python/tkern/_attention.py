@@ -142,7 +142,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                                     prefix_len))
     if lane is not None:
         p, out, lse = _replay(lane, q, k, v, alibi_slopes, return_lse, sinks, document_ids)
-        Lane.run("tk_attention_fwd", _lib.byref(p), s)
+        _lib.replay("tk_attention_fwd", _lib.byref(p), s)
         return (out, lse) if return_lse else out
     c, p, out, lse = _setup(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale,
                             alibi_slopes=alibi_slopes, return_lse=return_lse, layout=layout,
@@ -200,7 +200,7 @@ def sliding_window_attention(q, k, v, window_left, *, softcap=0.0, scale=None,
                                            (window_left, softcap, scale, return_lse, layout))
     if lane is not None:
         p, out, lse = _replay(lane, q, k, v, alibi_slopes, return_lse)
-        Lane.run("tk_attention_sliding_fwd", _lib.byref(p), p.window_left, s)
+        _lib.replay("tk_attention_sliding_fwd", _lib.byref(p), p.window_left, s)
         return (out, lse) if return_lse else out
     c, p, out, lse = _setup(q, k, v, causal=True, window=(window_left, 0), softcap=softcap,
                             scale=scale, alibi_slopes=alibi_slopes, return_lse=return_lse,

@@ -2,7 +2,7 @@
 
 from . import _lib
 from ._activation import activation_kind
-from ._arrays import FLOATS, HALVES, Call, Lane, Plans, ptr, replay
+from ._arrays import FLOATS, HALVES, Call, Lane, Plans, ptr
 from ._attention import _supported
 
 
@@ -99,7 +99,7 @@ def gemm(a, b, bias=None, activation=None, *, c=None, alpha=1.0, beta=None, out_
         set_field(p, "c", 0 if c is None else c.data_ptr())
         set_field(p, "bias", 0 if bias is None else bias.data_ptr())
         set_field(p, "d", out.data_ptr())
-        replay("tk_gemm", _lib.byref(p), s)
+        _lib.replay("tk_gemm", _lib.byref(p), s)
         return out
     ctx, p, out = _setup(a, b, bias, activation, c, alpha, beta, out_dtype, out, stream)
     ctx.run("tk_gemm", _lib.byref(p), ctx.stream)

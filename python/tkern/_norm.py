@@ -3,7 +3,7 @@
 import ctypes
 
 from . import _lib
-from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr, replay
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
 
 
 def _params(c, eps, gemma, weight_names):
@@ -63,10 +63,10 @@ def rms_norm(x, weight=None, eps=1e-6, residual=None, *, gemma=False, out=None,
         params, new_y, new_stat = plan
         y = new_y(x)
         rstd = new_stat(x) if return_rstd else None
-        replay("tk_rmsnorm_fwd", params, x.data_ptr(),
-               0 if residual is None else residual.data_ptr(),
-               0 if weight is None else weight.data_ptr(), y.data_ptr(),
-               0 if rstd is None else rstd.data_ptr(), s)
+        _lib.replay("tk_rmsnorm_fwd", params, x.data_ptr(),
+                    0 if residual is None else residual.data_ptr(),
+                    0 if weight is None else weight.data_ptr(), y.data_ptr(),
+                    0 if rstd is None else rstd.data_ptr(), s)
         return (y, rstd) if return_rstd else y
     c = Call(stream, x=x, weight=weight, residual=residual, out=out)
     key = Plans.key(c, eps, gemma)
@@ -121,11 +121,12 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, residual=None, *, out=None,
         params, new_y, new_stat = plan
         y = new_y(x)
         mean, rstd = (new_stat(x), new_stat(x)) if return_stats else (None, None)
-        replay("tk_layernorm_fwd", params, x.data_ptr(),
-               0 if residual is None else residual.data_ptr(),
-               0 if weight is None else weight.data_ptr(),
-               0 if bias is None else bias.data_ptr(), y.data_ptr(),
-               0 if mean is None else mean.data_ptr(), 0 if rstd is None else rstd.data_ptr(), s)
+        _lib.replay("tk_layernorm_fwd", params, x.data_ptr(),
+                    0 if residual is None else residual.data_ptr(),
+                    0 if weight is None else weight.data_ptr(),
+                    0 if bias is None else bias.data_ptr(), y.data_ptr(),
+                    0 if mean is None else mean.data_ptr(),
+                    0 if rstd is None else rstd.data_ptr(), s)
         return (y, mean, rstd) if return_stats else y
     c = Call(stream, x=x, weight=weight, bias=bias, residual=residual, out=out)
     key = Plans.key(c, eps)

@@ -1,7 +1,7 @@
 """Rotary position embedding: tk_rope_fwd, tk_rope_bwd."""
 
 from . import _lib
-from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr, replay
+from ._arrays import FLOATS, Call, Lane, Plans, enum, ptr
 
 
 def _heads(a):
@@ -94,7 +94,10 @@ def _checked(c, names, style, theta, position_start, rotary_dim):
     return p
 
 
-_PLANS, _LANE = Plans(), Lane()
+_PLANS = Plans()
+# A lane per entry point (see Lane): which function is called, and in place or not, is then
+# no part of a lane's key.
+_INPLACE_LANE, _LANE, _BACKWARD_LANE = Lane(), Lane(), Lane()
 
 
 def _lane_plan(fn, p, c, names, inplace):
@@ -132,22 +135,20 @@ def _replay(plan, q, k, positions, cos, sin, cos_sin_cache, stream):
         params = _lib.byref(p)
     q_out = q if new_q is None else new_q(q)
     k_out = k if new_k is None else new_k(k)
-    replay(fn, params, 0 if q is None else q.data_ptr(), 0 if k is None else k.data_ptr(),
-           0 if q_out is None else q_out.data_ptr(), 0 if k_out is None else k_out.data_ptr(),
-           stream)
+    _lib.replay(fn, params, 0 if q is None else q.data_ptr(), 0 if k is None else k.data_ptr(),
+                0 if q_out is None else q_out.data_ptr(), 0 if k_out is None else k_out.data_ptr(),
+                stream)
     return q_out, k_out
 
 
-def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim,
-          position_start, cos, sin, cos_sin_cache, stream):
+def _rope(fn, names, q, k, positions, outs, lane, lane_key, *, inplace, theta, style,
+          rotary_dim, position_start, cos, sin, cos_sin_cache, stream):
+    """The full path of rope_, rope and rope_backward, for a call that their lane did not
+    replay; stores the call's plan in that lane under lane_key (from lane.find, None: nothing
+    to store)."""
     qn, kn = names
     if q is None and k is None:
         raise TypeError(f"at least one of '{qn}' and '{kn}' must be given")
-    lane, s, lane_key = _LANE.find(stream, () if inplace else outs,
-                                   (q, k, positions, cos, sin, cos_sin_cache),
-                                   (fn, inplace, theta, style, rotary_dim, position_start))
-    if lane is not None:
-        return _replay(lane, q, k, positions, cos, sin, cos_sin_cache, s)
     c = Call(stream, **{qn: q, kn: k}, positions=positions, cos=cos, sin=sin,
              cos_sin_cache=cos_sin_cache,
              **({} if inplace else {qn + "_out": outs[0], kn + "_out": outs[1]}))
@@ -181,7 +182,7 @@ def _rope(fn, names, q, k, positions, outs, *, inplace, theta, style, rotary_dim
     plan = None if lane_key is None else _lane_plan(fn, p, c, names, inplace)
     _pointers(c, p)
     c.run(fn, _lib.byref(p), ptr(c.get(qn)), ptr(c.get(kn)), ptrs[0], ptrs[1], c.stream)
-    _LANE.put(lane_key, plan)
+    lane.put(lane_key, plan)
     return tuple(results)
 
 
@@ -198,9 +199,15 @@ def rope_(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
     [max_position, rotary_dim] (vLLM's layout, cos then sin) or cos and sin [max_position,
     rotary_dim / 2]. Returns (q, k).
     """
-    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q, k), inplace=True, theta=theta,
-                 style=style, rotary_dim=rotary_dim, position_start=position_start, cos=cos,
-                 sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
+    # The lane is looked up here, not in _rope: a replay then skips _rope's call (the hot path).
+    plan, s, key = _INPLACE_LANE.find(stream, (), (q, k, positions, cos, sin, cos_sin_cache),
+                                      (theta, style, rotary_dim, position_start))
+    if plan is not None:
+        return _replay(plan, q, k, positions, cos, sin, cos_sin_cache, s)
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q, k), _INPLACE_LANE, key,
+                 inplace=True, theta=theta, style=style, rotary_dim=rotary_dim,
+                 position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
+                 stream=stream)
 
 
 def rope(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
@@ -208,9 +215,14 @@ def rope(q, k, positions=None, *, theta=10000.0, style="neox", rotary_dim=None,
          stream=None):
     """Out-of-place rope_: returns (q_rotated, k_rotated), new arrays (or q_out / k_out) of the
     inputs' shapes; elements past rotary_dim are copied. Arguments as rope_."""
-    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q_out, k_out), inplace=False,
-                 theta=theta, style=style, rotary_dim=rotary_dim, position_start=position_start,
-                 cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, stream=stream)
+    plan, s, key = _LANE.find(stream, (q_out, k_out), (q, k, positions, cos, sin, cos_sin_cache),
+                              (theta, style, rotary_dim, position_start))
+    if plan is not None:  # as in rope_
+        return _replay(plan, q, k, positions, cos, sin, cos_sin_cache, s)
+    return _rope("tk_rope_fwd", ("q", "k"), q, k, positions, (q_out, k_out), _LANE, key,
+                 inplace=False, theta=theta, style=style, rotary_dim=rotary_dim,
+                 position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
+                 stream=stream)
 
 
 def rope_backward(grad_q, grad_k, positions=None, *, theta=10000.0, style="neox",
@@ -218,7 +230,12 @@ def rope_backward(grad_q, grad_k, positions=None, *, theta=10000.0, style="neox"
                   inplace=False, stream=None):
     """Gradient of rope: rotates grad_q and grad_k by the opposite angles (the exact gradient).
     Same arguments as rope; inplace=True overwrites grad_q / grad_k. Returns (dq, dk)."""
+    plan, s, key = _BACKWARD_LANE.find(stream, (), (grad_q, grad_k, positions, cos, sin,
+                                                    cos_sin_cache),
+                                       (inplace, theta, style, rotary_dim, position_start))
+    if plan is not None:  # as in rope_
+        return _replay(plan, grad_q, grad_k, positions, cos, sin, cos_sin_cache, s)
     return _rope("tk_rope_bwd", ("grad_q", "grad_k"), grad_q, grad_k, positions, (None, None),
-                 inplace=inplace, theta=theta, style=style, rotary_dim=rotary_dim,
-                 position_start=position_start, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache,
-                 stream=stream)
+                 _BACKWARD_LANE, key, inplace=inplace, theta=theta, style=style,
+                 rotary_dim=rotary_dim, position_start=position_start, cos=cos, sin=sin,
+                 cos_sin_cache=cos_sin_cache, stream=stream)
