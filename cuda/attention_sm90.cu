@@ -10,7 +10,7 @@
  * dim 256; in the wide variant 176 with 2 stages at head dim 128, and 3 consumers, BM = 192, 512
  * threads, at 64; sm90_plan):
  * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg; in the persistent
- *   variant two warps at 40, warp 1 filling the mask table): the Q tile once onto q_full, then
+ *   variant one warp at 40, which fills the mask table): the Q tile once onto q_full, then
  *   per key tile: waits for the stage's k_empty and issues the TMA copies of the K tile (counted
  *   on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
@@ -45,12 +45,12 @@
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
  * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
- * its previous or next tile. A second producer warp fills each work tile's mask table as soon as
- * the consumers have read the previous tile's (table_empty: after their last softmax of it), so
- * during their last P V and epilogue (the document search takes a whole warp; 40 registers, the
- * consumers 232); the loading warp takes the tile's key tiles from the table (table_full) and
- * loads its Q once the consumers' last Q K^T of the previous tile is done (q_empty), its K and V
- * as the ring frees stages.
+ * its previous or next tile. The producer is a warp (the document search takes a whole warp; 40
+ * registers, the consumers 232): it fills each work tile's mask table as soon as the consumers
+ * have read the previous tile's (TABLE_EMPTY, a named barrier: after their last softmax of it),
+ * loads the tile's Q once their last Q K^T of the previous tile is done (q_empty) and its first
+ * K / V tiles as the ring frees stages, all during their last P V and epilogue, then hands them
+ * the table (TABLE_FULL) and loads the rest.
  *
  * Wide (variant "wgmma_sm90_wide", head dims 64 and 128): FlashAttention-3's wider tiles, one CTA
  * per work tile. At 128, key tiles of 176 (its tile without a causal or local mask): each tile's
@@ -110,9 +110,9 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
     static constexpr int STAGES = BN == 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
-    /* q_full, the stages' four, then q_empty and table_* (used by PERSISTENT, reserved in every plan
-     * so that no barrier address falls on the table) */
-    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 3) * 8;
+    /* q_full, the stages' four, then q_empty (used by PERSISTENT, reserved in every plan so that
+     * no barrier address falls on the table) */
+    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 1) * 8;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
@@ -184,9 +184,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     const uint32_t q_full = s_q + plan::PIPE_BYTES;
     const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    /* PERSISTENT: Q is free for the next work tile; the table holds the current work tile's
-     * entries (table_full) or the consumers are done reading it (table_empty). */
-    const uint32_t q_empty = v_empty + 8 * STAGES, table_full = q_empty + 8, table_empty = table_full + 8;
+    /* PERSISTENT: Q is free for the next work tile. */
+    const uint32_t q_empty = v_empty + 8 * STAGES;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
 
@@ -204,6 +203,9 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         w = sm90_work_of<BM>(p, tile);
         return true;
     };
+    auto more_work = [&]() { /* whether next_work will find another tile */
+        return PERSISTENT && tile + gridDim.x < (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
+    };
 
     if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
         attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
@@ -216,28 +218,35 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
             tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
         }
-        if constexpr (PERSISTENT) {
+        if constexpr (PERSISTENT)
             tk_mbarrier_init(q_empty, 4 * CONSUMERS);
-            tk_mbarrier_init(table_full, 1);                /* the filling warp's lane 0 */
-            tk_mbarrier_init(table_empty, 4 * CONSUMERS); /* one arrival per consumer warp */
-        }
         tk_fence_mbarrier_init();
     }
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
     constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
+    /* PERSISTENT: the mask table's hand-off between the producer warp and the consumers, two named
+     * barriers on which every party syncs: the table holds the current work tile's entries
+     * (TABLE_FULL) or the consumers are done reading it (TABLE_EMPTY). bar.sync on both sides,
+     * the form compute-sanitizer's racecheck orders: it reported the same hand-off through
+     * mbarriers, and through bar.arrive on one side, as races. The consumers sync on TABLE_EMPTY
+     * only when another work tile follows, as the producer does before each fill but the first. */
+    constexpr int TABLE_FULL = TURN + CONSUMERS, TABLE_EMPTY = TABLE_FULL + 1;
+    constexpr int TABLE_THREADS = 128 * CONSUMERS + 32; /* the consumers and the producer warp */
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
         tk_stage_ring<STAGES> ring = {0, 0};
-        auto load_work = [&](int tile_begin, int tile_end) {
-            const int head_kv = w.head / p.group;
+        auto load_q = [&]() {
             tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < CONSUMERS; c++)
                 for (int h = 0; h < HALVES; h++)
                     tk_tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c,
                                    w.head, w.batch, q_full);
+        };
+        auto load_tiles = [&](int tile_begin, int tile_end) {
+            const int head_kv = w.head / p.group;
             for (int t = tile_begin; t < tile_end; t++) {
                 /* The first round finds every stage free (parity phase ^ 1). K and V of a stage
                  * are freed apart: K once the consumers' Q K^T of it is done, V after their
@@ -257,35 +266,44 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             }
         };
         if constexpr (PERSISTENT) {
-            /* Two warps, each running ahead of the consumers. Warp 1 fills work tile k's table
-             * (the document search takes a whole warp) once the consumers have read tile
-             * k - 1's (table_empty), and publishes it (table_full). Warp 0's lane 0 takes tile
-             * k's key tiles from the table, loads its Q as soon as the consumers are done with
-             * tile k - 1's Q K^T (q_empty), and its K and V as the ring frees stages. (Two
-             * tables, so that the fill need not wait for the last softmax, do not fit beside
-             * the head dim 128 ring.) */
-            const int warp = threadIdx.x / 32 - 4 * CONSUMERS, lane = threadIdx.x % 32;
-            if (warp > 1 || (warp == 0 && lane > 0))
+            /* One warp, running ahead of the consumers. For work tile k it fills the table once
+             * the consumers have read tile k - 1's (TABLE_EMPTY; the document search takes a whole
+             * warp), and its lane 0 reads the tile's key tiles from it, loads its Q as soon as the
+             * consumers are done with tile k - 1's Q K^T (q_empty) and its first STAGES K / V tiles
+             * as tile k - 1 frees the stages: all during the consumers' last P V and epilogue of
+             * tile k - 1. Only then does the warp publish the table (TABLE_FULL), which waits for
+             * the consumers to start tile k; the rest of its key tiles follow as the ring frees
+             * stages. By the consumers' last softmax of tile k - 1 (their TABLE_EMPTY), lane 0 has
+             * issued every load of that tile: the last K was needed for that Q K^T and the last V
+             * followed it. (Two tables, so that the fill need not wait for the last softmax, do not
+             * fit beside the head dim 128 ring.) */
+            if (threadIdx.x / 32 != 4 * CONSUMERS)
                 return;
+            const int lane = threadIdx.x % 32;
             int k = 0;
             do {
-                if (warp == 1) {
-                    tk_mbarrier_wait(table_empty, (k & 1) ^ 1); /* the first work tile finds it free */
-                    attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
-                    __syncwarp(); /* the warp's writes, before lane 0's release */
-                    if (lane == 0)
-                        tk_mbarrier_arrive(table_full);
-                } else {
-                    tk_mbarrier_wait(table_full, k & 1);
-                    const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+                if (k > 0) /* the first work tile finds the table free */
+                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
+                attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
+                __syncwarp(); /* the warp's table entries, before lane 0 reads two of them */
+                const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+                const int early = min(range.y, range.x + STAGES); /* the tiles that need only tile k - 1's stages */
+                if (lane == 0) {
                     tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
-                    load_work(range.x, range.y);
+                    load_q();
+                    load_tiles(range.x, early);
                 }
+                __syncwarp();
+                tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
+                if (lane == 0)
+                    load_tiles(early, range.y);
+                __syncwarp();
                 k++;
             } while (next_work());
         } else if (threadIdx.x == CONSUMERS * 128) {
             const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
-            load_work(range.x, range.y);
+            load_q();
+            load_tiles(range.x, range.y);
         }
         return;
     }
@@ -298,7 +316,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     int k = 0; /* the work tiles done: Q's barriers are in phase k */
     do {
         if constexpr (PERSISTENT)
-            tk_mbarrier_wait(table_full, k & 1);
+            tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
         const int head = w.head, batch = w.batch, m0 = w.m0;
         /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
         const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
@@ -363,19 +381,19 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
         };
         /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
-         * (after the wait for its P V), or (PERSISTENT) on q_empty and on the tile's
-         * table_empty after its last Q K^T and softmax. */
+         * (after the wait for its P V), or (PERSISTENT) on q_empty after the tile's last Q K^T
+         * and softmax, and then every thread's sync on TABLE_EMPTY (the softmax read the table). */
         auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
             if (lane == 0)
                 tk_mbarrier_arrive(at.barrier(empty));
         };
         auto release_q = [&]() {
             if constexpr (PERSISTENT) {
-                __syncwarp(); /* every lane's table reads, before lane 0's release */
-                if (lane == 0) {
+                __syncwarp(); /* every lane's wait for the Q K^T, before lane 0's release */
+                if (lane == 0)
                     tk_mbarrier_arrive(q_empty);
-                    tk_mbarrier_arrive(table_empty);
-                }
+                if (more_work())
+                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
             }
         };
 
