@@ -826,3 +826,23 @@ def test_scalar_keys_tell_apart_what_a_call_could_tell_apart():
     assert key((object(),)) is None               # mutable or unknown: never keyed
     assert key(((True, None),)) is None           # a tuple holds ints and None only
     assert key(([3, None],)) is None
+
+
+def test_lane_scalar_key_memo_goes_by_identity():
+    """A lane reuses the last call's scalar key only for the very same objects: equal values of
+    another type or sign get their own key, and a scalar that could change is never keyed."""
+    key, lane = _arrays._scalars_key, _arrays.Lane()
+    one = (1e-6, "neox", None, 0, (3, None))
+    assert lane._values(one) == key(one)
+    assert lane._values(one) is lane._values(one)  # the memo
+    equal = (float("1e-6"), "".join(("ne", "ox")), None, 0, tuple([3, None]))
+    assert equal[0] is not one[0] and equal[1] is not one[1]
+    assert lane._values(equal) == key(equal)
+    for a, b in (((0.0,), (-0.0,)), ((1,), (True,)), ((1,), (1.0,)), ((2.5, 1), (2.5, 1.0))):
+        assert lane._values(a) == key(a) and lane._values(b) == key(b) != key(a)
+    assert lane._values((0.0, 1)) == key((0.0, 1))
+    assert lane._values((0.0,)) == key((0.0,))  # a shorter tuple than the memo's
+    scale = type("Scale", (), {})()
+    assert lane._values((scale,)) is None
+    assert lane._values((scale,)) is None  # not memoized
+    assert lane._values(([3, None],)) is None

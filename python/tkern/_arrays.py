@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import importlib
 import math
+import operator
 import sys
 
 from . import _lib, _lifetime
@@ -658,6 +659,24 @@ class Lane:
 
     def __init__(self):
         self._plans = {}
+        # (scalars, _scalars_key(scalars)) of the last call that had a key, or None. A model
+        # passes a function the same scalar objects call after call (the defaults, its
+        # literals, its config's attributes), whose key is then found by identity, much cheaper
+        # than building it again. The pair is replaced whole, so a thread reads either the old
+        # pair or the new one.
+        self._scalars_memo = None
+
+    def _values(self, scalars):
+        """_scalars_key(scalars), from the memo when scalars are the very objects of the last
+        call (is, not ==: 1, True and 1.0 are equal, and so are 0.0 and -0.0)."""
+        memo = self._scalars_memo
+        if (memo is not None and len(memo[0]) == len(scalars)
+                and all(map(operator.is_, scalars, memo[0]))):
+            return memo[1]
+        values = _scalars_key(scalars)
+        if values is not None:
+            self._scalars_memo = (scalars, values)
+        return values
 
     def find(self, stream, outs, tensors, scalars):
         """(plan, stream handle, key) of a call with these output arguments (the lane takes
@@ -669,7 +688,7 @@ class Lane:
         t = _torch_state[0] or _torch()
         if t is None or stream is not None or outs.count(None) != len(outs):
             return self._MISS
-        values = _scalars_key(scalars)
+        values = self._values(scalars)
         if values is None:
             return self._MISS
         (tensor, parameter), strided = t.types, t.strided
