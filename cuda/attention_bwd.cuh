@@ -321,8 +321,9 @@ float *attn_bwd_acc_start(float *workspace, int64_t rows) {
  * columns: element [nt][e] pairs key key0 + 8 (e >> 1) with query column qc = qc0 + 8 nt +
  * (e & 1) of the tile of rows m0.., whose lse * log2(e) and D are lse2[qc] and dsum[qc]. On a
  * tile that may hold invisible pairs (partial), a pair is visible when the query row lies in
- * rows[e >> 1], the rows of that key (attn_key_rows). Without GRADS only s changes: a kernel
- * that forms P while dP^T is still being computed forms dS itself (no softcap: dS = P (dP - D)). */
+ * rows[e >> 1], the rows of that key (attn_key_rows). Without GRADS only s changes, and softcap
+ * must be off: a kernel that forms P while dP^T is still being computed forms dS itself
+ * (dS = P (dP - D)). */
 template <bool GRADS, int NT>
 __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (&s)[NT][4], float (&dp)[NT][4],
                                                int m0, int qc0, int key0, const int2 (&rows)[2], bool partial,
@@ -336,7 +337,7 @@ __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (
             const int i = m0 + qc, j = key0 + 8 * (e >> 1);
             float x = s[nt][e], dfac = 1.0f;
             if (p.transform) {
-                if (p.softcap > 0.0f) {
+                if (GRADS && p.softcap > 0.0f) {
                     const float t = tanhf(x * p.softcap_in);
                     x = p.softcap * t;
                     dfac = 1.0f - t * t;

@@ -32,9 +32,11 @@
  *   dQ[:, 64 w .. 64 w + 63] = dS K over all 128 keys: 8, dS K-major, K an N-major B. A warp's dQ
  *     fragments are whole blocks of the accumulator's layout, each added by one
  *     red.global.add.v4.f32 (attention_bwd.cuh), times the scale.
- * Overlap: P forms while dP^T runs and dS while dV runs; the other warpgroup's GEMMs fill the
- * tensor cores during this one's element-wise work and reductions. With softcap, P waits for
- * dP^T too: its derivative needs the score beside dP, and holding 32 more values does not fit.
+ * Overlap: within a warpgroup, P forms while dP^T runs, and its dQ reductions go out while the
+ * next step's S^T and dP^T are issued behind them. The warpgroups meet at DS_READY every step,
+ * so their element-wise phases coincide: the tensor cores idle through P and dS (what
+ * FlashAttention-3's backward does too). With softcap, P waits for dP^T as well: its derivative
+ * needs the score beside dP, and holding 32 more values does not fit.
  * Shared memory: K and V (2 x 32 KiB), 2 stages of Q, dO and dS (3 x 16 KiB) and of lse, D
  * (512 B), the key table (1 KiB), the barriers. dS needs no stage of its own: it is in the
  * step's stage, and a warpgroup writes a stage's dS two steps later only after passing the next
@@ -50,8 +52,9 @@
 
 namespace {
 
-/* The tiles at head dim 128. Registers per consumer thread: dK, dV 128; S^T, dP^T 64, their A
- * fragments 32, dQ 32 (S^T and dP^T are dead by then): about 220 at the peak, within 240. */
+/* The tiles at head dim 128. Registers per consumer thread: dK, dV 128 for the whole CTA; S^T,
+ * dP^T 64 until they are packed into their A fragments (32), which live with dQ (32) until the
+ * step's wgmma are done: 192 at the peak, plus addresses, within 240. */
 struct bwd_sm90_plan {
     static constexpr int D = 128;
     static constexpr int HALVES = D / HALF;
@@ -82,8 +85,6 @@ struct bwd_sm90_plan {
                   "swizzle-aligned tiles");
 };
 
-constexpr int DS_READY = 1; /* named barrier: both halves of the step's dS are in shared memory */
-
 template <typename T, bool DET>
 __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
     attn_bwd_sm90(const __grid_constant__ attn_bwd_params p, const __grid_constant__ CUtensorMap map_q,
@@ -91,6 +92,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
                   const __grid_constant__ CUtensorMap map_do) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using plan = bwd_sm90_plan;
+    constexpr int DS_READY = 1; /* named barrier (0 is __syncthreads'): the step's dS is in shared memory */
     constexpr int D = plan::D, BN = plan::BN, BM = plan::BM, STAGES = plan::STAGES, CONSUMERS = plan::CONSUMERS;
     constexpr int KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, Q_HALF_BYTES = plan::Q_HALF_BYTES,
                   Q_BYTES = plan::Q_BYTES, DS_HALF_BYTES = plan::DS_HALF_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
