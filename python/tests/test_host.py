@@ -503,6 +503,151 @@ def test_dlpack_bfloat16_and_views_from_torch():
         tkern.gelu(base.requires_grad_(True))
 
 
+# ------------------------------------------------------------------- nested tensors ------
+# Each array-taking public function, called with a nested tensor n for every array argument:
+# (the name of the argument it must report, the call). The first array argument is reported.
+_NESTED_CALLS = {
+    "gelu": ("x", lambda n: tkern.gelu(n)),
+    "gelu_backward": ("grad_output", lambda n: tkern.gelu_backward(n, n)),
+    "activation": ("x", lambda n: tkern.activation(n, "silu", n)),
+    "activation_backward": ("grad_output", lambda n: tkern.activation_backward(n, n, "relu")),
+    "glu": ("x", lambda n: tkern.glu(n)),
+    "glu_backward": ("grad_output", lambda n: tkern.glu_backward(n, n)),
+    "swiglu": ("x", lambda n: tkern.swiglu(n)),
+    "rms_norm": ("x", lambda n: tkern.rms_norm(n, n, residual=n)),
+    "rms_norm_backward": ("grad_output", lambda n: tkern.rms_norm_backward(n, n, n, n)),
+    "layer_norm": ("x", lambda n: tkern.layer_norm(n, n, n)),
+    "layer_norm_backward": ("grad_output", lambda n: tkern.layer_norm_backward(n, n, n, n, n)),
+    "norm_backward_workspace_size": ("x", lambda n: tkern.norm_backward_workspace_size(n, "rms")),
+    "softmax": ("x", lambda n: tkern.softmax(n)),
+    "log_softmax": ("x", lambda n: tkern.log_softmax(n)),
+    "softmax_backward": ("y", lambda n: tkern.softmax_backward(n, n)),
+    "rope": ("q", lambda n: tkern.rope(n, n, n)),
+    "rope_": ("q", lambda n: tkern.rope_(n, None)),
+    "rope_backward": ("grad_q", lambda n: tkern.rope_backward(n, n, n)),
+    "attention": ("q", lambda n: tkern.attention(n, n, n)),
+    "sliding_window_attention": ("q", lambda n: tkern.sliding_window_attention(n, n, n, 15)),
+    "attention_supported": ("q", lambda n: tkern.attention_supported(n, n, n)),
+    "attention_backward": ("q", lambda n: tkern.attention_backward(n, n, n, n, n, n)),
+    "attention_kvcache": ("q", lambda n: tkern.attention_kvcache(n, n, n, n)),
+    "attention_kvcache_supported": ("q", lambda n: tkern.attention_kvcache_supported(n, n, n, n)),
+    "gemm": ("a", lambda n: tkern.gemm(n, n)),
+    "gemm_supported": ("a", lambda n: tkern.gemm_supported(n, n)),
+}
+_NO_ARRAYS = {"TkernError", "LibraryNotFoundError", "load_library", "library_path", "version",
+              "device_query", "last_variant", "force_variant", "status_name"}
+
+
+def _nested_rejected(fn, name):
+    with pytest.raises(TypeError, match=rf"^argument '{name}' \(torch\.[\w.]+\) is a nested "
+                                        r"tensor \(torch\.nested\).*strided array"):
+        fn()
+
+
+def _assert_every_function_rejects(n):
+    for name, call in _NESTED_CALLS.values():
+        _nested_rejected(lambda: call(n), name)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fails a test that would reach libtkern with a (fake or host) tensor's pointer."""
+    def launch(fn, *args):
+        raise AssertionError(f"{fn} was called")
+    monkeypatch.setattr(_lib, "call", launch)
+    monkeypatch.setattr(_lib, "replay", launch)
+
+
+def test_nested_calls_cover_every_array_function():
+    assert set(_NESTED_CALLS) | _NO_ARRAYS == set(tkern.__all__)
+
+
+class _FakeDevice:
+    def __init__(self, kind):
+        self.type = kind
+
+
+class _FakeNestedTensor:
+    """What tkern sees of a torch nested tensor of strided layout (torch.nested.nested_tensor(
+    ..., layout=torch.strided)): its type is the one the fake torch tables below call
+    torch.Tensor and its layout is strided, so it passes plain_torch's checks, and, as in torch,
+    its shape, strides and DLPack export fail inside torch."""
+
+    __module__ = "torch"  # producer() reads the type's module
+    dtype, layout, is_nested, requires_grad = "f16", "strided", True, False
+
+    def __init__(self, cuda):
+        self.is_cuda, self.device = cuda, _FakeDevice("cuda" if cuda else "cpu")
+
+    def is_neg(self):
+        return False
+
+    def get_device(self):
+        return 0 if self.is_cuda else -1
+
+    def dim(self):
+        return 3
+
+    def data_ptr(self):
+        return 0x1000
+
+    @property
+    def shape(self):
+        raise RuntimeError("Internal error: NestedTensorImpl doesn't support sizes.")
+
+    def stride(self):
+        raise RuntimeError("Internal error: NestedTensorImpl doesn't support strides.")
+
+    def __dlpack_device__(self):
+        return (_arrays._KDL_CUDA if self.is_cuda else _arrays._KDL_CPU, 0)
+
+    def __dlpack__(self, stream=None):
+        raise RuntimeError("Internal error: NestedTensorImpl doesn't support sizes.")
+
+
+def test_nested_tensors_are_refused_with_the_argument_named(monkeypatch, no_launch):
+    """Without torch: fake torch tables in which the fake nested tensor is a plain CUDA tensor.
+    Every function names the argument, whether the tensor takes the fast lane's checks and then
+    the plain-tensor path (CUDA) or DLPack (host memory, the path of anything not plain)."""
+    class Other:
+        pass
+
+    tables = type("Tables", (), dict(types=(_FakeNestedTensor, Other), strided="strided",
+                                     dtypes={"f16": "float16"}, stream=staticmethod(lambda d: 0),
+                                     device=staticmethod(lambda: 0)))()
+    monkeypatch.setattr(_arrays, "_torch_state", [tables])
+    cuda, host = _FakeNestedTensor(cuda=True), _FakeNestedTensor(cuda=False)
+    assert _arrays.plain_torch(cuda) is not None  # what made the fast path take it
+    assert _arrays.Lane().find(None, (None,), (cuda,), (1.0,)) == (None, None, None)
+    for n in (cuda, host):
+        _assert_every_function_rejects(n)
+        _nested_rejected(lambda: _arrays.as_array(n, "x"), "x")
+
+
+def test_torch_nested_tensors_are_refused_with_the_argument_named(monkeypatch, no_launch):
+    """Real (CPU) torch nested tensors, of strided and jagged layout: through DLPack as they
+    are, and, posing as CUDA tensors, through the fast lane and the plain-tensor path."""
+    torch = pytest.importorskip("torch")
+    parts = [torch.randn(2, 64, dtype=torch.float16), torch.randn(3, 64, dtype=torch.float16)]
+    strided = torch.nested.nested_tensor(parts, layout=torch.strided)
+    jagged = torch.nested.nested_tensor(parts, layout=torch.jagged)
+    plain = torch.randn(2, 64, dtype=torch.float16)
+    for n in (strided, jagged):
+        _assert_every_function_rejects(n)
+    # As CUDA tensors: is_cuda True, device -1 current, stream 0 (no_launch stops any launch).
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    tables = _arrays._torch()
+    monkeypatch.setattr(tables, "stream", lambda device: 0)
+    monkeypatch.setattr(tables, "device", lambda: -1)
+    assert type(strided) is torch.Tensor and strided.layout is torch.strided
+    assert _arrays.plain_torch(strided) is not None  # what made the fast path take it
+    assert _arrays.Lane().find(None, (None,), (strided,), (1.0,)) == (None, None, None)
+    for n in (strided, jagged):
+        _assert_every_function_rejects(n)
+    _nested_rejected(lambda: tkern.gelu(plain, out=strided), "out")
+    _nested_rejected(lambda: tkern.gelu(strided, stream=5), "x")  # another stream: DLPack
+
+
 def test_every_family_builds_parameters_the_library_accepts():
     """Each function's ctypes parameters pass the C library's full argument validation, which
     then stops at the missing device (fake host buffers must never reach a real GPU)."""

@@ -245,6 +245,9 @@ def as_array(obj, name, stream_arg=None):
     """
     if obj is None:
         raise TypeError(f"argument '{name}' is None; a CUDA array is needed")
+    lib = producer(obj)
+    if lib == "torch" and getattr(obj, "is_nested", False):
+        raise _nested_error(obj, name)  # its __dlpack__ fails inside torch, or exports no layout
     if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
         obj = obj.detach()  # neither DLPack nor the CUDA array interface export autograd leaves
     if hasattr(obj, "__dlpack_device__") and hasattr(obj, "__dlpack__"):
@@ -254,7 +257,7 @@ def as_array(obj, name, stream_arg=None):
                 f"argument '{name}' ({type(obj).__module__}.{type(obj).__qualname__}) is on "
                 f"DLPack device {_DEVICE_NAMES.get(int(device_type), int(device_type))}; "
                 "libtkern needs CUDA device memory (kDLCUDA)")
-        if stream_arg is None and producer(obj) in ("torch", "cupy"):
+        if stream_arg is None and lib in ("torch", "cupy"):
             stream_arg = -1  # we run on this library's current stream: nothing to order
         a = _from_dlpack(obj, name, stream_arg)
     elif hasattr(obj, "__cuda_array_interface__"):
@@ -264,8 +267,16 @@ def as_array(obj, name, stream_arg=None):
             f"argument '{name}' ({type(obj).__module__}.{type(obj).__qualname__}) is not a CUDA "
             "array: it has neither __dlpack__ nor __cuda_array_interface__")
     _check_strides(a)
-    a.producer = producer(obj)
+    a.producer = lib
     return a
+
+
+def _nested_error(obj, name):
+    return TypeError(
+        f"argument '{name}' ({type(obj).__module__}.{type(obj).__qualname__}) is a nested "
+        "tensor (torch.nested), which has no single shape and strides; libtkern needs a strided "
+        "array: pass its components (unbind()) or a padded copy "
+        "(torch.nested.to_padded_tensor)")
 
 
 def _unit_strides(shape, strides):
@@ -352,7 +363,14 @@ def _from_torch(obj, name, dtype, device_index):
     a.device_type = _KDL_CUDA
     a.device_id = device_index
     a.dtype = dtype
-    a.shape = shape = tuple(obj.shape)
+    try:
+        a.shape = shape = tuple(obj.shape)
+    except RuntimeError:
+        # A nested tensor of strided layout passes plain_torch's checks (its type is
+        # torch.Tensor); it is told apart here, where that costs a plain tensor nothing.
+        if obj.is_nested:
+            raise _nested_error(obj, name) from None
+        raise
     a.strides = _unit_strides(shape, obj.stride())
     a.ptr = obj.data_ptr()
     a._keep = (obj,)
@@ -707,7 +725,10 @@ class Lane:
                 device = x.get_device()
             elif x.get_device() != device:
                 return self._MISS
-            key += (x.dtype, x.shape, x.stride())
+            try:
+                key += (x.dtype, x.shape, x.stride())
+            except RuntimeError:  # a nested tensor has no shape: the full path names it
+                return self._MISS
         if device is None or t.device() != device:
             return self._MISS
         key.append(device)
