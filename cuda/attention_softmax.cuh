@@ -267,7 +267,7 @@ __device__ __forceinline__ void attn_fill_table(const attn_mask &m, int2 *table,
     attn_docs d;
     if (m.doc_ids)
         d = attn_doc_band(m, first + off, last + off);
-#pragma unroll 1 /* a warp filling a table alone (the persistent kernel's) has 40 registers */
+#pragma unroll 1 /* a warp filling a table alone (the persistent kernel's) has 48 registers */
     for (int r = tid; r < count; r += nthreads) { /* whole warps, as attn_doc_run needs */
         const int x = min(first + r, last);
         if (keys) {
