@@ -223,6 +223,7 @@ template <typename T, int D> struct attn_rows_kv {
  * lengths, rows at batch times the batch strides. */
 struct attn_batch {
     using params = attn_params;
+    static constexpr bool DOCUMENTS = true; /* p.doc_ids may be set */
     const attn_params &p;
     const int64_t batch;
     const int &seqlen_q, &seqlen_k;
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
      * keys every row sees. */
     int2 *const table = reinterpret_cast<int2 *>(smem + shape::TABLE_OFFSET);
     const attn_mask mask = {shift, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
-                            p.doc_ids ? p.doc_ids + batch * seq.seqlen_k : nullptr};
+                            SEQ::DOCUMENTS && p.doc_ids ? p.doc_ids + batch * seq.seqlen_k : nullptr};
     attn_fill_table(mask, table, m0, m0 + q_rows - 1, tile_rows, false, tid, ATTN_THREADS);
 
     const T *q = static_cast<const T *>(p.q) + seq.q_at() + head0 * p.q_sh + m0 * p.q_ss;

@@ -126,6 +126,7 @@ template <typename T, int D> struct kvp_pages {
  * plus the appended queries), read from the device once per CTA. */
 template <bool PAGED> struct kvp_sequence {
     using params = kvp_params;
+    static constexpr bool DOCUMENTS = false; /* a KV-cache call has no document ids: no code for them */
     const kvp_params &p;
     const int64_t b;
     int seqlen_q, seqlen_k, token0;
