@@ -32,8 +32,8 @@
  *   dQ[:, 64 w .. 64 w + 63] = dS K over all 128 keys: 8, dS K-major, K an N-major B. A warp's dQ
  *     fragments are whole blocks of the accumulator's layout, each added by one
  *     red.global.add.v4.f32 (attention_bwd.cuh), times the scale.
- * Overlap: within a warpgroup, P forms while dP^T runs, and its dQ reductions go out while the
- * next step's S^T and dP^T are issued behind them. The warpgroups meet at DS_READY every step,
+ * Overlap: within a warpgroup, P forms while dP^T runs, and a step's dQ reductions are still in
+ * flight while the next step's S^T and dP^T run. The warpgroups meet at DS_READY every step,
  * so their element-wise phases coincide: the tensor cores idle through P and dS (what
  * FlashAttention-3's backward does too). With softcap, P waits for dP^T as well: its derivative
  * needs the score beside dP, and holding 32 more values does not fit.
