@@ -641,6 +641,7 @@ Test(attention_gpu, specialised_masks, .timeout = 900) {
         {1000, 17, 0, -1, -1, 0, 0, 0, true, 2, 1, 0.0f, false},
         {333, 200, 1, -1, -1, 0, 0, 0, true, 4, 2, 0.0f, false},     /* rows see only the sink */
         {300, 300, 1, 37, -1, 0, 0, 0, true, 8, 2, 30.0f, true},     /* GPT-OSS's window layers */
+        {160, 160, 0, -1, -1, 0, 0, 1, false, 2, 1, 0.0f, false},    /* a document per position */
     };
     static const int64_t head_dims[] = {64, 128, 80, 256};
     uint64_t seed = 700;
