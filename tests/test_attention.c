@@ -642,6 +642,11 @@ Test(attention_gpu, specialised_masks, .timeout = 900) {
         {333, 200, 1, -1, -1, 0, 0, 0, true, 4, 2, 0.0f, false},     /* rows see only the sink */
         {300, 300, 1, 37, -1, 0, 0, 0, true, 8, 2, 30.0f, true},     /* GPT-OSS's window layers */
         {160, 160, 0, -1, -1, 0, 0, 1, false, 2, 1, 0.0f, false},    /* a document per position */
+        {200, 200, 1, -1, -1, 0, 0, 1, false, 2, 1, 0.0f, false},    /* the same, head dims 64, 128 */
+        {1000, 1000, 1, -1, -1, 0, 0, 31, false, 2, 1, 0.0f, false}, /* starts at every bit of a word */
+        {600, 600, 0, -1, -1, 0, 0, 32, false, 4, 2, 0.0f, false},   /* starts at bit 0 of words */
+        {300, 300, 1, -1, -1, 0, 0, 2000, false, 2, 1, 0.0f, false}, /* one document past the keys */
+        {250, 250, 0, 20, 9, 0, 0, 30, false, 8, 2, 0.0f, false},    /* packed, 16-row tiles at 256 */
     };
     static const int64_t head_dims[] = {64, 128, 80, 256};
     uint64_t seed = 700;

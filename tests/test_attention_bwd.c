@@ -773,6 +773,9 @@ static const bwd_case SPECIALISED_CASES[] = {
     {TK_BF16, 1, 200, 200, 8, 2, 64, false, 1, 37, -1, 20.0f, true, true, 0, 0, 0},
     {TK_BF16, 2, 170, 170, 2, 2, 128, false, 1, -1, -1, 0.0f, false, true, 0, 0, 50},
     {TK_BF16, 1, 160, 160, 2, 1, 128, false, 0, -1, -1, 0.0f, false, false, 0, 0, 1}, /* a document per key */
+    {TK_BF16, 1, 130, 130, 2, 1, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 1},
+    {TK_BF16, 1, 300, 300, 4, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 250}, /* across key tiles */
+    {TK_F16, 1, 257, 257, 2, 1, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 40}, /* a 1-key band */
 };
 
 Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
