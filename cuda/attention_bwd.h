@@ -40,7 +40,7 @@ cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_device *dev,
 
 /* "mma_sm80_bn128": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, one CTA of 8 warps
  * per 128 keys, dQ by f32 atomics (with deterministic, in key-tile order per query tile); runs
- * where the device's shared memory per block holds its tiles (not D 128 on sm_86 / sm_89). */
+ * where the device's shared memory per block holds its tiles (not D 80 or 128 on sm_86 / sm_89). */
 bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_mma_bn128(const void *call, const tk_device *dev, cudaStream_t stream);
 
@@ -50,7 +50,8 @@ cudaError_t tk_attention_bwd_launch_mma_bn128(const void *call, const tk_device 
 bool tk_attention_bwd_supports_d256(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_mma_d256(const void *call, const tk_device *dev, cudaStream_t stream);
 
-/* "mma_sm80": the same kernel with 4 warps per 64 keys; every call at head dims 64 and 128. */
+/* "mma_sm80": the same kernel with 4 warps per 64 keys; every call at head dims 64, 80, 96 and
+ * 128. */
 bool tk_attention_bwd_supports_mma(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_mma(const void *call, const tk_device *dev, cudaStream_t stream);
 

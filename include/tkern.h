@@ -907,15 +907,15 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
  * Errors (nothing is written): those of tk_attention_fwd for the shared fields; o, lse, dout,
  * dq, dk, dv or workspace NULL, dsinks NULL with sinks (TK_ERROR_NULL_POINTER); workspace_bytes too small,
  * deterministic other than 0 or 1, or a gradient whose strides make elements overlap
- * (TK_ERROR_INVALID_VALUE); head_dim other than 64, 128
+ * (TK_ERROR_INVALID_VALUE); head_dim other than 64, 80, 96, 128
  * or 256, or 256 on a device without the shared memory for it (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED); a
  * gradient overlapping an input, the workspace or another gradient (TK_ERROR_OVERLAP).
  * Variants (tk_last_variant, tk_experimental_force_variant op "attention_bwd"), in selection
  * order: "mma_sm80_bn128" (128 keys per CTA; compute capability 8.0 and newer where the shared
- * memory per block allows it: at head dim 128 not on 8.6 / 8.9; head dims 64 and 128),
- * "mma_sm80_d256" (head dim 256, 64 keys per CTA; where the shared memory per block allows it:
- * 8.0, 9.x), then "mma_sm80" (64 keys per CTA; compute capability 8.0 and newer; head dims 64 and
- * 128). dq's bits under deterministic = 1 are fixed for one variant; the variants sum in
+ * memory per block allows it: at head dims 80 and 128 not on 8.6 / 8.9; head dims 64, 80, 96 and
+ * 128), "mma_sm80_d256" (head dim 256, 64 keys per CTA; where the shared memory per block allows
+ * it: 8.0, 9.x), then "mma_sm80" (64 keys per CTA; compute capability 8.0 and newer; head dims
+ * 64, 80, 96 and 128). dq's bits under deterministic = 1 are fixed for one variant; the variants sum in
  * different orders. */
 TK_API tk_status tk_attention_bwd(const tk_attention_bwd_params *p, tk_stream_t stream);
 
