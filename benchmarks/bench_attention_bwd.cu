@@ -30,6 +30,19 @@ void run_bwd(void *arg, cudaStream_t stream) {
                 "attention_bwd");
 }
 
+/* One call of p: false (after a "skipped" line naming the reason) when no variant takes it, as
+ * at head dim 256 on a device with too little shared memory per block (sm_86, sm_89: 143 KB are
+ * needed) or for the deterministic row when the forced variant takes only atomic calls. */
+bool bench_runs(const tk_attention_bwd_params &p, const char *op, const char *shape) {
+    const tk_status first = tk_attention_bwd(&p, NULL);
+    if (first == TK_ERROR_NOT_SUPPORTED) {
+        printf("%-28s %-22s skipped: %s\n", op, shape, tk_last_error());
+        return false;
+    }
+    bench_check(first, op);
+    return true;
+}
+
 void bench_shape(bench_ctx *ctx, const bwd_shape &s) {
     const int64_t b = s.batch, sq = s.seqlen, hq = s.heads_q, hkv = s.heads_kv, d = s.head_dim;
     const int64_t nq = b * sq * hq * d, nk = b * sq * hkv * d;
@@ -57,29 +70,26 @@ void bench_shape(bench_ctx *ctx, const bwd_shape &s) {
     p.deterministic = 1; /* its workspace also serves the atomic calls */
     bench_check(tk_attention_bwd_workspace_size(&p, &p.workspace_bytes), "workspace size");
     p.workspace = bench_alloc(ctx, p.workspace_bytes);
-    /* Head dim 256 needs 143 KB of shared memory per block: a device with less (sm_86, sm_89)
-     * has no variant for it, and the row says so instead of ending the run. */
-    const tk_status first = tk_attention_bwd(&p, NULL);
-    if (first == TK_ERROR_NOT_SUPPORTED) {
-        printf("%-28s %-22s skipped: %s\n", s.op, s.shape, tk_last_error());
+    p.deterministic = 0;
+    if (!bench_runs(p, s.op, s.shape)) {
         bench_free_all(ctx);
         return;
     }
-    bench_check(first, "attention_bwd");
 
     const double pairs = s.causal ? (double)sq * (double)(sq + 1) / 2.0 : (double)sq * (double)sq;
     const double flops = 2.5 * 4.0 * (double)(b * hq * d) * pairs;
-    p.deterministic = 0;
     bench_settle(SETTLE_MS);
     const double atomic_ms = bench_time_ms(ctx, run_bwd, &p);
     bench_row row = {s.op, s.shape, TK_BF16, tk_last_variant(), atomic_ms, 0.0, flops, "", 0.0};
     bench_report(ctx, &row);
     p.deterministic = 1;
-    bench_settle(SETTLE_MS);
-    const double ms = bench_time_ms(ctx, run_bwd, &p);
-    bench_row det = {s.deterministic_op, s.shape, TK_BF16, tk_last_variant(), ms, 0.0, flops,
-                     "atomic dQ", atomic_ms};
-    bench_report(ctx, &det);
+    if (bench_runs(p, s.deterministic_op, s.shape)) {
+        bench_settle(SETTLE_MS);
+        const double ms = bench_time_ms(ctx, run_bwd, &p);
+        bench_row det = {s.deterministic_op, s.shape, TK_BF16, tk_last_variant(), ms, 0.0, flops,
+                         "atomic dQ", atomic_ms};
+        bench_report(ctx, &det);
+    }
     bench_free_all(ctx);
 }
 

@@ -7,6 +7,7 @@
  *   mbarrier tk_mbarrier_*             init, arrive, arrive + expect bytes, wait for a phase
  *   ring     tk_stage_ring             which stage and phase parity a pipeline step uses
  *   smem     tk_stmatrix_x4_trans, tk_fence_proxy_async_shared   a tile written by threads, for wgmma
+ *   bulk     tk_bulk_reduce_add_f32, tk_bulk_commit / _wait*  add a shared tile into global memory
  *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16, m64nNk16
  *                                      (N = 64, 128, 176), m64n64k16 with A from registers
  *   warps    tk_setmaxnreg_*, tk_named_barrier_*   producer / consumer warpgroups
@@ -189,6 +190,28 @@ __device__ __forceinline__ void tk_stmatrix_x4_trans(uint32_t addr, const uint32
  * warpgroups that issue the wgmma. */
 __device__ __forceinline__ void tk_fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* cp.reduce.async.bulk .add.f32: adds `bytes` of f32 from shared memory (`src`) into global
+ * memory (`dst`) element by element, in L2, by the async proxy: one instruction for what would
+ * be bytes / 16 red.global.add.v4.f32. Both addresses 16-byte aligned, bytes a multiple of 16;
+ * the shared source written by threads needs tk_fence_proxy_async_shared and a barrier first.
+ * The copies issued since the last commit form a bulk group (tk_bulk_commit); the source may be
+ * written again once tk_bulk_wait_read says the group has read it, and the global sums are done
+ * after tk_bulk_wait (a CTA waits for that before it exits). */
+__device__ __forceinline__ void tk_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void tk_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* Until at most Pending of this thread's bulk groups are still reading their shared source. */
+template <int Pending> __device__ __forceinline__ void tk_bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(Pending) : "memory");
+}
+/* Until at most Pending of this thread's bulk groups are incomplete (their global writes done). */
+template <int Pending> __device__ __forceinline__ void tk_bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
 /* ---- clusters (distributed shared memory) ---- */
