@@ -10,11 +10,11 @@
  * dK and dV summed over the query heads of a GQA group.
  *
  * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), 3 warpgroups of 128
- * threads, one CTA per SM (163 KiB of shared memory):
- * - Consumers 0 and 1 (240 registers after setmaxnreg): warpgroup w owns keys 64 w .. 64 w + 63
+ * threads, one CTA per SM (163 KiB of shared memory; 195 KiB with BULK_DQ, below):
+ * - Consumers 0 and 1 (240 registers after setmaxnreg; 232 with BULK_DQ): warpgroup w owns keys 64 w .. 64 w + 63
  *   of the tile and keeps their dK and dV (64 x 128 each: 128 f32 per thread) in registers for the
  *   whole CTA.
- * - Producer (warpgroup 2, 24 registers): warp 0's lane 0 loads K and V once (TMA, on kv_full),
+ * - Producer (warpgroup 2, 24 registers; 40 with BULK_DQ): warp 0's lane 0 loads K and V once (TMA, on kv_full),
  *   then per step the Q and dO tiles of BM = 64 query rows into a ring of 2 stages (full
  *   barriers); the consumers' 8 warps free a stage on its empty barrier. The step's lse * log2(e)
  *   and D (512 bytes) are brought by consumer warpgroup 0 a step ahead (load_stat).
@@ -44,7 +44,8 @@
  * FlashAttention-3's backward does too). With softcap, P waits for dP^T as well: its derivative
  * needs the score beside dP, and holding 32 more values does not fit.
  * Shared memory: K and V (2 x 32 KiB), 2 stages of Q, dO and dS (3 x 16 KiB) and of lse, D
- * (512 B), the key table (1 KiB), the barriers. dS needs no stage of its own: it is in the
+ * (512 B), the key table (1 KiB), the barriers; with BULK_DQ, the consumers' dQ blocks (2 x 16
+ * KiB) after the stages. dS needs no stage of its own: it is in the
  * step's stage, and a warpgroup writes a stage's dS two steps later only after passing the next
  * step's DS_READY, which the other warpgroup reaches only after its dQ of the first is done.
  * Deterministic: consumer warps wait on the query tile's semaphore (lane 0) before their adds;
@@ -60,7 +61,7 @@ namespace {
 
 /* The tiles at head dim 128. Registers per consumer thread: dK, dV 128 for the whole CTA; S^T,
  * dP^T 64 until they are packed into their A fragments (32), which live with dQ (32) until the
- * step's wgmma are done: 192 at the peak, plus addresses, within 240. */
+ * step's wgmma are done: 192 at the peak, plus addresses, within 240 (232 with BulkDq). */
 template <bool BulkDq> struct bwd_sm90_plan {
     static constexpr int D = 128;
     static constexpr int HALVES = D / HALF;
