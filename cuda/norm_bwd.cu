@@ -8,8 +8,8 @@
  * dw and db are reduced deterministically in two stages: stage 1 (the dx kernel) leaves one
  * f32 partial sum per column for each row group in the caller's workspace ([slots][cols] for
  * dw, then the same for db), each group summing its rows in a fixed order; stage 2
- * (norm_reduce_slots) adds the partials of each column in a fixed order (8 interleaved
- * sequences, then those 8 in order). Same inputs and same device => same bits.
+ * (norm_reduce_slots) adds the partials of each column in a fixed order (interleaved sequences
+ * of slots, then those sequences by a fixed tree). Same inputs and same device => same bits.
  *
  * Why it is fast: 3 tensors move (x and dy in, dx out); ~20 flops per element: memory-bound.
  * - "rows" kernels: a group of threads holds the row (norm.cuh), 16 elements per thread for
@@ -23,14 +23,20 @@
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
  *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
  *   (read-modify-write, overwritten on the group's first row: no memset needed).
- * - Stage 2 reads slots x cols floats (a few MB: ~2-5% of the dx traffic at 16384 x 4096).
+ * - Stage 2 reads slots x cols floats (a few MB: ~2-5% of the dx traffic at 16384 x 4096, most
+ *   of it from L2), a latency-bound pass unless every SM keeps tens of KB of loads in flight:
+ *   lanes of 4 columns (16-byte loads; 1 column where cols is not a multiple of 4) and enough
+ *   lanes of slots that each lane issues all of its loads at once (at most 8; more rounds only
+ *   past 1024 slots). On sm_90 it is launched as a programmatic dependent of stage 1, so that
+ *   its launch overlaps stage 1's last blocks instead of following its end.
  */
 #include "norm.cuh"
 
 namespace {
 
 constexpr int WIDE_THREADS = 512;
-constexpr int REDUCE_COLS = 32, REDUCE_LANES = 8;
+/* Stage 2: lanes of columns per block, loads in flight per lane, the largest block. */
+constexpr int REDUCE_COL_LANES = 8, REDUCE_UNROLL = 8, REDUCE_MAX_THREADS = 1024;
 
 template <int VEC> constexpr int bwd_packs() {
     return (VEC > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR) / VEC;
@@ -68,6 +74,12 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     constexpr bool Prefetch = PACKS * sizeof(tk_pack<T, VEC>) <= 32;
     __shared__ float2 scratch[2][32];
     int parity = 0;
+#if __CUDA_ARCH__ >= 900
+    /* Stage 2 may start now (programmatic dependent launch): its blocks take the SM space this
+     * grid frees and wait in cudaGridDependencySynchronize, which returns once this grid has
+     * finished and its partials are visible. */
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
     const W *w = static_cast<const W *>(a.weight);
     const int packs_row = (int)(a.cols / VEC);
     const int groups_per_block = blockDim.x / group;
@@ -194,6 +206,9 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
 
 template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(WIDE_THREADS) norm_bwd_wide(tk_norm_call a) {
+#if __CUDA_ARCH__ >= 900
+    cudaTriggerProgrammaticLaunchCompletion(); /* as in norm_bwd_rows */
+#endif
     __shared__ float scratch[32];
     const T *__restrict__ x = static_cast<const T *>(a.x);
     const T *__restrict__ dy = static_cast<const T *>(a.dy);
@@ -253,41 +268,108 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_bwd_wide(tk_norm_call a) {
     }
 }
 
-/* Stage 2: out[c] = sum over slots s < used of partials[s][c], blockIdx.y = 0 for dw, 1 for db.
- * A 32 x 8 block: lane (tx, ty) sums slots ty, ty + 8, ... of column c in order, then ty = 0
- * adds the 8 sums in order. Loads are 128-byte rows per warp. */
-template <typename W>
-__global__ void __launch_bounds__(REDUCE_COLS *REDUCE_LANES) norm_reduce_slots(tk_norm_call a, int64_t used) {
-    __shared__ float part[REDUCE_LANES][REDUCE_COLS];
+/* Stage 2: out[c] = sum over slots s < used of partials[s][c]; blockIdx.y = 0 for dw, 1 for db.
+ * A block is REDUCE_COL_LANES lanes of CV columns each (CV = 4: 16-byte loads) by blockDim.x /
+ * REDUCE_COL_LANES lanes of slots. Lane (cl, sl) adds slots sl, sl + slot_lanes, ... in that
+ * order, REDUCE_UNROLL loads issued before their adds; the 4 slot lanes of a warp then add by a
+ * fixed shuffle tree, and the warps' sums meet in shared memory, added in warp order. The order
+ * depends on the block size only, which the launcher derives from the shape and the slot count:
+ * the same inputs on the same device give the same bits. */
+template <typename W, int CV>
+__global__ void __launch_bounds__(REDUCE_MAX_THREADS) norm_reduce_slots(tk_norm_call a, int64_t used) {
+#if __CUDA_ARCH__ >= 900
+    /* Launched early (programmatic dependent launch): no partial is read before stage 1 has
+     * finished. Every block waits, so this grid never completes before stage 1 does. */
+    cudaGridDependencySynchronize();
+#endif
+    constexpr int COLS = REDUCE_COL_LANES * CV;
+    __shared__ float part[REDUCE_MAX_THREADS / 32][COLS];
     W *out = static_cast<W *>(blockIdx.y == 0 ? a.dw : a.db);
     if (out == nullptr)
         return; /* uniform per block */
     const float *ws = a.workspace + (blockIdx.y == 0 ? 0 : a.workspace_slots * a.cols);
-    const int tx = threadIdx.x % REDUCE_COLS, ty = threadIdx.x / REDUCE_COLS;
-    const int64_t c = (int64_t)blockIdx.x * REDUCE_COLS + tx;
-    float sum = 0.0f;
-    if (c < a.cols) {
-#pragma unroll 4
-        for (int64_t s = ty; s < used; s += REDUCE_LANES)
-            sum += ws[s * a.cols + c];
-    }
-    part[ty][tx] = sum;
-    __syncthreads();
-    if (ty == 0 && c < a.cols) {
-        float total = part[0][tx];
+    const int cl = threadIdx.x % REDUCE_COL_LANES, sl = threadIdx.x / REDUCE_COL_LANES;
+    const int slot_lanes = blockDim.x / REDUCE_COL_LANES;
+    const int64_t c = (int64_t)blockIdx.x * COLS + cl * CV; /* cols is a multiple of CV */
+    float sum[CV];
 #pragma unroll
-        for (int k = 1; k < REDUCE_LANES; k++)
-            total += part[k][tx];
-        out[c] = tk_from_float<W>(total);
+    for (int e = 0; e < CV; e++)
+        sum[e] = 0.0f;
+    if (c < a.cols) {
+        const int64_t lane_step = (int64_t)slot_lanes * a.cols; /* from one of the lane's slots to its next */
+        const float *p = ws + sl * a.cols + c;
+        for (int64_t s0 = sl; s0 < used; s0 += (int64_t)slot_lanes * REDUCE_UNROLL, p += lane_step * REDUCE_UNROLL) {
+            tk_pack<float, CV> v[REDUCE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < REDUCE_UNROLL; u++)
+                if (s0 + (int64_t)u * slot_lanes < used)
+                    v[u] = tk_load_pack<float, CV>(p + u * lane_step);
+#pragma unroll
+            for (int u = 0; u < REDUCE_UNROLL; u++) {
+                if (s0 + (int64_t)u * slot_lanes < used) {
+#pragma unroll
+                    for (int e = 0; e < CV; e++)
+                        sum[e] += v[u].v[e];
+                }
+            }
+        }
+    }
+    /* Lanes l, l + 8, l + 16, l + 24 of a warp hold the same columns (slot lanes 4w .. 4w + 3). */
+    static_assert(REDUCE_COL_LANES == 8, "4 slot lanes per warp");
+#pragma unroll
+    for (int e = 0; e < CV; e++) {
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 8);
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 16);
+    }
+    const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    if (threadIdx.x % 32 < REDUCE_COL_LANES) {
+#pragma unroll
+        for (int e = 0; e < CV; e++)
+            part[warp][cl * CV + e] = sum[e];
+    }
+    __syncthreads();
+    const int64_t col = (int64_t)blockIdx.x * COLS + threadIdx.x;
+    if (threadIdx.x < COLS && col < a.cols) {
+        float total = part[0][threadIdx.x];
+        for (int k = 1; k < warps; k++)
+            total += part[k][threadIdx.x];
+        out[col] = tk_from_float<W>(total);
     }
 }
 
+/* Stage 2's launch, behind stage 1 in the stream. Slot lanes: the fewest (at least a warp's 4)
+ * that leave each lane at most REDUCE_UNROLL slots, so that its loads go out in one round, up to
+ * REDUCE_MAX_THREADS threads (264 slots of 4096 columns: 64 slot lanes, 512 threads, 128 blocks
+ * of 32 columns per tensor, ~33 KB of loads in flight each). Where its code waits for stage 1
+ * (sm_90+), it is launched with programmatic stream serialization: its launch and block
+ * scheduling overlap stage 1's end, which allows it at its start. */
+template <typename W, int CV>
+cudaError_t launch_reduce_cv(const tk_norm_call *a, int64_t used, const tk_device *dev, cudaStream_t stream) {
+    constexpr auto kernel = norm_reduce_slots<W, CV>;
+    int slot_lanes = 4;
+    while (slot_lanes * REDUCE_COL_LANES < REDUCE_MAX_THREADS && (int64_t)slot_lanes * REDUCE_UNROLL < used)
+        slot_lanes *= 2;
+    constexpr int cols_per_block = REDUCE_COL_LANES * CV;
+    const dim3 grid((unsigned)((a->cols + cols_per_block - 1) / cols_per_block), a->db ? 2 : 1);
+    int arch;
+    const cudaError_t err = tk_kernel_arch<kernel>(dev, &arch);
+    if (err != cudaSuccess)
+        return err;
+    cudaLaunchAttribute early;
+    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early.val.programmaticStreamSerializationAllowed = 1;
+    const cudaLaunchConfig_t cfg =
+        tk_launch_config(grid, slot_lanes * REDUCE_COL_LANES, 0, stream, &early, arch >= 90 ? 1 : 0);
+    return tk_launch(cfg, kernel, *a, used);
+}
+
+/* 16-byte loads where every workspace row starts on 16 bytes (cols a multiple of 4). */
 template <typename W>
-cudaError_t launch_reduce(const tk_norm_call *a, int64_t used, cudaStream_t stream) {
+cudaError_t launch_reduce(const tk_norm_call *a, int64_t used, const tk_device *dev, cudaStream_t stream) {
     if (a->dw == nullptr && a->db == nullptr)
         return cudaSuccess;
-    const dim3 grid((unsigned)((a->cols + REDUCE_COLS - 1) / REDUCE_COLS), 2);
-    return tk_launch(norm_reduce_slots<W>, grid, REDUCE_COLS * REDUCE_LANES, 0, stream, *a, used);
+    return a->cols % 4 == 0 ? launch_reduce_cv<W, 4>(a, used, dev, stream)
+                            : launch_reduce_cv<W, 1>(a, used, dev, stream);
 }
 
 /* Blocks for the row groups of `groups_per_block`: at most one wave, and with dw / db at most
@@ -329,7 +411,7 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
             return err;
         groups = blocks * groups_per_block;
     }
-    return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, stream);
+    return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, dev, stream);
 }
 
 template <typename T, int VEC>
