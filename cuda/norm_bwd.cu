@@ -16,10 +16,13 @@
  *   16-byte packs (2 bf16 / 4 f32 packs) and 8 for scalars, groups of up to 512 threads (rows
  *   up to 8192 / 4096). A thread always owns the same columns, so it keeps its dw / db partials
  *   (2 x 16 floats) in registers across all rows of its group; the partials leave once per
- *   group, not once per row. Groups = min(one occupancy wave, workspace slots). w' is re-read
- *   per row (L1 hits) to keep registers for the partials. A group loads its next row while it
- *   reduces and stores the current one: with ~120 registers an SM holds 2 blocks of 256
- *   threads, too few loads in flight when each block waits for its own (docs/kernels/norm.md).
+ *   group, not once per row. Groups = min(one occupancy wave, workspace slots). For the same
+ *   reason w' is loaded once, before the row loop, and held as stored (16-bit weights two per
+ *   register: +8 registers for 16 elements, f32 ones +16) rather than re-read from L1 in front
+ *   of both passes of every row, except by the f32-pack kernel (why: in the kernel). A group
+ *   loads its next row while it reduces and stores the current one: with 97-128 registers an
+ *   SM holds 2 blocks of 256 threads, too few loads in flight when each block waits for its own
+ *   (docs/kernels/norm.md).
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
  *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
  *   (read-modify-write, overwritten on the group's first row: no memset needed).
@@ -64,6 +67,38 @@ __device__ __forceinline__ void group_sum2(float &u, float &v, int group, float2
     const float2 mine = lane < (int)(blockDim.x >> 5) ? buf[lane] : make_float2(0.0f, 0.0f);
     u = tk_warp_sum(mine.x);
     v = tk_warp_sum(mine.y);
+}
+
+/* The raw w' of pack j of a row: the stored pack of the weight, 1 without one or past the row.
+ * f32 weights get gemma's 1 added here, once (the same f32 addition as scale_of's). */
+template <typename W, int VEC>
+__device__ __forceinline__ tk_pack<W, VEC> load_scale_raw(const W *w, float w_add, int j, int packs_row) {
+    tk_pack<W, VEC> r;
+    if (w && j < packs_row) {
+        r = norm_load_raw<W, VEC>(w, (int64_t)j * VEC);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            r.v[e] = tk_from_float<W>(1.0f);
+    }
+    if constexpr (std::is_same_v<W, float>) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            r.v[e] += w_add;
+    }
+    return r;
+}
+
+/* w' as f32 from load_scale_raw's pack: 16-bit weights are converted and get gemma's 1 here,
+ * at each use (1 + w rounded to 16 bits would lose the low bits of w). */
+template <typename W, int VEC>
+__device__ __forceinline__ void scale_of(const tk_pack<W, VEC> &raw, float w_add, float (&scale)[VEC]) {
+    tk_unpack(raw, scale);
+    if constexpr (!std::is_same_v<W, float>) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            scale[e] += w_add;
+    }
 }
 
 template <typename T, typename W, int VEC>
@@ -120,9 +155,30 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     float mean = 0.0f, rstd = 0.0f;
     if constexpr (Prefetch)
         load_row(first_group, xs, dys, mean, rstd);
+    /* w' of the thread's columns is the same on every row. The kernels that prefetch (16-bit
+     * packs, scalars) load it once and hold it as stored (16-bit weights 2 per register,
+     * converted at each use), rather than re-read it from L1 in front of both passes of every
+     * row. The f32-pack kernel re-reads it: held, its 16 registers (122 in all, against 97)
+     * would cost a block per SM for groups of 64 to 288 threads (f32 rows of 1024 to 4608). */
+    constexpr bool HoldScale = Prefetch;
+    const float w_add = w && a.gemma ? 1.0f : 0.0f;
+    tk_pack<W, VEC> scale_raw[PACKS];
+    if constexpr (HoldScale) {
+#pragma unroll
+        for (int p = 0; p < PACKS; p++)
+            scale_raw[p] = load_scale_raw<W, VEC>(w, w_add, lane + p * group, packs_row);
+    }
+    auto scale_of_pack = [&](int p, int j, float (&scale)[VEC]) {
+        if constexpr (HoldScale)
+            scale_of(scale_raw[p], w_add, scale);
+        else
+            norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+    };
     for (int64_t base = first_group; base < a.rows; base += step) {
         if constexpr (!Prefetch)
             load_row(base, xs, dys, mean, rstd);
+        if constexpr (HoldScale)
+            keep_packed(scale_raw); /* converted at each use, not held as f32 across the loop */
         const int64_t row = base + local;
         const bool active = row < a.rows;
         T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride;
@@ -132,7 +188,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
             const int j = lane + p * group;
             if (active && j < packs_row) {
                 float scale[VEC];
-                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+                scale_of_pack(p, j, scale);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
                     const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
@@ -147,8 +203,8 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         }
         /* The next row's loads go out before this row's reduction and dx stores, so that the
          * block keeps reads in flight while it reduces and stores (a persistent block has no
-         * other row of its own to overlap with; at ~100 registers an SM holds only 2 blocks of
-         * 256 threads). */
+         * other row of its own to overlap with; at 97-128 registers an SM holds only 2 blocks
+         * of 256 threads). */
         tk_pack<T, VEC> next_xs[PACKS], next_dys[PACKS];
         float next_mean = 0.0f, next_rstd = 0.0f;
         if constexpr (Prefetch)
@@ -161,7 +217,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
             const int j = lane + p * group;
             if (active && j < packs_row) {
                 float scale[VEC];
-                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+                scale_of_pack(p, j, scale);
                 tk_pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
