@@ -21,24 +21,30 @@
 
 #define TK_NORM_NARROW_THREADS 128
 
-/* VEC consecutive parameters (weight or bias) starting at element c, as f32: 16-byte loads
+/* VEC consecutive parameters (weight or bias) starting at element c, as stored: 16-byte loads
  * (two for f32 parameters of 16-bit rows), or one element when VEC == 1. */
-template <typename W, int VEC>
-__device__ __forceinline__ void norm_load_params(const W *p, int64_t c, float *out) {
+template <typename W, int VEC> __device__ __forceinline__ tk_pack<W, VEC> norm_load_raw(const W *p, int64_t c) {
     if constexpr (VEC == 1) {
-        out[0] = tk_to_float(p[c]);
+        return tk_pack<W, 1>{{p[c]}};
     } else {
         constexpr int per = 16 / (int)sizeof(W);
         static_assert(VEC % per == 0, "a pack of parameters is whole 16-byte chunks");
+        tk_pack<W, VEC> r;
 #pragma unroll
-        for (int k = 0; k < VEC / per; k++) {
-            float f[per];
-            tk_unpack(tk_load_pack<W, per>(p + c + k * per), f);
-#pragma unroll
-            for (int e = 0; e < per; e++)
-                out[k * per + e] = f[e];
-        }
+        for (int k = 0; k < VEC / per; k++)
+            reinterpret_cast<tk_pack<W, per> *>(r.v)[k] = tk_load_pack<W, per>(p + c + k * per);
+        return r;
     }
+}
+
+/* The same parameters as f32. */
+template <typename W, int VEC>
+__device__ __forceinline__ void norm_load_params(const W *p, int64_t c, float *out) {
+    float f[VEC];
+    tk_unpack(norm_load_raw<W, VEC>(p, c), f);
+#pragma unroll
+    for (int e = 0; e < VEC; e++)
+        out[e] = f[e];
 }
 
 /* The effective scale w' of VEC columns: w, 1 + w (gemma) or 1 without a weight. */

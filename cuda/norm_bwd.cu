@@ -8,29 +8,38 @@
  * dw and db are reduced deterministically in two stages: stage 1 (the dx kernel) leaves one
  * f32 partial sum per column for each row group in the caller's workspace ([slots][cols] for
  * dw, then the same for db), each group summing its rows in a fixed order; stage 2
- * (norm_reduce_slots) adds the partials of each column in a fixed order (8 interleaved
- * sequences, then those 8 in order). Same inputs and same device => same bits.
+ * (norm_reduce_slots) adds the partials of each column in a fixed order (interleaved sequences
+ * of slots, then those sequences by a fixed tree). Same inputs and same device => same bits.
  *
  * Why it is fast: 3 tensors move (x and dy in, dx out); ~20 flops per element: memory-bound.
  * - "rows" kernels: a group of threads holds the row (norm.cuh), 16 elements per thread for
  *   16-byte packs (2 bf16 / 4 f32 packs) and 8 for scalars, groups of up to 512 threads (rows
  *   up to 8192 / 4096). A thread always owns the same columns, so it keeps its dw / db partials
  *   (2 x 16 floats) in registers across all rows of its group; the partials leave once per
- *   group, not once per row. Groups = min(one occupancy wave, workspace slots). w' is re-read
- *   per row (L1 hits) to keep registers for the partials. A group loads its next row while it
- *   reduces and stores the current one: with ~120 registers an SM holds 2 blocks of 256
- *   threads, too few loads in flight when each block waits for its own (docs/kernels/norm.md).
+ *   group, not once per row. Groups = min(one occupancy wave, workspace slots). For the same
+ *   reason w' is loaded once, before the row loop, and held as stored (16-bit weights two per
+ *   register: +8 registers for 16 elements, f32 ones +16) rather than re-read from L1 in front
+ *   of both passes of every row, except by the f32-pack kernel (why: in the kernel). A group
+ *   loads its next row while it reduces and stores the current one: with 97-128 registers an
+ *   SM holds 2 blocks of 256 threads, too few loads in flight when each block waits for its own
+ *   (docs/kernels/norm.md).
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
  *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
  *   (read-modify-write, overwritten on the group's first row: no memset needed).
- * - Stage 2 reads slots x cols floats (a few MB: ~2-5% of the dx traffic at 16384 x 4096).
+ * - Stage 2 reads slots x cols floats (a few MB: ~2-5% of the dx traffic at 16384 x 4096, most
+ *   of it from L2), a latency-bound pass unless every SM keeps tens of KB of loads in flight:
+ *   lanes of 4 columns (16-byte loads; 1 column where cols is not a multiple of 4) and enough
+ *   lanes of slots that each lane issues all of its loads at once (at most 8; more rounds only
+ *   past 1024 slots). On sm_90 it is launched as a programmatic dependent of stage 1, so that
+ *   its launch overlaps stage 1's last blocks instead of following its end.
  */
 #include "norm.cuh"
 
 namespace {
 
 constexpr int WIDE_THREADS = 512;
-constexpr int REDUCE_COLS = 32, REDUCE_LANES = 8;
+/* Stage 2: lanes of columns per block, loads in flight per lane, the largest block. */
+constexpr int REDUCE_COL_LANES = 8, REDUCE_UNROLL = 8, REDUCE_MAX_THREADS = 1024;
 
 template <int VEC> constexpr int bwd_packs() {
     return (VEC > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR) / VEC;
@@ -60,6 +69,38 @@ __device__ __forceinline__ void group_sum2(float &u, float &v, int group, float2
     v = tk_warp_sum(mine.y);
 }
 
+/* The raw w' of pack j of a row: the stored pack of the weight, 1 without one or past the row.
+ * f32 weights get gemma's 1 added here, once (the same f32 addition as scale_of's). */
+template <typename W, int VEC>
+__device__ __forceinline__ tk_pack<W, VEC> load_scale_raw(const W *w, float w_add, int j, int packs_row) {
+    tk_pack<W, VEC> r;
+    if (w && j < packs_row) {
+        r = norm_load_raw<W, VEC>(w, (int64_t)j * VEC);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            r.v[e] = tk_from_float<W>(1.0f);
+    }
+    if constexpr (std::is_same_v<W, float>) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            r.v[e] += w_add;
+    }
+    return r;
+}
+
+/* w' as f32 from load_scale_raw's pack: 16-bit weights are converted and get gemma's 1 here,
+ * at each use (1 + w rounded to 16 bits would lose the low bits of w). */
+template <typename W, int VEC>
+__device__ __forceinline__ void scale_of(const tk_pack<W, VEC> &raw, float w_add, float (&scale)[VEC]) {
+    tk_unpack(raw, scale);
+    if constexpr (!std::is_same_v<W, float>) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            scale[e] += w_add;
+    }
+}
+
 template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_norm_call a, int group) {
     constexpr int PACKS = bwd_packs<VEC>();
@@ -68,6 +109,12 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     constexpr bool Prefetch = PACKS * sizeof(tk_pack<T, VEC>) <= 32;
     __shared__ float2 scratch[2][32];
     int parity = 0;
+#if __CUDA_ARCH__ >= 900
+    /* Stage 2 may start now (programmatic dependent launch): its blocks take the SM space this
+     * grid frees and wait in cudaGridDependencySynchronize, which returns once this grid has
+     * finished and its partials are visible. */
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
     const W *w = static_cast<const W *>(a.weight);
     const int packs_row = (int)(a.cols / VEC);
     const int groups_per_block = blockDim.x / group;
@@ -108,9 +155,30 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     float mean = 0.0f, rstd = 0.0f;
     if constexpr (Prefetch)
         load_row(first_group, xs, dys, mean, rstd);
+    /* w' of the thread's columns is the same on every row. The kernels that prefetch (16-bit
+     * packs, scalars) load it once and hold it as stored (16-bit weights 2 per register,
+     * converted at each use), rather than re-read it from L1 in front of both passes of every
+     * row. The f32-pack kernel re-reads it: held, its 16 registers (122 in all, against 97)
+     * would cost a block per SM for groups of 64 to 288 threads (f32 rows of 1024 to 4608). */
+    constexpr bool HoldScale = Prefetch;
+    const float w_add = w && a.gemma ? 1.0f : 0.0f;
+    tk_pack<W, VEC> scale_raw[PACKS];
+    if constexpr (HoldScale) {
+#pragma unroll
+        for (int p = 0; p < PACKS; p++)
+            scale_raw[p] = load_scale_raw<W, VEC>(w, w_add, lane + p * group, packs_row);
+    }
+    auto scale_of_pack = [&](int p, int j, float (&scale)[VEC]) {
+        if constexpr (HoldScale)
+            scale_of(scale_raw[p], w_add, scale);
+        else
+            norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+    };
     for (int64_t base = first_group; base < a.rows; base += step) {
         if constexpr (!Prefetch)
             load_row(base, xs, dys, mean, rstd);
+        if constexpr (HoldScale)
+            keep_packed(scale_raw); /* converted at each use, not held as f32 across the loop */
         const int64_t row = base + local;
         const bool active = row < a.rows;
         T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride;
@@ -120,7 +188,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
             const int j = lane + p * group;
             if (active && j < packs_row) {
                 float scale[VEC];
-                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+                scale_of_pack(p, j, scale);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
                     const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
@@ -135,8 +203,8 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         }
         /* The next row's loads go out before this row's reduction and dx stores, so that the
          * block keeps reads in flight while it reduces and stores (a persistent block has no
-         * other row of its own to overlap with; at ~100 registers an SM holds only 2 blocks of
-         * 256 threads). */
+         * other row of its own to overlap with; at 97-128 registers an SM holds only 2 blocks
+         * of 256 threads). */
         tk_pack<T, VEC> next_xs[PACKS], next_dys[PACKS];
         float next_mean = 0.0f, next_rstd = 0.0f;
         if constexpr (Prefetch)
@@ -149,7 +217,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
             const int j = lane + p * group;
             if (active && j < packs_row) {
                 float scale[VEC];
-                norm_load_scale<W, VEC>(w, a.gemma, j * VEC, scale);
+                scale_of_pack(p, j, scale);
                 tk_pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
@@ -194,6 +262,9 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
 
 template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(WIDE_THREADS) norm_bwd_wide(tk_norm_call a) {
+#if __CUDA_ARCH__ >= 900
+    cudaTriggerProgrammaticLaunchCompletion(); /* as in norm_bwd_rows */
+#endif
     __shared__ float scratch[32];
     const T *__restrict__ x = static_cast<const T *>(a.x);
     const T *__restrict__ dy = static_cast<const T *>(a.dy);
@@ -253,41 +324,108 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_bwd_wide(tk_norm_call a) {
     }
 }
 
-/* Stage 2: out[c] = sum over slots s < used of partials[s][c], blockIdx.y = 0 for dw, 1 for db.
- * A 32 x 8 block: lane (tx, ty) sums slots ty, ty + 8, ... of column c in order, then ty = 0
- * adds the 8 sums in order. Loads are 128-byte rows per warp. */
-template <typename W>
-__global__ void __launch_bounds__(REDUCE_COLS *REDUCE_LANES) norm_reduce_slots(tk_norm_call a, int64_t used) {
-    __shared__ float part[REDUCE_LANES][REDUCE_COLS];
+/* Stage 2: out[c] = sum over slots s < used of partials[s][c]; blockIdx.y = 0 for dw, 1 for db.
+ * A block is REDUCE_COL_LANES lanes of CV columns each (CV = 4: 16-byte loads) by blockDim.x /
+ * REDUCE_COL_LANES lanes of slots. Lane (cl, sl) adds slots sl, sl + slot_lanes, ... in that
+ * order, REDUCE_UNROLL loads issued before their adds; the 4 slot lanes of a warp then add by a
+ * fixed shuffle tree, and the warps' sums meet in shared memory, added in warp order. The order
+ * depends on the block size only, which the launcher derives from the shape and the slot count:
+ * the same inputs on the same device give the same bits. */
+template <typename W, int CV>
+__global__ void __launch_bounds__(REDUCE_MAX_THREADS) norm_reduce_slots(tk_norm_call a, int64_t used) {
+#if __CUDA_ARCH__ >= 900
+    /* Launched early (programmatic dependent launch): no partial is read before stage 1 has
+     * finished. Every block waits, so this grid never completes before stage 1 does. */
+    cudaGridDependencySynchronize();
+#endif
+    constexpr int COLS = REDUCE_COL_LANES * CV;
+    __shared__ float part[REDUCE_MAX_THREADS / 32][COLS];
     W *out = static_cast<W *>(blockIdx.y == 0 ? a.dw : a.db);
     if (out == nullptr)
         return; /* uniform per block */
     const float *ws = a.workspace + (blockIdx.y == 0 ? 0 : a.workspace_slots * a.cols);
-    const int tx = threadIdx.x % REDUCE_COLS, ty = threadIdx.x / REDUCE_COLS;
-    const int64_t c = (int64_t)blockIdx.x * REDUCE_COLS + tx;
-    float sum = 0.0f;
-    if (c < a.cols) {
-#pragma unroll 4
-        for (int64_t s = ty; s < used; s += REDUCE_LANES)
-            sum += ws[s * a.cols + c];
-    }
-    part[ty][tx] = sum;
-    __syncthreads();
-    if (ty == 0 && c < a.cols) {
-        float total = part[0][tx];
+    const int cl = threadIdx.x % REDUCE_COL_LANES, sl = threadIdx.x / REDUCE_COL_LANES;
+    const int slot_lanes = blockDim.x / REDUCE_COL_LANES;
+    const int64_t c = (int64_t)blockIdx.x * COLS + cl * CV; /* cols is a multiple of CV */
+    float sum[CV];
 #pragma unroll
-        for (int k = 1; k < REDUCE_LANES; k++)
-            total += part[k][tx];
-        out[c] = tk_from_float<W>(total);
+    for (int e = 0; e < CV; e++)
+        sum[e] = 0.0f;
+    if (c < a.cols) {
+        const int64_t lane_step = (int64_t)slot_lanes * a.cols; /* from one of the lane's slots to its next */
+        const float *p = ws + sl * a.cols + c;
+        for (int64_t s0 = sl; s0 < used; s0 += (int64_t)slot_lanes * REDUCE_UNROLL, p += lane_step * REDUCE_UNROLL) {
+            tk_pack<float, CV> v[REDUCE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < REDUCE_UNROLL; u++)
+                if (s0 + (int64_t)u * slot_lanes < used)
+                    v[u] = tk_load_pack<float, CV>(p + u * lane_step);
+#pragma unroll
+            for (int u = 0; u < REDUCE_UNROLL; u++) {
+                if (s0 + (int64_t)u * slot_lanes < used) {
+#pragma unroll
+                    for (int e = 0; e < CV; e++)
+                        sum[e] += v[u].v[e];
+                }
+            }
+        }
+    }
+    /* Lanes l, l + 8, l + 16, l + 24 of a warp hold the same columns (slot lanes 4w .. 4w + 3). */
+    static_assert(REDUCE_COL_LANES == 8, "4 slot lanes per warp");
+#pragma unroll
+    for (int e = 0; e < CV; e++) {
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 8);
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 16);
+    }
+    const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    if (threadIdx.x % 32 < REDUCE_COL_LANES) {
+#pragma unroll
+        for (int e = 0; e < CV; e++)
+            part[warp][cl * CV + e] = sum[e];
+    }
+    __syncthreads();
+    const int64_t col = (int64_t)blockIdx.x * COLS + threadIdx.x;
+    if (threadIdx.x < COLS && col < a.cols) {
+        float total = part[0][threadIdx.x];
+        for (int k = 1; k < warps; k++)
+            total += part[k][threadIdx.x];
+        out[col] = tk_from_float<W>(total);
     }
 }
 
+/* Stage 2's launch, behind stage 1 in the stream. Slot lanes: the fewest (at least a warp's 4)
+ * that leave each lane at most REDUCE_UNROLL slots, so that its loads go out in one round, up to
+ * REDUCE_MAX_THREADS threads (264 slots of 4096 columns: 64 slot lanes, 512 threads, 128 blocks
+ * of 32 columns per tensor, ~33 KB of loads in flight each). Where its code waits for stage 1
+ * (sm_90+), it is launched with programmatic stream serialization: its launch and block
+ * scheduling overlap stage 1's end, which allows it at its start. */
+template <typename W, int CV>
+cudaError_t launch_reduce_cv(const tk_norm_call *a, int64_t used, const tk_device *dev, cudaStream_t stream) {
+    constexpr auto kernel = norm_reduce_slots<W, CV>;
+    int slot_lanes = 4;
+    while (slot_lanes * REDUCE_COL_LANES < REDUCE_MAX_THREADS && (int64_t)slot_lanes * REDUCE_UNROLL < used)
+        slot_lanes *= 2;
+    constexpr int cols_per_block = REDUCE_COL_LANES * CV;
+    const dim3 grid((unsigned)((a->cols + cols_per_block - 1) / cols_per_block), a->db ? 2 : 1);
+    int arch;
+    const cudaError_t err = tk_kernel_arch<kernel>(dev, &arch);
+    if (err != cudaSuccess)
+        return err;
+    cudaLaunchAttribute early;
+    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early.val.programmaticStreamSerializationAllowed = 1;
+    const cudaLaunchConfig_t cfg =
+        tk_launch_config(grid, slot_lanes * REDUCE_COL_LANES, 0, stream, &early, arch >= 90 ? 1 : 0);
+    return tk_launch(cfg, kernel, *a, used);
+}
+
+/* 16-byte loads where every workspace row starts on 16 bytes (cols a multiple of 4). */
 template <typename W>
-cudaError_t launch_reduce(const tk_norm_call *a, int64_t used, cudaStream_t stream) {
+cudaError_t launch_reduce(const tk_norm_call *a, int64_t used, const tk_device *dev, cudaStream_t stream) {
     if (a->dw == nullptr && a->db == nullptr)
         return cudaSuccess;
-    const dim3 grid((unsigned)((a->cols + REDUCE_COLS - 1) / REDUCE_COLS), 2);
-    return tk_launch(norm_reduce_slots<W>, grid, REDUCE_COLS * REDUCE_LANES, 0, stream, *a, used);
+    return a->cols % 4 == 0 ? launch_reduce_cv<W, 4>(a, used, dev, stream)
+                            : launch_reduce_cv<W, 1>(a, used, dev, stream);
 }
 
 /* Blocks for the row groups of `groups_per_block`: at most one wave, and with dw / db at most
@@ -329,7 +467,7 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
             return err;
         groups = blocks * groups_per_block;
     }
-    return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, stream);
+    return launch_reduce<W>(a, groups < a->rows ? groups : a->rows, dev, stream);
 }
 
 template <typename T, int VEC>

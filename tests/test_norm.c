@@ -536,6 +536,11 @@ static const struct {
      * take several rows each (the next row's loads overlap the current one's reduction). */
     {400, 8192, 0, 0, 0, 0, false, true, true, false, true, false},
     {6, 1000, 0, 0, 0, 1, true, true, true, false, true, false},
+    /* Many narrow rows: thousands of backward groups, so thousands of dw / db slots, which stage
+     * 2 reads in several rounds of loads per lane (16-byte loads for 64 columns, 4-byte ones for
+     * 6); gemma without a weight (w' = 1). */
+    {3000, 64, 0, 0, 0, 0, false, true, true, true, true, false},
+    {2000, 6, 0, 0, 0, 0, true, false, true, true, true, false},
     {3, 12288, 0, 0, 0, 0, true, true, true, false, true, false},
     {300, 256, 0, 0, 0, 0, false, false, false, false, false, false},
     {2, 262144, 0, 0, 0, 0, true, true, true, true, true, false},

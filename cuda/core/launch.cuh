@@ -123,6 +123,30 @@ template <auto Kernel> cudaError_t tk_set_kernel_attribute(CUfunction_attribute 
                                                                                          : cudaErrorInvalidValue;
 }
 
+/* The virtual architecture that Kernel's code on the current device was compiled for, as
+ * 10 * major + minor (90 for compute_90, sm_90 and sm_90a): __CUDA_ARCH__ / 10 of the pass whose
+ * `#if` branches it runs. It can be older than the device: a build whose only code for an H100
+ * is compute_80 PTX runs its pre-sm_90 branches there. 1 where the driver does not say (a
+ * caller then takes the oldest branches). Through the driver's cuFuncGetAttribute, for the
+ * reason given above. Cached per device. */
+template <auto Kernel> cudaError_t tk_kernel_arch(const tk_device *dev, int *arch) {
+    static tk_device_cache<1> cache;
+    return cache.get(dev, 0, arch, [](int *v) {
+        static const PFN_cuFuncGetAttribute_v2020 get =
+            tk_driver_function<PFN_cuFuncGetAttribute_v2020>("cuFuncGetAttribute", 2020);
+        *v = 1;
+        if (!get)
+            return cudaSuccess;
+        cudaFunction_t function;
+        const cudaError_t err = cudaGetFuncBySymbol(&function, reinterpret_cast<const void *>(Kernel));
+        if (err != cudaSuccess)
+            return err;
+        if (get(v, CU_FUNC_ATTRIBUTE_PTX_VERSION, reinterpret_cast<CUfunction>(function)) != CUDA_SUCCESS || *v < 1)
+            *v = 1;
+        return cudaSuccess;
+    });
+}
+
 /* Lets Kernel use `bytes` of dynamic shared memory past the 48 KB every kernel may use. The
  * attribute belongs to the function on the current device: set once per device. */
 template <auto Kernel> cudaError_t tk_opt_in_smem(const tk_device *dev, int bytes) {
