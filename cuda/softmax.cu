@@ -14,7 +14,7 @@
  * the max is taken on the raw packs, two bf16 / f16 at a time and before any conversion (max
  * and min of x, times the scale once); the sum is FFMA + EX2 + FADD; the output folds the
  * division by the sum into the exponent (2^(t - lse)) and converts two elements per
- * instruction. Three row mappings:
+ * instruction. Four row mappings:
  *
  * "regs" (rows that fit on chip): the row is loaded once into registers, as raw 16-byte packs
  * (ROWS_PACKS = 4 per thread forward, 32 bf16 elements = 16 registers; 2 of y and 2 of dy
@@ -58,6 +58,19 @@
  * of barrier.cluster does; a row of one slice runs on one block without a cluster. A chunk is
  * held as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what
  * was tried: docs/kernels/softmax.md.
+ *
+ * "cluster" (sm_90, forward; rows whose whole packs hold 64 to 256 KB): the row read once into
+ * registers over a thread-block cluster, one cluster per row and every row launched at once (no
+ * persistent grid). A block is 256 threads x 8 packs of 16 bytes (32 registers a thread), a
+ * 32 KB slice; B = ceil(whole packs / 2048) blocks a row, 2 to 8 (the portable cluster size),
+ * the slices as even as whole packs allow. Per element: one DRAM read, one write, one EX2 (the
+ * softmax keeps 2^(t - m_warp) in f32 registers, 64 a thread for 16-bit rows, and scales them by
+ * 2^(m_warp - lse) at the end; the log-softmax needs no exponential for its output and keeps the
+ * raw packs). One exchange of a (max, sum) pair per warp per row through st.async and an
+ * mbarrier, one cluster barrier at the start (arrive before the loads, wait before the sends),
+ * none at the exit (softmax_cluster_kernel says why that is safe). Registers (ptxas, sm_90a):
+ * <= 120 under __launch_bounds__(256, 2), so two blocks per SM: 64 KB of loads in flight per SM
+ * when both load, and one block's exchange and stores overlap the other's loads.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -888,6 +901,151 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
 #endif
 }
 
+/* ---------------------------------------------------------------------------- cluster ---- */
+
+/* A block of the cluster kernel: CLUSTER_THREADS threads x CLUSTER_PACKS 16-byte packs, a 32 KB
+ * slice of a row in registers; clusters of 2 to CLUSTER_MAX_BLOCKS (the portable limit) such
+ * blocks per row: rows whose whole packs hold 64 to 256 KB. vec16_pipelined, ahead of it in the
+ * table, takes every one of these widths (on 1 or 2 blocks), so the automatic choice is unchanged
+ * by this variant until it is moved ahead. */
+constexpr int CLUSTER_THREADS = 256, CLUSTER_PACKS = 8, CLUSTER_MAX_BLOCKS = 8;
+constexpr int CLUSTER_SLICE_PACKS = CLUSTER_THREADS * CLUSTER_PACKS;
+constexpr int64_t CLUSTER_MIN_BYTES = 65536, CLUSTER_MAX_BYTES = (int64_t)CLUSTER_MAX_BLOCKS * CLUSTER_SLICE_PACKS * 16;
+
+/* Softmax forward (Log: log-softmax) of one row per cluster, block `rank` holding packs
+ * [rank * slice_packs, + slice_packs) of it (the last block fewer, and the cols % Vec last
+ * elements). Every load is issued first (thread t's packs t, t + 256, ...: 512 contiguous bytes
+ * per warp access), so the row is read once from DRAM and never re-read. Softmax keeps
+ * 2^(t - m_warp) of each element in f32 registers from the sum to the output, so each element
+ * costs one MUFU.EX2 (and one FMUL for 2^(m_warp - lse)); the log-softmax output needs no
+ * exponential, so it keeps the raw packs and converts them again. The warps' (m_warp, sum) pairs
+ * are exchanged once: each warp's lanes < blocks st.async its pair into slot rank * WARPS + warp
+ * of every block of the cluster, counted on that block's mbarrier, which thread 0 armed with all
+ * blocks x WARPS x 8 bytes right after initialising it. Cluster barrier: every thread arrives
+ * (relaxed: fence.mbarrier_init publishes the initialisation) before its loads and waits just
+ * before its sends, so the wait overlaps the loads and the first reductions and no block sends
+ * into a peer whose mbarrier is not initialised. No cluster barrier at exit: each block receives
+ * exactly blocks x WARPS pairs, one per warp of the cluster, sent once, and all its threads wait
+ * on the phase that completes only when every one of those bytes has landed, so no write into a
+ * block's shared memory is outstanding or still to come when it exits; a sender's st.async takes
+ * its data from registers, so the sender may exit with it in flight (only the receiver's shared
+ * memory and mbarrier are involved). Every block combines the same slots in the same order:
+ * the whole cluster gets the same lse bits. */
+template <typename T, bool Log>
+__global__ void __launch_bounds__(CLUSTER_THREADS, 2) softmax_cluster_kernel(tk_softmax_call a, int slice_packs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int Vec = 16 / (int)sizeof(T);
+    constexpr int WARPS = CLUSTER_THREADS / 32;
+    a.log = Log; /* as the launcher chose: a constant in output_pack */
+    __shared__ max_sum parts[CLUSTER_MAX_BLOCKS * WARPS];
+    __shared__ uint64_t landed; /* its phase 0 completes when all of parts has arrived */
+    const int rank = tk_cluster_rank(), blocks = tk_cluster_blocks();
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+    const uint32_t landed_at = tk_smem_address(&landed);
+    if (threadIdx.x == 0) {
+        tk_mbarrier_init(landed_at, 1);
+        tk_fence_mbarrier_init();
+        tk_mbarrier_arrive_expect_tx(landed_at, (uint32_t)(blocks * WARPS * sizeof(max_sum)));
+    }
+    __cluster_barrier_arrive_relaxed();
+
+    const int64_t row = blockIdx.x / blocks;
+    const int cols = (int)a.cols;
+    const int whole = cols / Vec * Vec;
+    const int first_pack = rank * slice_packs;
+    const int slice_end = min(whole, (first_pack + slice_packs) * Vec); /* column past the slice */
+    const int len = visible_len(a, row);
+    const int load_end = min(len, slice_end); /* column past this block's visible whole packs */
+    const T *in_row = static_cast<const T *>(a.in) + row * a.in_stride;
+    T *out_row = static_cast<T *>(a.out) + row * a.out_stride;
+    auto column = [&](int p) { return (first_pack + p * CLUSTER_THREADS + (int)threadIdx.x) * Vec; };
+    /* Raw words, not packs of 16-bit elements: see pack_words. */
+    pack_words xs[CLUSTER_PACKS];
+#pragma unroll
+    for (int p = 0; p < CLUSTER_PACKS; p++)
+        if (column(p) < load_end)
+            xs[p] = load_words<false>(in_row + column(p));
+    const row_tail<T, Vec> tail =
+        load_tail<T, Vec, false>(in_row, nullptr, cols, len, rank == blocks - 1 ? (int)threadIdx.x : Vec);
+
+    const float c2 = a.scale * LOG2E;
+    row_extremes<T, Vec> ext;
+#pragma unroll
+    for (int p = 0; p < CLUSTER_PACKS; p++)
+        ext.add_visible(as_pack<T, Vec>(xs[p]), column(p), load_end);
+    if (tail.col < len)
+        ext.add(tk_to_float(tail.x));
+    const float m = tk_warp_max(ext.max_times(c2)); /* -inf: nothing visible in the warp */
+    const float shift = m == -INFINITY ? 0.0f : m;
+    /* 2^(t - m) of the visible elements (0 for the others, kept by the softmax only), summed. */
+    float ex[Log ? 1 : CLUSTER_PACKS][Vec];
+    float s = 0.0f;
+#pragma unroll
+    for (int p = 0; p < CLUSTER_PACKS; p++) {
+        const int c0 = column(p);
+        float x[Vec], v[Vec];
+        tk_unpack(as_pack<T, Vec>(xs[p]), x);
+        if (c0 + Vec <= load_end) { /* a whole visible pack: no test per element */
+#pragma unroll
+            for (int e = 0; e < Vec; e++)
+                v[e] = tk_exp2_approx(x[e] * c2 - shift);
+        } else {
+#pragma unroll
+            for (int e = 0; e < Vec; e++)
+                v[e] = c0 + e < load_end ? tk_exp2_approx(x[e] * c2 - shift) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < Vec; e++) {
+            if constexpr (!Log)
+                ex[p][e] = v[e];
+            s += v[e];
+        }
+    }
+    const float ex_tail = tail.col < len ? tk_exp2_approx(tk_to_float(tail.x) * c2 - shift) : 0.0f;
+    s = tk_warp_sum(s + ex_tail);
+
+    __cluster_barrier_wait(); /* every block's mbarrier is initialised */
+    if (lane < blocks)
+        tk_cluster_send_f32x2(tk_smem_address(&parts[rank * WARPS + warp]), landed_at, lane, m, s);
+    tk_mbarrier_wait(landed_at, 0);
+    max_sum total = {-INFINITY, 0.0f};
+    for (int i = lane; i < blocks * WARPS; i += 32)
+        total = combine<false>(total, parts[i]);
+    total = warp_combine<false>(total);
+    const row_stats st = {total.m + log2f(total.s), 0.0f}; /* lse = -inf: nothing visible in the row */
+
+    /* Every whole pack of the slice is written, masked ones too (0, or -inf for the log). */
+    if constexpr (Log) {
+#pragma unroll
+        for (int p = 0; p < CLUSTER_PACKS; p++) {
+            const int c0 = column(p);
+            const tk_pack<T, Vec> xp = as_pack<T, Vec>(xs[p]);
+            if (c0 < slice_end)
+                tk_store_pack<T, Vec>(out_row + c0, output_pack<T, Vec, false>(a, st, xp, xp, c0, len, c2));
+        }
+        if (tail.col < cols)
+            out_row[tail.col] =
+                tk_from_float<T>(output_value<false>(a, st, tk_to_float(tail.x), 0.0f, c2, tail.col < len));
+    } else {
+        /* y = 2^(t - m) 2^(m - lse); a warp that sees nothing has only zeros to scale, and
+         * 2^(0 - lse) could overflow. */
+        const float to_row = m == -INFINITY ? 0.0f : tk_exp2_approx(m - st.lse);
+#pragma unroll
+        for (int p = 0; p < CLUSTER_PACKS; p++) {
+            const int c0 = column(p);
+            float y[Vec];
+#pragma unroll
+            for (int e = 0; e < Vec; e++)
+                y[e] = ex[p][e] * to_row;
+            if (c0 < slice_end)
+                tk_store_pack<T, Vec>(out_row + c0, tk_pack_of<T, Vec>(y));
+        }
+        if (tail.col < cols)
+            out_row[tail.col] = tk_from_float<T>(ex_tail * to_row);
+    }
+#endif
+}
+
 /* ---------------------------------------------------------------------------- launchers ---- */
 
 int64_t grid_limit(int64_t blocks) { return blocks > 0x7fffffff ? 0x7fffffff : (blocks < 1 ? 1 : blocks); }
@@ -955,12 +1113,9 @@ int pipelined_blocks(const tk_softmax_call *a, int elem_bytes) {
  * not repeat; the cache holds the count + 1, so that 0 is kept too). */
 template <auto Kernel>
 cudaError_t clusters_that_fit(const tk_device *dev, const cudaLaunchConfig_t &cfg, int blocks, int *clusters) {
-    static tk_device_cache<4> cache; /* 2, 4, 8, 16 blocks */
-    int size_index = 0;
-    while ((2 << size_index) < blocks)
-        size_index++;
+    static tk_device_cache<PIPE_MAX_BLOCKS - 1> cache; /* slot blocks - 2 */
     int count_plus_one = 1; /* a failed query: none */
-    const cudaError_t err = cache.get(dev, size_index, &count_plus_one, [&](int *v) {
+    const cudaError_t err = cache.get(dev, blocks - 2, &count_plus_one, [&](int *v) {
         cudaLaunchAttribute attr = tk_cluster_attribute(blocks);
         cudaLaunchConfig_t query = cfg;
         query.attrs = &attr, query.numAttrs = 1;
@@ -1042,6 +1197,42 @@ cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cud
     return blocks > 1 ? tk_launch(cfg, kernel, *a, slice_packs) : tk_launch(cfg, one_block_kernel, *a, slice_packs);
 }
 
+/* Blocks per row of the cluster kernel: the fewest whose slices of CLUSTER_SLICE_PACKS hold the
+ * row's whole packs (2 to CLUSTER_MAX_BLOCKS for the widths it takes). */
+int cluster_blocks(const tk_softmax_call *a, int vec) {
+    return (int)((a->cols / vec + CLUSTER_SLICE_PACKS - 1) / CLUSTER_SLICE_PACKS);
+}
+
+/* Whether the cluster kernel takes the call: rows whose whole packs hold CLUSTER_MIN_BYTES to
+ * CLUSTER_MAX_BYTES, a grid of one block per slice within gridDim.x, and a device that holds at
+ * least one cluster of these blocks at once (the occupancy query, cached per device: a MIG slice
+ * or a device with small GPCs may not). */
+template <typename T, bool Log> bool cluster_supports(const tk_softmax_call *a, const tk_device *dev) {
+    constexpr int Vec = tk_pack_width<T>(true);
+    const int64_t whole_bytes = a->cols / Vec * 16;
+    if (whole_bytes < CLUSTER_MIN_BYTES || whole_bytes > CLUSTER_MAX_BYTES)
+        return false;
+    const int blocks = cluster_blocks(a, Vec);
+    if (a->rows > 0x7fffffff / blocks)
+        return false;
+    int fit = 0;
+    const cudaLaunchConfig_t cfg = tk_launch_config(dim3(), CLUSTER_THREADS, 0, nullptr);
+    return clusters_that_fit<softmax_cluster_kernel<T, Log>>(dev, cfg, blocks, &fit) == cudaSuccess && fit > 0;
+}
+
+/* One cluster per row, one block per slice, every row launched at once (not a persistent grid):
+ * two blocks per SM, so that one block's exchange and stores overlap another's loads, and the
+ * block scheduler refills an SM as soon as a block exits. */
+template <typename T, bool Log> cudaError_t launch_cluster(const tk_softmax_call *a, cudaStream_t stream) {
+    constexpr int Vec = tk_pack_width<T>(true);
+    const int blocks = cluster_blocks(a, Vec);
+    const int slice_packs = (int)((a->cols / Vec + blocks - 1) / blocks);
+    cudaLaunchAttribute cluster = tk_cluster_attribute(blocks);
+    const cudaLaunchConfig_t cfg =
+        tk_launch_config(dim3((unsigned)(a->rows * blocks)), CLUSTER_THREADS, 0, stream, &cluster, 1);
+    return tk_launch(cfg, softmax_cluster_kernel<T, Log>, *a, slice_packs);
+}
+
 template <bool Wide, bool Stream, typename T>
 cudaError_t launch_direction(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr int Vec = tk_pack_width<T>(Wide);
@@ -1081,6 +1272,26 @@ extern "C" cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const
             return launch_pipelined<T, Vec, FORWARD>(a, dev, stream);
         return a->log ? launch_pipelined<T, Vec, BACKWARD_LOG>(a, dev, stream)
                       : launch_pipelined<T, Vec, BACKWARD>(a, dev, stream);
+    });
+}
+
+extern "C" bool tk_softmax_cluster_supports(const void *call, const tk_device *dev) {
+    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
+    bool supported = false;
+    tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        supported = a->log ? cluster_supports<T, true>(a, dev) : cluster_supports<T, false>(a, dev);
+        return cudaSuccess;
+    });
+    return supported;
+}
+
+extern "C" cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream) {
+    (void)dev;
+    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
+    return tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        return a->log ? launch_cluster<T, true>(a, stream) : launch_cluster<T, false>(a, stream);
     });
 }
 

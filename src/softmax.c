@@ -3,11 +3,14 @@
  * cuda/softmax.cu; the math is documented in include/tkern.h and docs/kernels/softmax.md.
  *
  * Variants of op "softmax", best first: "vec16_pipelined" (cc >= 9.0, rows of 64 to 512 KB: the
- * two passes of the stream interleaved, a row split over a thread-block cluster), "vec16_regs"
- * (row in registers, 16-byte packs), "vec16_stream" (any width, two passes), "scalar_regs",
- * "scalar_stream" (one element per access, any alignment). Op "softmax_bwd" has the same
- * variants, with the backward's register limits for the "_regs" ones; "vec16_pipelined" takes
- * the forward's widths (its pass 1 sums dy y, or dy alone for the log-softmax, and a softmax
+ * two passes of the stream interleaved, a row split over a thread-block cluster),
+ * "vec16_cluster" (cc >= 9.0, rows of 64 to 256 KB read once into the registers of a cluster of
+ * 2 to 8 blocks; after "vec16_pipelined", which takes all of its widths, so it runs only when
+ * forced until it is measured faster), "vec16_regs" (row in registers, 16-byte packs),
+ * "vec16_stream" (any width, two passes), "scalar_regs", "scalar_stream" (one element per access,
+ * any alignment). Op "softmax_bwd" has the same variants but "vec16_cluster" (forward only),
+ * with the backward's register limits for the "_regs" ones; "vec16_pipelined" takes the
+ * forward's widths (its pass 1 sums dy y, or dy alone for the log-softmax, and a softmax
  * backward row is split over twice the blocks, as y and dy are both re-read from L2). The
  * launchers read the direction. Forcing "vec16_stream" on op "softmax_bwd" runs the previous
  * long-row backward, for an A/B against "vec16_pipelined".
@@ -39,6 +42,9 @@ static bool vec16_pipelined_supports(tk_call_args call, const tk_device *dev) {
     const tk_softmax_call *a = call;
     return vec16_fits(a) && tk_softmax_pipelined_fits((int)tk_dtype_size((tk_dtype)a->dtype), a->cols);
 }
+static bool vec16_cluster_supports(tk_call_args call, const tk_device *dev) {
+    return vec16_fits(call) && tk_softmax_cluster_supports(call, dev);
+}
 static bool vec16_stream_supports(tk_call_args call, const tk_device *dev) {
     (void)dev;
     return vec16_fits(call);
@@ -62,6 +68,7 @@ static bool scalar_regs_bwd_supports(tk_call_args call, const tk_device *dev) {
 
 static const tk_variant softmax_variants[] = {
     {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
+    {"vec16_cluster", TK_CC_HOPPER, false, vec16_cluster_supports, tk_launch_softmax_vec16_cluster},
     {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
     {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
     {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},

@@ -10,9 +10,12 @@
 #include "ref/softmax_ref.h"
 
 static const tk_dtype DTYPES[] = {TK_F32, TK_F16, TK_BF16};
-static const char *const VARIANTS[] = {"vec16_pipelined", "vec16_regs", "vec16_stream", "scalar_regs",
-                                       "scalar_stream"};
+static const char *const VARIANTS[] = {"vec16_pipelined", "vec16_cluster", "vec16_regs", "vec16_stream",
+                                       "scalar_regs", "scalar_stream"};
 #define VARIANT_COUNT (sizeof VARIANTS / sizeof VARIANTS[0])
+
+/* Whether op "softmax_bwd" has the variant too: all but "vec16_cluster" (forward only). */
+static bool has_backward(const char *variant) { return strcmp(variant, "vec16_cluster") != 0; }
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -105,11 +108,14 @@ Test(softmax_args, force_variant_names) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16"), TK_ERROR_INVALID_VALUE, "\"vec16_regs\"");
     for (size_t v = 0; v < VARIANT_COUNT; v++)
-        TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", VARIANTS[v]), TK_SUCCESS, "");
+        TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", VARIANTS[v]),
+                         has_backward(VARIANTS[v]) ? TK_SUCCESS : TK_ERROR_INVALID_VALUE,
+                         has_backward(VARIANTS[v]) ? "" : "is not a variant of \"softmax_bwd\"");
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", NULL), TK_SUCCESS, "");
 }
 
-/* Op "softmax_bwd" has the forward's five variants, and a name it lacks is answered with them. */
+/* Op "softmax_bwd" has the forward's variants but "vec16_cluster", and a name it lacks is answered
+ * with them. */
 Test(softmax_args, backward_lists_its_variants) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", "vec16_pipeline"), TK_ERROR_INVALID_VALUE,
                      "\"vec16_pipeline\" is not a variant of \"softmax_bwd\"");
@@ -222,10 +228,15 @@ static bool variant_claims(const sm_case *c, const char *variant) {
     const int64_t regs_max = 1024 * (c->backward ? 2 : 4) * (vec ? pack : 1);
     if (regs && c->cols > regs_max)
         return false;
-    /* pipelined: rows whose whole 16-byte packs hold 64 to 512 KB, either direction */
+    /* pipelined: rows whose whole 16-byte packs hold 64 to 512 KB, either direction; cluster: 64 to
+     * 256 KB, forward only (the device's cluster occupancy, which it also asks, allows it on
+     * every sm_90 device the tests run on) */
     const int64_t whole_bytes = c->cols / pack * 16;
     if (strcmp(variant, "vec16_pipelined") == 0 &&
         (whole_bytes < 65536 || whole_bytes > 524288 || !pipelined_runs_here()))
+        return false;
+    if (strcmp(variant, "vec16_cluster") == 0 &&
+        (c->backward || whole_bytes < 65536 || whole_bytes > 262144 || !pipelined_runs_here()))
         return false;
     if (!vec)
         return true;
@@ -408,22 +419,24 @@ Test(softmax_gpu, backward_all_variants_dtypes_shapes, .timeout = 600) {
  * fit on the device (rows follow one another in a cluster). At least 81 rows, so that twice the
  * blocks would not fit beside each other on a device of fewer than 162 SMs and the launcher
  * keeps the budget's; fewer rows spread over more blocks (pipelined_few_rows below). */
-static void run_pipelined(tk_dtype dtype, bool backward, const sm_shape *shapes, size_t count, uint64_t seed) {
+static void run_shapes(const char *variant, tk_dtype dtype, bool backward, const sm_shape *shapes, size_t count,
+                       uint64_t seed) {
     tk_rng rng = tk_rng_seeded(seed);
     for (size_t s = 0; s < count; s++) {
-        sm_case c = shape_case(&shapes[s], dtype, backward, "vec16_pipelined");
-        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a pipelined shape", s);
+        sm_case c = shape_case(&shapes[s], dtype, backward, variant);
+        cr_assert(variant_claims(&c, c.variant), "shape %zu is not a %s shape", s, variant);
         run_case(&c, &rng);
     }
 }
 
-/* A pipelined test: its shapes where the variant runs, on a cc >= 9.0 device. */
-#define RUN_PIPELINED(dtype, backward, shapes, seed)                                                                   \
+/* A test of an sm_90 variant: its shapes where it runs, on a cc >= 9.0 device. */
+#define RUN_SM90(variant, dtype, backward, shapes, seed)                                                               \
     do {                                                                                                               \
         TK_REQUIRE_GPU();                                                                                              \
         if (pipelined_runs_here())                                                                                     \
-            run_pipelined(dtype, backward, shapes, sizeof shapes / sizeof shapes[0], seed);                            \
+            run_shapes(variant, dtype, backward, shapes, sizeof shapes / sizeof shapes[0], seed);                      \
     } while (0)
+#define RUN_PIPELINED(dtype, backward, shapes, seed) RUN_SM90("vec16_pipelined", dtype, backward, shapes, seed)
 
 static const sm_shape pipelined_shapes_f32[] = {
     {81, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0}, /* 64 KB: one block, two chunks */
@@ -578,6 +591,83 @@ Test(softmax_gpu, pipelined_few_rows_bwd_f32, .timeout = 600) { RUN_PIPELINED(TK
 Test(softmax_gpu, pipelined_few_rows_bwd_bf16, .timeout = 600) { RUN_PIPELINED(TK_BF16, true, few_rows_bwd_16, 43); }
 Test(softmax_gpu, pipelined_few_rows_bwd_f16, .timeout = 600) { RUN_PIPELINED(TK_F16, true, few_rows_bwd_16, 44); }
 
+/* vec16_cluster: a row split into even slices of whole packs over the fewest blocks of 256 x 8
+ * packs (32 KB) that hold it, B = 2 to 8 (noted), the last block's slice the shortest and the
+ * cols % Vec tail on its first lanes: every B, exact and uneven slices, tails, softmax and
+ * log-softmax, negative scales, causal rows whose lengths end around a slice boundary, leave the
+ * later blocks nothing, or see nothing at all, in place, row counts that are multiples of
+ * nothing, and more clusters than the device holds at once (blocks of later clusters start as
+ * earlier ones exit). bf16 and f16 (8 elements a pack, 16384 columns a block): */
+static const sm_shape cluster_shapes_16[] = {
+    {37, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* B2: 64 KB, two whole slices */
+    {5, 32776, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* B3: 4097 packs, slices of 1366 + 1365 */
+    {3, 49152, 0, 0, 0.5f, 0, 0, 0, 0, false, 0},           /* B3 */
+    {7, 65536, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* B4 */
+    {5, 81923, 5, 5, 1.0f, 0, 0, 0, 0, false, 0},           /* B5 + tail of 3 */
+    {3, 98304, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},          /* B6, negative scale, padded y */
+    {8, 114688, 0, 0, 1.0f, 1, 1, 16380, 8, false, 0},      /* B7: lens 16381..16388 around rank 1 */
+    {3, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* B8: 256 KB */
+    {2, 131079, 1, 1, 2.0f, 1, 0, 0, 0, false, 0},          /* B8 + tail of 7 */
+    {16, 131072, 0, 0, 1.0f, 0, 1, -3, 16, true, 0},        /* B8: rows 0..2 see nothing, in place */
+    {4, 65536, 0, 0, 1.0f, 0, 1, 100, 4, false, 0},         /* B4: lens 101..104, ranks 1..3 see none */
+    {6, 65536, 0, 0, 1.0f, 1, 1, 65530, 3, false, 0},       /* B4: lens to the row's end */
+    {301, 65536, 0, 0, 1.0f, 0, 1, -100, 150, false, 0},    /* B4: 1204 blocks, empty rows */
+};
+
+/* f32 (4 elements a pack, 8192 columns a block): */
+static const sm_shape cluster_shapes_f32[] = {
+    {37, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* B2: 64 KB */
+    {5, 16388, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* B3: 4097 packs */
+    {7, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* B4 */
+    {3, 40963, 1, 1, 0.5f, 0, 0, 0, 0, false, 0},           /* B5 + tail of 3 */
+    {3, 49152, 0, 4, -0.7f, 1, 0, 0, 0, false, 0},          /* B6, negative scale, padded y */
+    {8, 57344, 0, 0, 1.0f, 1, 1, 8188, 8, false, 0},        /* B7: lens 8189..8196 around rank 1 */
+    {3, 65536, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},           /* B8: 256 KB */
+    {2, 65539, 1, 1, -2.0f, 0, 0, 0, 0, false, 0},          /* B8 + tail of 3 */
+    {16, 65536, 0, 0, 1.0f, 1, 1, -3, 16, true, 0},         /* B8: rows 0..2 see nothing, in place */
+    {4, 32768, 0, 0, 1.0f, 0, 1, 100, 4, false, 0},         /* B4: ranks 1..3 see none */
+    {301, 32768, 0, 0, 1.0f, 1, 1, -100, 150, false, 0},    /* B4: 1204 blocks, empty rows */
+};
+
+#define RUN_CLUSTER(dtype, shapes, seed) RUN_SM90("vec16_cluster", dtype, false, shapes, seed)
+
+Test(softmax_gpu, cluster_slices_f32, .timeout = 600) { RUN_CLUSTER(TK_F32, cluster_shapes_f32, 45); }
+Test(softmax_gpu, cluster_slices_bf16, .timeout = 600) { RUN_CLUSTER(TK_BF16, cluster_shapes_16, 46); }
+Test(softmax_gpu, cluster_slices_f16, .timeout = 600) { RUN_CLUSTER(TK_F16, cluster_shapes_16, 47); }
+
+/* tk_softmax_fwd in place over rows x cols of dtype, `misalign` elements into a fresh poisoned
+ * allocation; its status, with the call's variant and error left to read. */
+static tk_status fwd_in_place(tk_dtype dtype, int64_t rows, int64_t cols, int misalign) {
+    const size_t es = tk_test_dtype_size(dtype);
+    const size_t bytes = (size_t)(rows * cols + 8) * es;
+    unsigned char *buf = tk_dev_alloc(bytes);
+    tk_dev_poison(buf, bytes);
+    const tk_softmax_params p = params(dtype, rows, cols);
+    void *x = buf + (size_t)misalign * es;
+    const tk_status status = tk_softmax_fwd(&p, x, x, NULL);
+    tk_dev_sync();
+    tk_dev_free(buf);
+    return status;
+}
+
+/* vec16_cluster declines what it does not take (the automatic choice never reaches it: every width
+ * it takes, vec16_pipelined, ahead of it, takes first): rows narrower than 64 KB or wider than
+ * 256 KB of whole packs, rows that are not 16-byte aligned; and op "softmax_bwd" has no such variant. */
+Test(softmax_gpu, cluster_declines) {
+    TK_REQUIRE_GPU();
+    const struct { tk_dtype dtype; int64_t rows, cols; int misalign; } cases[] = {
+        {TK_BF16, 4, 32760, 0}, {TK_BF16, 2, 131080, 0}, {TK_F32, 2, 16380, 0}, {TK_F32, 1, 65540, 0},
+        {TK_F16, 2, 65536, 1},
+    };
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_cluster"), TK_SUCCESS, "");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        TK_EXPECT_STATUS(fwd_in_place(cases[i].dtype, cases[i].rows, cases[i].cols, cases[i].misalign),
+                         TK_ERROR_NOT_SUPPORTED, "forced variant \"vec16_cluster\"");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
+    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", "vec16_cluster"), TK_ERROR_INVALID_VALUE,
+                     "not a variant of \"softmax_bwd\"");
+}
+
 /* The automatic choice, and a forced variant that cannot run the call. */
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
@@ -596,16 +686,9 @@ Test(softmax_gpu, automatic_choice) {
         {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const size_t es = tk_test_dtype_size(cases[i].dtype);
-        const size_t bytes = (size_t)(cases[i].rows * cases[i].cols + 8) * es;
-        unsigned char *buf = tk_dev_alloc(bytes);
-        tk_dev_poison(buf, bytes);
-        tk_softmax_params p = params(cases[i].dtype, cases[i].rows, cases[i].cols);
-        void *x = buf + (size_t)cases[i].misalign * es;
-        TK_EXPECT_STATUS(tk_softmax_fwd(&p, x, x, NULL), TK_SUCCESS, "");
+        TK_EXPECT_STATUS(fwd_in_place(cases[i].dtype, cases[i].rows, cases[i].cols, cases[i].misalign), TK_SUCCESS,
+                         "");
         cr_assert_str_eq(tk_last_variant(), cases[i].expect, "case %zu ran %s", i, tk_last_variant());
-        tk_dev_sync();
-        tk_dev_free(buf);
     }
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_regs"), TK_SUCCESS, "");
     void *buf = tk_dev_alloc(1 << 20);
@@ -670,6 +753,8 @@ Test(softmax_gpu, in_place_matches_out_of_place, .timeout = 300) {
                 for (int mode = 0; mode < 6; mode++) {
                     const tk_dtype dtype = DTYPES[d];
                     const bool backward = mode % 3 > 0;
+                    if (backward && !has_backward(VARIANTS[v]))
+                        continue;
                     tk_softmax_params p = params(dtype, shapes[s].rows, shapes[s].cols);
                     p.log = mode / 3; /* each mode with the softmax and the log-softmax */
                     const int64_t n = p.rows * p.cols;
