@@ -112,8 +112,10 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
 #if __CUDA_ARCH__ >= 900
     /* Stage 2 may start now (programmatic dependent launch): its blocks take the SM space this
      * grid frees and wait in cudaGridDependencySynchronize, which returns once this grid has
-     * finished and its partials are visible. */
-    cudaTriggerProgrammaticLaunchCompletion();
+     * finished and its partials are visible. Only when a stage 2 follows: a caller's next kernel
+     * is not to be let in early. */
+    if (a.dw || a.db)
+        cudaTriggerProgrammaticLaunchCompletion();
 #endif
     const W *w = static_cast<const W *>(a.weight);
     const int packs_row = (int)(a.cols / VEC);
@@ -263,7 +265,8 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
 template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(WIDE_THREADS) norm_bwd_wide(tk_norm_call a) {
 #if __CUDA_ARCH__ >= 900
-    cudaTriggerProgrammaticLaunchCompletion(); /* as in norm_bwd_rows */
+    if (a.dw || a.db)
+        cudaTriggerProgrammaticLaunchCompletion(); /* as in norm_bwd_rows */
 #endif
     __shared__ float scratch[32];
     const T *__restrict__ x = static_cast<const T *>(a.x);
