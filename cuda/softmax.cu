@@ -69,8 +69,9 @@
  * raw packs). One exchange of a (max, sum) pair per warp per row through st.async and an
  * mbarrier, one cluster barrier at the start (arrive before the loads, wait before the sends),
  * none at the exit (softmax_cluster_kernel says why that is safe). Registers (ptxas, sm_90a):
- * <= 120 under __launch_bounds__(256, 2), so two blocks per SM: 64 KB of loads in flight per SM
- * when both load, and one block's exchange and stores overlap the other's loads.
+ * 112-120 for 16-bit rows under __launch_bounds__(256, 2), so two blocks per SM (three for the
+ * f32 softmax at 79): 64 KB or more of loads in flight per SM when they load, and one block's
+ * exchange and stores overlap another's loads.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -725,7 +726,8 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     using pack = tk_pack<T, Vec>;
     constexpr int WARPS = Threads / 32;
     constexpr int STEP = Threads * Unroll; /* packs per chunk */
-    __shared__ max_sum partials[2][(Cluster ? PIPE_MAX_BLOCKS : 1) * WARPS]; /* by iteration parity */
+    /* By iteration parity; 8-byte aligned for st.async's pair. */
+    __shared__ __align__(8) max_sum partials[2][(Cluster ? PIPE_MAX_BLOCKS : 1) * WARPS];
     __shared__ uint64_t partials_in[2]; /* completes when all of partials[parity] has landed */
     const T *in = static_cast<const T *>(a.in);
     const T *dy = static_cast<const T *>(a.dy);
@@ -937,7 +939,7 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 2) softmax_cluster_kernel(tk_
     constexpr int Vec = 16 / (int)sizeof(T);
     constexpr int WARPS = CLUSTER_THREADS / 32;
     a.log = Log; /* as the launcher chose: a constant in output_pack */
-    __shared__ max_sum parts[CLUSTER_MAX_BLOCKS * WARPS];
+    __shared__ __align__(8) max_sum parts[CLUSTER_MAX_BLOCKS * WARPS]; /* st.async's pairs */
     __shared__ uint64_t landed; /* its phase 0 completes when all of parts has arrived */
     const int rank = tk_cluster_rank(), blocks = tk_cluster_blocks();
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
@@ -1110,7 +1112,9 @@ int pipelined_blocks(const tk_softmax_call *a, int elem_bytes) {
 
 /* Clusters of `blocks` (2 to 16) that are resident on the device at once, 0 for none, per
  * instantiation, device and cluster size (the occupancy query is host work that a launch need
- * not repeat; the cache holds the count + 1, so that 0 is kept too). */
+ * not repeat; the cache holds the count + 1, so that 0 is kept too). A query the device refuses
+ * counts as none, and its error is taken back from the runtime's last error, which it would
+ * otherwise leave set for the caller of a call that then runs on another variant. */
 template <auto Kernel>
 cudaError_t clusters_that_fit(const tk_device *dev, const cudaLaunchConfig_t &cfg, int blocks, int *clusters) {
     static tk_device_cache<PIPE_MAX_BLOCKS - 1> cache; /* slot blocks - 2 */
@@ -1121,9 +1125,12 @@ cudaError_t clusters_that_fit(const tk_device *dev, const cudaLaunchConfig_t &cf
         query.attrs = &attr, query.numAttrs = 1;
         query.gridDim = dim3((unsigned)blocks);
         int fit = 0;
-        const cudaError_t query_err = cudaOccupancyMaxActiveClusters(&fit, Kernel, &query);
+        if (cudaOccupancyMaxActiveClusters(&fit, Kernel, &query) != cudaSuccess) {
+            (void)cudaGetLastError();
+            fit = 0;
+        }
         *v = fit + 1;
-        return query_err;
+        return cudaSuccess;
     });
     *clusters = count_plus_one - 1;
     return err;

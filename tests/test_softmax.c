@@ -600,7 +600,7 @@ Test(softmax_gpu, pipelined_few_rows_bwd_f16, .timeout = 600) { RUN_PIPELINED(TK
  * earlier ones exit). bf16 and f16 (8 elements a pack, 16384 columns a block): */
 static const sm_shape cluster_shapes_16[] = {
     {37, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* B2: 64 KB, two whole slices */
-    {5, 32776, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* B3: 4097 packs, slices of 1366 + 1365 */
+    {5, 32776, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* B3: 4097 packs, slices of 1366, 1366, 1365 */
     {3, 49152, 0, 0, 0.5f, 0, 0, 0, 0, false, 0},           /* B3 */
     {7, 65536, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* B4 */
     {5, 81923, 5, 5, 1.0f, 0, 0, 0, 0, false, 0},           /* B5 + tail of 3 */
@@ -610,7 +610,7 @@ static const sm_shape cluster_shapes_16[] = {
     {2, 131079, 1, 1, 2.0f, 1, 0, 0, 0, false, 0},          /* B8 + tail of 7 */
     {16, 131072, 0, 0, 1.0f, 0, 1, -3, 16, true, 0},        /* B8: rows 0..2 see nothing, in place */
     {4, 65536, 0, 0, 1.0f, 0, 1, 100, 4, false, 0},         /* B4: lens 101..104, ranks 1..3 see none */
-    {6, 65536, 0, 0, 1.0f, 1, 1, 65530, 3, false, 0},       /* B4: lens to the row's end */
+    {6, 65536, 0, 0, 1.0f, 1, 1, 65533, 3, false, 0},       /* B4: lens 65534..65536, to the row's end */
     {301, 65536, 0, 0, 1.0f, 0, 1, -100, 150, false, 0},    /* B4: 1204 blocks, empty rows */
 };
 
@@ -634,6 +634,55 @@ static const sm_shape cluster_shapes_f32[] = {
 Test(softmax_gpu, cluster_slices_f32, .timeout = 600) { RUN_CLUSTER(TK_F32, cluster_shapes_f32, 45); }
 Test(softmax_gpu, cluster_slices_bf16, .timeout = 600) { RUN_CLUSTER(TK_BF16, cluster_shapes_16, 46); }
 Test(softmax_gpu, cluster_slices_f16, .timeout = 600) { RUN_CLUSTER(TK_F16, cluster_shapes_16, 47); }
+
+/* The blocks of a cluster combine the same (max, sum) pairs into the same lse bits, and the call
+ * is deterministic. f32 log-softmax rows on 2 to 8 blocks of 8192 columns whose first 64 columns
+ * hold the same values in every slice: those columns of y (x scale - lse, with no per-block state
+ * in between) are equal bit for bit in every slice only if every block has the same lse, which
+ * the tolerance tests above cannot see to the last bit. A second call gives the same bits. */
+Test(softmax_gpu, cluster_blocks_agree, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    if (!pipelined_runs_here())
+        cr_skip_test("vec16_cluster does not run on this device or build");
+    tk_rng rng = tk_rng_seeded(48);
+    enum { rows = 3 };
+    const int64_t slice = 8192, same = 64;
+    for (int64_t blocks = 2; blocks <= 8; blocks++) {
+        tk_softmax_params p = params(TK_F32, rows, blocks * slice);
+        p.log = 1;
+        p.scale = 0.7f;
+        const int64_t n = rows * p.cols;
+        const size_t bytes = (size_t)n * sizeof(float);
+        float *x = malloc(bytes), *y[2] = {malloc(bytes), malloc(bytes)};
+        cr_assert(x && y[0] && y[1]);
+        tk_fill_uniform(&rng, TK_F32, x, n, -4.0, 4.0);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 1; b < blocks; b++)
+                memcpy(x + r * p.cols + b * slice, x + r * p.cols, (size_t)same * sizeof(float));
+        void *x_dev = tk_dev_alloc(bytes), *y_dev = tk_dev_alloc(bytes);
+        tk_to_dev(x_dev, x, bytes);
+        cr_assert_eq(tk_experimental_force_variant("softmax", "vec16_cluster"), TK_SUCCESS);
+        for (int call = 0; call < 2; call++) {
+            tk_dev_poison(y_dev, bytes);
+            cr_assert_eq(tk_softmax_fwd(&p, x_dev, y_dev, NULL), TK_SUCCESS, "%s", tk_last_error());
+            cr_assert_str_eq(tk_last_variant(), "vec16_cluster");
+            tk_dev_sync();
+            tk_to_host(y[call], y_dev, bytes);
+        }
+        cr_assert_eq(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 1; b < blocks; b++)
+                cr_assert(!memcmp(y[0] + r * p.cols + b * slice, y[0] + r * p.cols, (size_t)same * sizeof(float)),
+                          "%lld blocks, row %lld: block %lld's lse differs from block 0's", (long long)blocks,
+                          (long long)r, (long long)b);
+        cr_assert(!memcmp(y[0], y[1], bytes), "%lld blocks: y differs between two calls", (long long)blocks);
+        tk_dev_free(x_dev);
+        tk_dev_free(y_dev);
+        free(x);
+        free(y[0]);
+        free(y[1]);
+    }
+}
 
 /* tk_softmax_fwd in place over rows x cols of dtype, `misalign` elements into a fresh poisoned
  * allocation; its status, with the call's variant and error left to read. */
