@@ -39,8 +39,7 @@ const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT
 
 static const tk_variant attention_bwd_variants[] = {
     {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90, tk_attention_bwd_launch_sm90},
-    {"wgmma_sm90_bulk_dq", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90_bulk_dq,
-     tk_attention_bwd_launch_sm90_bulk_dq},
+    {"wgmma_sm90_bulk_dq", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90_bulk_dq, tk_attention_bwd_launch_sm90_bulk_dq},
     {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128},
     {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256},
     {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma},
