@@ -39,7 +39,8 @@ bool tk_attention_bwd_supports_sm90(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream);
 /* "wgmma_sm90_bulk_dq": the same kernel with dQ handed by each consumer warpgroup to a writer
  * warp through shared memory, which adds it into the accumulator by bulk reductions
- * (FlashAttention-3's dQ path; 32 KiB more shared memory); not deterministic calls. */
+ * (FlashAttention-3's dQ path; 32 KiB more shared memory); with deterministic, the writer keeps
+ * the order of the adds. */
 bool tk_attention_bwd_supports_sm90_bulk_dq(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_sm90_bulk_dq(const void *call, const tk_device *dev, cudaStream_t stream);
 

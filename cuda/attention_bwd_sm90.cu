@@ -37,7 +37,7 @@
  *   producer warpgroup adds it into the accumulator with 4 bulk reductions of 4 KiB (one per 16
  *   rows; cp.reduce.async.bulk, FlashAttention-3's dQ path): one instruction in L2 per 256
  *   vector atomics. Named barriers DQ_FREE / DQ_WRITTEN per warpgroup pass the block between
- *   them (32 KiB more shared memory; not deterministic calls).
+ *   them (32 KiB more shared memory).
  * Overlap: within a warpgroup, P forms while dP^T runs, and a step's dQ reductions are still in
  * flight while the next step's S^T and dP^T run. The warpgroups meet at DS_READY every step,
  * so their element-wise phases coincide: the tensor cores idle through P and dS (what
@@ -50,7 +50,11 @@
  * step's DS_READY, which the other warpgroup reaches only after its dQ of the first is done.
  * Deterministic: consumer warps wait on the query tile's semaphore (lane 0) before their adds;
  * consumer thread 0 publishes step it after step it + 1's DS_READY (every consumer made its adds
- * of step it before arriving there) and the last step after a final barrier.
+ * of step it before arriving there) and the last step after a final barrier. With BULK_DQ the
+ * dQ writer keeps the order instead: it waits on the semaphore before a step's bulk adds and
+ * publishes the step once they are done in global memory (the bulk group's completion, then
+ * fence.proxy.async.global before the release store, and after the acquiring load), so the
+ * consumers never wait on another CTA.
  */
 #include "attention.h"
 #include "attention_bwd.cuh"
@@ -104,7 +108,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
                   const __grid_constant__ CUtensorMap map_do) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using plan = bwd_sm90_plan<BULK_DQ>;
-    static_assert(!(DET && BULK_DQ), "the deterministic order publishes from the consumers' adds");
+    /* Deterministic: who keeps the order of the dQ adds, the consumers (their own vector atomics)
+     * or the dQ writer (its bulk reductions). */
+    constexpr bool CONSUMERS_ORDER = DET && !BULK_DQ, WRITER_ORDERS = DET && BULK_DQ;
     /* Named barriers (0 is __syncthreads'): the step's dS is in shared memory; with BULK_DQ, per
      * consumer warpgroup w, its dQ block is free to write (DQ_FREE + w) and written (DQ_WRITTEN
      * + w), each between the warpgroup and the dQ writer warp. */
@@ -146,6 +152,13 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
     auto step_at = [&](int it, int &h, int &m0) {
         attn_bwd_step<BM, DET>(it, head_kv * p.group, p.group, m_begin, m_tiles, h, m0);
     };
+
+    /* Deterministic: the last row of key tile n - 1, whose adds come first where it reaches. */
+    const int n = n0 / BN;
+    int prev_last = -1;
+    if constexpr (DET)
+        if (n > 0)
+            prev_last = attn_bwd_last_row(mask, n0 - 1);
 
     const int warpgroup = tid / 128, warp = tid / 32 % 4, lane = tid % 32;
     if (warpgroup == CONSUMERS) {
@@ -189,6 +202,13 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
                     for (int w = 0; w < CONSUMERS; w++) {
                         tk_named_barrier_sync<DQ_THREADS>(DQ_WRITTEN + w);
                         if (lane == 0) {
+                            if constexpr (WRITER_ORDERS)
+                                if (w == 0 && m0 <= prev_last) { /* key tile n - 1 adds here first */
+                                    const auto sem = attn_bwd_semaphore<D, BM>(p, batch, head, m0);
+                                    while (sem.load(cuda::memory_order_acquire) < n)
+                                        __nanosleep(64);
+                                    tk_fence_proxy_async_global(); /* its sums, then our bulk adds */
+                                }
                             for (int r = 0; r < slabs; r++)
                                 tk_bulk_reduce_add_f32(acc + r * ATTN_BWD_SLAB * D + 8 * w * ATTN_BWD_BLOCK,
                                                        s_dq + w * plan::DQ_HALF_BYTES + r * 4096, 4096);
@@ -199,6 +219,12 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
                         if (it + 1 < steps) /* the last step's arrival would have no partner */
                             tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
                     }
+                    if constexpr (WRITER_ORDERS)
+                        if (lane == 0) { /* the step's sums done in global memory, then published */
+                            tk_bulk_wait<0>();
+                            tk_fence_proxy_async_global();
+                            attn_bwd_semaphore<D, BM>(p, batch, head, m0).store(n + 1, cuda::memory_order_release);
+                        }
                 }
                 if (lane == 0)
                     tk_bulk_wait<0>();
@@ -227,13 +253,6 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             dk[j][e] = dv[j][e] = 0.0f;
-
-    /* Deterministic: the last row of key tile n - 1, whose adds come first where it reaches. */
-    const int n = n0 / BN;
-    int prev_last = -1;
-    if constexpr (DET)
-        if (n > 0)
-            prev_last = attn_bwd_last_row(mask, n0 - 1);
 
     /* A step's lse * log2(e) and D rows, 0 past seqlen_q (those rows are masked): thread t of
      * warpgroup 0 brings float t of the stage's slot (lse of row t, then D of row t - BM) from
@@ -331,7 +350,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
             stats[(ring.stage + 1) % STAGES * plan::STATS_FLOATS + tid] = next_stat;
         tk_fence_proxy_async_shared();
         tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
-        if constexpr (DET)
+        if constexpr (CONSUMERS_ORDER)
             if (tid == 0 && it > 0) {
                 int ph, pm0;
                 step_at(it - 1, ph, pm0);
@@ -357,7 +376,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
         if (lane == 0) /* the warpgroup's wgmma are done with the stage's Q and dO */
             tk_mbarrier_arrive(ring.barrier(empty));
 
-        if constexpr (DET) {
+        if constexpr (CONSUMERS_ORDER) {
             /* Key tile n - 1 adds first where it reaches these rows. */
             if (lane == 0 && m0 <= prev_last) {
                 const auto sem = attn_bwd_semaphore<D, BM>(p, batch, h, m0);
@@ -394,7 +413,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
         }
     }
 
-    if constexpr (DET) {
+    if constexpr (CONSUMERS_ORDER) {
         tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
         if (tid == 0 && steps > 0) {
             int ph, pm0;
@@ -461,10 +480,8 @@ extern "C" cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_d
     });
 }
 
-/* The deterministic order is the other variant's (its consumers publish after their own adds). */
 extern "C" bool tk_attention_bwd_supports_sm90_bulk_dq(const void *call, const tk_device *dev) {
-    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
-    return !c->deterministic && bwd_sm90_supports<true>(c, dev);
+    return bwd_sm90_supports<true>(static_cast<const tk_attention_bwd_call *>(call), dev);
 }
 
 extern "C" cudaError_t tk_attention_bwd_launch_sm90_bulk_dq(const void *call, const tk_device *dev,
@@ -472,6 +489,7 @@ extern "C" cudaError_t tk_attention_bwd_launch_sm90_bulk_dq(const void *call, co
     const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return bwd_sm90_launch<T, false, true>(c, dev, stream);
+        return c->deterministic ? bwd_sm90_launch<T, true, true>(c, dev, stream)
+                                : bwd_sm90_launch<T, false, true>(c, dev, stream);
     });
 }

@@ -13,8 +13,8 @@
  * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
  * "wgmma_sm90" (FlashAttention-3 style on Hopper: TMA, warp specialisation, wgmma; arch-specific;
  * head dim 128), "wgmma_sm90_bulk_dq" (the same with dQ added by bulk reductions from shared
- * memory; not deterministic calls; reached only when forced, since "wgmma_sm90" takes every call
- * it takes), "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
+ * memory; reached only when forced, since "wgmma_sm90" takes every call it takes),
+ * "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
  * tiles: at head dims 80 and 128 not sm_86 / sm_89), "mma_sm80_d256" (head dim 256: 8 warps
  * per 64 keys, two per key splitting dK and dV by columns; sm_80 and sm_90, whose shared
  * memory per block holds its 143 KB), then "mma_sm80" (4 warps per 64 keys; every call at

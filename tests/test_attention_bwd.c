@@ -24,8 +24,8 @@ static const char *const VARIANTS[] = {"wgmma_sm90", "wgmma_sm90_bulk_dq", "mma_
                                        "mma_sm80"};
 enum { SM90, SM90_BULK_DQ, BN128, D256, MMA, VARIANT_COUNT };
 
-/* "wgmma_sm90" claims head dim 128 on a machine where the Hopper variants run, and
- * "wgmma_sm90_bulk_dq" the same calls but the deterministic ones. */
+/* "wgmma_sm90" and "wgmma_sm90_bulk_dq" claim head dim 128 on a machine where the Hopper
+ * variants run. */
 static bool sm90_claims(int64_t head_dim) { return head_dim == 128 && tk_sm90_runs_here(); }
 
 /* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
@@ -637,7 +637,7 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     const bool d256 = c->head_dim == 256;
     const bool claims[VARIANT_COUNT] = {
         [SM90] = sm90_claims(c->head_dim),
-        [SM90_BULK_DQ] = sm90_claims(c->head_dim) && !deterministic,
+        [SM90_BULK_DQ] = sm90_claims(c->head_dim),
         [BN128] = !d256 && bn128_smem(c->head_dim) <= info.max_smem_per_block,
         [D256] = d256 && d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
     if (!claims[SM90] && !claims[SM90_BULK_DQ] && !claims[BN128] && !claims[D256] && !claims[MMA]) {

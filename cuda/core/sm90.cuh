@@ -192,6 +192,13 @@ __device__ __forceinline__ void tk_fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* fence.proxy.async.global: orders this thread's global-memory accesses through the async proxy
+ * (bulk copies and reductions) with its generic ones, e.g. sums a bulk group finished (tk_bulk_wait)
+ * before a release store that publishes them, or an acquire load before the bulk adds it allows. */
+__device__ __forceinline__ void tk_fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 /* cp.reduce.async.bulk .add.f32: adds `bytes` of f32 from shared memory (`src`) into global
  * memory (`dst`) element by element, in L2, by the async proxy: one instruction for what would
  * be bytes / 16 red.global.add.v4.f32. Both addresses 16-byte aligned, bytes a multiple of 16;
