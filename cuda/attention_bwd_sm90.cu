@@ -219,12 +219,17 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
                         if (it + 1 < steps) /* the last step's arrival would have no partner */
                             tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
                     }
-                    if constexpr (WRITER_ORDERS)
-                        if (lane == 0) { /* the step's sums done in global memory, then published */
+                    if constexpr (WRITER_ORDERS) {
+                        /* The step's sums done in global memory, then published. The completion
+                         * implies a generic-async proxy fence (PTX ISA, async proxy); the explicit
+                         * one states the order where the acquiring side needs its own. */
+                        if (lane == 0) {
                             tk_bulk_wait<0>();
                             tk_fence_proxy_async_global();
                             attn_bwd_semaphore<D, BM>(p, batch, head, m0).store(n + 1, cuda::memory_order_release);
                         }
+                        __syncwarp(); /* the warp whole again for the next step's bar.sync */
+                    }
                 }
                 if (lane == 0)
                     tk_bulk_wait<0>();

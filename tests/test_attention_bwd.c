@@ -853,9 +853,9 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
  * that keep key tiles from some query tiles (windows on both sides with seqlen_q < seqlen_k; a
  * causal window over documents), so that the chains of adds start and end at different key
  * tiles; and grids of more CTAs than an H200 holds at once (192 or 384 at head dim 64, 160 at
- * 256, and 256 at head dim 128 for "wgmma_sm90", against 132 SMs of one CTA each for the 8-warp
- * tiles and the Hopper kernel), so that CTAs wait on the semaphores of CTAs that are not resident
- * yet. */
+ * 256, and 256 at head dim 128 for the Hopper variants, whose semaphores the consumers or the dQ
+ * writer wait on, against 132 SMs of one CTA each for the 8-warp tiles and the Hopper kernel), so
+ * that CTAs wait on the semaphores of CTAs that are not resident yet. */
 Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
