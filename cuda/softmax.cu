@@ -59,10 +59,11 @@
  * held as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what
  * was tried: docs/kernels/softmax.md.
  *
- * "cluster" (sm_90, forward; rows whose whole packs hold 64 to 256 KB): the row read once into
+ * "cluster" (sm_90, forward; rows whose whole packs hold 64 to 512 KB): the row read once into
  * registers over a thread-block cluster, one cluster per row and every row launched at once (no
  * persistent grid). A block is 256 threads x 8 packs of 16 bytes (32 registers a thread), a
- * 32 KB slice; B = ceil(whole packs / 2048) blocks a row, 2 to 8 (the portable cluster size),
+ * 32 KB slice; B = ceil(whole packs / 2048) blocks a row, 2 to 16 (past the portable 8 where the
+ * device schedules 16), doubled for few rows while the SMs allow, as the pipelined kernel's;
  * the slices as even as whole packs allow. Per element: one DRAM read, one write, one EX2 (the
  * softmax keeps 2^(t - m_warp) in f32 registers, 64 a thread for 16-bit rows, and scales them by
  * 2^(m_warp - lse) at the end; the log-softmax needs no exponential for its output and keeps the
@@ -906,13 +907,15 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
 /* ---------------------------------------------------------------------------- cluster ---- */
 
 /* A block of the cluster kernel: CLUSTER_THREADS threads x CLUSTER_PACKS 16-byte packs, a 32 KB
- * slice of a row in registers; clusters of 2 to CLUSTER_MAX_BLOCKS (the portable limit) such
- * blocks per row: rows whose whole packs hold 64 to 256 KB. vec16_pipelined, ahead of it in the
- * table, takes every one of these widths (on 1 or 2 blocks), so the automatic choice is unchanged
- * by this variant until it is moved ahead. */
-constexpr int CLUSTER_THREADS = 256, CLUSTER_PACKS = 8, CLUSTER_MAX_BLOCKS = 8;
+ * slice of a row in registers; clusters of 2 to CLUSTER_MAX_BLOCKS such blocks per row: rows
+ * whose whole packs hold 64 to 512 KB (past the portable 8 blocks, 256 KB, where the device
+ * schedules clusters of 16: an H100 / H200). vec16_pipelined, ahead of it in the table, takes
+ * every one of these widths, so the automatic choice is unchanged by this variant until it is
+ * moved ahead. */
+constexpr int CLUSTER_THREADS = 256, CLUSTER_PACKS = 8, CLUSTER_PORTABLE_BLOCKS = 8, CLUSTER_MAX_BLOCKS = 16;
 constexpr int CLUSTER_SLICE_PACKS = CLUSTER_THREADS * CLUSTER_PACKS;
 constexpr int64_t CLUSTER_MIN_BYTES = 65536, CLUSTER_MAX_BYTES = (int64_t)CLUSTER_MAX_BLOCKS * CLUSTER_SLICE_PACKS * 16;
+static_assert(CLUSTER_MAX_BLOCKS <= PIPE_MAX_BLOCKS, "clusters_that_fit and widen_for_few_rows serve both kernels");
 
 /* Softmax forward (Log: log-softmax) of one row per cluster, block `rank` holding packs
  * [rank * slice_packs, + slice_packs) of it (the last block fewer, and the cols % Vec last
@@ -1211,28 +1214,39 @@ int cluster_blocks(const tk_softmax_call *a, int vec) {
 }
 
 /* Whether the cluster kernel takes the call: rows whose whole packs hold CLUSTER_MIN_BYTES to
- * CLUSTER_MAX_BYTES, a grid of one block per slice within gridDim.x, and a device that holds at
- * least one cluster of these blocks at once (the occupancy query, cached per device: a MIG slice
- * or a device with small GPCs may not). */
+ * CLUSTER_MAX_BYTES, a grid of one block per slice within gridDim.x, a device that schedules
+ * clusters of that many blocks (past 8, with the kernel's non-portable opt-in, which
+ * tk_max_cluster_blocks sets) and holds at least one at once (the occupancy query, cached per
+ * device: a MIG slice or a device with small GPCs may not). */
 template <typename T, bool Log> bool cluster_supports(const tk_softmax_call *a, const tk_device *dev) {
     constexpr int Vec = tk_pack_width<T>(true);
+    constexpr auto kernel = softmax_cluster_kernel<T, Log>;
     const int64_t whole_bytes = a->cols / Vec * 16;
     if (whole_bytes < CLUSTER_MIN_BYTES || whole_bytes > CLUSTER_MAX_BYTES)
         return false;
     const int blocks = cluster_blocks(a, Vec);
-    if (a->rows > 0x7fffffff / blocks)
+    if (a->rows > 0x7fffffff / CLUSTER_MAX_BLOCKS)
         return false;
-    int fit = 0;
     const cudaLaunchConfig_t cfg = tk_launch_config(dim3(), CLUSTER_THREADS, 0, nullptr);
-    return clusters_that_fit<softmax_cluster_kernel<T, Log>>(dev, cfg, blocks, &fit) == cudaSuccess && fit > 0;
+    int most = CLUSTER_PORTABLE_BLOCKS, fit = 0;
+    if (blocks > most && tk_max_cluster_blocks<kernel>(dev, cfg, &most) != cudaSuccess)
+        return false;
+    return blocks <= most && clusters_that_fit<kernel>(dev, cfg, blocks, &fit) == cudaSuccess && fit > 0;
 }
 
 /* One cluster per row, one block per slice, every row launched at once (not a persistent grid):
  * two blocks per SM, so that one block's exchange and stores overlap another's loads, and the
- * block scheduler refills an SM as soon as a block exits. */
-template <typename T, bool Log> cudaError_t launch_cluster(const tk_softmax_call *a, cudaStream_t stream) {
+ * block scheduler refills an SM as soon as a block exits. Few rows (a decode step's sampling
+ * distribution) take more, smaller slices, as the pipelined kernel's (widen_for_few_rows): one
+ * DRAM round trip per block either way, so the row's latency falls with the bytes per block. */
+template <typename T, bool Log>
+cudaError_t launch_cluster(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr int Vec = tk_pack_width<T>(true);
-    const int blocks = cluster_blocks(a, Vec);
+    int blocks = cluster_blocks(a, Vec);
+    const cudaError_t err = widen_for_few_rows<softmax_cluster_kernel<T, Log>>(
+        a, dev, tk_launch_config(dim3(), CLUSTER_THREADS, 0, stream), (int)sizeof(T), &blocks);
+    if (err != cudaSuccess)
+        return err;
     const int slice_packs = (int)((a->cols / Vec + blocks - 1) / blocks);
     cudaLaunchAttribute cluster = tk_cluster_attribute(blocks);
     const cudaLaunchConfig_t cfg =
@@ -1294,11 +1308,10 @@ extern "C" bool tk_softmax_cluster_supports(const void *call, const tk_device *d
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream) {
-    (void)dev;
     const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return a->log ? launch_cluster<T, true>(a, stream) : launch_cluster<T, false>(a, stream);
+        return a->log ? launch_cluster<T, true>(a, dev, stream) : launch_cluster<T, false>(a, dev, stream);
     });
 }
 

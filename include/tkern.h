@@ -383,7 +383,7 @@ typedef struct tk_softmax_params {
  * aligned rows unless said otherwise: "vec16_pipelined" (compute capability 9.0 and newer, rows
  * whose whole 16-byte packs hold 64 to 512 KB: 32768 to 262151 f16 / bf16 or
  * 16384 to 131075 f32 elements), "vec16_cluster" (forward only, compute capability 9.0 and newer,
- * rows of 64 to 256 KB of whole packs; "vec16_pipelined" takes all of them first, so it runs only
+ * rows of 64 to 512 KB of whole packs; "vec16_pipelined" takes all of them first, so it runs only
  * when forced), "vec16_regs" (forward rows up to 32768 f16 / bf16 or 16384 f32 elements,
  * backward rows up to half that), "vec16_stream" (any width; reads each row twice),
  * "scalar_regs" (any element alignment, forward rows up to 4096 elements, backward 2048) and

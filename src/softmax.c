@@ -4,8 +4,8 @@
  *
  * Variants of op "softmax", best first: "vec16_pipelined" (cc >= 9.0, rows of 64 to 512 KB: the
  * two passes of the stream interleaved, a row split over a thread-block cluster),
- * "vec16_cluster" (cc >= 9.0, rows of 64 to 256 KB read once into the registers of a cluster of
- * 2 to 8 blocks; after "vec16_pipelined", which takes all of its widths, so it runs only when
+ * "vec16_cluster" (cc >= 9.0, rows of 64 to 512 KB read once into the registers of a cluster of
+ * 2 to 16 blocks; after "vec16_pipelined", which takes all of its widths, so it runs only when
  * forced until it is measured faster), "vec16_regs" (row in registers, 16-byte packs),
  * "vec16_stream" (any width, two passes), "scalar_regs", "scalar_stream" (one element per access,
  * any alignment). Op "softmax_bwd" has the same variants but "vec16_cluster" (forward only),

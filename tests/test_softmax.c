@@ -229,14 +229,14 @@ static bool variant_claims(const sm_case *c, const char *variant) {
     if (regs && c->cols > regs_max)
         return false;
     /* pipelined: rows whose whole 16-byte packs hold 64 to 512 KB, either direction; cluster: 64 to
-     * 256 KB, forward only (the device's cluster occupancy, which it also asks, allows it on
+     * 512 KB, forward only (the device's cluster occupancy and its clusters of 16, which it also asks, allow it on
      * every sm_90 device the tests run on) */
     const int64_t whole_bytes = c->cols / pack * 16;
     if (strcmp(variant, "vec16_pipelined") == 0 &&
         (whole_bytes < 65536 || whole_bytes > 524288 || !pipelined_runs_here()))
         return false;
     if (strcmp(variant, "vec16_cluster") == 0 &&
-        (c->backward || whole_bytes < 65536 || whole_bytes > 262144 || !pipelined_runs_here()))
+        (c->backward || whole_bytes < 65536 || whole_bytes > 524288 || !pipelined_runs_here()))
         return false;
     if (!vec)
         return true;
@@ -609,6 +609,11 @@ static const sm_shape cluster_shapes_16[] = {
     {3, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* B8: 256 KB */
     {2, 131079, 1, 1, 2.0f, 1, 0, 0, 0, false, 0},          /* B8 + tail of 7 */
     {16, 131072, 0, 0, 1.0f, 0, 1, -3, 16, true, 0},        /* B8: rows 0..2 see nothing, in place */
+    {2, 196608, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},          /* B12 (non-portable; 24 would pass 16) */
+    {67, 262144, 0, 0, 0.5f, 0, 0, 0, 0, false, 0},         /* B16: 512 KB, too many rows to widen */
+    {1, 262151, 7, 7, 1.0f, 1, 1, 262000, 1, false, 0},     /* B16 + tail of 7, causal, one row */
+    {1, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},          /* one row: B8 widened to 16 */
+    {2, 32768, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},           /* two rows: B2 widened to 4 (16 KB slices) */
     {4, 65536, 0, 0, 1.0f, 0, 1, 100, 4, false, 0},         /* B4: lens 101..104, ranks 1..3 see none */
     {6, 65536, 0, 0, 1.0f, 1, 1, 65533, 3, false, 0},       /* B4: lens 65534..65536, to the row's end */
     {301, 65536, 0, 0, 1.0f, 0, 1, -100, 150, false, 0},    /* B4: 1204 blocks, empty rows */
@@ -627,6 +632,10 @@ static const sm_shape cluster_shapes_f32[] = {
     {16, 65536, 0, 0, 1.0f, 1, 1, -3, 16, true, 0},         /* B8: rows 0..2 see nothing, in place */
     {4, 32768, 0, 0, 1.0f, 0, 1, 100, 4, false, 0},         /* B4: ranks 1..3 see none */
     {301, 32768, 0, 0, 1.0f, 1, 1, -100, 150, false, 0},    /* B4: 1204 blocks, empty rows */
+    {2, 98304, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},           /* B12 (non-portable) */
+    {67, 131072, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* B16: 512 KB, too many rows to widen */
+    {1, 131075, 1, 1, 0.5f, 0, 1, 130000, 1, false, 0},     /* B16 + tail of 3, causal, one row */
+    {3, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},           /* three rows: B2 widened to 4 (16 KB slices) */
 };
 
 #define RUN_CLUSTER(dtype, shapes, seed) RUN_SM90("vec16_cluster", dtype, false, shapes, seed)
@@ -636,7 +645,8 @@ Test(softmax_gpu, cluster_slices_bf16, .timeout = 600) { RUN_CLUSTER(TK_BF16, cl
 Test(softmax_gpu, cluster_slices_f16, .timeout = 600) { RUN_CLUSTER(TK_F16, cluster_shapes_16, 47); }
 
 /* The blocks of a cluster combine the same (max, sum) pairs into the same lse bits, and the call
- * is deterministic. f32 log-softmax rows on 2 to 8 blocks of 8192 columns whose first 64 columns
+ * is deterministic. f32 log-softmax rows on 2 to 16 blocks of 8192 columns (67 rows: too many for
+ * the few-rows widening, 2 B rows > SMs, on any device of up to 268 SMs) whose first 64 columns
  * hold the same values in every slice: those columns of y (x scale - lse, with no per-block state
  * in between) are equal bit for bit in every slice only if every block has the same lse, which
  * the tolerance tests above cannot see to the last bit. A second call gives the same bits. */
@@ -645,9 +655,9 @@ Test(softmax_gpu, cluster_blocks_agree, .timeout = 300) {
     if (!pipelined_runs_here())
         cr_skip_test("vec16_cluster does not run on this device or build");
     tk_rng rng = tk_rng_seeded(48);
-    enum { rows = 3 };
+    enum { rows = 67 };
     const int64_t slice = 8192, same = 64;
-    for (int64_t blocks = 2; blocks <= 8; blocks++) {
+    for (int64_t blocks = 2; blocks <= 16; blocks++) {
         tk_softmax_params p = params(TK_F32, rows, blocks * slice);
         p.log = 1;
         p.scale = 0.7f;
@@ -701,11 +711,11 @@ static tk_status fwd_in_place(tk_dtype dtype, int64_t rows, int64_t cols, int mi
 
 /* vec16_cluster declines what it does not take (the automatic choice never reaches it: every width
  * it takes, vec16_pipelined, ahead of it, takes first): rows narrower than 64 KB or wider than
- * 256 KB of whole packs, rows that are not 16-byte aligned; and op "softmax_bwd" has no such variant. */
+ * 512 KB of whole packs, rows that are not 16-byte aligned; and op "softmax_bwd" has no such variant. */
 Test(softmax_gpu, cluster_declines) {
     TK_REQUIRE_GPU();
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; } cases[] = {
-        {TK_BF16, 4, 32760, 0}, {TK_BF16, 2, 131080, 0}, {TK_F32, 2, 16380, 0}, {TK_F32, 1, 65540, 0},
+        {TK_BF16, 4, 32760, 0}, {TK_BF16, 2, 262160, 0}, {TK_F32, 2, 16380, 0}, {TK_F32, 1, 131080, 0},
         {TK_F16, 2, 65536, 1},
     };
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", "vec16_cluster"), TK_SUCCESS, "");
