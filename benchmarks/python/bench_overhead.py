@@ -107,6 +107,7 @@ def ops():
     w, b = rand(COLS), rand(COLS)
     tokens = ROWS
     q, k = rand(tokens, HEADS, HEAD_DIM), rand(tokens, KV_HEADS, HEAD_DIM)
+    q_inplace, k_inplace = q.clone(), k.clone()  # rotated again at every call: norms kept
     pos = torch.arange(tokens, device=DEV, dtype=torch.int64) + 100
     inv = 10000.0 ** (-torch.arange(0, HEAD_DIM, 2, device=DEV, dtype=torch.float32) / HEAD_DIM)
     ang = torch.arange(4096, device=DEV, dtype=torch.float32)[:, None] * inv
@@ -128,6 +129,10 @@ def ops():
                        lambda: F.layer_norm(x, (COLS,), w, b)),
         "rope": (f"{tokens} tokens, {HEADS}/{KV_HEADS} heads, D {HEAD_DIM}",
                  lambda: tkern.rope(q, k, pos), lambda: torch_rope(q, k, cos, sin, pos)),
+        # In place, as an engine applies it to its QKV buffer (vLLM's rotary op); torch's column
+        # is the same out-of-place code as the row above (eager torch has no in-place RoPE).
+        "rope_": (f"{tokens} tokens, in place", lambda: tkern.rope_(q_inplace, k_inplace, pos),
+                  lambda: torch_rope(q_inplace, k_inplace, cos, sin, pos)),
         "attention": (f"decode B1 H{HEADS} Sk{CONTEXT} D{HEAD_DIM} (SDPA)",
                       lambda: tkern.attention(qa, ka, va, layout="bhsd"),
                       lambda: F.scaled_dot_product_attention(qa, ka, va)),
