@@ -948,19 +948,15 @@ cudaError_t kvc_launch(const tk_attention_kvcache_call *c, const kvc_plan &plan,
     if (err != cudaSuccess || !merge)
         return err;
     const int64_t rows = (int64_t)p.tokens * p.heads_q;
-    /* On sm_90 the merge's launch overlaps the decode kernel's last CTAs: only where the merge's
-     * code was compiled for sm_90, whose wait for the decode kernel is compiled in (a build
-     * whose only code for the device is older PTX has none: tk_kernel_arch). */
+    /* On sm_90 the merge's launch overlaps the decode kernel's last CTAs (tk_early_launch: where
+     * the merge's code waits for it). */
     constexpr auto combine = kvcache_combine_kernel<T, D>;
-    int arch;
-    err = tk_kernel_arch<combine>(dev, &arch);
+    cudaLaunchAttribute early;
+    unsigned early_count;
+    err = tk_early_launch<combine>(dev, &early, &early_count);
     if (err != cudaSuccess)
         return err;
-    cudaLaunchAttribute early;
-    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early.val.programmaticStreamSerializationAllowed = 1;
-    return tk_launch(tk_launch_config((unsigned)rows, KVC_COMBINE_THREADS, 0, stream, &early, arch >= 90 ? 1 : 0),
-                     combine, p);
+    return tk_launch(tk_launch_config((unsigned)rows, KVC_COMBINE_THREADS, 0, stream, &early, early_count), combine, p);
 }
 
 template <int D>

@@ -410,15 +410,12 @@ cudaError_t launch_reduce_cv(const tk_norm_call *a, int64_t used, const tk_devic
         slot_lanes *= 2;
     constexpr int cols_per_block = REDUCE_COL_LANES * CV;
     const dim3 grid((unsigned)((a->cols + cols_per_block - 1) / cols_per_block), a->db ? 2 : 1);
-    int arch;
-    const cudaError_t err = tk_kernel_arch<kernel>(dev, &arch);
+    cudaLaunchAttribute early;
+    unsigned early_count;
+    const cudaError_t err = tk_early_launch<kernel>(dev, &early, &early_count);
     if (err != cudaSuccess)
         return err;
-    cudaLaunchAttribute early;
-    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early.val.programmaticStreamSerializationAllowed = 1;
-    const cudaLaunchConfig_t cfg =
-        tk_launch_config(grid, slot_lanes * REDUCE_COL_LANES, 0, stream, &early, arch >= 90 ? 1 : 0);
+    const cudaLaunchConfig_t cfg = tk_launch_config(grid, slot_lanes * REDUCE_COL_LANES, 0, stream, &early, early_count);
     return tk_launch(cfg, kernel, *a, used);
 }
 

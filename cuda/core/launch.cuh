@@ -123,28 +123,34 @@ template <auto Kernel> cudaError_t tk_set_kernel_attribute(CUfunction_attribute 
                                                                                          : cudaErrorInvalidValue;
 }
 
-/* The virtual architecture that Kernel's code on the current device was compiled for, as
- * 10 * major + minor (90 for compute_90, sm_90 and sm_90a): __CUDA_ARCH__ / 10 of the pass whose
- * `#if` branches it runs. It can be older than the device: a build whose only code for an H100
- * is compute_80 PTX runs its pre-sm_90 branches there. 1 where the driver does not say (a
- * caller then takes the oldest branches). Through the driver's cuFuncGetAttribute, for the
- * reason given above. Cached per device. */
-template <auto Kernel> cudaError_t tk_kernel_arch(const tk_device *dev, int *arch) {
+/* Programmatic dependent launch: the attribute that lets Kernel be launched while the kernel
+ * before it in the stream still runs (*count = 1), where Kernel's code waits for that kernel
+ * (cudaGridDependencySynchronize, compiled in from sm_90), else *count = 0 (an ordinary launch).
+ * The check is of the code that runs, not of the device: a build whose only code for an H100 is
+ * compute_80 PTX has no wait there. The code's virtual architecture (__CUDA_ARCH__ / 10 of its
+ * pass) comes through the driver's cuFuncGetAttribute (PTX_VERSION), for the reason given above;
+ * where the driver does not say, the launch is ordinary. Cached per device. */
+template <auto Kernel> cudaError_t tk_early_launch(const tk_device *dev, cudaLaunchAttribute *attr, unsigned *count) {
     static tk_device_cache<1> cache;
-    return cache.get(dev, 0, arch, [](int *v) {
+    int arch = 0;
+    const cudaError_t err = cache.get(dev, 0, &arch, [](int *v) {
         static const PFN_cuFuncGetAttribute_v2020 get =
             tk_driver_function<PFN_cuFuncGetAttribute_v2020>("cuFuncGetAttribute", 2020);
-        *v = 1;
+        *v = 0;
         if (!get)
             return cudaSuccess;
         cudaFunction_t function;
-        const cudaError_t err = cudaGetFuncBySymbol(&function, reinterpret_cast<const void *>(Kernel));
-        if (err != cudaSuccess)
-            return err;
-        if (get(v, CU_FUNC_ATTRIBUTE_PTX_VERSION, reinterpret_cast<CUfunction>(function)) != CUDA_SUCCESS || *v < 1)
-            *v = 1;
+        const cudaError_t e = cudaGetFuncBySymbol(&function, reinterpret_cast<const void *>(Kernel));
+        if (e != cudaSuccess)
+            return e;
+        if (get(v, CU_FUNC_ATTRIBUTE_PTX_VERSION, reinterpret_cast<CUfunction>(function)) != CUDA_SUCCESS)
+            *v = 0;
         return cudaSuccess;
     });
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    *count = arch >= 90 ? 1 : 0;
+    return err;
 }
 
 /* Lets Kernel use `bytes` of dynamic shared memory past the 48 KB every kernel may use. The
