@@ -351,11 +351,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         }
         if constexpr (DET) {
             /* Key tile n - 1 adds first where it reaches these rows. */
-            if (lane == 0 && m0 <= prev_last) {
-                const auto sem = semaphore(it);
-                while (sem.load(cuda::memory_order_acquire) < n)
-                    __nanosleep(64);
-            }
+            if (lane == 0 && m0 <= prev_last)
+                attn_bwd_wait_turn(semaphore(it), n);
             __syncwarp();
         }
         /* Fragment (mq, nt) is the whole block of padded row m0 + dq_row0 + 16 mq, column

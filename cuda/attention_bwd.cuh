@@ -281,6 +281,13 @@ attn_bwd_semaphore(const attn_bwd_params &p, int64_t batch, int h, int m0) {
     return cuda::atomic_ref<int, cuda::thread_scope_device>(*(attn_bwd_order_words<D>(p) + ORDER_HEADER + tile));
 }
 
+/* Waits until key tile n - 1 has published its dQ adds to the query tile of `sem` (its count has
+ * reached n): the deterministic order's one wait, made by one lane. */
+__device__ __forceinline__ void attn_bwd_wait_turn(cuda::atomic_ref<int, cuda::thread_scope_device> sem, int n) {
+    while (sem.load(cuda::memory_order_acquire) < n)
+        __nanosleep(64);
+}
+
 /* The last query row that sees key j, negative for none (attn_key_rows); every lane of the
  * calling warp calls it. */
 __device__ __forceinline__ int attn_bwd_last_row(const attn_mask &m, int j) {

@@ -204,9 +204,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
                         if (lane == 0) {
                             if constexpr (WRITER_ORDERS)
                                 if (w == 0 && m0 <= prev_last) { /* key tile n - 1 adds here first */
-                                    const auto sem = attn_bwd_semaphore<D, BM>(p, batch, head, m0);
-                                    while (sem.load(cuda::memory_order_acquire) < n)
-                                        __nanosleep(64);
+                                    attn_bwd_wait_turn(attn_bwd_semaphore<D, BM>(p, batch, head, m0), n);
                                     tk_fence_proxy_async_global(); /* its sums, then our bulk adds */
                                 }
                             for (int r = 0; r < slabs; r++)
@@ -383,11 +381,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
 
         if constexpr (CONSUMERS_ORDER) {
             /* Key tile n - 1 adds first where it reaches these rows. */
-            if (lane == 0 && m0 <= prev_last) {
-                const auto sem = attn_bwd_semaphore<D, BM>(p, batch, h, m0);
-                while (sem.load(cuda::memory_order_acquire) < n)
-                    __nanosleep(64);
-            }
+            if (lane == 0 && m0 <= prev_last)
+                attn_bwd_wait_turn(attn_bwd_semaphore<D, BM>(p, batch, h, m0), n);
             __syncwarp();
         }
         if constexpr (BULK_DQ) {
