@@ -32,7 +32,7 @@ void run_bwd(void *arg, cudaStream_t stream) {
 
 /* One call of p: false (after a "skipped" line naming the reason) when no variant takes it, as
  * at head dim 256 on a device with too little shared memory per block (sm_86, sm_89: 143 KB are
- * needed) or for the deterministic row when the forced variant takes only atomic calls. */
+ * needed), or when a forced variant (TKERN_FORCE_VARIANT) declines the row's shape. */
 bool bench_runs(const tk_attention_bwd_params &p, const char *op, const char *shape) {
     const tk_status first = tk_attention_bwd(&p, NULL);
     if (first == TK_ERROR_NOT_SUPPORTED) {

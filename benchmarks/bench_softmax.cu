@@ -4,7 +4,7 @@
  * once. The stream variant's second read of a row (from L2 when it hits) is not counted: the
  * ratio shows what that second read costs. Rows: bf16 16384 x 4096 and 4096 x 131072
  * (a vocabulary), 32768 x 32768 and 16384 x 32768 (64 KB rows, as Quack benchmarks its softmax;
- * 4.3 and 2.1 GB moved, about 1 and 0.5 ms a repetition on an H200), log-softmax, f32
+ * 4.3 and 2.1 GB moved: about 1 and 0.5 ms a repetition at an H200's copy rate), log-softmax, f32
  * vocabulary rows (f32 logits), a causal attention-score matrix, backward (vocabulary rows for
  * both gradients: the log-softmax's first pass reads dy alone, the softmax's y and dy), f32;
  * then a decode-sized sampling row (one f32 vocabulary row), timed against the launch floor

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
      * would cost a block per SM for groups of 64 to 288 threads (f32 rows of 1024 to 4608). */
     constexpr bool HoldScale = Prefetch;
     const float w_add = w && a.gemma ? 1.0f : 0.0f;
-    tk_pack<W, VEC> scale_raw[PACKS];
+    tk_pack<W, VEC> scale_raw[HoldScale ? PACKS : 1];
     if constexpr (HoldScale) {
 #pragma unroll
         for (int p = 0; p < PACKS; p++)

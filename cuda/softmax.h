@@ -40,9 +40,9 @@ bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols);
  * interleaved, a row split over a thread-block cluster in slices that keep at most 128 KB in L2
  * for the second pass. */
 cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream);
-/* "vec16_cluster" (forward only, cc >= 9.0): rows whose whole 16-byte packs hold 64 to 256 KB,
- * each split over a thread-block cluster of 2 to 8 blocks that hold a 32 KB slice each in
- * registers. Whether it takes the call (widths, and a device that schedules such a cluster: an
+/* "vec16_cluster" (forward only, cc >= 9.0): rows whose whole 16-byte packs hold 64 to 512 KB,
+ * each split over a thread-block cluster of 2 to 16 blocks that hold a slice of at most 32 KB
+ * each in registers. Whether it takes the call (widths, and a device that schedules such a cluster: an
  * occupancy query, cached per device); the alignment is src/softmax.c's to check. */
 bool tk_softmax_cluster_supports(const void *call, const tk_device *dev);
 cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream);
