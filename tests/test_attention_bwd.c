@@ -28,23 +28,6 @@ enum { SM90, SM90_BULK_DQ, BN128, D256, MMA, VARIANT_COUNT };
  * variants run. */
 static bool sm90_claims(int64_t head_dim) { return head_dim == 128 && tk_sm90_runs_here(); }
 
-/* Shared memory per block of "mma_sm80_bn128" (K and V of 128 keys, two stages of Q, dO, lse and
- * D over BM = 64 query rows at head dims 64 and 80, 32 at 96 and 128, dS^T, the key table; rows
- * padded by 16 bytes) plus the static shared memory (the deterministic kernel's ticket, 128 bytes
- * with the dynamic part's alignment): it claims head dims 64 to 128 on the devices that allow that
- * much (at 80 and 128 not sm_86 / sm_89). */
-static int bn128_smem(int64_t head_dim) {
-    const int bm = head_dim <= 80 ? 64 : 32, row = 2 * (int)head_dim + 16;
-    return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 128;
-}
-
-/* "mma_sm80_d256" at head dim 256: K and V of 64 keys, two stages of 32 query rows, dS^T and P^T,
- * the key table, the ticket (143 KB: sm_80 and sm_90, not sm_86 / sm_89). */
-static int d256_smem(void) {
-    const int row = 2 * 256 + 16;
-    return 2 * 64 * row + 2 * (2 * 32 * row + 2 * 32 * 4) + 2 * 64 * (2 * 32 + 16) + 64 * 8 + 128;
-}
-
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
 /* Fake "device" buffers: host memory with a sentinel; validation must reject before any use.
@@ -638,8 +621,8 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     const bool claims[VARIANT_COUNT] = {
         [SM90] = sm90_claims(c->head_dim),
         [SM90_BULK_DQ] = sm90_claims(c->head_dim),
-        [BN128] = !d256 && bn128_smem(c->head_dim) <= info.max_smem_per_block,
-        [D256] = d256 && d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
+        [BN128] = !d256 && tk_attention_bwd_bn128_smem(c->head_dim) <= info.max_smem_per_block,
+        [D256] = d256 && tk_attention_bwd_d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
     if (!claims[SM90] && !claims[SM90_BULK_DQ] && !claims[BN128] && !claims[D256] && !claims[MMA]) {
         cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
         TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, "no variant");

@@ -14,6 +14,7 @@
 
 #include "support/tk_test.h"
 #include "ref/activation_ref.h"
+#include "ref/attention_bwd_ref.h"
 #include "ref/attention_ref.h"
 #include "ref/gemm_ref.h"
 #include "ref/norm_ref.h"
@@ -1022,6 +1023,383 @@ Test(sweep_gpu, attention_fwd, .timeout = 300) {
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
     const bool sm90 = info.compute_capability == 900 && tk_build_runs_variant(900, info.compute_capability);
     run_sweep("attention", ATTN_VARIANTS, COUNT(ATTN_VARIANTS), 11, 200, attention_case, false, sm90 ? 0u : 7u);
+}
+
+/* ---------------------------------------------------------------- attention backward ---- */
+
+static const char *const ATTN_BWD_VARIANTS[] = {"wgmma_sm90", "wgmma_sm90_bulk_dq", "mma_sm80_bn128",
+                                                "mma_sm80_d256", "mma_sm80"};
+
+/* Whether `variant` (NULL: the automatic choice, i.e. any variant) takes a call of this head dim
+ * on this device, by test_attention_bwd.c's claims: every variant takes every mask, option,
+ * layout and the deterministic flag, so only the head dim and the device decide. "wgmma_sm90"
+ * and "wgmma_sm90_bulk_dq": 128 where the Hopper variants run; "mma_sm80_bn128": 64 to 128 where
+ * its tiles fit; "mma_sm80_d256": 256 where its tiles fit; "mma_sm80": 64 to 128. */
+static bool bwd_claims(const char *variant, int64_t head_dim) {
+    static int smem = -1;
+    if (smem < 0) {
+        tk_device_info info = TK_DEVICE_INFO_INIT;
+        cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+        smem = info.max_smem_per_block;
+    }
+    const bool d256 = head_dim == 256;
+    if (variant == NULL)
+        return !d256 || tk_attention_bwd_d256_smem() <= smem;
+    if (strncmp(variant, "wgmma_sm90", 10) == 0)
+        return head_dim == 128 && tk_sm90_runs_here();
+    if (is_variant(variant, "mma_sm80_bn128"))
+        return !d256 && tk_attention_bwd_bn128_smem(head_dim) <= smem;
+    if (is_variant(variant, "mma_sm80_d256"))
+        return d256 && tk_attention_bwd_d256_smem() <= smem;
+    return !d256; /* "mma_sm80" */
+}
+
+/* The variant the automatic choice runs: the first of the table (selection order) that claims
+ * the call. */
+static const char *bwd_auto_variant(int64_t head_dim) {
+    for (int v = 0; v < COUNT(ATTN_BWD_VARIANTS); v++)
+        if (bwd_claims(ATTN_BWD_VARIANTS[v], head_dim))
+            return ATTN_BWD_VARIANTS[v];
+    return "";
+}
+
+/* One gradient (g, strides st, [batch, seq, heads, head_dim]) against the fp64 reference by
+ * test_attention_bwd.c's rule: every element finite, exactly 0 in the rows that see no partner
+ * (queries that see no key for dq, keys no query sees for dk and dv), and the largest error at
+ * most twice the naive backward's plus the representation term; every position of the buffer
+ * outside the tensor keeps its poison. A failure is appended to fails rather than asserted, so
+ * that dq, dk and dv are reported together: which of them are wrong tells a dQ reduction bug
+ * (dq only) from a wrong P or dS (all three). */
+static void check_attn_grad(const tk_attention_params *ref, const char *name, const buf *g, const int64_t st[4],
+                            int64_t seq, int64_t heads, bool keys, const double *exact, const double *naive,
+                            char *fails, size_t size) {
+    const int64_t d = ref->head_dim, partners = keys ? ref->seqlen_q : ref->seqlen_k;
+    const size_t es = tk_test_dtype_size(g->dtype);
+    unsigned char *inside = calloc((size_t)g->n, 1);
+    cr_assert(inside != NULL);
+    double err = 0.0, err_naive = 0.0, atol = 0.0;
+    int64_t bad = 0, nonzero = 0, worst = -1, outside = -1;
+    for (int64_t b = 0; b < ref->batch; b++)
+        for (int64_t s = 0; s < seq; s++) {
+            bool seen = false;
+            for (int64_t x = 0; x < partners && !seen; x++)
+                seen = keys ? ref_attention_visible(ref, b, x, s) : ref_attention_visible(ref, b, s, x);
+            for (int64_t h = 0; h < heads; h++)
+                for (int64_t e = 0; e < d; e++) {
+                    const int64_t at = b * st[0] + s * st[1] + h * st[2] + e, i = ((b * seq + s) * heads + h) * d + e;
+                    const double v = tk_test_load(g->dtype, g->got, at);
+                    inside[at] = 1;
+                    if (!isfinite(v)) {
+                        bad++;
+                        continue;
+                    }
+                    if (!seen)
+                        nonzero += v != 0.0;
+                    if (fabs(v - exact[i]) > err) {
+                        err = fabs(v - exact[i]);
+                        worst = at;
+                    }
+                    err_naive = fmax(err_naive, fabs(naive[i] - exact[i]));
+                    atol = fmax(atol, ref_attention_representation_term(g->dtype, exact[i]));
+                }
+        }
+    for (int64_t x = 0; x < g->n && outside < 0; x++)
+        if (!inside[x] && memcmp(g->got + (size_t)x * es, g->host + (size_t)x * es, es) != 0)
+            outside = x;
+    free(inside);
+    const size_t used = strlen(fails);
+    if (outside >= 0)
+        snprintf(fails + used, size - used, "; wrote %s's buffer at element %lld, outside the tensor", name,
+                 (long long)outside);
+    else if (bad != 0)
+        snprintf(fails + used, size - used, "; %lld non-finite %s values", (long long)bad, name);
+    else if (nonzero != 0)
+        snprintf(fails + used, size - used, "; %lld %s values of unseen rows are not 0", (long long)nonzero, name);
+    else if (!(err <= 2.0 * err_naive + atol))
+        snprintf(fails + used, size - used, "; max |%s - ref| = %.3g at element %lld > 2 x naive error %.3g + %.3g",
+                 name, err, (long long)worst, err_naive, atol);
+}
+
+/* dsinks by test_attention_bwd.c's rule: the kernel sums -exp(sink - lse_i) D_i over the
+ * forward's stored o and lse in f32, so it is held to that sum recomputed in fp64 from the same
+ * stored values (within the f32 rounding of that many terms), and that sum to the fp64
+ * reference's dsinks within the forward's error on o (2 x the representation term per element,
+ * weighted by |dout|), plus 0.1 % of the terms' magnitude. The 8 floats past dsinks keep their
+ * poison. */
+static void check_attn_dsinks(const sweep *s, const tk_attention_params *ref, const buf *o, const buf *lse,
+                              const buf *dsinks, const double *q, const double *k, const double *v,
+                              const double *dout, const float *slopes) {
+    const int64_t hq = ref->heads_q, d = ref->head_dim;
+    double *exact = malloc((size_t)hq * sizeof(double));
+    cr_assert(exact != NULL);
+    ref_attention_dsinks(ref, q, k, v, dout, slopes, exact);
+    for (int64_t h = 0; h < hq; h++) {
+        double stored = 0.0, magnitude = 0.0, rounding = 0.0;
+        for (int64_t b = 0; b < ref->batch; b++)
+            for (int64_t i = 0; i < ref->seqlen_q; i++) {
+                const int64_t row = b * ref->o_strides[0] + i * ref->o_strides[1] + h * ref->o_strides[2];
+                const double l = tk_test_load(TK_F32, lse->got, (b * hq + h) * ref->seqlen_q + i);
+                const double ps = exp((double)ref->sinks[h] - l);
+                double dsum = 0.0, dmag = 0.0;
+                for (int64_t e = 0; e < d; e++) {
+                    const double oe = tk_test_load(ref->dtype, o->got, row + e), g = dout[row + e];
+                    dsum += g * oe;
+                    dmag += fabs(g) * 2.0 * ref_attention_representation_term(ref->dtype, oe);
+                }
+                stored -= ps * dsum;
+                magnitude += ps * fabs(dsum);
+                rounding += ps * dmag;
+            }
+        const double got = tk_test_load(TK_F32, dsinks->got, h);
+        cr_assert(isfinite(got) && fabs(got - stored) <= 1e-5 * (magnitude + 1.0),
+                  "%s: dsinks[%lld] = %.8g, the stored o and lse give %.8g", s->what, (long long)h, got, stored);
+        cr_assert(fabs(stored - exact[h]) <= rounding + 1e-3 * (magnitude + 1.0),
+                  "%s: dsinks[%lld] of the stored o %.8g, fp64 reference %.8g (bound %.3g)", s->what, (long long)h,
+                  stored, exact[h], rounding);
+    }
+    cr_assert(memcmp(dsinks->got + (size_t)hq * 4, dsinks->host + (size_t)hq * 4, (size_t)(dsinks->n - hq) * 4) == 0,
+              "%s: wrote past dsinks", s->what);
+    free(exact);
+}
+
+/* One backward call (the forward run first for its o and lse), steered towards what the forced
+ * variant claims: a head dim it takes on this device (the variants differ in nothing else).
+ * Random: dtype, batch, GQA, lengths (1, ragged, over several key and query tiles), head dim,
+ * causal and windows, softcap, scale, ALiBi, chunks, a prefix, documents, sinks (dsinks checked
+ * too), deterministic (then run twice: bit-identical), and separate strided layouts for the
+ * inputs (q, k, v, o, dout) and the gradients. */
+static void attention_bwd_case(sweep *s, tk_rng *r, bool backward) {
+    (void)backward;
+    const char *variant = case_variant(s);
+    int64_t dims[COUNT(ATTN_HEAD_DIMS)];
+    int n_dims = 0;
+    for (int i = 0; i < COUNT(ATTN_HEAD_DIMS); i++)
+        if (bwd_claims(variant, ATTN_HEAD_DIMS[i]))
+            dims[n_dims++] = ATTN_HEAD_DIMS[i];
+    /* a variant that claims nothing here (the Hopper ones elsewhere): head dim 128, which the
+     * automatic choice takes everywhere and the variant then declines */
+    if (n_dims == 0)
+        dims[n_dims++] = 128;
+    tk_attention_params f = TK_ATTENTION_PARAMS_INIT; /* the forward whose gradients these are */
+    f.dtype = chance(r, 0.5) ? TK_BF16 : TK_F16;
+    f.head_dim = dims[irand(r, 0, n_dims - 1)];
+    /* few heads: the reference budget below then keeps the lengths over several tiles */
+    const bool few_heads = chance(r, 0.5);
+    f.heads_kv = few_heads ? 1 : irand(r, 1, 3);
+    f.heads_q = f.heads_kv * (few_heads ? irand(r, 1, 2) : irand(r, 1, 4));
+    f.batch = few_heads ? 1 : irand(r, 1, 2);
+    const int64_t max_q = chance(r, 0.3) ? 40 : few_heads ? 300 : 160, max_k = few_heads ? 400 : 200;
+    f.seqlen_q = chance(r, 0.15) ? 1 : irand(r, 1, max_q);
+    f.seqlen_k = chance(r, 0.15) ? 1 : irand(r, 1, max_k);
+    /* keep the fp64 reference quick: at most ~4M products */
+    while (f.batch * f.heads_q * f.seqlen_q * f.seqlen_k * f.head_dim > 4000000) {
+        if (f.seqlen_q > f.seqlen_k)
+            f.seqlen_q = (f.seqlen_q + 1) / 2;
+        else
+            f.seqlen_k = (f.seqlen_k + 1) / 2;
+    }
+    const int layout = (int)irand(r, 0, 2), grad_layout = (int)irand(r, 0, 2);
+    const int64_t rpad = 8 * irand(r, 0, 2), bpad = chance(r, 0.5) ? 64 : 0;
+    const int64_t grad_rpad = 8 * irand(r, 0, 2), grad_bpad = chance(r, 0.5) ? 64 : 0;
+    f.causal = chance(r, 0.5);
+    f.window_left = chance(r, 0.4) ? irand(r, 0, f.seqlen_k + 2) : -1;
+    f.window_right = f.causal ? (chance(r, 0.3) ? 0 : -1) : chance(r, 0.4) ? irand(r, 0, f.seqlen_q + 2) : -1;
+    /* the specialised masks, where tkern.h allows them together: a prefix only causal, without a
+     * left window, chunks or documents; documents only with seqlen_q <= seqlen_k */
+    if (f.causal && chance(r, 0.15)) {
+        f.prefix_len = irand(r, 1, f.seqlen_k + 2);
+        f.window_left = -1;
+    } else {
+        f.chunk_size = chance(r, 0.2) ? irand(r, 1, f.seqlen_k + 2) : 0;
+    }
+    const int64_t doc_len = f.prefix_len == 0 && f.seqlen_q <= f.seqlen_k && chance(r, 0.25)
+                                ? irand(r, 1, f.seqlen_k) : 0;
+    const bool sinks = chance(r, 0.2), alibi = chance(r, 0.25);
+    f.softcap = chance(r, 0.25) ? (float)tk_rng_uniform(r, 2.0, 50.0) : 0.0f;
+    f.softmax_scale = chance(r, 0.2) ? (float)tk_rng_uniform(r, 0.05, 0.3) : 0.0f;
+    const int deterministic = chance(r, 0.5);
+    describe(s, "attention_bwd %s B%lld Sq%lld Sk%lld H%lld/%lld D%lld layout %d pads %lld/%lld grads %d pads "
+             "%lld/%lld causal %d window (%lld, %lld) softcap %g scale %g alibi %d chunk %lld prefix %lld docs %lld "
+             "sinks %d deterministic %d forced %s",
+             tk_test_dtype_name(f.dtype), (long long)f.batch, (long long)f.seqlen_q, (long long)f.seqlen_k,
+             (long long)f.heads_q, (long long)f.heads_kv, (long long)f.head_dim, layout, (long long)rpad,
+             (long long)bpad, grad_layout, (long long)grad_rpad, (long long)grad_bpad, f.causal,
+             (long long)f.window_left, (long long)f.window_right, (double)f.softcap, (double)f.softmax_scale, alibi,
+             (long long)f.chunk_size, (long long)f.prefix_len, (long long)doc_len, sinks, deterministic,
+             variant ? variant : "none");
+
+    tk_attention_params ref = f; /* explicit strides and host arrays */
+    const int64_t nq = attn_strides(layout, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rpad, bpad, ref.q_strides);
+    const int64_t nk = attn_strides(layout, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, rpad, bpad, ref.k_strides);
+    attn_strides(layout, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, rpad, bpad, ref.v_strides);
+    attn_strides(layout, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rpad, bpad, ref.o_strides);
+    if (layout != 0) {
+        memcpy(f.q_strides, ref.q_strides, sizeof f.q_strides);
+        memcpy(f.k_strides, ref.k_strides, sizeof f.k_strides);
+        memcpy(f.v_strides, ref.v_strides, sizeof f.v_strides);
+        memcpy(f.o_strides, ref.o_strides, sizeof f.o_strides);
+    }
+    int64_t dq_st[4], dk_st[4];
+    const int64_t ndq =
+        attn_strides(grad_layout, f.batch, f.seqlen_q, f.heads_q, f.head_dim, grad_rpad, grad_bpad, dq_st);
+    const int64_t ndk =
+        attn_strides(grad_layout, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, grad_rpad, grad_bpad, dk_st);
+    const int64_t n_lse = f.batch * f.heads_q * f.seqlen_q;
+    buf q = buf_new(f.dtype, nq), k = buf_new(f.dtype, nk), v = buf_new(f.dtype, nk), o = buf_new(f.dtype, nq);
+    buf dout = buf_new(f.dtype, nq), lse = buf_new(TK_F32, n_lse), slopes = buf_new(TK_F32, f.heads_q);
+    buf sink = buf_new(TK_F32, f.heads_q), dsinks = buf_new(TK_F32, f.heads_q);
+    buf dq = buf_new(f.dtype, ndq), dk = buf_new(f.dtype, ndk), dv = buf_new(f.dtype, ndk);
+    buf_input(&q, r, -1.0, 1.0); /* test_attention_bwd.c's ranges, for which its rule is set */
+    buf_input(&k, r, -1.0, 1.0);
+    buf_input(&v, r, -1.0, 1.0);
+    buf_input(&dout, r, -1.0, 1.0);
+    buf_input(&sink, r, -2.0, 4.0);
+    for (int64_t h = 0; h < f.heads_q; h++) /* the ALiBi paper's geometric slopes */
+        tk_test_store(TK_F32, slopes.host, h, pow(2.0, -8.0 * (double)(h + 1) / (double)f.heads_q));
+    tk_to_dev(slopes.dev, slopes.host, slopes.bytes);
+    int32_t *ids = doc_len > 0 ? ref_attention_doc_ids(f.batch, f.seqlen_k, doc_len) : NULL;
+    void *d_ids = ids ? dev_copy(ids, (size_t)(f.batch * f.seqlen_k) * sizeof(int32_t)) : NULL;
+    buf_output(&o);
+    buf_output(&lse);
+    f.q = q.dev;
+    f.k = k.dev;
+    f.v = v.dev;
+    f.o = o.dev;
+    f.return_lse = 1;
+    f.lse = (float *)lse.dev;
+    f.alibi_slopes = alibi ? (const float *)slopes.dev : NULL;
+    f.sinks = sinks ? (const float *)sink.dev : NULL;
+    f.document_ids = d_ids;
+    ref.sinks = sinks ? (const float *)sink.host : NULL;
+    ref.document_ids = ids;
+    cr_assert_eq(tk_attention_fwd(&f, NULL), TK_SUCCESS, "%s: forward: %s", s->what, tk_last_error());
+
+    tk_attention_bwd_params p = TK_ATTENTION_BWD_PARAMS_INIT;
+    p.dtype = f.dtype;
+    p.q = q.dev, p.k = k.dev, p.v = v.dev, p.o = o.dev, p.lse = (const float *)lse.dev, p.dout = dout.dev;
+    p.dq = dq.dev, p.dk = dk.dev, p.dv = dv.dev;
+    p.batch = f.batch, p.seqlen_q = f.seqlen_q, p.seqlen_k = f.seqlen_k;
+    p.heads_q = f.heads_q, p.heads_kv = f.heads_kv, p.head_dim = f.head_dim;
+    memcpy(p.q_strides, f.q_strides, sizeof p.q_strides);
+    memcpy(p.k_strides, f.k_strides, sizeof p.k_strides);
+    memcpy(p.v_strides, f.v_strides, sizeof p.v_strides);
+    memcpy(p.o_strides, f.o_strides, sizeof p.o_strides);
+    memcpy(p.dout_strides, f.o_strides, sizeof p.dout_strides); /* dout laid out like o (the reference's) */
+    if (grad_layout != 0) {
+        memcpy(p.dq_strides, dq_st, sizeof p.dq_strides);
+        memcpy(p.dk_strides, dk_st, sizeof p.dk_strides);
+        memcpy(p.dv_strides, dk_st, sizeof p.dv_strides);
+    }
+    p.softmax_scale = f.softmax_scale;
+    p.causal = f.causal, p.window_left = f.window_left, p.window_right = f.window_right;
+    p.softcap = f.softcap;
+    p.alibi_slopes = f.alibi_slopes;
+    p.sinks = f.sinks;
+    p.dsinks = (float *)dsinks.dev; /* without sinks unused: checked untouched */
+    p.chunk_size = f.chunk_size, p.prefix_len = f.prefix_len, p.document_ids = f.document_ids;
+    p.deterministic = deterministic;
+    size_t ws_bytes = 0;
+    cr_assert_eq(tk_attention_bwd_workspace_size(&p, &ws_bytes), TK_SUCCESS, "%s: %s", s->what, tk_last_error());
+    void *ws = tk_dev_alloc(ws_bytes);
+    p.workspace = ws, p.workspace_bytes = ws_bytes;
+
+    /* With the variant forced: it must run the call where it claims it and decline it (which
+     * writes nothing) where not; then the automatic choice runs it, which must be the first
+     * variant that claims it. Deterministic calls run a second time on fresh poison, and must
+     * give the same bits. */
+    const bool claimed = variant == NULL || bwd_claims(variant, f.head_dim);
+    const char *ran = NULL;
+    for (int run = 0; run < 1 + deterministic; run++) {
+        buf_output(&dq);
+        buf_output(&dk);
+        buf_output(&dv);
+        buf_output(&dsinks);
+        tk_dev_poison(ws, ws_bytes);
+        cr_assert_eq(tk_experimental_force_variant("attention_bwd", variant), TK_SUCCESS);
+        tk_status st = tk_attention_bwd(&p, NULL);
+        if (TK_STATUS_GROUP(st) == 2 && variant != NULL) {
+            cr_assert(!claimed, "%s: %s declined a call it claims on this device: %s", s->what, variant,
+                      tk_last_error());
+            variant = NULL;
+            cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
+            st = tk_attention_bwd(&p, NULL);
+        }
+        cr_assert_eq(st, TK_SUCCESS, "%s: %s", s->what, tk_last_error());
+        cr_assert(variant == NULL || claimed, "%s: %s ran a call it does not claim on this device", s->what,
+                  variant);
+        const char *expected = variant ? variant : bwd_auto_variant(f.head_dim);
+        cr_assert_str_eq(tk_last_variant(), expected, "%s: ran %s, expected %s", s->what, tk_last_variant(),
+                         expected);
+        if (run == 0)
+            count_run(s, variant);
+        cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
+        if (run == 0) {
+            ran = expected;
+            tk_dev_sync();
+            buf_fetch(&dq);
+            buf_fetch(&dk);
+            buf_fetch(&dv);
+            buf_fetch(&dsinks);
+            continue;
+        }
+        tk_dev_sync();
+        const buf *outs[4] = {&dq, &dk, &dv, &dsinks};
+        static const char *const names[4] = {"dq", "dk", "dv", "dsinks"};
+        for (int t = 0; t < 4; t++) {
+            unsigned char *again = malloc(outs[t]->bytes);
+            cr_assert(again != NULL);
+            tk_to_host(again, outs[t]->dev, outs[t]->bytes);
+            cr_assert(memcmp(again, outs[t]->got, outs[t]->bytes) == 0,
+                      "%s: deterministic: %s's second run (%s) differs from its first", s->what, names[t], ran);
+            free(again);
+        }
+    }
+    buf_fetch(&o);
+    buf_fetch(&lse);
+
+    double *q64 = gather(&q, 0, 1, q.n, 0), *k64 = gather(&k, 0, 1, k.n, 0), *v64 = gather(&v, 0, 1, v.n, 0);
+    double *do64 = gather(&dout, 0, 1, dout.n, 0);
+    const size_t dense_q = (size_t)(f.batch * f.seqlen_q * f.heads_q * f.head_dim);
+    const size_t dense_k = (size_t)(f.batch * f.seqlen_k * f.heads_kv * f.head_dim);
+    double *eq = malloc(dense_q * sizeof(double)), *nq64 = malloc(dense_q * sizeof(double));
+    double *ek = malloc(dense_k * sizeof(double)), *nk64 = malloc(dense_k * sizeof(double));
+    double *ev = malloc(dense_k * sizeof(double)), *nv64 = malloc(dense_k * sizeof(double));
+    cr_assert(eq && nq64 && ek && nk64 && ev && nv64);
+    const float *host_slopes = alibi ? (const float *)slopes.host : NULL;
+    ref_attention_bwd(&ref, q64, k64, v64, do64, host_slopes, false, eq, ek, ev);
+    ref_attention_bwd(&ref, q64, k64, v64, do64, host_slopes, true, nq64, nk64, nv64);
+    char fails[512] = "";
+    check_attn_grad(&ref, "dq", &dq, dq_st, f.seqlen_q, f.heads_q, false, eq, nq64, fails, sizeof fails);
+    check_attn_grad(&ref, "dk", &dk, dk_st, f.seqlen_k, f.heads_kv, true, ek, nk64, fails, sizeof fails);
+    check_attn_grad(&ref, "dv", &dv, dk_st, f.seqlen_k, f.heads_kv, true, ev, nv64, fails, sizeof fails);
+    cr_assert(fails[0] == '\0', "%s: ran %s%s", s->what, ran, fails);
+    if (sinks)
+        check_attn_dsinks(s, &ref, &o, &lse, &dsinks, q64, k64, v64, do64, host_slopes);
+    else
+        cr_assert(memcmp(dsinks.got, dsinks.host, dsinks.bytes) == 0, "%s: wrote dsinks without sinks", s->what);
+    free(q64); free(k64); free(v64); free(do64);
+    free(eq); free(nq64); free(ek); free(nk64); free(ev); free(nv64);
+    free(ids);
+    tk_dev_free(d_ids);
+    tk_dev_free(ws);
+    buf_free(&q); buf_free(&k); buf_free(&v); buf_free(&o); buf_free(&dout); buf_free(&lse); buf_free(&slopes);
+    buf_free(&sink); buf_free(&dsinks); buf_free(&dq); buf_free(&dk); buf_free(&dv);
+}
+
+/* The variants that claim no head dim on this device need not run (each forced case falls back
+ * to the automatic choice): the two "wgmma_sm90" ones off a cc 9.0 device with a build for
+ * sm_90a, "mma_sm80_d256" (and head dim 256 altogether) where its 143 KB do not fit. */
+Test(sweep_gpu, attention_bwd, .timeout = 300) {
+    TK_REQUIRE_GPU();
+    unsigned optional = 0u;
+    for (int v = 0; v < COUNT(ATTN_BWD_VARIANTS); v++) {
+        bool any = false;
+        for (int i = 0; i < COUNT(ATTN_HEAD_DIMS); i++)
+            any = any || bwd_claims(ATTN_BWD_VARIANTS[v], ATTN_HEAD_DIMS[i]);
+        optional |= any ? 0u : 1u << v;
+    }
+    run_sweep("attention_bwd", ATTN_BWD_VARIANTS, COUNT(ATTN_BWD_VARIANTS), 13, 120, attention_bwd_case, true,
+              optional);
 }
 
 /* ------------------------------------------------------------------------------ gemm ---- */

@@ -264,6 +264,16 @@ bool tk_sm90_runs_here(void) {
     return runs == 1;
 }
 
+int tk_attention_bwd_bn128_smem(int64_t head_dim) {
+    const int bm = head_dim <= 80 ? 64 : 32, row = 2 * (int)head_dim + 16;
+    return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 128;
+}
+
+int tk_attention_bwd_d256_smem(void) {
+    const int row = 2 * 256 + 16;
+    return 2 * 64 * row + 2 * (2 * 32 * row + 2 * 32 * 4) + 2 * 64 * (2 * 32 + 16) + 64 * 8 + 128;
+}
+
 void tk_assert_dev_bytes_equal(const void *dev, const void *want, size_t bytes, const char *what) {
     unsigned char *got = malloc(bytes);
     cr_assert(got != NULL);
