@@ -855,6 +855,31 @@ static int64_t attn_strides(int layout, int64_t batch, int64_t seq, int64_t head
     return batch * st[0];
 }
 
+/* The strides of q, k, v and o for a layout (attn_strides) into ref, and into the call's params
+ * unless the layout is dense (strides all 0 there); *nq and *nk the elements of the buffers of q
+ * (and o) and of k (and v). */
+static void attn_layout(int layout, int64_t rpad, int64_t bpad, tk_attention_params *ref, tk_attention_params *call,
+                        int64_t *nq, int64_t *nk) {
+    const tk_attention_params *c = call;
+    *nq = attn_strides(layout, c->batch, c->seqlen_q, c->heads_q, c->head_dim, rpad, bpad, ref->q_strides);
+    *nk = attn_strides(layout, c->batch, c->seqlen_k, c->heads_kv, c->head_dim, rpad, bpad, ref->k_strides);
+    attn_strides(layout, c->batch, c->seqlen_k, c->heads_kv, c->head_dim, rpad, bpad, ref->v_strides);
+    attn_strides(layout, c->batch, c->seqlen_q, c->heads_q, c->head_dim, rpad, bpad, ref->o_strides);
+    if (layout != 0) {
+        memcpy(call->q_strides, ref->q_strides, sizeof call->q_strides);
+        memcpy(call->k_strides, ref->k_strides, sizeof call->k_strides);
+        memcpy(call->v_strides, ref->v_strides, sizeof call->v_strides);
+        memcpy(call->o_strides, ref->o_strides, sizeof call->o_strides);
+    }
+}
+
+/* The ALiBi paper's geometric slopes, one per query head (the buffer's n), on the device. */
+static void alibi_slopes(buf *slopes) {
+    for (int64_t h = 0; h < slopes->n; h++)
+        tk_test_store(TK_F32, slopes->host, h, pow(2.0, -8.0 * (double)(h + 1) / (double)slopes->n));
+    tk_to_dev(slopes->dev, slopes->host, slopes->bytes);
+}
+
 /* FlashAttention's representation term: twice the change that adding and removing 0.3 in the
  * output dtype makes to a reference value. */
 static double representation_term(tk_dtype dtype, double exact) {
@@ -919,16 +944,8 @@ static void attention_case(sweep *s, tk_rng *r, bool backward) {
              (double)p.softcap, (double)p.softmax_scale, alibi, p.return_lse, variant ? variant : "none");
 
     tk_attention_params ref = p; /* explicit strides, and the mask the call means */
-    const int64_t nq = attn_strides(layout, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rpad, bpad, ref.q_strides);
-    const int64_t nk = attn_strides(layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, rpad, bpad, ref.k_strides);
-    attn_strides(layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, rpad, bpad, ref.v_strides);
-    attn_strides(layout, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rpad, bpad, ref.o_strides);
-    if (layout != 0) {
-        memcpy(p.q_strides, ref.q_strides, sizeof p.q_strides);
-        memcpy(p.k_strides, ref.k_strides, sizeof p.k_strides);
-        memcpy(p.v_strides, ref.v_strides, sizeof p.v_strides);
-        memcpy(p.o_strides, ref.o_strides, sizeof p.o_strides);
-    }
+    int64_t nq, nk;
+    attn_layout(layout, rpad, bpad, &ref, &p, &nq, &nk);
     if (mask == 2) {
         ref.causal = 1;
         ref.window_right = 0;
@@ -940,9 +957,7 @@ static void attention_case(sweep *s, tk_rng *r, bool backward) {
     buf_input(&q, r, -qk_range, qk_range);
     buf_input(&k, r, -qk_range, qk_range);
     buf_input(&v, r, -1.0, 1.0);
-    for (int64_t h = 0; h < p.heads_q; h++) /* the ALiBi paper's geometric slopes */
-        tk_test_store(TK_F32, slopes.host, h, pow(2.0, -8.0 * (double)(h + 1) / (double)p.heads_q));
-    tk_to_dev(slopes.dev, slopes.host, slopes.bytes);
+    alibi_slopes(&slopes);
     buf_output(&o);
     buf_output(&lse);
     p.q = q.dev;
@@ -1229,16 +1244,8 @@ static void attention_bwd_case(sweep *s, tk_rng *r, bool backward) {
              variant ? variant : "none");
 
     tk_attention_params ref = f; /* explicit strides and host arrays */
-    const int64_t nq = attn_strides(layout, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rpad, bpad, ref.q_strides);
-    const int64_t nk = attn_strides(layout, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, rpad, bpad, ref.k_strides);
-    attn_strides(layout, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, rpad, bpad, ref.v_strides);
-    attn_strides(layout, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rpad, bpad, ref.o_strides);
-    if (layout != 0) {
-        memcpy(f.q_strides, ref.q_strides, sizeof f.q_strides);
-        memcpy(f.k_strides, ref.k_strides, sizeof f.k_strides);
-        memcpy(f.v_strides, ref.v_strides, sizeof f.v_strides);
-        memcpy(f.o_strides, ref.o_strides, sizeof f.o_strides);
-    }
+    int64_t nq, nk;
+    attn_layout(layout, rpad, bpad, &ref, &f, &nq, &nk);
     int64_t dq_st[4], dk_st[4];
     const int64_t ndq =
         attn_strides(grad_layout, f.batch, f.seqlen_q, f.heads_q, f.head_dim, grad_rpad, grad_bpad, dq_st);
@@ -1254,9 +1261,7 @@ static void attention_bwd_case(sweep *s, tk_rng *r, bool backward) {
     buf_input(&v, r, -1.0, 1.0);
     buf_input(&dout, r, -1.0, 1.0);
     buf_input(&sink, r, -2.0, 4.0);
-    for (int64_t h = 0; h < f.heads_q; h++) /* the ALiBi paper's geometric slopes */
-        tk_test_store(TK_F32, slopes.host, h, pow(2.0, -8.0 * (double)(h + 1) / (double)f.heads_q));
-    tk_to_dev(slopes.dev, slopes.host, slopes.bytes);
+    alibi_slopes(&slopes);
     int32_t *ids = doc_len > 0 ? ref_attention_doc_ids(f.batch, f.seqlen_k, doc_len) : NULL;
     void *d_ids = ids ? dev_copy(ids, (size_t)(f.batch * f.seqlen_k) * sizeof(int32_t)) : NULL;
     buf_output(&o);
