@@ -113,9 +113,8 @@ __device__ __forceinline__ int attn_chunk_start(int p, int chunk) {
  * positions), found by a whole warp at once and held 32 positions to a lane: lane w has the bits
  * of positions first + 32 w .. + 31 that start a new document, and the runs that reach into that
  * stretch from either side. Any position's run is then three shuffles and bit operations
- * (attn_doc_run): a band costs the warp one round of loads for its breaks beside the two end
- * searches, where each position added a search up to seven dependent loads deep. Every lane of
- * the warp makes each call
+ * (attn_doc_run): a table of the band costs the warp about three rounds of loads, where a search
+ * per position cost up to seven dependent ones. Every lane of the warp makes each call
  * (attn_doc_band, attn_doc_run, and attn_row_keys / attn_key_rows with documents). */
 struct attn_docs {
     int first;        /* the band's first position */
@@ -127,26 +126,33 @@ struct attn_docs {
                        * the run of last) */
 };
 
-/* The first index in [lo, hi) whose id is past v (upper) or at least v, else hi: a 32-ary
- * search by the calling warp, 3 rounds for 2^14 ids. */
-__device__ __forceinline__ int attn_warp_search(const int *ids, int lo, int hi, int v, bool upper) {
+/* A 32-ary search of the calling warp for the first index of [lo, hi) whose id is past v (upper)
+ * or at least v, else hi, one round at a time (attn_search_round), so that two searches share
+ * the rounds' round trips: 3 rounds for 2^14 ids. */
+struct attn_search {
+    int lo, hi, v;
+    bool upper;
+};
+
+/* One round: each lane probes one id; the lanes whose ids come before the answer are a prefix
+ * (ids never decrease), which narrows [lo, hi) to one step of the probes. */
+__device__ __forceinline__ void attn_search_round(attn_search &s, const int *ids) {
     const int lane = threadIdx.x & 31;
-    while (lo < hi) {
-        const int step = (hi - lo + 31) / 32;
-        const int x = lo + lane * step;
-        bool before = false;
-        if (x < hi) {
-            const int id = __ldg(ids + x);
-            before = upper ? id <= v : id < v;
-        }
-        const int c = __popc(__ballot_sync(0xffffffffu, before));
-        if (c == 0)
-            break;
-        const int base = lo;
-        lo = base + (c - 1) * step + 1;
-        hi = min(hi, base + c * step);
+    const int step = (s.hi - s.lo + 31) / 32;
+    const int x = s.lo + lane * step;
+    bool before = false;
+    if (x < s.hi) {
+        const int id = __ldg(ids + x);
+        before = s.upper ? id <= s.v : id < s.v;
     }
-    return lo;
+    const int c = __popc(__ballot_sync(0xffffffffu, before));
+    if (c == 0) {
+        s.hi = s.lo; /* lo is the answer */
+    } else {
+        const int base = s.lo;
+        s.lo = base + (c - 1) * step + 1;
+        s.hi = min(s.hi, base + c * step);
+    }
 }
 
 __device__ __forceinline__ attn_docs attn_doc_band(const attn_mask &m, int first, int last) {
@@ -163,8 +169,14 @@ __device__ __forceinline__ attn_docs attn_doc_band(const attn_mask &m, int first
             d.word = word;
     }
     /* Where the run of first starts before the band and the run of last ends past it. */
-    const int band_start = attn_warp_search(m.doc_ids, 0, first, __ldg(m.doc_ids + first), false);
-    const int band_end = attn_warp_search(m.doc_ids, last, m.seqlen_k, __ldg(m.doc_ids + last), true) - 1;
+    attn_search run = {0, first, __ldg(m.doc_ids + first), false};
+    while (run.lo < run.hi)
+        attn_search_round(run, m.doc_ids);
+    const int band_start = run.lo;
+    run = {last, m.seqlen_k, __ldg(m.doc_ids + last), true};
+    while (run.lo < run.hi)
+        attn_search_round(run, m.doc_ids);
+    const int band_end = run.lo - 1;
     /* Across the lanes: the last break of the words before each lane's (a prefix max) and the
      * first break of the words after it (a suffix min). */
     constexpr int NONE = 0x7fffffff;
