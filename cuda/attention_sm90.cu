@@ -10,7 +10,7 @@
  * dim 256; in the wide variant 176 with 2 stages at head dim 128, and 3 consumers, BM = 192, 512
  * threads, at 64; sm90_plan):
  * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg; in the persistent
- *   variant one warp at 56, which fills the mask table): the Q tile once onto q_full, then
+ *   variant one warp at 40, which fills the mask table): the Q tile once onto q_full, then
  *   per key tile: waits for the stage's k_empty and issues the TMA copies of the K tile (counted
  *   on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
@@ -45,7 +45,7 @@
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
  * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
- * its previous or next tile. The producer is a warp (the document runs take a whole warp; 56
+ * its previous or next tile. The producer is a warp (the document runs take a whole warp; 48
  * registers, the consumers 224): it fills each work tile's mask table as soon as the consumers
  * have read the previous tile's (TABLE_EMPTY, a named barrier: after their last softmax of it),
  * loads the tile's Q once their last Q K^T of the previous tile is done (q_empty) and its first
@@ -97,10 +97,10 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     /* Registers per thread after setmaxnreg, within what the launch holds (65536 / THREADS,
      * rounded down to 8: 168 x 384 = 64512, or 128 x 512): 2 x 128 x 240 + 128 x 24; PERSISTENT,
      * whose producer warp fills each work tile's mask table (the document runs, which spill in
-     * 24; with 40 the loads spilled 4-16 bytes around them): 2 x 128 x 224 + 128 x 56; three
+     * 24; with 40 the loads spilled 4-16 bytes around them): 2 x 128 x 224 + 128 x 48; three
      * consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
     static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : PERSISTENT ? 224 : 240;
-    static constexpr int PRODUCER_REGS = PERSISTENT ? 56 : 24;
+    static constexpr int PRODUCER_REGS = PERSISTENT ? 48 : 24;
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8; /* per thread, as ptxas allots them */
     static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
                   "the warpgroups' registers fit what the launch holds");

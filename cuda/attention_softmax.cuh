@@ -92,7 +92,7 @@ __device__ __forceinline__ void attn_transform_scores(float (&s)[MT][NT][4], flo
  * sees lo(first) .. hi(last), and a key tile n0 .. n0 + cols - 1 is fully visible to it when
  * n0 >= lo(last) and n0 + cols - 1 <= hi(first): the kernels skip tiles outside the band and
  * run the per-element test only on tiles that are not fully visible. The kernels compute each
- * row's range once per CTA into a table (attn_fill_table; attn_key_rows gives the backward the
+ * row's range once per CTA into a table (attn_fill_rows; attn_key_rows gives the backward the
  * inverse, the rows that see a key), so a new mask is one case in attn_row_keys and
  * attn_key_rows. */
 struct attn_mask {
@@ -122,7 +122,7 @@ struct attn_docs {
                        * another id than the one before it */
     int start_before; /* lane w: where the run of position first + 32 w - 1 starts (lane 0: the
                        * run of first) */
-    int end_after;    /* lane w: where the run of position first + 32 w + 31 ends (past the band:
+    int end_after;    /* lane w: where the run of position first + 32 w + 32 ends (past the band:
                        * the run of last) */
 };
 
@@ -205,7 +205,7 @@ __device__ __forceinline__ void attn_doc_run(const attn_docs &d, int x, int &sta
     const unsigned word = __shfl_sync(0xffffffffu, d.word, k);
     const int start_before = __shfl_sync(0xffffffffu, d.start_before, k);
     const int end_after = __shfl_sync(0xffffffffu, d.end_after, k);
-    const unsigned upto = (2u << b) - 1u; /* bits 0..b (b = 31: 0 - 1, every bit) */
+    const unsigned upto = b == 31 ? ~0u : (2u << b) - 1u; /* bits 0..b */
     const unsigned at_or_before = word & upto, after = word & ~upto;
     start = at_or_before ? d.first + 32 * k + 31 - __clz(at_or_before) : start_before;
     end = after ? d.first + 32 * k + __ffs(after) - 2 : end_after;
@@ -231,9 +231,9 @@ __device__ __forceinline__ int2 attn_row_keys(const attn_mask &m, const attn_doc
     return make_int2(max(lo, 0), min(hi, m.seqlen_k - 1));
 }
 
-/* The query rows i (not positions) that see key j (< seqlen_k) of the band: rlo .. rhi (x, y).
- * With lo and hi non-decreasing these are the rows with hi(p) >= j and lo(p) <= j: exactly the
- * rows that see j. */
+/* The query rows i (not positions) that see key j of the band: rlo .. rhi (x, y), empty past
+ * the last key. With lo and hi non-decreasing these are the rows with hi(p) >= j and
+ * lo(p) <= j: exactly the rows that see j. */
 __device__ __forceinline__ int2 attn_key_rows(const attn_mask &m, const attn_docs &d, int j) {
     constexpr int FAR = 1 << 30; /* past every position, with room for the sums below */
     int lo = m.window_right >= 0 ? j - m.window_right : -FAR;
@@ -251,31 +251,31 @@ __device__ __forceinline__ int2 attn_key_rows(const attn_mask &m, const attn_doc
         lo = max(lo, start);
         hi = min(hi, end);
     }
+    if (j >= m.seqlen_k) /* after the document run, which every lane of the warp takes part in */
+        return make_int2(1, 0);
     return make_int2(max(lo - m.shift, 0), min(hi - m.shift, m.seqlen_q - 1));
 }
 
 /* The table of a band: entry r for x = first + r, r < count: the row's keys (keys = false:
  * rows first..last, as positions first + shift ..; x clamped to last, so that the table stays
  * monotone past the band's end) or the key's rows (keys = true: keys first..last; none past
- * last). Every thread of the CTA calls it: nthreads of them, whole warps, tid % 32 its lane. The
- * documents' shuffles need every lane of a warp, so the rows run in whole warps (a table of 16
- * rows, the packed kernel's at head dim 256, is computed by 32 lanes and stored by 16), and only
- * the warps with rows find the band's runs. The caller synchronises before reading. */
+ * last). Every thread of the CTA calls it (nthreads of them, whole warps; count a multiple of 32);
+ * the caller synchronises before reading. */
 __device__ __forceinline__ void attn_fill_table(const attn_mask &m, int2 *table, int first, int last, int count,
                                                 bool keys, int tid, int nthreads) {
     const int off = keys ? 0 : m.shift;
-    const int warp_rows = (count + 31) & ~31;
     attn_docs d;
-    if (m.doc_ids && (tid & ~31) < warp_rows) /* uniform over the warp */
+    if (m.doc_ids)
         d = attn_doc_band(m, first + off, last + off);
-#pragma unroll 1 /* a warp filling a table alone (the persistent kernel's) has few registers */
-    for (int r = tid; r < warp_rows; r += nthreads) {
+#pragma unroll 1 /* a warp filling a table alone (the persistent kernel's) has 48 registers */
+    for (int r = tid; r < count; r += nthreads) { /* whole warps, as attn_doc_run needs */
         const int x = min(first + r, last);
-        int2 e = keys ? attn_key_rows(m, d, x) : attn_row_keys(m, d, x + off); /* keys is uniform */
-        if (keys && first + r > last)
-            e = make_int2(1, 0); /* past the last key, after the run every lane took part in */
-        if (r < count)
-            table[r] = e;
+        if (keys) {
+            const int2 rows = attn_key_rows(m, d, x);
+            table[r] = first + r <= last ? rows : make_int2(1, 0);
+        } else {
+            table[r] = attn_row_keys(m, d, x + off);
+        }
     }
 }
 
