@@ -109,106 +109,70 @@ __device__ __forceinline__ int attn_chunk_start(int p, int chunk) {
     return q * chunk;
 }
 
-/* The document runs of positions first..last (0 <= first <= last < seqlen_k, at most 1024
- * positions), found by a whole warp at once and held 32 positions to a lane: lane w has the bits
- * of positions first + 32 w .. + 31 that start a new document, and the runs that reach into that
- * stretch from either side. Any position's run is then three shuffles and bit operations
- * (attn_doc_run): a table of the band costs the warp about three rounds of loads, where a search
- * per position cost up to seven dependent ones. Every lane of the warp makes each call
- * (attn_doc_band, attn_doc_run, and attn_row_keys / attn_key_rows with documents). */
+/* The document runs of positions first..last (0 <= first <= last < seqlen_k): the runs of the
+ * two ends, found by a whole warp at once (every lane of the calling warp must call). */
 struct attn_docs {
-    int first;        /* the band's first position */
-    unsigned word;    /* lane w: bit b set when position first + 32 w + b (first < it <= last) has
-                       * another id than the one before it */
-    int start_before; /* lane w: where the run of position first + 32 w - 1 starts (lane 0: the
-                       * run of first) */
-    int end_after;    /* lane w: where the run of position first + 32 w + 32 ends (past the band:
-                       * the run of last) */
+    int first, last;       /* the band */
+    int id_first, id_last; /* their ids */
+    int start, end;        /* first's run starts at start, last's run ends at end */
 };
 
-/* A 32-ary search of the calling warp for the first index of [lo, hi) whose id is past v (upper)
- * or at least v, else hi, one round at a time (attn_search_round), so that two searches share
- * the rounds' round trips: 3 rounds for 2^14 ids. */
-struct attn_search {
-    int lo, hi, v;
-    bool upper;
-};
-
-/* One round: each lane probes one id; the lanes whose ids come before the answer are a prefix
- * (ids never decrease), which narrows [lo, hi) to one step of the probes. */
-__device__ __forceinline__ void attn_search_round(attn_search &s, const int *ids) {
+/* The first index in [lo, hi) whose id is past v (upper) or at least v, else hi: a 32-ary
+ * search by the calling warp, 3 rounds for 2^14 ids. */
+__device__ __forceinline__ int attn_warp_search(const int *ids, int lo, int hi, int v, bool upper) {
     const int lane = threadIdx.x & 31;
-    const int step = (s.hi - s.lo + 31) / 32;
-    const int x = s.lo + lane * step;
-    bool before = false;
-    if (x < s.hi) {
-        const int id = __ldg(ids + x);
-        before = s.upper ? id <= s.v : id < s.v;
+    while (lo < hi) {
+        const int step = (hi - lo + 31) / 32;
+        const int x = lo + lane * step;
+        bool before = false;
+        if (x < hi) {
+            const int id = __ldg(ids + x);
+            before = upper ? id <= v : id < v;
+        }
+        const int c = __popc(__ballot_sync(0xffffffffu, before));
+        if (c == 0)
+            break;
+        const int base = lo;
+        lo = base + (c - 1) * step + 1;
+        hi = min(hi, base + c * step);
     }
-    const int c = __popc(__ballot_sync(0xffffffffu, before));
-    if (c == 0) {
-        s.hi = s.lo; /* lo is the answer */
-    } else {
-        const int base = s.lo;
-        s.lo = base + (c - 1) * step + 1;
-        s.hi = min(s.hi, base + c * step);
-    }
+    return lo;
 }
 
 __device__ __forceinline__ attn_docs attn_doc_band(const attn_mask &m, int first, int last) {
-    const int lane = threadIdx.x & 31;
     attn_docs d;
-    d.first = first;
-    d.word = 0;
-    /* The breaks: each lane compares its positions' ids with their predecessors'. */
-    for (int w = 0; w <= (last - first) / 32; w++) {
-        const int x = first + 32 * w + lane;
-        const bool brk = x > first && x <= last && __ldg(m.doc_ids + x) != __ldg(m.doc_ids + x - 1);
-        const unsigned word = __ballot_sync(0xffffffffu, brk);
-        if (lane == w)
-            d.word = word;
-    }
-    /* Where the run of first starts before the band and the run of last ends past it. */
-    attn_search run = {0, first, __ldg(m.doc_ids + first), false};
-    while (run.lo < run.hi)
-        attn_search_round(run, m.doc_ids);
-    const int band_start = run.lo;
-    run = {last, m.seqlen_k, __ldg(m.doc_ids + last), true};
-    while (run.lo < run.hi)
-        attn_search_round(run, m.doc_ids);
-    const int band_end = run.lo - 1;
-    /* Across the lanes: the last break of the words before each lane's (a prefix max) and the
-     * first break of the words after it (a suffix min). */
-    constexpr int NONE = 0x7fffffff;
-    int before = d.word ? first + 32 * lane + 31 - __clz(d.word) : -1;
-    int after = d.word ? first + 32 * lane + __ffs(d.word) - 1 : NONE;
-#pragma unroll
-    for (int k = 1; k < 32; k <<= 1) {
-        const int b = __shfl_up_sync(0xffffffffu, before, k), a = __shfl_down_sync(0xffffffffu, after, k);
-        if (lane >= k)
-            before = max(before, b);
-        if (lane + k < 32)
-            after = min(after, a);
-    }
-    before = __shfl_up_sync(0xffffffffu, before, 1);
-    after = __shfl_down_sync(0xffffffffu, after, 1);
-    d.start_before = lane > 0 && before >= 0 ? before : band_start;
-    d.end_after = lane < 31 && after != NONE ? after - 1 : band_end;
+    d.first = first, d.last = last;
+    d.id_first = __ldg(m.doc_ids + first);
+    d.id_last = __ldg(m.doc_ids + last);
+    d.start = attn_warp_search(m.doc_ids, 0, first, d.id_first, false);
+    d.end = attn_warp_search(m.doc_ids, last, m.seqlen_k, d.id_last, true) - 1;
     return d;
 }
 
-/* The run [start, end] of position x of the band (first <= x <= last): from the last break at or
- * before x in its word (else where the run reaching into the word starts) to the first break
- * after x in its word, less one (else where the run reaching out of the word ends). */
-__device__ __forceinline__ void attn_doc_run(const attn_docs &d, int x, int &start, int &end) {
-    const int off = x - d.first, k = off >> 5, b = off & 31;
-    const unsigned word = __shfl_sync(0xffffffffu, d.word, k);
-    const int start_before = __shfl_sync(0xffffffffu, d.start_before, k);
-    const int end_after = __shfl_sync(0xffffffffu, d.end_after, k);
-    const unsigned upto = b == 31 ? ~0u : (2u << b) - 1u; /* bits 0..b */
-    const unsigned at_or_before = word & upto, after = word & ~upto;
-    start = at_or_before ? d.first + 32 * k + 31 - __clz(at_or_before) : start_before;
-    end = after ? d.first + 32 * k + __ffs(after) - 2 : end_after;
+/* The run [start, end] of position x of the band (one thread; at most 7 probes, inside the
+ * band, where the ids are cached). */
+__device__ __forceinline__ void attn_doc_run(const attn_mask &m, const attn_docs &d, int x, int &start, int &end) {
+    const int id = __ldg(m.doc_ids + x);
+    if (id == d.id_first) {
+        start = d.start;
+    } else { /* first index of (first, x] with this id */
+        int lo = d.first + 1, hi = x;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (__ldg(m.doc_ids + mid) < id) lo = mid + 1; else hi = mid;
+        }
+        start = lo;
+    }
+    if (id == d.id_last) {
+        end = d.end;
+    } else { /* last index of [x, last) with this id */
+        int lo = x, hi = d.last;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (__ldg(m.doc_ids + mid) <= id) lo = mid + 1; else hi = mid;
+        }
+        end = lo - 1;
+    }
 }
 
 /* The keys lo .. hi (x, y) that query position p of the band sees. */
@@ -224,7 +188,7 @@ __device__ __forceinline__ int2 attn_row_keys(const attn_mask &m, const attn_doc
         hi = max(hi, m.prefix - 1);
     if (m.doc_ids) {
         int start, end;
-        attn_doc_run(d, p, start, end);
+        attn_doc_run(m, d, p, start, end);
         lo = max(lo, start);
         hi = min(hi, end);
     }
@@ -235,6 +199,8 @@ __device__ __forceinline__ int2 attn_row_keys(const attn_mask &m, const attn_doc
  * the last key. With lo and hi non-decreasing these are the rows with hi(p) >= j and
  * lo(p) <= j: exactly the rows that see j. */
 __device__ __forceinline__ int2 attn_key_rows(const attn_mask &m, const attn_docs &d, int j) {
+    if (j >= m.seqlen_k)
+        return make_int2(1, 0);
     constexpr int FAR = 1 << 30; /* past every position, with room for the sums below */
     int lo = m.window_right >= 0 ? j - m.window_right : -FAR;
     int hi = m.window_left >= 0 ? j + m.window_left : FAR;
@@ -247,35 +213,28 @@ __device__ __forceinline__ int2 attn_key_rows(const attn_mask &m, const attn_doc
         lo = -FAR;
     if (m.doc_ids) {
         int start, end;
-        attn_doc_run(d, j, start, end);
+        attn_doc_run(m, d, j, start, end);
         lo = max(lo, start);
         hi = min(hi, end);
     }
-    if (j >= m.seqlen_k) /* after the document run, which every lane of the warp takes part in */
-        return make_int2(1, 0);
     return make_int2(max(lo - m.shift, 0), min(hi - m.shift, m.seqlen_q - 1));
 }
 
 /* The table of a band: entry r for x = first + r, r < count: the row's keys (keys = false:
  * rows first..last, as positions first + shift ..; x clamped to last, so that the table stays
  * monotone past the band's end) or the key's rows (keys = true: keys first..last; none past
- * last). Every thread of the CTA calls it (nthreads of them, whole warps; count a multiple of 32);
- * the caller synchronises before reading. */
+ * last). Every
+ * thread of the CTA calls it (nthreads of them); the caller synchronises before reading. */
 __device__ __forceinline__ void attn_fill_table(const attn_mask &m, int2 *table, int first, int last, int count,
                                                 bool keys, int tid, int nthreads) {
     const int off = keys ? 0 : m.shift;
     attn_docs d;
     if (m.doc_ids)
         d = attn_doc_band(m, first + off, last + off);
-#pragma unroll 1 /* a warp filling a table alone (the persistent kernel's) has 48 registers */
-    for (int r = tid; r < count; r += nthreads) { /* whole warps, as attn_doc_run needs */
-        const int x = min(first + r, last);
-        if (keys) {
-            const int2 rows = attn_key_rows(m, d, x);
-            table[r] = first + r <= last ? rows : make_int2(1, 0);
-        } else {
-            table[r] = attn_row_keys(m, d, x + off);
-        }
+    for (int r = tid; r < count; r += nthreads) {
+        const int x = first + r;
+        table[r] = keys ? (x <= last ? attn_key_rows(m, d, x) : make_int2(1, 0))
+                        : attn_row_keys(m, d, min(x, last) + off);
     }
 }
 
