@@ -33,16 +33,11 @@ size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int determin
 
 /* "wgmma_sm90": FlashAttention-3's backward on Hopper (cuda/attention_bwd_sm90.cu): TMA, a
  * producer warpgroup and two consumer warpgroups of 64 keys each, wgmma for the five products,
- * dQ by f32 vector atomics (with deterministic, in key-tile order per query tile); head dim 128,
- * cc 9.0 devices with an sm_90a build. */
+ * dQ handed by each consumer warpgroup to a writer warp through shared memory, which adds it into
+ * the accumulator by bulk reductions (with deterministic, in key-tile order per query tile); head
+ * dim 128, cc 9.0 devices with an sm_90a build. */
 bool tk_attention_bwd_supports_sm90(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream);
-/* "wgmma_sm90_bulk_dq": the same kernel with dQ handed by each consumer warpgroup to a writer
- * warp through shared memory, which adds it into the accumulator by bulk reductions
- * (FlashAttention-3's dQ path; 32 KiB more shared memory); with deterministic, the writer keeps
- * the order of the adds. */
-bool tk_attention_bwd_supports_sm90_bulk_dq(const void *call, const tk_device *dev);
-cudaError_t tk_attention_bwd_launch_sm90_bulk_dq(const void *call, const tk_device *dev, cudaStream_t stream);
 
 /* "mma_sm80_bn128": FlashAttention-2 backward, ldmatrix + mma.sync m16n8k16, one CTA of 8 warps
  * per 128 keys, dQ by f32 atomics (with deterministic, in key-tile order per query tile); runs

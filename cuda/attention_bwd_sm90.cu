@@ -10,14 +10,15 @@
  * dK and dV summed over the query heads of a GQA group.
  *
  * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), 3 warpgroups of 128
- * threads, one CTA per SM (163 KiB of shared memory; 195 KiB with BULK_DQ, below):
- * - Consumers 0 and 1 (240 registers after setmaxnreg; 232 with BULK_DQ): warpgroup w owns keys 64 w .. 64 w + 63
+ * threads, one CTA per SM (195 KiB of shared memory):
+ * - Consumers 0 and 1 (232 registers after setmaxnreg): warpgroup w owns keys 64 w .. 64 w + 63
  *   of the tile and keeps their dK and dV (64 x 128 each: 128 f32 per thread) in registers for the
  *   whole CTA.
- * - Producer (warpgroup 2, 24 registers; 40 with BULK_DQ): warp 0's lane 0 loads K and V once (TMA, on kv_full),
+ * - Producer (warpgroup 2, 40 registers): warp 0's lane 0 loads K and V once (TMA, on kv_full),
  *   then per step the Q and dO tiles of BM = 64 query rows into a ring of 2 stages (full
- *   barriers); the consumers' 8 warps free a stage on its empty barrier. The step's lse * log2(e)
- *   and D (512 bytes) are brought by consumer warpgroup 0 a step ahead (load_stat).
+ *   barriers); the consumers' 8 warps free a stage on its empty barrier. Warp 1 is the dQ writer
+ *   (below). The step's lse * log2(e) and D (512 bytes) are brought by consumer warpgroup 0 a
+ *   step ahead (load_stat).
  * Steps: the (query head of the group, query tile) pairs that see a key of the tile (the key
  * table, attn_key_rows), in attn_bwd_step's order. Per step, warpgroup w, all of it wgmma
  * m64n64k16 (M = 64 keys or queries, N = 64, K = 16):
@@ -29,32 +30,28 @@
  *   dK_w += dS^T Q: 8, the same with dS^T; and dS^T stored transposed (stmatrix .trans) as dS
  *     [query][key], this warpgroup's 64-key half of a 128-byte swizzled tile of the stage.
  *   Named barrier DS_READY (both halves written, each after fence.proxy.async), then
- *   dQ[:, 64 w .. 64 w + 63] = dS K over all 128 keys: 8, dS K-major, K an N-major B. A warp's dQ
- *     fragments are whole blocks of the accumulator's layout, each added by one
- *     red.global.add.v4.f32 (attention_bwd.cuh), times the scale.
- *   Variant "wgmma_sm90_bulk_dq" (BULK_DQ) hands dQ on instead: each consumer warpgroup writes its
- *   64 x 64 f32 block, in the accumulator's order, to shared memory, and a writer warp of the
- *   producer warpgroup adds it into the accumulator with 4 bulk reductions of 4 KiB (one per 16
- *   rows; cp.reduce.async.bulk, FlashAttention-3's dQ path): one instruction in L2 per 256
- *   vector atomics. Named barriers DQ_FREE / DQ_WRITTEN per warpgroup pass the block between
- *   them (32 KiB more shared memory).
+ *   dQ[:, 64 w .. 64 w + 63] = dS K over all 128 keys: 8, dS K-major, K an N-major B.
+ *   dQ reaches the f32 accumulator as in FlashAttention-3: each consumer warpgroup writes its
+ *   64 x 64 block (times the scale), in the accumulator's order, to shared memory, and the dQ
+ *   writer adds it into the accumulator with 4 bulk reductions of 4 KiB (one per 16 rows;
+ *   cp.reduce.async.bulk): one instruction in L2 per 256 vector atomics, which the warps would
+ *   otherwise issue themselves (red.global.add.v4.f32: 1.07-1.09x slower, 1.14-1.16x
+ *   deterministic, docs/kernels/attention_bwd.md). Named barriers DQ_FREE / DQ_WRITTEN per
+ *   warpgroup pass the block between them.
  * Overlap: within a warpgroup, P forms while dP^T runs, and a step's dQ reductions are still in
  * flight while the next step's S^T and dP^T run. The warpgroups meet at DS_READY every step,
  * so their element-wise phases coincide: the tensor cores idle through P and dS (what
  * FlashAttention-3's backward does too). With softcap, P waits for dP^T as well: its derivative
  * needs the score beside dP, and holding 32 more values does not fit.
- * Shared memory: K and V (2 x 32 KiB), 2 stages of Q, dO and dS (3 x 16 KiB) and of lse, D
- * (512 B), the key table (1 KiB), the barriers; with BULK_DQ, the consumers' dQ blocks (2 x 16
- * KiB) after the stages. dS needs no stage of its own: it is in the
+ * Shared memory: K and V (2 x 32 KiB), 2 stages of Q, dO and dS (3 x 16 KiB), the consumers' dQ
+ * blocks (2 x 16 KiB), 2 stages of lse and D (512 B), the key table (1 KiB), the barriers. dS
+ * needs no stage of its own: it is in the
  * step's stage, and a warpgroup writes a stage's dS two steps later only after passing the next
  * step's DS_READY, which the other warpgroup reaches only after its dQ of the first is done.
- * Deterministic: consumer warps wait on the query tile's semaphore (lane 0) before their adds;
- * consumer thread 0 publishes step it after step it + 1's DS_READY (every consumer made its adds
- * of step it before arriving there) and the last step after a final barrier. With BULK_DQ the
- * dQ writer keeps the order instead: it waits on the semaphore before a step's bulk adds and
- * publishes the step once they are done in global memory (the bulk group's completion, then
- * fence.proxy.async.global before the release store, and after the acquiring load), so the
- * consumers never wait on another CTA.
+ * Deterministic: the dQ writer keeps the order of the adds: it waits on the query tile's
+ * semaphore before a step's bulk adds and publishes the step once they are done in global memory
+ * (the bulk group's completion, then fence.proxy.async.global before the release store, and
+ * after the acquiring load), so the consumers never wait on another CTA.
  */
 #include "attention.h"
 #include "attention_bwd.cuh"
@@ -65,8 +62,8 @@ namespace {
 
 /* The tiles at head dim 128. Registers per consumer thread: dK, dV 128 for the whole CTA; S^T,
  * dP^T 64 until they are packed into their A fragments (32), which live with dQ (32) until the
- * step's wgmma are done: 192 at the peak, plus addresses, within 240 (232 with BulkDq). */
-template <bool BulkDq> struct bwd_sm90_plan {
+ * step's wgmma are done: 192 at the peak, plus addresses, within 232. */
+struct bwd_sm90_plan {
     static constexpr int D = 128;
     static constexpr int HALVES = D / HALF;
     static constexpr int CONSUMERS = 2;
@@ -74,10 +71,9 @@ template <bool BulkDq> struct bwd_sm90_plan {
     static constexpr int BM = 64;             /* query rows per step: the N of S^T and dP^T */
     static constexpr int STAGES = 2;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
-    /* 2 x 128 x 240 + 128 x 24 = 64512 of the launch's 168 x 384. The dQ writer (BulkDq) needs
-     * its step's rows and head beside the loads: at 24 the producer spilled, at 40 (consumers at
-     * 232: 2 x 128 x 232 + 128 x 40 = 64512) neither does. */
-    static constexpr int CONSUMER_REGS = BulkDq ? 232 : 240, PRODUCER_REGS = BulkDq ? 40 : 24;
+    /* 2 x 128 x 232 + 128 x 40 = 64512 of the launch's 168 x 384. The dQ writer needs its step's
+     * rows and head beside the loads, which 24 producer registers do not hold without spilling. */
+    static constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
     static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
                   "the warpgroups' registers fit what the launch holds");
@@ -88,9 +84,9 @@ template <bool BulkDq> struct bwd_sm90_plan {
     static constexpr int DS_HALF_BYTES = BM * 64 * 2; /* dS of one warpgroup's 64 keys: 8 KiB */
     static constexpr int STAGE_BYTES = 2 * Q_BYTES + CONSUMERS * DS_HALF_BYTES; /* Q, dO, dS */
     static constexpr int PIPE_BYTES = 2 * KV_BYTES + STAGES * STAGE_BYTES;
-    /* BulkDq: each consumer warpgroup's BM x 64 block of dQ in f32, in the accumulator's order. */
+    /* Each consumer warpgroup's BM x 64 block of dQ in f32, in the accumulator's order. */
     static constexpr int DQ_HALF_BYTES = BM * 64 * 4; /* 16 KiB */
-    static constexpr int STATS_OFFSET = PIPE_BYTES + (BulkDq ? CONSUMERS * DQ_HALF_BYTES : 0);
+    static constexpr int STATS_OFFSET = PIPE_BYTES + CONSUMERS * DQ_HALF_BYTES;
     static constexpr int STATS_FLOATS = 2 * BM; /* a stage's lse * log2(e), then D */
     static constexpr int TABLE_OFFSET = STATS_OFFSET + STAGES * STATS_FLOATS * 4;
     static constexpr int BARRIER_OFFSET = TABLE_OFFSET + BN * 8; /* each key's rows (int2) */
@@ -101,19 +97,16 @@ template <bool BulkDq> struct bwd_sm90_plan {
                   "swizzle-aligned tiles");
 };
 
-template <typename T, bool DET, bool BULK_DQ>
-__global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
+template <typename T, bool DET>
+__global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
     attn_bwd_sm90(const __grid_constant__ attn_bwd_params p, const __grid_constant__ CUtensorMap map_q,
                   const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
                   const __grid_constant__ CUtensorMap map_do) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using plan = bwd_sm90_plan<BULK_DQ>;
-    /* Deterministic: who keeps the order of the dQ adds, the consumers (their own vector atomics)
-     * or the dQ writer (its bulk reductions). */
-    constexpr bool CONSUMERS_ORDER = DET && !BULK_DQ, WRITER_ORDERS = DET && BULK_DQ;
-    /* Named barriers (0 is __syncthreads'): the step's dS is in shared memory; with BULK_DQ, per
-     * consumer warpgroup w, its dQ block is free to write (DQ_FREE + w) and written (DQ_WRITTEN
-     * + w), each between the warpgroup and the dQ writer warp. */
+    using plan = bwd_sm90_plan;
+    /* Named barriers (0 is __syncthreads'): the step's dS is in shared memory; per consumer
+     * warpgroup w, its dQ block is free to write (DQ_FREE + w) and written (DQ_WRITTEN + w), each
+     * between the warpgroup and the dQ writer warp. */
     constexpr int DS_READY = 1, DQ_FREE = 2, DQ_WRITTEN = 2 + plan::CONSUMERS, DQ_THREADS = 128 + 32;
     constexpr int D = plan::D, BN = plan::BN, BM = plan::BM, STAGES = plan::STAGES, CONSUMERS = plan::CONSUMERS;
     constexpr int KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, Q_HALF_BYTES = plan::Q_HALF_BYTES,
@@ -124,7 +117,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
     unsigned char *const smem = smem_raw + (s_k - raw);
     const uint32_t s_v = s_k + KV_BYTES;
     const uint32_t s_stage = s_v + KV_BYTES; /* stage s: Q, dO, dS at s_stage + s STAGE_BYTES */
-    const uint32_t s_dq = s_k + plan::PIPE_BYTES; /* BULK_DQ: consumer w's dQ at + w DQ_HALF_BYTES */
+    const uint32_t s_dq = s_k + plan::PIPE_BYTES; /* consumer w's dQ block at + w DQ_HALF_BYTES */
     float *const stats = reinterpret_cast<float *>(smem + plan::STATS_OFFSET);
     int2 *const table = reinterpret_cast<int2 *>(smem + plan::TABLE_OFFSET);
     const uint32_t kv_full = s_k + plan::BARRIER_OFFSET, full = kv_full + 8, empty = full + 8 * STAGES;
@@ -186,52 +179,51 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
                 }
             }
         }
-        if constexpr (BULK_DQ)
-            if (warp == 1) {
-                /* The dQ writer: per step and consumer warpgroup w, once w has written its block
-                 * (slab r of its 4 KiB per warp: columns 64 w .. 64 w + 63 of rows m0 + 16 r ..,
-                 * the accumulator's blocks 8 w .. 8 w + 7 of slab r, contiguous there too), one
-                 * bulk add per slab below seqlen_q; the block is free again once read. */
-                for (int w = 0; w < CONSUMERS; w++)
-                    tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
-                for (int it = 0; it < steps; it++) {
-                    int head, m0;
-                    step_at(it, head, m0);
-                    const int slabs = min(BM, p.seqlen_q - m0 + ATTN_BWD_SLAB - 1) / ATTN_BWD_SLAB;
-                    float *const acc = p.dq_acc + ((batch * p.heads_q + head) * attn_bwd_acc_rows(p.seqlen_q) + m0) * D;
-                    for (int w = 0; w < CONSUMERS; w++) {
-                        tk_named_barrier_sync<DQ_THREADS>(DQ_WRITTEN + w);
-                        if (lane == 0) {
-                            if constexpr (WRITER_ORDERS)
-                                if (w == 0 && m0 <= prev_last) { /* key tile n - 1 adds here first */
-                                    attn_bwd_wait_turn(attn_bwd_semaphore<D, BM>(p, batch, head, m0), n);
-                                    tk_fence_proxy_async_global(); /* its sums, then our bulk adds */
-                                }
-                            for (int r = 0; r < slabs; r++)
-                                tk_bulk_reduce_add_f32(acc + r * ATTN_BWD_SLAB * D + 8 * w * ATTN_BWD_BLOCK,
-                                                       s_dq + w * plan::DQ_HALF_BYTES + r * 4096, 4096);
-                            tk_bulk_commit();
-                            tk_bulk_wait_read<0>();
-                        }
-                        __syncwarp();
-                        if (it + 1 < steps) /* the last step's arrival would have no partner */
-                            tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
+        if (warp == 1) {
+            /* The dQ writer: per step and consumer warpgroup w, once w has written its block
+             * (slab r of its 4 KiB per warp: columns 64 w .. 64 w + 63 of rows m0 + 16 r ..,
+             * the accumulator's blocks 8 w .. 8 w + 7 of slab r, contiguous there too), one
+             * bulk add per slab below seqlen_q; the block is free again once read. */
+            for (int w = 0; w < CONSUMERS; w++)
+                tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
+            for (int it = 0; it < steps; it++) {
+                int head, m0;
+                step_at(it, head, m0);
+                const int slabs = min(BM, p.seqlen_q - m0 + ATTN_BWD_SLAB - 1) / ATTN_BWD_SLAB;
+                float *const acc = p.dq_acc + ((batch * p.heads_q + head) * attn_bwd_acc_rows(p.seqlen_q) + m0) * D;
+                for (int w = 0; w < CONSUMERS; w++) {
+                    tk_named_barrier_sync<DQ_THREADS>(DQ_WRITTEN + w);
+                    if (lane == 0) {
+                        if constexpr (DET)
+                            if (w == 0 && m0 <= prev_last) { /* key tile n - 1 adds here first */
+                                attn_bwd_wait_turn(attn_bwd_semaphore<D, BM>(p, batch, head, m0), n);
+                                tk_fence_proxy_async_global(); /* its sums, then our bulk adds */
+                            }
+                        for (int r = 0; r < slabs; r++)
+                            tk_bulk_reduce_add_f32(acc + r * ATTN_BWD_SLAB * D + 8 * w * ATTN_BWD_BLOCK,
+                                                   s_dq + w * plan::DQ_HALF_BYTES + r * 4096, 4096);
+                        tk_bulk_commit();
+                        tk_bulk_wait_read<0>();
                     }
-                    if constexpr (WRITER_ORDERS) {
-                        /* The step's sums done in global memory, then published. The completion
-                         * implies a generic-async proxy fence (PTX ISA, async proxy); the explicit
-                         * one states the order where the acquiring side needs its own. */
-                        if (lane == 0) {
-                            tk_bulk_wait<0>();
-                            tk_fence_proxy_async_global();
-                            attn_bwd_semaphore<D, BM>(p, batch, head, m0).store(n + 1, cuda::memory_order_release);
-                        }
-                        __syncwarp(); /* the warp whole again for the next step's bar.sync */
-                    }
+                    __syncwarp();
+                    if (it + 1 < steps) /* the last step's arrival would have no partner */
+                        tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
                 }
-                if (lane == 0)
-                    tk_bulk_wait<0>();
+                if constexpr (DET) {
+                    /* The step's sums done in global memory, then published. The completion
+                     * implies a generic-async proxy fence (PTX ISA, async proxy); the explicit
+                     * one states the order where the acquiring side needs its own. */
+                    if (lane == 0) {
+                        tk_bulk_wait<0>();
+                        tk_fence_proxy_async_global();
+                        attn_bwd_semaphore<D, BM>(p, batch, head, m0).store(n + 1, cuda::memory_order_release);
+                    }
+                    __syncwarp(); /* the warp whole again for the next step's bar.sync */
+                }
             }
+            if (lane == 0)
+                tk_bulk_wait<0>();
+        }
         return;
     }
 
@@ -353,12 +345,6 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
             stats[(ring.stage + 1) % STAGES * plan::STATS_FLOATS + tid] = next_stat;
         tk_fence_proxy_async_shared();
         tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
-        if constexpr (CONSUMERS_ORDER)
-            if (tid == 0 && it > 0) {
-                int ph, pm0;
-                step_at(it - 1, ph, pm0);
-                attn_bwd_semaphore<D, BM>(p, batch, ph, pm0).store(n + 1, cuda::memory_order_release);
-            }
 
         /* dQ of the step's rows, columns 64 w .. 64 w + 63 = dS K over the 128 keys: k16 slice kk
          * of the keys is in dS half kk / 4, and rows 16 kk .. of K's half w. */
@@ -379,47 +365,21 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
         if (lane == 0) /* the warpgroup's wgmma are done with the stage's Q and dO */
             tk_mbarrier_arrive(ring.barrier(empty));
 
-        if constexpr (CONSUMERS_ORDER) {
-            /* Key tile n - 1 adds first where it reaches these rows. */
-            if (lane == 0 && m0 <= prev_last)
-                attn_bwd_wait_turn(attn_bwd_semaphore<D, BM>(p, batch, h, m0), n);
-            __syncwarp();
-        }
-        if constexpr (BULK_DQ) {
-            /* This warp's fragments into its 4 KiB of the warpgroup's block (consumer warp c = 4 w
-             * + warp: 4 KiB c of the dQ area), in the accumulator's order (512 contiguous bytes
-             * per store: no bank conflict), for the dQ writer. The thread index is hidden from
-             * ptxas here so that what derives from it is built beside its use: held through the
-             * loop, it spilled at 232 registers. */
-            int t = tid;
-            asm volatile("" : "+r"(t));
-            tk_named_barrier_sync<DQ_THREADS>(DQ_FREE + t / 128);
-            float4 *const block = reinterpret_cast<float4 *>(smem + plan::PIPE_BYTES + (t / 32) * 4096);
+        /* This warp's fragments into its 4 KiB of the warpgroup's block (consumer warp c = 4 w
+         * + warp: 4 KiB c of the dQ area), in the accumulator's order (512 contiguous bytes
+         * per store: no bank conflict), for the dQ writer. The thread index is hidden from
+         * ptxas here so that what derives from it is built beside its use: held through the
+         * loop, it spilled at 232 registers. */
+        int t = tid;
+        asm volatile("" : "+r"(t));
+        tk_named_barrier_sync<DQ_THREADS>(DQ_FREE + t / 128);
+        float4 *const block = reinterpret_cast<float4 *>(smem + plan::PIPE_BYTES + (t / 32) * 4096);
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                block[j * 32 + t % 32] =
-                    make_float4(dq[j][0] * p.scale, dq[j][1] * p.scale, dq[j][2] * p.scale, dq[j][3] * p.scale);
-            tk_fence_proxy_async_shared();
-            tk_named_barrier_arrive<DQ_THREADS>(DQ_WRITTEN + t / 128);
-        } else if (m0 + 16 * warp < p.seqlen_q) {
-            /* This warp's fragments: rows m0 + 16 warp .. + 15 (one slab; skipped from seqlen_q
-             * on, as in the portable kernel), column blocks 8 w + j. */
-            float *acc = p.dq_acc + ((batch * p.heads_q + h) * attn_bwd_acc_rows(p.seqlen_q) + m0 + 16 * warp) * D +
-                         8 * warpgroup * ATTN_BWD_BLOCK;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                attn_bwd_acc_add(acc + j * ATTN_BWD_BLOCK, lane, dq[j][0] * p.scale, dq[j][1] * p.scale,
-                                 dq[j][2] * p.scale, dq[j][3] * p.scale);
-        }
-    }
-
-    if constexpr (CONSUMERS_ORDER) {
-        tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
-        if (tid == 0 && steps > 0) {
-            int ph, pm0;
-            step_at(steps - 1, ph, pm0);
-            attn_bwd_semaphore<D, BM>(p, batch, ph, pm0).store(n + 1, cuda::memory_order_release);
-        }
+        for (int j = 0; j < 8; j++)
+            block[j * 32 + t % 32] =
+                make_float4(dq[j][0] * p.scale, dq[j][1] * p.scale, dq[j][2] * p.scale, dq[j][3] * p.scale);
+        tk_fence_proxy_async_shared();
+        tk_named_barrier_arrive<DQ_THREADS>(DQ_WRITTEN + t / 128);
     }
 
     /* dK and dV of this thread's keys, every column. */
@@ -427,9 +387,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan<BULK_DQ>::THREADS, 1)
 #endif
 }
 
-template <typename T, bool DET, bool BULK_DQ>
+template <typename T, bool DET>
 cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *dev, cudaStream_t stream) {
-    using plan = bwd_sm90_plan<BULK_DQ>;
+    using plan = bwd_sm90_plan;
     const tk_attention_call *c = &bc->fwd;
     CUtensorMap map_q, map_k, map_v, map_do;
     cudaError_t err = attn_tensor_map(&map_q, c->dtype, c->q, plan::D, c->batch, c->seqlen_q, c->heads_q,
@@ -445,7 +405,7 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
                               plan::BN);
     if (err != cudaSuccess)
         return err;
-    constexpr auto kernel = attn_bwd_sm90<T, DET, BULK_DQ>;
+    constexpr auto kernel = attn_bwd_sm90<T, DET>;
     err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
@@ -458,8 +418,8 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
 }
 
 /* Head dim 128 (the plan's); TMA's stride limit on the four tensors it loads; the shared memory. */
-template <bool BULK_DQ> bool bwd_sm90_supports(const tk_attention_bwd_call *c, const tk_device *dev) {
-    using plan = bwd_sm90_plan<BULK_DQ>;
+bool bwd_sm90_supports(const tk_attention_bwd_call *c, const tk_device *dev) {
+    using plan = bwd_sm90_plan;
     return c->fwd.head_dim == plan::D && attn_tma_strides(c->fwd.q_stride) && attn_tma_strides(c->fwd.k_stride) &&
            attn_tma_strides(c->fwd.v_stride) && attn_tma_strides(c->do_stride) &&
            plan::SMEM_BYTES + ATTN_BWD_STATIC_SMEM <= dev->max_smem_optin;
@@ -468,28 +428,13 @@ template <bool BULK_DQ> bool bwd_sm90_supports(const tk_attention_bwd_call *c, c
 } // namespace
 
 extern "C" bool tk_attention_bwd_supports_sm90(const void *call, const tk_device *dev) {
-    return bwd_sm90_supports<false>(static_cast<const tk_attention_bwd_call *>(call), dev);
+    return bwd_sm90_supports(static_cast<const tk_attention_bwd_call *>(call), dev);
 }
 
 extern "C" cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream) {
     const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return c->deterministic ? bwd_sm90_launch<T, true, false>(c, dev, stream)
-                                : bwd_sm90_launch<T, false, false>(c, dev, stream);
-    });
-}
-
-extern "C" bool tk_attention_bwd_supports_sm90_bulk_dq(const void *call, const tk_device *dev) {
-    return bwd_sm90_supports<true>(static_cast<const tk_attention_bwd_call *>(call), dev);
-}
-
-extern "C" cudaError_t tk_attention_bwd_launch_sm90_bulk_dq(const void *call, const tk_device *dev,
-                                                           cudaStream_t stream) {
-    const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
-    return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
-        using T = typename decltype(type)::type;
-        return c->deterministic ? bwd_sm90_launch<T, true, true>(c, dev, stream)
-                                : bwd_sm90_launch<T, false, true>(c, dev, stream);
+        return c->deterministic ? bwd_sm90_launch<T, true>(c, dev, stream) : bwd_sm90_launch<T, false>(c, dev, stream);
     });
 }

@@ -11,9 +11,8 @@
  * "mma_sm80_packed" (calls with a window bounded on both sides and an even GQA group: 2 or 4
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
  * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
- * "wgmma_sm90" (FlashAttention-3 style on Hopper: TMA, warp specialisation, wgmma; arch-specific;
- * head dim 128), "wgmma_sm90_bulk_dq" (the same with dQ added by bulk reductions from shared
- * memory; reached only when forced, since "wgmma_sm90" takes every call it takes),
+ * "wgmma_sm90" (FlashAttention-3 style on Hopper: TMA, warp specialisation, wgmma, dQ added by
+ * bulk reductions from shared memory; arch-specific; head dim 128),
  * "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
  * tiles: at head dims 80 and 128 not sm_86 / sm_89), "mma_sm80_d256" (head dim 256: 8 warps
  * per 64 keys, two per key splitting dK and dV by columns; sm_80 and sm_90, whose shared
@@ -39,7 +38,6 @@ const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT
 
 static const tk_variant attention_bwd_variants[] = {
     {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90, tk_attention_bwd_launch_sm90},
-    {"wgmma_sm90_bulk_dq", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90_bulk_dq, tk_attention_bwd_launch_sm90_bulk_dq},
     {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128},
     {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256},
     {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma},

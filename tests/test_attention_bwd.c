@@ -20,12 +20,10 @@
 #include "ref/attention_ref.h"
 
 /* The variants in selection order; each GPU case runs every one that claims it. */
-static const char *const VARIANTS[] = {"wgmma_sm90", "wgmma_sm90_bulk_dq", "mma_sm80_bn128", "mma_sm80_d256",
-                                       "mma_sm80"};
-enum { SM90, SM90_BULK_DQ, BN128, D256, MMA, VARIANT_COUNT };
+static const char *const VARIANTS[] = {"wgmma_sm90", "mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
+enum { SM90, BN128, D256, MMA, VARIANT_COUNT };
 
-/* "wgmma_sm90" and "wgmma_sm90_bulk_dq" claim head dim 128 on a machine where the Hopper
- * variants run. */
+/* "wgmma_sm90" claims head dim 128 on a machine where the Hopper variants run. */
 static bool sm90_claims(int64_t head_dim) { return head_dim == 128 && tk_sm90_runs_here(); }
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
@@ -201,8 +199,7 @@ Test(attention_bwd_args, force_variant_names) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("attention_bwd", "mma_sm80_packed"),
                      TK_ERROR_INVALID_VALUE,
-                     "\"wgmma_sm90\", \"wgmma_sm90_bulk_dq\", \"mma_sm80_bn128\", \"mma_sm80_d256\", "
-                     "\"mma_sm80\"");
+                     "\"wgmma_sm90\", \"mma_sm80_bn128\", \"mma_sm80_d256\", \"mma_sm80\"");
 }
 
 /* ------------------------------------------------- the reference (host, finite differences) ---- */
@@ -620,10 +617,9 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     const bool d256 = c->head_dim == 256;
     const bool claims[VARIANT_COUNT] = {
         [SM90] = sm90_claims(c->head_dim),
-        [SM90_BULK_DQ] = sm90_claims(c->head_dim),
         [BN128] = !d256 && tk_attention_bwd_bn128_smem(c->head_dim) <= info.max_smem_per_block,
         [D256] = d256 && tk_attention_bwd_d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
-    if (!claims[SM90] && !claims[SM90_BULK_DQ] && !claims[BN128] && !claims[D256] && !claims[MMA]) {
+    if (!claims[SM90] && !claims[BN128] && !claims[D256] && !claims[MMA]) {
         cr_assert_eq(tk_experimental_force_variant("attention_bwd", NULL), TK_SUCCESS);
         TK_EXPECT_STATUS(tk_attention_bwd(&p, NULL), TK_ERROR_NOT_SUPPORTED, "no variant");
     }

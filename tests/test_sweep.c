@@ -1042,14 +1042,13 @@ Test(sweep_gpu, attention_fwd, .timeout = 300) {
 
 /* ---------------------------------------------------------------- attention backward ---- */
 
-static const char *const ATTN_BWD_VARIANTS[] = {"wgmma_sm90", "wgmma_sm90_bulk_dq", "mma_sm80_bn128",
-                                                "mma_sm80_d256", "mma_sm80"};
+static const char *const ATTN_BWD_VARIANTS[] = {"wgmma_sm90", "mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
 
 /* Whether `variant` (NULL: the automatic choice, i.e. any variant) takes a call of this head dim
  * on this device, by test_attention_bwd.c's claims: every variant takes every mask, option,
- * layout and the deterministic flag, so only the head dim and the device decide. "wgmma_sm90"
- * and "wgmma_sm90_bulk_dq": 128 where the Hopper variants run; "mma_sm80_bn128": 64 to 128 where
- * its tiles fit; "mma_sm80_d256": 256 where its tiles fit; "mma_sm80": 64 to 128. */
+ * layout and the deterministic flag, so only the head dim and the device decide. "wgmma_sm90":
+ * 128 where the Hopper variant runs; "mma_sm80_bn128": 64 to 128 where its tiles fit;
+ * "mma_sm80_d256": 256 where its tiles fit; "mma_sm80": 64 to 128. */
 static bool bwd_claims(const char *variant, int64_t head_dim) {
     static int smem = -1;
     if (smem < 0) {
@@ -1060,7 +1059,7 @@ static bool bwd_claims(const char *variant, int64_t head_dim) {
     const bool d256 = head_dim == 256;
     if (variant == NULL)
         return !d256 || tk_attention_bwd_d256_smem() <= smem;
-    if (strncmp(variant, "wgmma_sm90", 10) == 0)
+    if (is_variant(variant, "wgmma_sm90"))
         return head_dim == 128 && tk_sm90_runs_here();
     if (is_variant(variant, "mma_sm80_bn128"))
         return !d256 && tk_attention_bwd_bn128_smem(head_dim) <= smem;
@@ -1392,7 +1391,7 @@ static void attention_bwd_case(sweep *s, tk_rng *r, bool backward) {
 }
 
 /* The variants that claim no head dim on this device need not run (each forced case falls back
- * to the automatic choice): the two "wgmma_sm90" ones off a cc 9.0 device with a build for
+ * to the automatic choice): "wgmma_sm90" off a cc 9.0 device with a build for
  * sm_90a, "mma_sm80_d256" (and head dim 256 altogether) where its 143 KB do not fit. */
 Test(sweep_gpu, attention_bwd, .timeout = 300) {
     TK_REQUIRE_GPU();
