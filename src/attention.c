@@ -5,9 +5,10 @@
  *
  * Variants, best first: "wgmma_sm90_wide" (the Hopper kernel with FlashAttention-3's wider
  * tiles: key tiles of 176 at head dim 128, 192 query rows at 64; calls in which every query sees
- * every key), "wgmma_sm90_persistent" (one CTA per SM looping over the work tiles of the next
- * one; head dims 64 and 128), "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation,
- * wgmma; arch-specific, only cc 9.0 devices with an sm_90a binary; head dims 64, 128 and 256),
+ * every key), "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation, wgmma;
+ * arch-specific, only cc 9.0 devices with an sm_90a binary; head dims 64, 128 and 256),
+ * "wgmma_sm90_persistent" (the same kernel, one CTA per SM looping over the work tiles; head
+ * dims 64 and 128; run only when forced: docs/kernels/attention.md says why),
  * "mma_sm80_packed" (calls with a window bounded on both sides and an even GQA group: 2 or 4
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
  * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
@@ -29,8 +30,8 @@
 
 static const tk_variant attention_variants[] = {
     {"wgmma_sm90_wide", TK_CC_HOPPER, true, tk_attention_supports_sm90_wide, tk_attention_launch_sm90_wide},
-    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent, tk_attention_launch_sm90_persistent},
     {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90},
+    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent, tk_attention_launch_sm90_persistent},
     {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
     {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
 };

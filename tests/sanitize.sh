@@ -8,8 +8,9 @@
 #   environment: COMPUTE_SANITIZER (the tool's path), SANITIZE_TOOLS (default: all four)
 #
 # The tests run with TKERN_TEST_UNDER_SANITIZER set to the tool's name: tests with buffers of
-# hundreds of MB or more skip themselves and the randomized sweeps run fewer cases
-# (tests/support/tk_test.h). Criterion
+# hundreds of MB or more skip themselves, the randomized sweeps run fewer cases, and under
+# racecheck the variants whose shared memory is handed over in ways that tool reports as races
+# are not forced (tests/support/tk_test.h). Criterion
 # runs every test in a process of its own, hence --target-processes all. The sanitizer's exit
 # status does not reliably carry the findings of those child processes, so each log is judged
 # here: every summary line the tool printed (one per process) must report zero, Criterion's

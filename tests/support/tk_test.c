@@ -29,6 +29,11 @@ bool tk_test_under_sanitizer(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+bool tk_test_under_racecheck(void) {
+    const char *v = getenv("TKERN_TEST_UNDER_SANITIZER");
+    return v != NULL && strcmp(v, "racecheck") == 0;
+}
+
 bool tk_test_have_device(void) {
     int count = 0;
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
