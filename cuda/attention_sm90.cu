@@ -15,7 +15,7 @@
  *   on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
- * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers; 224 persistent, 160 with 3):
+ * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers; 232 persistent, 160 with 3):
  *   warpgroup c owns query rows 64c .. 64c + 63.
  *   S = Q K^T is D / 16 wgmma m64nBNk16 (both operands K-major from shared memory, 128-byte swizzle
  *   as TMA writes it); transform, mask and online softmax run in registers (BN / 2 S accumulators
@@ -45,8 +45,8 @@
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
  * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
- * its previous or next tile. The producer is a warp (the document runs take a whole warp; 48
- * registers, the consumers 224): it fills each work tile's mask table as soon as the consumers
+ * its previous or next tile. The producer is a warp (the document search takes a whole warp; 40
+ * registers, the consumers 232): it fills each work tile's mask table as soon as the consumers
  * have read the previous tile's (TABLE_EMPTY, a named barrier: after their last softmax of it),
  * loads the tile's Q once their last Q K^T of the previous tile is done (q_empty) and its first
  * K / V tiles as the ring frees stages, all during their last P V and epilogue, then hands them
@@ -96,11 +96,10 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
     /* Registers per thread after setmaxnreg, within what the launch holds (65536 / THREADS,
      * rounded down to 8: 168 x 384 = 64512, or 128 x 512): 2 x 128 x 240 + 128 x 24; PERSISTENT,
-     * whose producer warp fills each work tile's mask table (the document runs, which spill in
-     * 24; with 40 the loads spilled 4-16 bytes around them): 2 x 128 x 224 + 128 x 48; three
-     * consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
-    static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : PERSISTENT ? 224 : 240;
-    static constexpr int PRODUCER_REGS = PERSISTENT ? 48 : 24;
+     * whose producer warp fills each work tile's mask table (a document search, which spills in
+     * 24): 2 x 128 x 232 + 128 x 40; three consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
+    static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : PERSISTENT ? 232 : 240;
+    static constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8; /* per thread, as ptxas allots them */
     static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
                   "the warpgroups' registers fit what the launch holds");
@@ -190,20 +189,22 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
 
-    /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it: the
-     * CTA's k-th is blockIdx.x + k gridDim.x, recomputed from k (which both roles count) and the
-     * parameters rather than kept live across the tiles. */
-    sm90_work w = sm90_work_of<BM>(p, blockIdx.x);
+    /* The CTA's work tiles: blockIdx.x, and (PERSISTENT) every gridDim.x-th tile after it (the
+     * count is recomputed from the parameters there rather than kept live across the tiles). */
+    unsigned tile = blockIdx.x;
+    sm90_work w = sm90_work_of<BM>(p, tile);
     const int shift = p.seqlen_k - p.seqlen_q;
-    auto has_work = [&](int k) { /* whether the CTA has a k-th work tile */
-        return PERSISTENT && blockIdx.x + (unsigned)k * gridDim.x <
-                                 (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
-    };
-    auto next_work = [&](int k) { /* w = the k-th work tile; false past the CTA's last */
-        if (!has_work(k))
+    auto next_work = [&]() { /* false once the CTA's tiles are done; always after one without PERSISTENT */
+        if constexpr (!PERSISTENT)
             return false;
-        w = sm90_work_of<BM>(p, blockIdx.x + (unsigned)k * gridDim.x);
+        tile += gridDim.x;
+        if (tile >= (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch)
+            return false;
+        w = sm90_work_of<BM>(p, tile);
         return true;
+    };
+    auto more_work = [&]() { /* whether next_work will find another tile */
+        return PERSISTENT && tile + gridDim.x < (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
     };
 
     if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                     load_tiles(early, range.y);
                 __syncwarp();
                 k++;
-            } while (next_work(k));
+            } while (next_work());
         } else if (threadIdx.x == CONSUMERS * 128) {
             const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
             load_q();
@@ -391,7 +392,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 __syncwarp(); /* every lane's wait for the Q K^T, before lane 0's release */
                 if (lane == 0)
                     tk_mbarrier_arrive(q_empty);
-                if (has_work(k + 1))
+                if (more_work())
                     tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
             }
         };
@@ -470,7 +471,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 p.lse[lse_row0 + i] = lse;
         }
         k++;
-    } while (next_work(k));
+    } while (next_work());
 #endif
 }
 
@@ -512,7 +513,7 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
 }
 
 /* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
- * 256 the consumers' 224 registers spill) and wide; a plan that does not exist is never made. */
+ * 256 the consumers' 232 registers spill) and wide; a plan that does not exist is never made. */
 template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA (src/attention.c has checked the 16-byte alignment). */
     if (!attn_tma_strides(c->q_stride) || !attn_tma_strides(c->k_stride) || !attn_tma_strides(c->v_stride))
