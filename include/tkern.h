@@ -624,10 +624,10 @@ TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t 
  * at 64, on compute capability 9.0 with the library's sm_90a code; only calls in which every
  * query sees every key once the mask is resolved: no window bounded on either side, at most
  * one chunk, no prefix_len or document_ids; a causal call with seqlen_q = 1 or a window that
- * covers every key counts as unmasked), "wgmma_sm90_persistent" (one CTA per SM looping over
- * the work tiles of the next one, head_dim 64 or 128 there; every mask and option; the same
- * bits as "wgmma_sm90"), "wgmma_sm90" (head_dim 64, 128 or 256 there; every mask and option;
- * the same results as the wide one to rounding),
+ * covers every key counts as unmasked), "wgmma_sm90" (head_dim 64, 128 or 256 there; every
+ * mask and option; the same results as the wide one to rounding), "wgmma_sm90_persistent" (the
+ * same kernel with one CTA per SM looping over the work tiles, head_dim 64 or 128; the same bits
+ * as "wgmma_sm90"; never chosen automatically, since "wgmma_sm90" claims every call it does),
  * "mma_sm80_packed" (a window bounded on both sides: window_left >= 0, and window_right >= 0 or
  * causal, where a side that reaches every key counts as unbounded; and heads_q / heads_kv even)
  * and "mma_sm80" (every supported call); the last
