@@ -909,9 +909,9 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
 /* A block of the cluster kernel: CLUSTER_THREADS threads x CLUSTER_PACKS 16-byte packs, a 32 KB
  * slice of a row in registers; clusters of 2 to CLUSTER_MAX_BLOCKS such blocks per row: rows
  * whose whole packs hold 64 to 512 KB (past the portable 8 blocks, 256 KB, where the device
- * schedules clusters of 16: an H100 / H200). vec16_pipelined, ahead of it in the table, takes
- * every one of these widths, so the automatic choice is unchanged by this variant until it is
- * moved ahead. */
+ * schedules clusters of 16: an H100 / H200). The automatic choice takes it, ahead of
+ * vec16_pipelined, only for rows launched on 16 blocks (tk_softmax_cluster_blocks), where it
+ * measured faster; it runs the other widths when forced. */
 constexpr int CLUSTER_THREADS = 256, CLUSTER_PACKS = 8, CLUSTER_PORTABLE_BLOCKS = 8, CLUSTER_MAX_BLOCKS = 16;
 constexpr int CLUSTER_SLICE_PACKS = CLUSTER_THREADS * CLUSTER_PACKS;
 constexpr int64_t CLUSTER_MIN_BYTES = 65536, CLUSTER_MAX_BYTES = (int64_t)CLUSTER_MAX_BLOCKS * CLUSTER_SLICE_PACKS * 16;
@@ -1234,17 +1234,26 @@ template <typename T, bool Log> bool cluster_supports(const tk_softmax_call *a, 
     return blocks <= most && clusters_that_fit<kernel>(dev, cfg, blocks, &fit) == cudaSuccess && fit > 0;
 }
 
+/* Blocks per row of the cluster kernel's launch: the fewest that hold the row, widened for few
+ * rows (a decode step's sampling distribution) as the pipelined kernel's (widen_for_few_rows):
+ * one DRAM round trip per block either way, so the row's latency falls with the bytes per block.
+ * The launcher and the variant choice (tk_softmax_cluster_blocks) ask the same; the occupancy
+ * queries behind it do not depend on the stream. */
+template <typename T, bool Log>
+cudaError_t cluster_launch_blocks(const tk_softmax_call *a, const tk_device *dev, int *blocks) {
+    *blocks = cluster_blocks(a, tk_pack_width<T>(true));
+    return widen_for_few_rows<softmax_cluster_kernel<T, Log>>(
+        a, dev, tk_launch_config(dim3(), CLUSTER_THREADS, 0, nullptr), (int)sizeof(T), blocks);
+}
+
 /* One cluster per row, one block per slice, every row launched at once (not a persistent grid):
  * two blocks per SM, so that one block's exchange and stores overlap another's loads, and the
- * block scheduler refills an SM as soon as a block exits. Few rows (a decode step's sampling
- * distribution) take more, smaller slices, as the pipelined kernel's (widen_for_few_rows): one
- * DRAM round trip per block either way, so the row's latency falls with the bytes per block. */
+ * block scheduler refills an SM as soon as a block exits. */
 template <typename T, bool Log>
 cudaError_t launch_cluster(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
     constexpr int Vec = tk_pack_width<T>(true);
-    int blocks = cluster_blocks(a, Vec);
-    const cudaError_t err = widen_for_few_rows<softmax_cluster_kernel<T, Log>>(
-        a, dev, tk_launch_config(dim3(), CLUSTER_THREADS, 0, stream), (int)sizeof(T), &blocks);
+    int blocks;
+    const cudaError_t err = cluster_launch_blocks<T, Log>(a, dev, &blocks);
     if (err != cudaSuccess)
         return err;
     const int slice_packs = (int)((a->cols / Vec + blocks - 1) / blocks);
@@ -1305,6 +1314,20 @@ extern "C" bool tk_softmax_cluster_supports(const void *call, const tk_device *d
         return cudaSuccess;
     });
     return supported;
+}
+
+extern "C" int tk_softmax_cluster_blocks(const void *call, const tk_device *dev) {
+    const tk_softmax_call *a = static_cast<const tk_softmax_call *>(call);
+    int blocks = 0;
+    tk_dispatch_dtype(a->dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        const cudaError_t err =
+            a->log ? cluster_launch_blocks<T, true>(a, dev, &blocks) : cluster_launch_blocks<T, false>(a, dev, &blocks);
+        if (err != cudaSuccess)
+            blocks = 0;
+        return cudaSuccess;
+    });
+    return blocks;
 }
 
 extern "C" cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream) {

@@ -58,8 +58,11 @@ OP = re.compile(r'const\s+tk_op\s+\w+\s*=\s*\{\s*"(\w+)"\s*,\s*(\w+)\s*,\s*([^}]
 
 
 def variant_tables():
-    """[{op, variant, min_cc, arch_specific, launcher, table: {file, line}}] in table order."""
+    """[{op, variant, min_cc, arch_specific, launcher, table: {file, line}}] in table order.
+    A variant with several rows (src/runtime.h's tk_op) is one record, at its first row; its
+    rows must agree on everything but supports."""
     variants = []
+    first_rows = {}
     for path in sorted(glob.glob(os.path.join(ROOT, "src", "*.c"))):
         rel = os.path.relpath(path, ROOT)
         text = read(rel)
@@ -73,11 +76,19 @@ def variant_tables():
             if count.isdigit() and int(count) != len(rows):
                 raise CorpusError(f"{rel}: {op_name} counts {count} variants, its table has {len(rows)}")
             for row in rows:
-                variants.append({
+                v = {
                     "op": op_name, "variant": row.group(1), "min_cc": compute_capability(row.group(2)),
                     "arch_specific": row.group(3) == "true", "launcher": row.group(5),
                     "table": {"file": rel, "line": line_of(text, table.start(2) + row.start())},
-                })
+                }
+                first = first_rows.get((op_name, v["variant"]))
+                if first is None:
+                    first_rows[(op_name, v["variant"])] = v
+                    variants.append(v)
+                elif any(first[key] != v[key] for key in ("min_cc", "arch_specific", "launcher")):
+                    raise CorpusError(f"{rel}:{v['table']['line']}: a second row of {op_name} variant "
+                                      f"{v['variant']} differs from its first (line {first['table']['line']}) "
+                                      "in min_cc, arch_specific or launcher")
     if not variants:
         raise CorpusError("no tk_variant tables found in src/*.c")
     return variants

@@ -114,14 +114,27 @@ Test(softmax_args, force_variant_names) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", NULL), TK_SUCCESS, "");
 }
 
+/* Forcing op `op` to a variant `name` it lacks fails, naming both, and lists `accepted`. */
+static void expect_unknown_variant(const char *op, const char *name, const char *accepted) {
+    char needle[96];
+    snprintf(needle, sizeof needle, "\"%s\" is not a variant of \"%s\"", name, op);
+    TK_EXPECT_STATUS(tk_experimental_force_variant(op, name), TK_ERROR_INVALID_VALUE, needle);
+    cr_assert(strstr(tk_last_error(), accepted) != NULL, "%s", tk_last_error());
+}
+
 /* Op "softmax_bwd" has the forward's variants but "vec16_cluster", and a name it lacks is answered
  * with them. */
 Test(softmax_args, backward_lists_its_variants) {
-    TK_EXPECT_STATUS(tk_experimental_force_variant("softmax_bwd", "vec16_pipeline"), TK_ERROR_INVALID_VALUE,
-                     "\"vec16_pipeline\" is not a variant of \"softmax_bwd\"");
-    cr_assert(strstr(tk_last_error(), "\"vec16_pipelined\", \"vec16_regs\", \"vec16_stream\", \"scalar_regs\", "
-                                      "\"scalar_stream\"") != NULL,
-              "%s", tk_last_error());
+    expect_unknown_variant("softmax_bwd", "vec16_pipeline",
+                           "\"vec16_pipelined\", \"vec16_regs\", \"vec16_stream\", \"scalar_regs\", \"scalar_stream\"");
+}
+
+/* The two rows of "vec16_cluster" (ahead of "vec16_pipelined" for rows on 16 blocks, after it
+ * for the rest) are one variant: a name the forward op lacks is answered with each variant once. */
+Test(softmax_args, forward_lists_each_variant_once) {
+    expect_unknown_variant("softmax", "vec16_clusters",
+                           "accepted: \"vec16_cluster\", \"vec16_pipelined\", \"vec16_regs\", \"vec16_stream\", "
+                           "\"scalar_regs\", \"scalar_stream\"");
 }
 
 /* The directions are forced separately: a forward variant does not leak into the backward op. */
@@ -709,8 +722,7 @@ static tk_status fwd_in_place(tk_dtype dtype, int64_t rows, int64_t cols, int mi
     return status;
 }
 
-/* vec16_cluster declines what it does not take (the automatic choice never reaches it: every width
- * it takes, vec16_pipelined, ahead of it, takes first): rows narrower than 64 KB or wider than
+/* vec16_cluster, forced, declines what it does not take: rows narrower than 64 KB or wider than
  * 512 KB of whole packs, rows that are not 16-byte aligned; and op "softmax_bwd" has no such variant. */
 Test(softmax_gpu, cluster_declines) {
     TK_REQUIRE_GPU();
@@ -730,22 +742,39 @@ Test(softmax_gpu, cluster_declines) {
     TK_EXPECT_STATUS(tk_experimental_force_variant("softmax", NULL), TK_SUCCESS, "");
 }
 
-/* The automatic choice, and a forced variant that cannot run the call. */
+/* The automatic choice, and a forced variant that cannot run the call. vec16_cluster comes first
+ * for rows it runs on 16 blocks (where it measured faster than vec16_pipelined): 480 to 512 KB of
+ * whole packs, and 256 KB rows few enough to be widened from 8 blocks to 16 (one or two here:
+ * every sm_90 device the tests run on holds two clusters of 16); vec16_pipelined keeps the rows
+ * on 2 to 15 blocks (17 rows of 256 KB are too many to widen on a device of fewer than 272 SMs). */
 Test(softmax_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
     const char *long_rows = pipelined_runs_here() ? "vec16_pipelined" : "vec16_stream";
+    const char *rows_16_blocks = pipelined_runs_here() ? "vec16_cluster" : "vec16_stream";
     /* 64 KB rows: 32768 16-bit or 16384 f32 columns */
     const char *rows_64k = pipelined_runs_here() ? "vec16_pipelined" : "vec16_regs";
     const struct { tk_dtype dtype; int64_t rows, cols; int misalign; const char *expect; } cases[] = {
         {TK_BF16, 64, 4096, 0, "vec16_regs"}, {TK_BF16, 4, 32760, 0, "vec16_regs"},
-        {TK_BF16, 4, 32768, 0, rows_64k}, {TK_BF16, 2, 131072, 0, long_rows},
+        {TK_BF16, 4, 32768, 0, rows_64k}, {TK_BF16, 2, 131072, 0, rows_16_blocks},
         {TK_F32, 4, 8192, 0, "vec16_regs"}, {TK_F32, 4, 32768, 0, long_rows},
-        {TK_F32, 2, 131072, 0, long_rows}, {TK_F32, 1, 140000, 0, "vec16_stream"},
+        {TK_F32, 2, 131072, 0, rows_16_blocks}, {TK_F32, 1, 140000, 0, "vec16_stream"},
         {TK_BF16, 1, 262160, 0, "vec16_stream"},
         /* both ends of the one-block pipelined rows (64 to 128 KB) */
         {TK_F32, 4, 16384, 0, rows_64k}, {TK_F32, 1, 32771, 0, long_rows},
         {TK_F16, 4, 32768, 0, rows_64k}, {TK_F16, 1, 65543, 0, long_rows},
         {TK_BF16, 4, 4096, 1, "scalar_regs"}, {TK_F16, 2, 70000, 1, "scalar_stream"},
+        /* 16 blocks: 512 KB rows (by width, however many), one with a tail of 7, the narrowest
+         * (480 KB and one pack), a decode row of 256 KB widened from 8 */
+        {TK_BF16, 3, 262144, 0, rows_16_blocks}, {TK_F16, 1, 262151, 0, rows_16_blocks},
+        {TK_F32, 2, 122884, 0, rows_16_blocks}, {TK_BF16, 1, 131072, 0, rows_16_blocks},
+        {TK_F16, 1, 131072, 0, rows_16_blocks},
+        /* 2 to 15 blocks: vec16_pipelined. 256 KB rows too many to widen (B8), 480 KB (B15),
+         * 384 KB (B12: 24 would pass 16), 256 KB less one pack (B8: 16 would leave slices under
+         * 16 KB), 64 KB (B2 for 67 rows, widened to 4 for one) */
+        {TK_BF16, 17, 131072, 0, long_rows}, {TK_F32, 17, 65536, 0, long_rows},
+        {TK_BF16, 1, 245760, 0, long_rows}, {TK_F32, 2, 98304, 0, long_rows},
+        {TK_BF16, 1, 131064, 0, long_rows}, {TK_BF16, 67, 32768, 0, rows_64k},
+        {TK_F32, 1, 16384, 0, rows_64k},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TK_EXPECT_STATUS(fwd_in_place(cases[i].dtype, cases[i].rows, cases[i].cols, cases[i].misalign), TK_SUCCESS,
