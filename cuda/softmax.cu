@@ -926,7 +926,9 @@ static_assert(CLUSTER_MAX_BLOCKS <= PIPE_MAX_BLOCKS, "clusters_that_fit and wide
  * exponential, so it keeps the raw packs and converts them again. The warps' (m_warp, sum) pairs
  * are exchanged once: each warp's lanes < blocks st.async its pair into slot rank * WARPS + warp
  * of every block of the cluster, counted on that block's mbarrier, which thread 0 armed with all
- * blocks x WARPS x 8 bytes right after initialising it. Cluster barrier: every thread arrives
+ * blocks x WARPS x 8 bytes after initialising it and a block barrier (armed right after the
+ * initialisation, in the same thread, compute-sanitizer's racecheck reported a race with the
+ * initialisation and synccheck a missing init). Cluster barrier: every thread arrives
  * (relaxed: fence.mbarrier_init publishes the initialisation) before its loads and waits just
  * before its sends, so the wait overlaps the loads and the first reductions and no block sends
  * into a peer whose mbarrier is not initialised. No cluster barrier at exit: each block receives
@@ -950,8 +952,10 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 2) softmax_cluster_kernel(tk_
     if (threadIdx.x == 0) {
         tk_mbarrier_init(landed_at, 1);
         tk_fence_mbarrier_init();
-        tk_mbarrier_arrive_expect_tx(landed_at, (uint32_t)(blocks * WARPS * sizeof(max_sum)));
     }
+    __syncthreads(); /* the initialisation before the mbarrier's first use, its own thread's too */
+    if (threadIdx.x == 0)
+        tk_mbarrier_arrive_expect_tx(landed_at, (uint32_t)(blocks * WARPS * sizeof(max_sum)));
     __cluster_barrier_arrive_relaxed();
 
     const int64_t row = blockIdx.x / blocks;
