@@ -228,10 +228,12 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
     /* PERSISTENT: the mask table's hand-off between the producer warp and the consumers, two named
      * barriers on which every party syncs: the table holds the current work tile's entries
-     * (TABLE_FULL) or the consumers are done reading it (TABLE_EMPTY). bar.sync on both sides,
-     * the form compute-sanitizer's racecheck orders: it reported the same hand-off through
-     * mbarriers, and through bar.arrive on one side, as races. The consumers sync on TABLE_EMPTY
-     * only when another work tile follows, as the producer does before each fill but the first. */
+     * (TABLE_FULL) or the consumers are done reading it (TABLE_EMPTY). A sync on both sides,
+     * the form compute-sanitizer's racecheck orders (it reported the same hand-off through
+     * mbarriers, and through bar.arrive on one side, as races), in its unaligned form: every party
+     * reaches it after a branch that its lane 0 took alone (tk_named_barrier_sync_lanes_apart).
+     * The consumers sync on TABLE_EMPTY only when another work tile follows, as the producer does
+     * before each fill but the first. */
     constexpr int TABLE_FULL = TURN + CONSUMERS, TABLE_EMPTY = TABLE_FULL + 1;
     constexpr int TABLE_THREADS = 128 * CONSUMERS + 32; /* the consumers and the producer warp */
     if (warpgroup == CONSUMERS) {
@@ -283,7 +285,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             int k = 0;
             do {
                 if (k > 0) /* the first work tile finds the table free */
-                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
+                    tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_EMPTY);
                 attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
                 __syncwarp(); /* the warp's table entries, before lane 0 reads two of them */
                 const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
@@ -293,11 +295,9 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                     load_q();
                     load_tiles(range.x, early);
                 }
-                __syncwarp();
-                tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
+                tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_FULL);
                 if (lane == 0)
                     load_tiles(early, range.y);
-                __syncwarp();
                 k++;
             } while (next_work());
         } else if (threadIdx.x == CONSUMERS * 128) {
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     int k = 0; /* the work tiles done: Q's barriers are in phase k */
     do {
         if constexpr (PERSISTENT)
-            tk_named_barrier_sync<TABLE_THREADS>(TABLE_FULL);
+            tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_FULL);
         const int head = w.head, batch = w.batch, m0 = w.m0;
         /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
         const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 if (lane == 0)
                     tk_mbarrier_arrive(q_empty);
                 if (more_work())
-                    tk_named_barrier_sync<TABLE_THREADS>(TABLE_EMPTY);
+                    tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_EMPTY);
             }
         };
 

@@ -305,6 +305,15 @@ template <int Threads> __device__ __forceinline__ void tk_named_barrier_sync(int
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
 }
 
+/* The same sync for a warp whose lanes may arrive apart (after a branch that one lane took
+ * alone): barrier.sync without .aligned first waits for the warp's other non-exited lanes.
+ * bar.sync is barrier.sync.aligned, which a warp must execute converged, all its lanes at once;
+ * __syncwarp before it does not promise that (compute-sanitizer's synccheck reports such a warp:
+ * "Divergent thread(s) in block"). */
+template <int Threads> __device__ __forceinline__ void tk_named_barrier_sync_lanes_apart(int id) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
+
 template <int Threads> __device__ __forceinline__ void tk_named_barrier_arrive(int id) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
 }
