@@ -1331,6 +1331,40 @@ def test_rope_lane_reads_every_calls_positions_cache_and_outputs(monkeypatch):
         assert not any((p.positions32, p.positions64, p.cos_cache, p.sin_cache))
 
 
+def test_rope_replay_follows_the_positions_buffer_and_cache(monkeypatch):
+    """A replay keeps the params it made for the last positions / cache pointers (a decode loop
+    passes the same buffers call after call): new values in the same buffer, another buffer, or
+    another cache must each be what the next call reads."""
+    from tkern import _lib, _rope
+
+    for cache in (_rope._LANE, _rope._PLANS):
+        monkeypatch.setattr(cache, "_plans", {})
+    replays = []
+    real = _lib.replay
+    monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
+                                                              real(name, *args)))
+    T, D = 4, 64
+    q, k = rand(T, 8, D, dtype=torch.bfloat16), rand(T, 2, D, dtype=torch.bfloat16)
+    inv = 10000.0 ** (-2.0 * torch.arange(D // 2, device=DEV, dtype=torch.float64) / D)
+    caches = []
+    for shift in (0.0, 0.5):
+        ang = (torch.arange(512, device=DEV, dtype=torch.float64) + shift).unsqueeze(-1) * inv
+        caches.append(torch.cat([torch.cos(ang), torch.sin(ang)], -1).float())
+    buf_a = torch.arange(T, device=DEV, dtype=torch.int32) + 100
+    buf_b = torch.arange(T, device=DEV, dtype=torch.int32) + 300
+    calls = 0
+    for step, (pos, cache) in enumerate([(buf_a, 0), (buf_a, 0), (buf_b, 0), (buf_a, 0),
+                                         (buf_a, 1), (buf_a, 1)]):
+        if step == 1:
+            buf_a += 7  # the next position, written in place as a decode loop does
+        expected = [rope_ref(x.double(), pos, None, "neox", cache=caches[cache]) for x in (q, k)]
+        for got, want, name in zip(tkern.rope(q, k, pos, cos_sin_cache=caches[cache]), expected,
+                                   "qk"):
+            check(got, want, f"rope {name}, step {step}")
+        calls += 1
+    assert replays == ["tk_rope_fwd"] * (calls - 1)
+
+
 def test_fast_path_takes_only_plain_cuda_tensors():
     from tkern import _arrays
 

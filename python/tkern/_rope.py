@@ -105,7 +105,8 @@ def _lane_plan(fn, p, c, names, inplace):
     itself (a replay takes a copy of it to set the pointers in, when there are any, so that
     the stored params hold none) and its byref() for a replay without pointers to set; the
     positions field; the sin half's offset in a cos_sin_cache; an allocator per output (None:
-    the output is the input, in place or absent)."""
+    the output is the input, in place or absent); and the params of the last replay that set
+    pointers, with those pointers (see _replay)."""
     template = _lib.RopeParams.from_buffer_copy(p)
     pa = c.get("positions")
     allocators = [None if inplace or c.get(name) is None
@@ -113,26 +114,38 @@ def _lane_plan(fn, p, c, names, inplace):
                   for name in names]
     return (fn, template, _lib.byref(template),
             "positions32" if pa is not None and pa.dtype == "int32" else "positions64",
-            ((p.rotary_dim or p.head_dim) // 2) * 4, *allocators)
+            ((p.rotary_dim or p.head_dim) // 2) * 4, *allocators, [None])
 
 
 def _replay(plan, q, k, positions, cos, sin, cos_sin_cache, stream):
     """A call of the lane (see Lane): the plan's params, with this call's pointers set in a copy
-    as _pointers sets them, and its outputs."""
-    fn, template, params, positions_field, sin_offset, new_q, new_k = plan
+    as _pointers sets them, and its outputs. A decode loop passes the same positions buffer (and
+    angle cache) call after call, so the params made for the last pointers are kept in the plan
+    and passed again while the pointers are the same: they hold nothing else, and are never
+    written once made (a thread reads the old pair or the new one, as in Lane)."""
+    fn, template, params, positions_field, sin_offset, new_q, new_k, last = plan
     if positions is not None or cos is not None or cos_sin_cache is not None:
-        p = _lib.RopeParams.from_buffer_copy(template)
-        set_field = _lib.set_field  # data_ptr()s: always within void *, nothing to check
-        if positions is not None:
-            set_field(p, positions_field, positions.data_ptr())
-        if cos_sin_cache is not None:
-            cache = cos_sin_cache.data_ptr()
-            set_field(p, "cos_cache", cache)
-            set_field(p, "sin_cache", cache + sin_offset)
-        elif cos is not None:
-            set_field(p, "cos_cache", cos.data_ptr())
-            set_field(p, "sin_cache", sin.data_ptr())
-        params = _lib.byref(p)
+        pointers = (None if positions is None else positions.data_ptr(),
+                    None if cos_sin_cache is None else cos_sin_cache.data_ptr(),
+                    None if cos is None else cos.data_ptr(),
+                    None if sin is None else sin.data_ptr())
+        made = last[0]
+        if made is not None and made[0] == pointers:
+            params = made[1]
+        else:
+            p = _lib.RopeParams.from_buffer_copy(template)
+            set_field = _lib.set_field  # data_ptr()s: always within void *, nothing to check
+            pos_ptr, cache, cos_ptr, sin_ptr = pointers
+            if positions is not None:
+                set_field(p, positions_field, pos_ptr)
+            if cos_sin_cache is not None:
+                set_field(p, "cos_cache", cache)
+                set_field(p, "sin_cache", cache + sin_offset)
+            elif cos is not None:
+                set_field(p, "cos_cache", cos_ptr)
+                set_field(p, "sin_cache", sin_ptr)
+            params = _lib.byref(p)
+            last[0] = (pointers, params)
     q_out = q if new_q is None else new_q(q)
     k_out = k if new_k is None else new_k(k)
     _lib.replay(fn, params, 0 if q is None else q.data_ptr(), 0 if k is None else k.data_ptr(),
