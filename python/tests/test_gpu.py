@@ -1267,17 +1267,27 @@ def test_fast_path_passes_what_dlpack_passes(monkeypatch):
         "tk_rope_fwd", "tk_attention_fwd", "tk_gemm"}, replayed["fast, cached"]
 
 
-def test_lane_replays_only_calls_checked_before(monkeypatch):
-    """A replay needs an earlier successful call with the same dtypes, shapes, strides, device
-    and scalars, no output and no stream; anything else takes the full path, and an error is
-    raised again, never stored."""
-    from tkern import _activation, _lib
+def recorded_replays(monkeypatch, *caches):
+    """Empties the plans of the given lanes / plan caches and returns the list to which every
+    replayed call's entry point is appended from then on."""
+    from tkern import _lib
 
-    monkeypatch.setattr(_activation._GELU_LANE, "_plans", {})
+    for cache in caches:
+        monkeypatch.setattr(cache, "_plans", {})
     replays = []
     real = _lib.replay
     monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
                                                               real(name, *args)))
+    return replays
+
+
+def test_lane_replays_only_calls_checked_before(monkeypatch):
+    """A replay needs an earlier successful call with the same dtypes, shapes, strides, device
+    and scalars, no output and no stream; anything else takes the full path, and an error is
+    raised again, never stored."""
+    from tkern import _activation
+
+    replays = recorded_replays(monkeypatch, _activation._GELU_LANE)
     x = rand(64, 256, dtype=torch.bfloat16)
     tkern.gelu(x)
     assert replays == []
@@ -1300,15 +1310,10 @@ def test_lane_replays_only_calls_checked_before(monkeypatch):
 def test_rope_lane_reads_every_calls_positions_cache_and_outputs(monkeypatch):
     """RoPE's params hold pointers (positions, the cos / sin cache): a replay must take this
     call's, in place and out of place, and never leave them in the stored params."""
-    from tkern import _lib, _rope
+    from tkern import _rope
 
     lanes = (_rope._LANE, _rope._INPLACE_LANE)  # rope's and rope_'s
-    for cache in lanes + (_rope._PLANS,):
-        monkeypatch.setattr(cache, "_plans", {})
-    replays = []
-    real = _lib.replay
-    monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
-                                                              real(name, *args)))
+    replays = recorded_replays(monkeypatch, *lanes, _rope._PLANS)
     T, rd = 16, 32
     inv = 10000.0 ** (-2.0 * torch.arange(rd // 2, device=DEV, dtype=torch.float64) / rd)
     for i in range(3):
@@ -1335,14 +1340,9 @@ def test_rope_replay_follows_the_positions_buffer_and_cache(monkeypatch):
     """A replay keeps the params it made for the last positions / cache pointers (a decode loop
     passes the same buffers call after call): new values in the same buffer, another buffer, or
     another cache must each be what the next call reads."""
-    from tkern import _lib, _rope
+    from tkern import _rope
 
-    for cache in (_rope._LANE, _rope._PLANS):
-        monkeypatch.setattr(cache, "_plans", {})
-    replays = []
-    real = _lib.replay
-    monkeypatch.setattr(_lib, "replay", lambda name, *args: (replays.append(name),
-                                                              real(name, *args)))
+    replays = recorded_replays(monkeypatch, _rope._LANE, _rope._PLANS)
     T, D = 4, 64
     q, k = rand(T, 8, D, dtype=torch.bfloat16), rand(T, 2, D, dtype=torch.bfloat16)
     inv = 10000.0 ** (-2.0 * torch.arange(D // 2, device=DEV, dtype=torch.float64) / D)
