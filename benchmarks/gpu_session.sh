@@ -16,7 +16,7 @@ make clean >/dev/null
 make -j"$(nproc)" ARCHS="$archs" WERROR=1 lib > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
-make -j"$(nproc)" ARCHS="$archs" WERROR=1 test > "$out/test.log" 2>&1
+make -j"$(nproc)" ARCHS="$archs" WERROR=1 TEST_JOBS=8 test > "$out/test.log" 2>&1
 test_rc=$?
 grep -E "^== |Synthesis|passed|failed|FAIL|skipped" "$out/test.log" | grep -v "^\[PASS\]" | tail -40
 
