@@ -92,7 +92,7 @@ __device__ __forceinline__ void attn_transform_scores(float (&s)[MT][NT][4], flo
  * sees lo(first) .. hi(last), and a key tile n0 .. n0 + cols - 1 is fully visible to it when
  * n0 >= lo(last) and n0 + cols - 1 <= hi(first): the kernels skip tiles outside the band and
  * run the per-element test only on tiles that are not fully visible. The kernels compute each
- * row's range once per CTA into a table (attn_fill_rows; attn_key_rows gives the backward the
+ * row's range once per CTA into a table (attn_fill_table; attn_key_rows gives the backward the
  * inverse, the rows that see a key), so a new mask is one case in attn_row_keys and
  * attn_key_rows. */
 struct attn_mask {
