@@ -924,22 +924,20 @@ static_assert(CLUSTER_MAX_BLOCKS <= PIPE_MAX_BLOCKS, "clusters_that_fit and wide
  * 2^(t - m_warp) of each element in f32 registers from the sum to the output, so each element
  * costs one MUFU.EX2 (and one FMUL for 2^(m_warp - lse)); the log-softmax output needs no
  * exponential, so it keeps the raw packs and converts them again. The warps' (m_warp, sum) pairs
- * are exchanged once: each warp's lanes < blocks store its pair into slot rank * WARPS + warp
- * of every block of the cluster and arrive (release, cluster scope) on that block's mbarrier,
- * initialised with blocks x WARPS arrivals and never armed. (st.async counted in bytes on a
- * barrier armed with expect_tx is valid too, a complete_tx may even come before the arming, but
- * compute-sanitizer's synccheck reports "missing wait" at the arming in clusters of 9 and 16
- * blocks and stops the kernel, wherever the arming is placed; counting arrivals has no arming.)
- * Cluster barrier: every thread arrives (relaxed: fence.mbarrier_init publishes the
- * initialisation) before its loads and waits just before its sends, so the wait overlaps the
- * loads and the first reductions and no block sends into a peer whose mbarrier is not
- * initialised. No cluster barrier at exit: each block receives exactly blocks x WARPS pairs, one
- * per warp of the cluster, sent once, and all its threads wait (acquire, cluster scope) on the
- * phase that completes only when every one of those arrivals, each after its store, has come, so
- * no write into a block's shared memory is outstanding or still to come when it exits; a sender
- * only writes the receiver's shared memory and mbarrier, so it may exit with them in flight.
- * Every block combines the same slots in the same order: the whole cluster gets the same lse
- * bits. */
+ * are exchanged once: each warp's lanes < blocks st.async its pair into slot rank * WARPS + warp
+ * of every block of the cluster, counted on that block's mbarrier, which thread 0 armed with all
+ * blocks x WARPS x 8 bytes after initialising it and a block barrier (armed right after the
+ * initialisation, in the same thread, compute-sanitizer's racecheck reported a race with the
+ * initialisation and synccheck a missing init). Cluster barrier: every thread arrives
+ * (relaxed: fence.mbarrier_init publishes the initialisation) before its loads and waits just
+ * before its sends, so the wait overlaps the loads and the first reductions and no block sends
+ * into a peer whose mbarrier is not initialised. No cluster barrier at exit: each block receives
+ * exactly blocks x WARPS pairs, one per warp of the cluster, sent once, and all its threads wait
+ * on the phase that completes only when every one of those bytes has landed, so no write into a
+ * block's shared memory is outstanding or still to come when it exits; a sender's st.async takes
+ * its data from registers, so the sender may exit with it in flight (only the receiver's shared
+ * memory and mbarrier are involved). Every block combines the same slots in the same order:
+ * the whole cluster gets the same lse bits. */
 template <typename T, bool Log>
 __global__ void __launch_bounds__(CLUSTER_THREADS, 2) softmax_cluster_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -947,14 +945,17 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 2) softmax_cluster_kernel(tk_
     constexpr int WARPS = CLUSTER_THREADS / 32;
     a.log = Log; /* as the launcher chose: a constant in output_pack */
     __shared__ __align__(8) max_sum parts[CLUSTER_MAX_BLOCKS * WARPS]; /* st.async's pairs */
-    __shared__ uint64_t landed; /* its phase 0 completes when every warp of the cluster has sent */
+    __shared__ uint64_t landed; /* its phase 0 completes when all of parts has arrived */
     const int rank = tk_cluster_rank(), blocks = tk_cluster_blocks();
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
     const uint32_t landed_at = tk_smem_address(&landed);
     if (threadIdx.x == 0) {
-        tk_mbarrier_init(landed_at, blocks * WARPS);
+        tk_mbarrier_init(landed_at, 1);
         tk_fence_mbarrier_init();
     }
+    __syncthreads(); /* the initialisation before the mbarrier's first use, its own thread's too */
+    if (threadIdx.x == 0)
+        tk_mbarrier_arrive_expect_tx(landed_at, (uint32_t)(blocks * WARPS * sizeof(max_sum)));
     __cluster_barrier_arrive_relaxed();
 
     const int64_t row = blockIdx.x / blocks;
@@ -1014,8 +1015,8 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 2) softmax_cluster_kernel(tk_
 
     __cluster_barrier_wait(); /* every block's mbarrier is initialised */
     if (lane < blocks)
-        tk_cluster_put_f32x2_arrive(tk_smem_address(&parts[rank * WARPS + warp]), landed_at, lane, m, s);
-    tk_mbarrier_wait_cluster(landed_at, 0);
+        tk_cluster_send_f32x2(tk_smem_address(&parts[rank * WARPS + warp]), landed_at, lane, m, s);
+    tk_mbarrier_wait(landed_at, 0);
     max_sum total = {-INFINITY, 0.0f};
     for (int i = lane; i < blocks * WARPS; i += 32)
         total = combine<false>(total, parts[i]);

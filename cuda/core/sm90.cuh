@@ -144,20 +144,6 @@ __device__ __forceinline__ void tk_mbarrier_wait(uint32_t bar, uint32_t parity) 
     } while (!done);
 }
 
-/* tk_mbarrier_wait with acquire at cluster scope: for a phase completed by other blocks'
- * arrivals (tk_cluster_put_f32x2_arrive), whose released stores are visible after it. */
-__device__ __forceinline__ void tk_mbarrier_wait_cluster(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 /* ---- TMA ---- */
 
 /* cp.async.bulk.tensor.2d: the box of `map` at (inner coordinate c0, outer c1), in elements,
@@ -278,18 +264,6 @@ __device__ __forceinline__ uint32_t tk_cluster_map(uint32_t local, int rank) {
 __device__ __forceinline__ void tk_cluster_send_f32x2(uint32_t slot, uint32_t bar, int rank, float x, float y) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
                      tk_cluster_map(slot, rank)),
-                 "f"(x), "f"(y), "r"(tk_cluster_map(bar, rank))
-                 : "memory");
-}
-
-/* (x, y) into block `rank`'s shared memory at `slot` by a plain store, then one arrival on that
- * block's mbarrier `bar` with release at cluster scope, which orders the store before it (both
- * given as local addresses and mapped). For an exchange counted in arrivals rather than bytes:
- * the receiver initialises `bar` with one arrival per sender and never arms it, so there is no
- * expect_tx for a sender to overtake. The receiver waits with tk_mbarrier_wait_cluster. */
-__device__ __forceinline__ void tk_cluster_put_f32x2_arrive(uint32_t slot, uint32_t bar, int rank, float x, float y) {
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n\t"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%3];" ::"r"(tk_cluster_map(slot, rank)),
                  "f"(x), "f"(y), "r"(tk_cluster_map(bar, rank))
                  : "memory");
 }
