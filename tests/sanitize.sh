@@ -42,7 +42,7 @@ if [ "${1-}" = --one ]; then # one (tool, binary) pair, run by the xargs below
     mkdir -p "$(dirname "$log")"
     start=$SECONDS
     TKERN_TEST_UNDER_SANITIZER=$tool "$COMPUTE_SANITIZER" --tool "$tool" --target-processes all \
-        --print-limit 20 "$binary" --jobs 1 --short-filename >"$log" 2>&1
+        --print-limit 20 "$binary" --jobs 1 --short-filename --verbose >"$log" 2>&1
     rc=$?
     problems=$(sanitizer_clean "$tool" "$log"; criterion_clean "$log")
     [ $rc -eq 0 ] || problems="exit status $rc${problems:+; $problems}"
