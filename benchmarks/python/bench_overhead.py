@@ -5,10 +5,10 @@ Each op is called --calls times back to back (outputs allocated by the binding, 
 does) followed by one synchronize; the time per call is then the host's cost of a call, kernel
 launch included, since the kernels on tensors this small take less time than their launch.
 The same torch eager op runs in the same process right after. The host's noise moves such
-figures by up to 2x from one run to the next, so each op is timed in --rounds rounds, ours and
-torch's back to back in every round (in alternating order), with Python's garbage collector
-off while a round runs, and the table gives the median round of each, with the range of the
-rounds beside it. Targets: <= 12 us per call for the elementwise, norm, softmax and RoPE
+figures by up to 2x from one run to the next, so every op is timed in each of --rounds rounds,
+ours and torch's back to back (in alternating order), with Python's garbage collector off
+while a call sequence runs, and the table gives the median round of each, with the range of
+the rounds beside it. Targets: <= 12 us per call for the elementwise, norm, softmax and RoPE
 functions, <= 20 us for attention and gemm.
 
 A last section captures a decode step of tkern calls (norm, QKV gemm, RoPE, attention, output
@@ -71,15 +71,19 @@ def per_call_us(fn, calls):
             gc.enable()
 
 
-def rounds_us(ours, theirs, calls, rounds):
-    """(our per-call times, torch's) over `rounds` rounds, each side timed back to back in each
-    round, the first in alternating order, so that a slow spell of the host hits both."""
-    t_ours, t_torch = [], []
+def rounds_us(table, calls, rounds):
+    """name -> (our per-call times, torch's) over `rounds` rounds. A round times every op of
+    `table` (name -> (ours, torch's)), each op's two sides back to back, the first in
+    alternating order: a slow spell of the host (seen: every op 1.5x slower for the first
+    minute of a run) then lands in one round of every op, which the median leaves out, rather
+    than in every round of the first ops."""
+    times = {name: ([], []) for name in table}
     for r in range(rounds):
-        pair = ((ours, t_ours), (theirs, t_torch))
-        for fn, times in (pair if r % 2 == 0 else pair[::-1]):
-            times.append(per_call_us(fn, calls))
-    return t_ours, t_torch
+        for name, (ours, theirs) in table.items():
+            pair = ((ours, times[name][0]), (theirs, times[name][1]))
+            for fn, into in (pair if r % 2 == 0 else pair[::-1]):
+                into.append(per_call_us(fn, calls))
+    return times
 
 
 def median_and_range(times):
@@ -189,8 +193,11 @@ def main():
              "ratio of medians | target | met |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     print("\n".join(lines), flush=True)
-    for name, (shape, ours, theirs) in ops().items():
-        t_ours, t_torch = rounds_us(ours, theirs, args.calls, args.rounds)
+    table = ops()
+    times = rounds_us({name: (ours, theirs) for name, (_, ours, theirs) in table.items()}, args.calls,
+                      args.rounds)
+    for name, (shape, _, _) in table.items():
+        t_ours, t_torch = times[name]
         m_ours, m_torch = statistics.median(t_ours), statistics.median(t_torch)
         target = TARGETS.get(name, TARGET)
         met = "yes" if m_ours <= target else "NO"
