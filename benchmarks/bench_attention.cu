@@ -291,8 +291,8 @@ extern "C" void bench_attention(bench_ctx *ctx) {
  * B1 Hq32/Hkv8 S16384 D128 bf16, each mask's TFLOP/s per visible FLOP (4 * heads_q * head_dim *
  * visible pairs) as a ratio to causal attention's on the same variant: the ratio column is (its
  * TFLOP/s) / (causal's TFLOP/s), causal's timed just before and just after each mask (their
- * mean), since the clocks of a GPU under minutes of load drift by more than the few percent
- * these ratios are about. Results are checked by the tests. */
+ * mean), since the same call's time drifts within a run by more than the few percent these
+ * ratios are about. Results are checked by the tests. */
 namespace {
 
 struct mask_shape {
