@@ -329,18 +329,19 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
             tk_mma_a_from_acc<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
             tk_stmatrix_x4_trans(s_ds + ds_lane + kk * 16 * 128, da[kk]);
         }
-        tk_wgmma_fence();
+        /* The step's last three products in FlashAttention-3's order: dV (it runs across the
+         * DS_READY barrier), dQ, then dK, whose run covers this thread's dQ hand-off below. */
+        auto issue_dv_or_dk = [&](float(&acc)[D / 8][4], const uint32_t(&a)[BM / 16][4], uint32_t b_tile) {
+            tk_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++)
+            for (int kk = 0; kk < BM / 16; kk++)
 #pragma unroll
-            for (int hh = 0; hh < plan::HALVES; hh++) {
-                const uint32_t b_off = hh * Q_HALF_BYTES + kk * 16 * 128;
-                tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&dv[8 * hh]), pa[kk],
-                                     tk_wgmma_desc_n_major_sw128(s_do + b_off));
-                tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&dk[8 * hh]), da[kk],
-                                     tk_wgmma_desc_n_major_sw128(s_q + b_off));
-            }
-        tk_wgmma_commit();
+                for (int hh = 0; hh < plan::HALVES; hh++)
+                    tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&acc[8 * hh]), a[kk],
+                                         tk_wgmma_desc_n_major_sw128(b_tile + hh * Q_HALF_BYTES + kk * 16 * 128));
+            tk_wgmma_commit();
+        };
+        issue_dv_or_dk(dv, pa, s_do);
         if (stat_next)
             stats[(ring.stage + 1) % STAGES * plan::STATS_FLOATS + tid] = next_stat;
         tk_fence_proxy_async_shared();
@@ -356,14 +357,12 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
                                      tk_wgmma_desc_n_major_sw128(k_tile + warpgroup * KV_HALF_BYTES + kk * 16 * 128),
                                      kk > 0);
         tk_wgmma_commit();
-        tk_wgmma_wait<0>();
-        tk_wgmma_pin(dq);
-        tk_wgmma_pin(dk);
+        tk_wgmma_wait<1>(); /* dV */
         tk_wgmma_pin(dv);
         tk_wgmma_pin(pa);
-        tk_wgmma_pin(da);
-        if (lane == 0) /* the warpgroup's wgmma are done with the stage's Q and dO */
-            tk_mbarrier_arrive(ring.barrier(empty));
+        issue_dv_or_dk(dk, da, s_q);
+        tk_wgmma_wait<1>(); /* dQ; dK still runs */
+        tk_wgmma_pin(dq);
 
         /* This warp's fragments into its 4 KiB of the warpgroup's block (consumer warp c = 4 w
          * + warp: 4 KiB c of the dQ area), in the accumulator's order (512 contiguous bytes
@@ -380,6 +379,11 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
                 make_float4(dq[j][0] * p.scale, dq[j][1] * p.scale, dq[j][2] * p.scale, dq[j][3] * p.scale);
         tk_fence_proxy_async_shared();
         tk_named_barrier_arrive<DQ_THREADS>(DQ_WRITTEN + t / 128);
+        tk_wgmma_wait<0>(); /* dK */
+        tk_wgmma_pin(dk);
+        tk_wgmma_pin(da);
+        if (lane == 0) /* the warpgroup's wgmma are done with the stage's Q and dO */
+            tk_mbarrier_arrive(ring.barrier(empty));
     }
 
     /* dK and dV of this thread's keys, every column. */
