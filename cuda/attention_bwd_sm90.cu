@@ -27,10 +27,11 @@
  *     attn_bwd_probs applies as is.
  *   dV_w += P^T dO: 8, P^T from registers (each warp's n8 slices of S^T pair up into the
  *     m16 x k16 A fragments, as the forward's P) and dO an N-major B (the transpose bit).
- *   dK_w += dS^T Q: 8, the same with dS^T; and dS^T stored transposed (stmatrix .trans) as dS
- *     [query][key], this warpgroup's 64-key half of a 128-byte swizzled tile of the stage.
+ *   dS^T is stored transposed (stmatrix .trans) as dS [query][key], this warpgroup's 64-key
+ *     half of a 128-byte swizzled tile of the stage, before dV is issued.
  *   Named barrier DS_READY (both halves written, each after fence.proxy.async), then
  *   dQ[:, 64 w .. 64 w + 63] = dS K over all 128 keys: 8, dS K-major, K an N-major B.
+ *   dK_w += dS^T Q: 8, as dV with dS^T, issued last (FlashAttention-3's order: dV, dQ, dK).
  *   dQ reaches the f32 accumulator as in FlashAttention-3: each consumer warpgroup writes its
  *   64 x 64 block (times the scale), in the accumulator's order, to shared memory, and the dQ
  *   writer adds it into the accumulator with 4 bulk reductions of 4 KiB (one per 16 rows;
@@ -38,8 +39,9 @@
  *   otherwise issue themselves (red.global.add.v4.f32: 1.07-1.09x slower, 1.14-1.16x
  *   deterministic, docs/kernels/attention_bwd.md). Named barriers DQ_FREE / DQ_WRITTEN per
  *   warpgroup pass the block between them.
- * Overlap: within a warpgroup, P forms while dP^T runs, and a step's dQ reductions are still in
- * flight while the next step's S^T and dP^T run. The warpgroups meet at DS_READY every step,
+ * Overlap: within a warpgroup, P forms while dP^T runs, dV runs across DS_READY, the dQ block's
+ * trip to shared memory runs while dK does, and a step's dQ reductions are still in flight
+ * while the next step's S^T and dP^T run. The warpgroups meet at DS_READY every step,
  * so their element-wise phases coincide: the tensor cores idle through P and dS (what
  * FlashAttention-3's backward does too). With softcap, P waits for dP^T as well: its derivative
  * needs the score beside dP, and holding 32 more values does not fit.
@@ -61,8 +63,8 @@
 namespace {
 
 /* The tiles at head dim 128. Registers per consumer thread: dK, dV 128 for the whole CTA; S^T,
- * dP^T 64 until they are packed into their A fragments (32), which live with dQ (32) until the
- * step's wgmma are done: 192 at the peak, plus addresses, within 232. */
+ * dP^T 64 until they are packed into their A fragments (32), P^T's until dV is done and dS^T's
+ * until dK is, beside dQ (32): 192 at the peak, plus addresses, within 232. */
 struct bwd_sm90_plan {
     static constexpr int D = 128;
     static constexpr int HALVES = D / HALF;
