@@ -188,6 +188,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
              * bulk add per slab below seqlen_q; the block is free again once read. */
             for (int w = 0; w < CONSUMERS; w++)
                 tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
+            /* The accumulator's rows get an add from every key tile that sees them: kept in L2
+             * (FlashAttention-3 adds with the same hint). */
+            const uint64_t keep_in_l2 = tk_l2_evict_last_policy();
             for (int it = 0; it < steps; it++) {
                 int head, m0;
                 step_at(it, head, m0);
@@ -203,7 +206,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
                             }
                         for (int r = 0; r < slabs; r++)
                             tk_bulk_reduce_add_f32(acc + r * ATTN_BWD_SLAB * D + 8 * w * ATTN_BWD_BLOCK,
-                                                   s_dq + w * plan::DQ_HALF_BYTES + r * 4096, 4096);
+                                                   s_dq + w * plan::DQ_HALF_BYTES + r * 4096, 4096, keep_in_l2);
                         tk_bulk_commit();
                         tk_bulk_wait_read<0>();
                     }

@@ -8,6 +8,7 @@
  *   ring     tk_stage_ring             which stage and phase parity a pipeline step uses
  *   smem     tk_stmatrix_x4_trans, tk_fence_proxy_async_shared   a tile written by threads, for wgmma
  *   bulk     tk_bulk_reduce_add_f32, tk_bulk_commit / _wait*  add a shared tile into global memory
+ *            (tk_l2_evict_last_policy: its L2 cache policy)
  *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16, m64nNk16
  *                                      (N = 64, 128, 176), m64n64k16 with A from registers
  *   warps    tk_setmaxnreg_*, tk_named_barrier_*   producer / consumer warpgroups
@@ -199,16 +200,27 @@ __device__ __forceinline__ void tk_fence_proxy_async_global() {
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
+/* An L2 cache policy that keeps the lines it is given to (createpolicy evict_last, for all of
+ * them): for data that other CTAs read or add into again soon, such as the backward's f32 dQ
+ * accumulator. */
+__device__ __forceinline__ uint64_t tk_l2_evict_last_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
 /* cp.reduce.async.bulk .add.f32: adds `bytes` of f32 from shared memory (`src`) into global
- * memory (`dst`) element by element, in L2, by the async proxy: one instruction for what would
- * be bytes / 16 red.global.add.v4.f32. Both addresses 16-byte aligned, bytes a multiple of 16;
- * the shared source written by threads needs tk_fence_proxy_async_shared and a barrier first.
- * The copies issued since the last commit form a bulk group (tk_bulk_commit); the source may be
- * written again once tk_bulk_wait_read says the group has read it, and the global sums are done
- * after tk_bulk_wait (a CTA waits for that before it exits). */
-__device__ __forceinline__ void tk_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
-                 "r"(bytes)
+ * memory (`dst`) element by element, in L2, by the async proxy, under the L2 cache policy
+ * `policy` (e.g. tk_l2_evict_last_policy): one instruction for what would be bytes / 16
+ * red.global.add.v4.f32. Both addresses 16-byte aligned, bytes a multiple of 16; the shared
+ * source written by threads needs tk_fence_proxy_async_shared and a barrier first. The copies
+ * issued since the last commit form a bulk group (tk_bulk_commit); the source may be written
+ * again once tk_bulk_wait_read says the group has read it, and the global sums are done after
+ * tk_bulk_wait (a CTA waits for that before it exits). */
+__device__ __forceinline__ void tk_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes, uint64_t policy) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;" ::"l"(
+                     dst),
+                 "r"(src), "r"(bytes), "l"(policy)
                  : "memory");
 }
 __device__ __forceinline__ void tk_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
