@@ -117,26 +117,18 @@ struct attn_docs {
     int start, end;        /* first's run starts at start, last's run ends at end */
 };
 
-/* The first index in [lo, hi) whose id is past v (upper) or at least v, else hi: a 32-ary
- * search by the calling warp, 3 rounds for 2^14 ids. */
-__device__ __forceinline__ int attn_warp_search(const int *ids, int lo, int hi, int v, bool upper) {
-    const int lane = threadIdx.x & 31;
-    while (lo < hi) {
-        const int step = (hi - lo + 31) / 32;
-        const int x = lo + lane * step;
-        bool before = false;
-        if (x < hi) {
-            const int id = __ldg(ids + x);
-            before = upper ? id <= v : id < v;
-        }
-        const int c = __popc(__ballot_sync(0xffffffffu, before));
-        if (c == 0)
-            break;
-        const int base = lo;
-        lo = base + (c - 1) * step + 1;
-        hi = min(hi, base + c * step);
+/* One round of a 32-ary search by the calling warp over [lo, hi): lane l probes lo + l step;
+ * `before` says whether its id is before the one sought. The range narrows to the step after
+ * the last probe before it; a search ends (lo = hi) when no probe is before it. */
+__device__ __forceinline__ void attn_search_narrow(int &lo, int &hi, int step, bool before) {
+    const int c = __popc(__ballot_sync(0xffffffffu, before));
+    if (c == 0) {
+        hi = lo;
+        return;
     }
-    return lo;
+    const int base = lo;
+    lo = base + (c - 1) * step + 1;
+    hi = min(hi, base + c * step);
 }
 
 __device__ __forceinline__ attn_docs attn_doc_band(const attn_mask &m, int first, int last) {
@@ -144,14 +136,32 @@ __device__ __forceinline__ attn_docs attn_doc_band(const attn_mask &m, int first
     d.first = first, d.last = last;
     d.id_first = __ldg(m.doc_ids + first);
     d.id_last = __ldg(m.doc_ids + last);
-    d.start = attn_warp_search(m.doc_ids, 0, first, d.id_first, false);
-    d.end = attn_warp_search(m.doc_ids, last, m.seqlen_k, d.id_last, true) - 1;
+    /* The first index of [0, first) with id_first (else first) and the first of [last, seqlen_k)
+     * past id_last: two 32-ary searches by the whole warp, in step, so that each round's two
+     * loads are in flight together (3 rounds for 2^14 ids; each round waits for a load). */
+    const int lane = threadIdx.x & 31;
+    int lo_a = 0, hi_a = first, lo_b = last, hi_b = m.seqlen_k;
+    while (lo_a < hi_a || lo_b < hi_b) {
+        const int step_a = (hi_a - lo_a + 31) / 32, step_b = (hi_b - lo_b + 31) / 32;
+        const int x_a = lo_a + lane * step_a, x_b = lo_b + lane * step_b;
+        const bool in_a = x_a < hi_a, in_b = x_b < hi_b;
+        const int id_a = in_a ? __ldg(m.doc_ids + x_a) : 0, id_b = in_b ? __ldg(m.doc_ids + x_b) : 0;
+        attn_search_narrow(lo_a, hi_a, step_a, in_a && id_a < d.id_first);
+        attn_search_narrow(lo_b, hi_b, step_b, in_b && id_b <= d.id_last);
+    }
+    d.start = lo_a;
+    d.end = lo_b - 1;
     return d;
 }
 
 /* The run [start, end] of position x of the band (one thread; at most 7 probes, inside the
  * band, where the ids are cached). */
 __device__ __forceinline__ void attn_doc_run(const attn_mask &m, const attn_docs &d, int x, int &start, int &end) {
+    if (d.id_first == d.id_last) { /* the band lies in one document (ids never decrease): no load */
+        start = d.start;
+        end = d.end;
+        return;
+    }
     const int id = __ldg(m.doc_ids + x);
     if (id == d.id_first) {
         start = d.start;
