@@ -380,12 +380,13 @@ __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (
                 if (i < rows[e >> 1].x || i > rows[e >> 1].y)
                     s[nt][e] = 0.0f;
             }
-    if constexpr (GRADS)
+    if constexpr (GRADS) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 dp[nt][e] = s[nt][e] * (dp[nt][e] - dsum[qc0 + 8 * nt + (e & 1)]);
+    }
 }
 
 /* dK (times the score scale) and dV from one thread's accumulators, whose rows are keys key0 and
