@@ -330,20 +330,24 @@ float *attn_bwd_acc_start(float *workspace, int64_t rows) {
  * tile that may hold invisible pairs (partial), a pair is visible when the query row lies in
  * rows[e >> 1], the rows of that key (attn_key_rows). Without GRADS only s changes, and softcap
  * must be off: a kernel that forms P while dP^T is still being computed forms dS itself
- * (dS = P (dP - D)). */
+ * (dS = P (dP - D)).
+ * Without a transform (no softcap, no ALiBi: the common call) each element is one FFMA and one
+ * exponential, and the mask a pass of its own on partial tiles only: both conditions are
+ * uniform over the warp, and tested per element (as the transform's fused loop does) they cost
+ * a branch and the mask's compares and selects on every element of every tile. */
 template <bool GRADS, int NT>
 __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (&s)[NT][4], float (&dp)[NT][4],
                                                int m0, int qc0, int key0, const int2 (&rows)[2], bool partial,
                                                float slope, const float *lse2, const float *dsum) {
     const int shift = p.seqlen_k - p.seqlen_q;
+    if (p.transform) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int qc = qc0 + 8 * nt + (e & 1);
-            const int i = m0 + qc, j = key0 + 8 * (e >> 1);
-            float x = s[nt][e], dfac = 1.0f;
-            if (p.transform) {
+            for (int e = 0; e < 4; e++) {
+                const int qc = qc0 + 8 * nt + (e & 1);
+                const int i = m0 + qc, j = key0 + 8 * (e >> 1);
+                float x = s[nt][e], dfac = 1.0f;
                 if (GRADS && p.softcap > 0.0f) {
                     const float t = tanhf(x * p.softcap_in);
                     x = p.softcap * t;
@@ -353,14 +357,36 @@ __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (
                 }
                 if (p.alibi_slopes)
                     x -= slope * (float)abs(i + shift - j);
+                float pe = tk_exp2_approx(fmaf(x, p.exp_scale, -lse2[qc]));
+                if (partial && (i < rows[e >> 1].x || i > rows[e >> 1].y))
+                    pe = 0.0f;
+                s[nt][e] = pe;
+                if constexpr (GRADS)
+                    dp[nt][e] = pe * (dp[nt][e] - dsum[qc]) * dfac;
             }
-            float pe = tk_exp2_approx(fmaf(x, p.exp_scale, -lse2[qc]));
-            if (partial && (i < rows[e >> 1].x || i > rows[e >> 1].y))
-                pe = 0.0f;
-            s[nt][e] = pe;
-            if constexpr (GRADS)
-                dp[nt][e] = pe * (dp[nt][e] - dsum[qc]) * dfac;
-        }
+        return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            s[nt][e] = tk_exp2_approx(fmaf(s[nt][e], p.exp_scale, -lse2[qc0 + 8 * nt + (e & 1)]));
+    if (partial)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = m0 + qc0 + 8 * nt + (e & 1);
+                if (i < rows[e >> 1].x || i > rows[e >> 1].y)
+                    s[nt][e] = 0.0f;
+            }
+    if constexpr (GRADS) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[nt][e] = s[nt][e] * (dp[nt][e] - dsum[qc0 + 8 * nt + (e & 1)]);
+    }
 }
 
 /* dK (times the score scale) and dV from one thread's accumulators, whose rows are keys key0 and

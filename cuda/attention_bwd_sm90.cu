@@ -143,7 +143,6 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
     __syncthreads(); /* the table and the barriers */
     const int2 query_tiles = attn_bwd_query_tiles<BM>(table, k_rows);
     const int m_begin = query_tiles.x, m_tiles = query_tiles.y;
-    const int steps = m_tiles * p.group;
     auto step_at = [&](int it, int &h, int &m0) {
         attn_bwd_step<BM, DET>(it, head_kv * p.group, p.group, m_begin, m_tiles, h, m0);
     };
@@ -158,6 +157,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
     const int warpgroup = tid / 128, warp = tid / 32 % 4, lane = tid % 32;
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
+        /* Each role counts its steps after setmaxnreg: a count live across it was kept in local
+         * memory by ptxas (4 bytes, the deterministic kernel). */
+        const int steps = m_tiles * p.group;
         if (steps == 0)
             return; /* nothing to load: the consumers store zeros */
         tk_stage_ring<STAGES> ring = {0, 0};
@@ -233,6 +235,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
     }
 
     tk_setmaxnreg_inc<plan::CONSUMER_REGS>();
+    const int steps = m_tiles * p.group;
     const int g = lane / 4, tq = lane % 4;
     const int wk = 64 * warpgroup;            /* this warpgroup's first key in the tile */
     const int key0 = n0 + wk + 16 * warp + g; /* this thread's keys: key0 and key0 + 8 */
