@@ -339,6 +339,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 
         /* The three steps of a key tile, each on the tile's ring position. */
         float s[1][BN / 8][4], alpha[1][2];
+        bool rescale; /* whether a row of the warp took a new max in the last softmax */
         uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
         auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
             const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
@@ -373,7 +374,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
             if (attn_tile_partial(n0, BN, front, back))
                 attn_mask_scores(s, row0, col0, table, m0);
-            attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
+            rescale = attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
         };
         auto pack_p = [&]() {
 #pragma unroll
@@ -432,7 +433,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_wgmma_pin(o[0]);
                 tk_wgmma_pin(pa);
                 release(v_empty, prev);
-                attn_rescale_o(o, alpha);
+                if (rescale)
+                    attn_rescale_o(o, alpha);
                 pack_p();
             }
             release_q(); /* every Q K^T of the work tile is done */

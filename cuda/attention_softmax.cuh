@@ -290,29 +290,44 @@ __device__ __forceinline__ void attn_finish_row(float sum, float max2, float sin
     lse = (top + __log2f(denom)) * ATTN_LN2;
 }
 
+/* How far (in exp2 units) a tile's max may pass a row's running max before the row takes it:
+ * below this the row keeps its max, so that its p of the tile are at most 2^ATTN_MAX_SLACK
+ * (256: exact enough in f32 and in the 16-bit P) and its output accumulators need no rescale.
+ * The final o / l and lse use the max that was kept, so the result is the same softmax. */
+constexpr float ATTN_MAX_SLACK = 8.0f;
+
 /* One key tile of the online softmax on the scores alone (the 4 threads of a quad share a
  * row): per row the running max and this thread's partial sum move on, s becomes p =
  * exp2(s exp_scale - m exp_scale), and alpha gets the factor by which the row's output
  * accumulators must shrink (attn_rescale_o), so that a kernel whose O is still being written
- * by the tensor cores can apply it later. */
+ * by the tensor cores can apply it later. A row's max moves only when the tile's passes it by
+ * more than ATTN_MAX_SLACK (its alpha is 1 otherwise); returns whether any row of the warp
+ * moved, i.e. whether the warp's O needs attn_rescale_o at all (after the first few tiles of a
+ * row, rarely: the FMULs of the rescale, one per output accumulator, are skipped). */
 template <int MT, int NT>
-__device__ __forceinline__ void attn_softmax_scores(float (&s)[MT][NT][4], float (&row_max)[MT][2],
+__device__ __forceinline__ bool attn_softmax_scores(float (&s)[MT][NT][4], float (&row_max)[MT][2],
                                                     float (&row_sum)[MT][2], float exp_scale,
                                                     float (&alpha)[MT][2]) {
+    bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float mx = row_max[mt][h];
+            float tile = -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
-                mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                tile = fmaxf(tile, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+            tile = fmaxf(tile, __shfl_xor_sync(0xffffffffu, tile, 1));
+            tile = fmaxf(tile, __shfl_xor_sync(0xffffffffu, tile, 2));
+            /* From -inf (nothing seen) any visible max moves the row (+inf > slack); a tile with
+             * nothing visible (-inf) never does (the difference is -inf, or NaN from -inf). */
+            const float old = row_max[mt][h];
+            const float mx = (tile - old) * exp_scale > ATTN_MAX_SLACK ? tile : old;
             /* A row that has seen only masked keys keeps max -inf; exponentiate against 0
              * so that its p are exp2(-inf) = 0 rather than NaN. */
             const float m_use = mx == -INFINITY ? 0.0f : mx;
-            alpha[mt][h] = tk_exp2_approx((row_max[mt][h] - m_use) * exp_scale);
+            alpha[mt][h] = mx == old ? 1.0f : tk_exp2_approx((old - m_use) * exp_scale);
+            moved |= mx != old;
             const float base = m_use * exp_scale;
             row_max[mt][h] = mx;
             float sum = 0.0f;
@@ -326,6 +341,7 @@ __device__ __forceinline__ void attn_softmax_scores(float (&s)[MT][NT][4], float
                 }
             row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
         }
+    return __any_sync(0xffffffffu, moved);
 }
 
 /* The output accumulators o (DT n8 slices) of each row scaled by its alpha. */
@@ -346,8 +362,8 @@ __device__ __forceinline__ void attn_online_softmax(float (&s)[MT][NT][4], float
                                                     float (&row_sum)[MT][2], float exp_scale,
                                                     float (&o)[MT][DT][4]) {
     float alpha[MT][2];
-    attn_softmax_scores(s, row_max, row_sum, exp_scale, alpha);
-    attn_rescale_o(o, alpha);
+    if (attn_softmax_scores(s, row_max, row_sum, exp_scale, alpha))
+        attn_rescale_o(o, alpha);
 }
 
 } // namespace
