@@ -140,8 +140,10 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     const uint32_t s_p = s_ds + shape::S_BYTES; /* P^T, with COL_WARPS > 1 */
     float *stage_f = reinterpret_cast<float *>(smem + 2 * shape::K_BYTES + 2 * shape::Q_BYTES);
 
-    /* Issues the loads of step `it` into stage `st`: Q, dO by cp.async; lse, D by plain loads
-     * (4-byte aligned only), stored before the barrier that publishes the stage. */
+    /* Issues the loads of step `it` into stage `st`: Q, dO by cp.async; lse, D (4-byte aligned
+     * only) by plain loads into the registers of threads tid < BM (its row's pair), which
+     * store_stats puts into the stage later, before a barrier that publishes it: stored beside
+     * their loads, they made warp 0 wait for the loads' round trip at the top of every step. */
     auto load_step = [&](int it, int st) {
         int h, m0;
         step_at(it, h, m0);
@@ -153,20 +155,26 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                                                       static_cast<const T *>(p.dout) + batch * p.do_sb +
                                                           h * p.do_sh + m0 * p.do_ss,
                                                       p.do_ss, p.seqlen_q - m0, tid);
-        if (tid < BM) {
+        float2 stat = make_float2(0.0f, 0.0f);
+        if (tid < BM && m0 + tid < p.seqlen_q) {
             const int64_t r = (batch * p.heads_q + h) * p.seqlen_q + m0 + tid;
-            const bool in = m0 + tid < p.seqlen_q;
-            float *f = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(stage_f) +
-                                                 st * shape::STAGE_BYTES);
-            f[tid] = in ? p.lse[r] * ATTN_LOG2E : 0.0f;
-            f[BM + tid] = in ? p.dsum[r] : 0.0f;
+            stat = make_float2(p.lse[r], p.dsum[r]);
+        }
+        return stat;
+    };
+    /* The stage's lse * log2(e) and D from load_step's registers (rows past seqlen_q: zeros). */
+    auto store_stats = [&](float2 stat, int st) {
+        if (tid < BM) {
+            float *f = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(stage_f) + st * shape::STAGE_BYTES);
+            f[tid] = stat.x * ATTN_LOG2E;
+            f[BM + tid] = stat.y;
         }
     };
 
     attn_load_tile<T, D, BN, ROW, false, THREADS>(s_k, kg, p.k_ss, k_rows, tid);
     attn_load_tile<T, D, BN, ROW, false, THREADS>(s_v, vg, p.v_ss, k_rows, tid);
     if (steps > 0)
-        load_step(0, 0);
+        store_stats(load_step(0, 0), 0);
     tk_cp_async_commit();
 
     /* ldmatrix lane addresses (attention.cuh's convention: lane l names row (l & 7) of matrix
@@ -207,8 +215,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         const int st = it & 1;
         tk_cp_async_wait<0>();
         __syncthreads(); /* step it has landed; every warp is done with step it - 1 */
-        if (it + 1 < steps)
-            load_step(it + 1, st ^ 1);
+        const bool next = it + 1 < steps;
+        const float2 next_stat = next ? load_step(it + 1, st ^ 1) : make_float2(0.0f, 0.0f);
         tk_cp_async_commit();
         int h, m0;
         step_at(it, h, m0);
@@ -292,6 +300,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                     *reinterpret_cast<uint32_t *>(smem + (s_p - s_k) + at) =
                         tk_pack2<T>(s[nt][2 * hh], s[nt][2 * hh + 1]);
             }
+        if (next) /* read from step it + 1 on, after the barrier at its top */
+            store_stats(next_stat, st ^ 1);
         __syncthreads();
         /* Deterministic: every thread made the previous step's adds before the barriers since,
          * so they are published (a release after a barrier covers the whole CTA's writes). */

@@ -261,7 +261,10 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
      * warpgroup 0 brings float t of the stage's slot (lse of row t, then D of row t - BM) from
      * global memory. The loads of step it + 1 are issued during step it and stored before its
      * DS_READY, which orders them before every read of step it + 1 and after every read of
-     * step it - 1 (the slot's previous step): the hand-off needs no barrier of its own. */
+     * step it - 1 (the slot's previous step): the hand-off needs no barrier of its own. The lse
+     * is scaled where it is stored (stat_to_store), not where it is loaded: with the multiply
+     * beside the load, ptxas placed it, and so the wait for the load's round trip, ahead of the
+     * step's P on the warps that bring an lse. */
     auto load_stat = [&](int at) {
         int head, m0;
         step_at(at, head, m0);
@@ -269,10 +272,11 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         if (i >= p.seqlen_q)
             return 0.0f;
         const int64_t r = (batch * p.heads_q + head) * p.seqlen_q + i;
-        return tid < BM ? p.lse[r] * ATTN_LOG2E : p.dsum[r];
+        return tid < BM ? p.lse[r] : p.dsum[r];
     };
+    auto stat_to_store = [&](float loaded) { return tid < BM ? loaded * ATTN_LOG2E : loaded; };
     if (warpgroup == 0 && steps > 0)
-        stats[tid] = load_stat(0);
+        stats[tid] = stat_to_store(load_stat(0));
     tk_named_barrier_sync<128 * CONSUMERS>(DS_READY); /* step 0's stats */
 
     if (steps > 0)
@@ -351,7 +355,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         };
         issue_dv_or_dk(dv, pa, s_do);
         if (stat_next)
-            stats[(ring.stage + 1) % STAGES * plan::STATS_FLOATS + tid] = next_stat;
+            stats[(ring.stage + 1) % STAGES * plan::STATS_FLOATS + tid] = stat_to_store(next_stat);
         tk_fence_proxy_async_shared();
         tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
 
