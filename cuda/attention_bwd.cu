@@ -178,11 +178,16 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     tk_cp_async_commit();
 
     /* ldmatrix lane addresses (attention.cuh's convention: lane l names row (l & 7) of matrix
-     * l >> 3). Plain, for A (K, V rows of this warp's keys) and B (Q, dO rows): row
-     * lrow + 8 (lmat & 1), chunk lmat >> 1. Transposed, for B stored [k][n] (dO, Q over query
-     * rows; K over keys): the same rows and chunks. Transposed for A stored [k][m] (dS^T over
-     * keys, for dQ): key row lrow + 8 (lmat >> 1), query chunk lmat & 1. */
+     * l >> 3). Plain, for A (K, V rows of this warp's keys): row lrow + 8 (lmat & 1), chunk
+     * lmat >> 1, the registers a0 a1 a2 a3. Transposed, for B stored [k][n] (dO, Q over query
+     * rows; K over keys): the same rows and chunks. Plain for B stored [n][k] (Q, dO rows of
+     * S^T and dP^T): row lrow + 8 (lmat >> 1), chunk lmat & 1, so that each n8 tile's b0, b1
+     * land in adjacent registers (b[0], b[1] and b[2], b[3]), the register pair an HMMA reads;
+     * with A's order they were b[0], b[2] and b[1], b[3], and ptxas moved each pair into place
+     * (~110 moves per step and warp). Transposed for A stored [k][m] (dS^T over keys, for dQ):
+     * key row lrow + 8 (lmat >> 1), query chunk lmat & 1. */
     const uint32_t ab_lane = (uint32_t)((lrow + 8 * (lmat & 1)) * ROW + ((lmat >> 1) << 4));
+    const uint32_t b_lane = (uint32_t)((lrow + 8 * (lmat >> 1)) * ROW + ((lmat & 1) << 4));
     const uint32_t kw = (uint32_t)(key_warp * 16 * ROW); /* this warp's 16 keys */
     const uint32_t ds_lane = (uint32_t)((lrow + 8 * (lmat >> 1)) * S_ROW + ((lmat & 1) << 4));
 
@@ -241,12 +246,12 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 #pragma unroll
             for (int np = 0; np < QT / 2; np++) {
                 uint32_t b[4], bo[4];
-                tk_ldmatrix_x4<false>(b, s_q + (q_own + np * 16) * ROW + ab_lane + ks * 32);
-                tk_ldmatrix_x4<false>(bo, s_do + (q_own + np * 16) * ROW + ab_lane + ks * 32);
-                tk_mma_16816<T>(s[2 * np], a, b[0], b[2]);
-                tk_mma_16816<T>(s[2 * np + 1], a, b[1], b[3]);
-                tk_mma_16816<T>(dp[2 * np], av, bo[0], bo[2]);
-                tk_mma_16816<T>(dp[2 * np + 1], av, bo[1], bo[3]);
+                tk_ldmatrix_x4<false>(b, s_q + (q_own + np * 16) * ROW + b_lane + ks * 32);
+                tk_ldmatrix_x4<false>(bo, s_do + (q_own + np * 16) * ROW + b_lane + ks * 32);
+                tk_mma_16816<T>(s[2 * np], a, b[0], b[1]);
+                tk_mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+                tk_mma_16816<T>(dp[2 * np], av, bo[0], bo[1]);
+                tk_mma_16816<T>(dp[2 * np + 1], av, bo[2], bo[3]);
             }
         }
 
