@@ -324,23 +324,27 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
     }
     tk_cp_async_commit();
 
-    /* ldmatrix.x4: lane l gives the address of row (l & 7) of matrix (l >> 3); all three
-     * operands use matrices (rows 0-7, cols 0-7) (rows 8-15, cols 0-7) (rows 0-7, cols 8-15)
-     * (rows 8-15, cols 8-15) of a 16 x 16 block, so lane l reads row (l & 7) + 8 (l >> 3 & 1),
-     * 16-byte chunk (l >> 4) of it:
+    /* ldmatrix.x4: lane l gives the address of row (l & 7) of matrix (l >> 3). Q and V use
+     * matrices (rows 0-7, cols 0-7) (rows 8-15, cols 0-7) (rows 0-7, cols 8-15) (rows 8-15,
+     * cols 8-15) of a 16 x 16 block, so lane l reads row (l & 7) + 8 (l >> 3 & 1), 16-byte
+     * chunk (l >> 4) of it; K takes them as (rows 0-7, cols 0-7) (rows 0-7, cols 8-15) (rows
+     * 8-15, cols 0-7) (rows 8-15, cols 8-15), row (l & 7) + 8 (l >> 4), chunk (l >> 3 & 1):
      *   Q (A of Q K^T): rows = query rows, cols = k; registers a0 a1 a2 a3
-     *   K (B of Q K^T): rows = keys, cols = k; registers b0 of keys 0-7, b0 of keys 8-15, b1, b1
+     *   K (B of Q K^T): rows = keys, cols = k; registers b0, b1 of keys 0-7, b0, b1 of keys 8-15
      *   V (B of P V, .trans): rows = keys, cols = d; b0 of d 0-7, b1 of d 0-7, b0, b1 of d 8-15
+     * so that each n8 tile's b0, b1 come out in adjacent registers, the pair an HMMA reads (in
+     * Q's order K's were b[0], b[2] and b[1], b[3], and ptxas moved every pair into place).
      * Q and K are swizzled (tk_swizzle of core/sm80.cuh): every row offset added later is a
      * multiple of 8, so the row's XOR is lane & 7 (written as lrow: taking it from the full row
-     * costs setup instructions) and logical chunk 2 * step + (l >> 4) sits at byte
-     * (row * ROW_BYTES + (((l >> 4) ^ (l & 7)) << 4)) ^ (step << 5), where the XOR stays below
-     * the row's bits. One value per k-step serves both Q and K. V rows are padded instead, so
-     * its d-steps are plain immediate offsets. */
+     * costs setup instructions) and logical chunk c of the block sits at byte
+     * (row * ROW_BYTES + ((c ^ (l & 7)) << 4)) ^ (step << 5), where the XOR stays below the
+     * row's bits. V rows are padded instead, so its d-steps are plain immediate offsets. */
     static_assert(ROW_BYTES >= (KSTEPS << 5), "swizzle bits");
     const int lrow = lane & 7, lmat = lane >> 3;
-    const uint32_t qk_lane =
+    const uint32_t q_lane =
         (uint32_t)(((lmat & 1) * 8 + lrow) * ROW_BYTES + (((lmat >> 1) ^ lrow) << 4));
+    const uint32_t k_lane =
+        (uint32_t)(((lmat >> 1) * 8 + lrow) * ROW_BYTES + (((lmat & 1) ^ lrow) << 4));
     const uint32_t s_qw = s_q + warp * WARP_ROWS * ROW_BYTES; /* this warp's Q rows */
     const uint32_t v_lane =
         (uint32_t)(((lmat & 1) * 8 + lrow) * V_ROW_BYTES + ((lmat >> 1) << 4));
@@ -392,19 +396,18 @@ __global__ void __launch_bounds__(ATTN_THREADS, attn_tile<D>::MIN_CTAS)
                     s[mt][nt][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
-            const uint32_t lane_ks = qk_lane ^ (ks << 5);
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                tk_ldmatrix_x4<false>(a[mt], s_qw + mt * 16 * ROW_BYTES + lane_ks);
+                tk_ldmatrix_x4<false>(a[mt], s_qw + mt * 16 * ROW_BYTES + (q_lane ^ (ks << 5)));
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t b[4];
-                tk_ldmatrix_x4<false>(b, s_kt + np * 16 * ROW_BYTES + lane_ks);
+                tk_ldmatrix_x4<false>(b, s_kt + np * 16 * ROW_BYTES + (k_lane ^ (ks << 5)));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    tk_mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[2]);
-                    tk_mma_16816<T>(s[mt][2 * np + 1], a[mt], b[1], b[3]);
+                    tk_mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
+                    tk_mma_16816<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
                 }
             }
         }
