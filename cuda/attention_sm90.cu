@@ -403,14 +403,18 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
          * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
          * GEMMs, so that one's softmax runs while the tensor cores do another's GEMMs. Warpgroup c
          * issues after named barrier TURN + c (its 128 threads sync, the previous one's 128 arrive)
-         * and then arrives on the next one's, c + 1 (mod CONSUMERS). All run the same tiles;
-         * warpgroup 0 goes first on an arrival of its own, and takes the last one's last arrival
+         * and then arrives on the next one's, c + 1 (mod CONSUMERS). All run the same tiles. The
+         * turns start with the first Q K^T: warpgroup 0 issues it, then each next one after the
+         * previous one's, so that each first softmax runs while the next warpgroup's Q K^T is on
+         * the tensor cores (issued together, the first softmaxes ran together with the tensor
+         * cores idle, a cost of every work tile). Warpgroup 0 takes the last one's last arrival
          * after the loop. */
         tk_mbarrier_wait(q_full, k & 1);
         if (tile_begin < tile_end) {
-            if (warpgroup == 0)
-                tk_named_barrier_arrive<256>(TURN);
+            if (warpgroup > 0)
+                tk_named_barrier_sync<256>(TURN + warpgroup);
             issue_qk(ring);
+            tk_named_barrier_arrive<256>(TURN + (warpgroup + 1) % CONSUMERS);
             tk_wgmma_wait<0>();
             tk_wgmma_pin(s[0]);
             release(k_empty, ring);
