@@ -134,22 +134,34 @@ struct sm90_params {
     const int *doc_ids;
     int transform; /* softcap or ALiBi: scores are rewritten in natural-log units */
     float scale, softcap, softcap_in, exp_scale;
+    int section; /* (batch, query head) pairs per section of the work order (sm90_work_of) */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* Work tile `tile` of the grid: (query head, batch, query tile), heads fastest and query tiles
- * last to first slowest, as attention.cuh: the longest tiles of a causal grid come first. */
+/* Work tile `tile` of the grid: (query head, batch, query tile). The (batch, query head) pairs,
+ * heads fastest, are cut into sections of p.section pairs whose K and V fit a quarter of the L2
+ * (launch_sm90); the grid runs section after section, within one the query tiles last to first
+ * (the longest first under a causal mask, as attention.cuh) and the section's pairs fastest. A
+ * wave of CTAs then reads the K / V of one section's heads, which stay in L2 through its query
+ * tiles. With the pairs fastest over the whole grid, a wave read those of 132 pairs, evicted
+ * before the next query tile came back to them: at head dim 64, B8 H16 S2048, by estimate about
+ * 1 GiB of K / V from HBM per call (~3 TB/s at the rate measured there). */
 struct sm90_work {
     int head, batch, m0, q_rows;
 };
 
 template <int BM> __device__ __forceinline__ sm90_work sm90_work_of(const sm90_params &p, unsigned tile) {
+    const unsigned pairs = (unsigned)p.heads_q * (unsigned)p.batch;
+    const unsigned section_tiles = (unsigned)p.section * (unsigned)p.m_blocks; /* a full section's */
+    const unsigned first = tile / section_tiles * (unsigned)p.section;          /* the section's first pair */
+    const unsigned size = min((unsigned)p.section, pairs - first);              /* the last one may be short */
+    const unsigned in_section = tile % section_tiles;
+    const unsigned pair = first + in_section % size;
     sm90_work w;
-    w.head = (int)(tile % (unsigned)p.heads_q);
-    tile /= (unsigned)p.heads_q;
-    w.batch = (int)(tile % (unsigned)p.batch);
-    w.m0 = (p.m_blocks - 1 - (int)(tile / (unsigned)p.batch)) * BM;
+    w.head = (int)(pair % (unsigned)p.heads_q);
+    w.batch = (int)(pair / (unsigned)p.heads_q);
+    w.m0 = (p.m_blocks - 1 - (int)(in_section / size)) * BM;
     w.q_rows = min(BM, p.seqlen_q - w.m0);
     return w;
 }
@@ -404,14 +416,18 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
          * Ping-pong between the warpgroups (FlashAttention-3): they take turns issuing a tile's two
          * GEMMs, so that one's softmax runs while the tensor cores do another's GEMMs. Warpgroup c
          * issues after named barrier TURN + c (its 128 threads sync, the previous one's 128 arrive)
-         * and then arrives on the next one's, c + 1 (mod CONSUMERS). All run the same tiles;
-         * warpgroup 0 goes first on an arrival of its own, and takes the last one's last arrival
+         * and then arrives on the next one's, c + 1 (mod CONSUMERS). All run the same tiles. The
+         * turns start with the first Q K^T: warpgroup 0 issues it, then each next one after the
+         * previous one's, so that each first softmax runs while the next warpgroup's Q K^T is on
+         * the tensor cores (issued together, the first softmaxes ran together with the tensor
+         * cores idle, a cost of every work tile). Warpgroup 0 takes the last one's last arrival
          * after the loop. */
         tk_mbarrier_wait(q_full, k & 1);
         if (tile_begin < tile_end) {
-            if (warpgroup == 0)
-                tk_named_barrier_arrive<256>(TURN);
+            if (warpgroup > 0)
+                tk_named_barrier_sync<256>(TURN + warpgroup);
             issue_qk(ring);
+            tk_named_barrier_arrive<256>(TURN + (warpgroup + 1) % CONSUMERS);
             tk_wgmma_wait<0>();
             tk_wgmma_pin(s[0]);
             release(k_empty, ring);
@@ -505,6 +521,13 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.group = c->heads_q / c->heads_kv;
     p.m_blocks = (c->seqlen_q + plan::BM - 1) / plan::BM;
     p.batch = c->batch;
+    /* The work order's sections (sm90_work_of): the query heads of as many K / V heads as a quarter
+     * of the L2 holds (K and V of one (batch, head): 2 seqlen_k D 16-bit values each), at least
+     * one K / V head's, at most every pair. */
+    const int64_t kv_bytes = (int64_t)4 * c->seqlen_k * D;
+    const int64_t kv_heads = dev->l2_bytes / 4 / kv_bytes > 1 ? dev->l2_bytes / 4 / kv_bytes : 1;
+    const int64_t pairs = (int64_t)c->heads_q * c->batch;
+    p.section = (int)(kv_heads * p.group < pairs ? kv_heads * p.group : pairs);
     attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     /* One CTA per work tile, or (PERSISTENT) one per SM (the shared memory allows one), each
