@@ -183,7 +183,8 @@ template <int BN> __device__ __forceinline__ int2 sm90_key_tiles(int2 front, int
 template <typename T, int D, sm90_kind KIND>
 __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     attention_sm90_kernel(const __grid_constant__ sm90_params p, const __grid_constant__ CUtensorMap map_q,
-                          const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
+                          const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                          const __grid_constant__ CUtensorMap map_o) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using plan = sm90_plan<D, KIND>;
     constexpr bool PERSISTENT = plan::PERSISTENT;
@@ -248,6 +249,9 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
      * before each fill but the first. */
     constexpr int TABLE_FULL = TURN + CONSUMERS, TABLE_EMPTY = TABLE_FULL + 1;
     constexpr int TABLE_THREADS = 128 * CONSUMERS + 32; /* the consumers and the producer warp */
+    /* Named barriers O_READY + c: consumer warpgroup c's O tile is in shared memory (one tile per CTA). */
+    constexpr int O_READY = TABLE_EMPTY + 1;
+    static_assert(O_READY + CONSUMERS <= 16, "named barriers 0 .. 15");
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
@@ -465,8 +469,13 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             release_q();
         }
 
-        /* Epilogue from the registers: normalise, store pairs of columns, write lse. */
-        T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh;
+        /* Epilogue: normalise, store O, write lse. With one work tile per CTA, O goes through
+         * this warpgroup's Q rows in shared memory, dead after its last Q K^T (no other
+         * warpgroup reads them), in the 128-byte swizzle of the Q box, so that one TMA store
+         * per 64 columns writes them (rows past seqlen_q fall outside the tensor and are not
+         * written): 32 conflict-free shared stores per thread at head dim 128 in place of 32
+         * 4-byte global stores that each touched 8 rows' lines. PERSISTENT loads the next work
+         * tile's Q there, so its O goes from the registers. */
         const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
         const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
 #pragma unroll
@@ -477,16 +486,42 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             float inv, lse;
             attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
             const int i = row0 + 8 * r;
-            if (i >= p.seqlen_q)
-                continue;
+            if constexpr (PERSISTENT) {
+                if (i >= p.seqlen_q)
+                    continue;
+                T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh + i * p.o_ss;
 #pragma unroll
-            for (int h = 0; h < HALVES; h++)
+                for (int h = 0; h < HALVES; h++)
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    *reinterpret_cast<uint32_t *>(out + i * p.o_ss + h * HALF + 8 * j + 2 * tq) =
-                        tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+                    for (int j = 0; j < 8; j++)
+                        *reinterpret_cast<uint32_t *>(out + h * HALF + 8 * j + 2 * tq) =
+                            tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+            } else {
+                /* Row 16 warp + g + 8 r of the warpgroup's 64, 16-byte chunk j of each half's
+                 * 128-byte row, swizzled by the row (its low three bits: g). */
+                unsigned char *const row_at =
+                    smem_raw + (q_wg - tk_smem_address(smem_raw)) + (16 * warp + g + 8 * r) * 128 + 4 * tq;
+#pragma unroll
+                for (int h = 0; h < HALVES; h++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        *reinterpret_cast<uint32_t *>(row_at + h * Q_HALF_BYTES + ((j ^ g) << 4)) =
+                            tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+                if (i >= p.seqlen_q)
+                    continue;
+            }
             if (p.lse && tq == 0)
                 p.lse[lse_row0 + i] = lse;
+        }
+        if constexpr (!PERSISTENT) {
+            tk_fence_proxy_async_shared();
+            tk_named_barrier_sync<128>(O_READY + warpgroup);
+            if (threadIdx.x % 128 == 0 && wm0 < p.seqlen_q) {
+                for (int h = 0; h < HALVES; h++)
+                    tk_tma_store_4d(&map_o, q_wg + h * Q_HALF_BYTES, h * HALF, wm0, head, batch);
+                tk_bulk_commit();
+                tk_bulk_wait_read<0>(); /* before the block exits */
+            }
         }
         k++;
     } while (next_work());
@@ -498,8 +533,10 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 template <typename T, int D, sm90_kind KIND>
 cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     using plan = sm90_plan<D, KIND>;
-    CUtensorMap map_q, map_k, map_v;
+    CUtensorMap map_q, map_k, map_v, map_o;
     cudaError_t err = attn_tensor_map(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
+    if (err == cudaSuccess) /* O has Q's shape and boxes (the epilogue stores it from Q's place) */
+        err = attn_tensor_map(&map_o, c->dtype, c->o, D, c->batch, c->seqlen_q, c->heads_q, c->o_stride, 64);
     if (err == cudaSuccess)
         err = attn_tensor_map(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, plan::BN);
     if (err == cudaSuccess)
@@ -534,14 +571,15 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
      * striding over the work tiles. */
     const int64_t tiles = (int64_t)p.m_blocks * c->heads_q * c->batch;
     const unsigned blocks = (unsigned)(plan::PERSISTENT && tiles > dev->sm_count ? dev->sm_count : tiles);
-    return tk_launch(kernel, blocks, plan::THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v);
+    return tk_launch(kernel, blocks, plan::THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v, map_o);
 }
 
 /* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
  * 256 the consumers' 232 registers spill) and wide; a plan that does not exist is never made. */
 template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA (src/attention.c has checked the 16-byte alignment). */
-    if (!attn_tma_strides(c->q_stride) || !attn_tma_strides(c->k_stride) || !attn_tma_strides(c->v_stride))
+    if (!attn_tma_strides(c->q_stride) || !attn_tma_strides(c->k_stride) || !attn_tma_strides(c->v_stride) ||
+        !attn_tma_strides(c->o_stride))
         return false;
     switch (c->head_dim) {
     case 64:

@@ -171,6 +171,19 @@ __device__ __forceinline__ void tk_tma_load_4d(uint32_t dst, const CUtensorMap *
                  : "memory");
 }
 
+/* cp.async.bulk.tensor.4d, shared to global: the box of `map` at (c0, c1, c2, c3) (innermost
+ * first) from shared memory at src, laid out in the map's swizzle and aligned to its span, by
+ * the async proxy; elements outside the tensor are not written. The threads that wrote src fence
+ * (tk_fence_proxy_async_shared) and sync before one thread issues it. The copies issued since the
+ * last commit form a bulk group (tk_bulk_commit): src may be written again, and the block may
+ * exit, once tk_bulk_wait_read says the group has read it. */
+__device__ __forceinline__ void tk_tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
 /* ---- shared memory written for the async proxy ---- */
 
 /* stmatrix.m8n8.x4.trans: four 8 x 8 matrices of 16-bit elements stored transposed. Register
