@@ -36,7 +36,9 @@
  *   + 2 stages x 64 KiB (sm90_plan).
  * Key tiles are skipped as in attention.cuh (only the tiles meeting the block's visible key
  * range), the per-element mask runs only on tiles that can hold a masked pair, and the grid
- * runs query tiles last to first (longest first under a causal mask).
+ * runs query tiles last to first (longest first under a causal mask) within sections of heads
+ * whose K and V fit the L2 (sm90_work_of). With one work tile per CTA, each consumer warpgroup
+ * stores its O by TMA from its own Q rows, dead after its last Q K^T (the epilogue).
  *
  * The consumers take turns issuing their GEMMs (ping-pong, named barriers), so that one's
  * softmax overlaps the other's GEMMs.
