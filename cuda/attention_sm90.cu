@@ -535,9 +535,11 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 template <typename T, int D, sm90_kind KIND>
 cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     using plan = sm90_plan<D, KIND>;
-    CUtensorMap map_q, map_k, map_v, map_o;
+    CUtensorMap map_q, map_k, map_v, map_o = {};
     cudaError_t err = attn_tensor_map(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
-    if (err == cudaSuccess) /* O has Q's shape and boxes (the epilogue stores it from Q's place) */
+    /* O has Q's shape and boxes (the epilogue stores it from Q's place); PERSISTENT stores O from
+     * the registers, so its call encodes no map for it (one driver call less per launch). */
+    if (err == cudaSuccess && !plan::PERSISTENT)
         err = attn_tensor_map(&map_o, c->dtype, c->o, D, c->batch, c->seqlen_q, c->heads_q, c->o_stride, 64);
     if (err == cudaSuccess)
         err = attn_tensor_map(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, plan::BN);
