@@ -222,10 +222,16 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         return PERSISTENT && tile + gridDim.x < (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
     };
 
-    if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
-        attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
-
-    if (threadIdx.x == 0) {
+    /* Work tile w's Q, by the producer's loading thread. */
+    auto load_q = [&]() {
+        tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
+        for (int c = 0; c < CONSUMERS; c++)
+            for (int h = 0; h < HALVES; h++)
+                tk_tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
+                               w.batch, q_full);
+    };
+    const bool loads = threadIdx.x == CONSUMERS * 128; /* the producer's loading thread */
+    if (loads) {
         tk_mbarrier_init(q_full, 1);
         for (int s = 0; s < STAGES; s++) {
             tk_mbarrier_init(k_full + 8 * s, 1);              /* the producer's expect_tx */
@@ -236,7 +242,13 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         if constexpr (PERSISTENT)
             tk_mbarrier_init(q_empty, 4 * CONSUMERS);
         tk_fence_mbarrier_init();
+        /* Q does not depend on the mask: without PERSISTENT its load overlaps the table's fill
+         * below (for documents, a search of dependent loads). */
+        if constexpr (!PERSISTENT)
+            load_q();
     }
+    if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
+        attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
@@ -258,13 +270,6 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
         tk_stage_ring<STAGES> ring = {0, 0};
-        auto load_q = [&]() {
-            tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int c = 0; c < CONSUMERS; c++)
-                for (int h = 0; h < HALVES; h++)
-                    tk_tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c,
-                                   w.head, w.batch, q_full);
-        };
         auto load_tiles = [&](int tile_begin, int tile_end) {
             const int head_kv = w.head / p.group;
             for (int t = tile_begin; t < tile_end; t++) {
@@ -318,9 +323,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                     load_tiles(early, range.y);
                 k++;
             } while (next_work());
-        } else if (threadIdx.x == CONSUMERS * 128) {
+        } else if (loads) {
             const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
-            load_q();
             load_tiles(range.x, range.y);
         }
         return;
