@@ -232,6 +232,13 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     };
     const bool loads = threadIdx.x == CONSUMERS * 128; /* the producer's loading thread */
     if (loads) {
+        /* The tensor maps' descriptors, fetched while the barriers are set up and the table
+         * filled, ahead of the first copies through them. */
+        tk_tma_prefetch_map(&map_q);
+        tk_tma_prefetch_map(&map_k);
+        tk_tma_prefetch_map(&map_v);
+        if constexpr (!PERSISTENT)
+            tk_tma_prefetch_map(&map_o);
         tk_mbarrier_init(q_full, 1);
         for (int s = 0; s < STAGES; s++) {
             tk_mbarrier_init(k_full + 8 * s, 1);              /* the producer's expect_tx */
@@ -293,7 +300,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         if constexpr (PERSISTENT) {
             /* One warp, running ahead of the consumers. For work tile k it fills the table once
              * the consumers have read tile k - 1's (TABLE_EMPTY; the document search takes a whole
-             * warp), and its lane 0 reads the tile's key tiles from it, loads its Q as soon as the
+             * warp, one probe per lane in its 40 registers), and its lane 0 reads the tile's key tiles from it, loads its Q as soon as the
              * consumers are done with tile k - 1's Q K^T (q_empty) and its first STAGES K / V tiles
              * as tile k - 1 frees the stages: all during the consumers' last P V and epilogue of
              * tile k - 1. Only then does the warp publish the table (TABLE_FULL), which waits for
@@ -309,7 +316,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             do {
                 if (k > 0) /* the first work tile finds the table free */
                     tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_EMPTY);
-                attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
+                attn_fill_table<1>(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
                 __syncwarp(); /* the warp's table entries, before lane 0 reads two of them */
                 const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
                 const int early = min(range.y, range.x + STAGES); /* the tiles that need only tile k - 1's stages */
@@ -633,15 +640,17 @@ extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, con
     return sm90_launch<SM90_PERSISTENT>(static_cast<const tk_attention_call *>(call), dev, stream);
 }
 
-/* The wide tiles take only calls in which every query sees every key, as FlashAttention-3's
- * 176-key tile does: where nothing is masked they won on the H200 at head dim 64 (1.11-1.12x
- * wgmma_sm90 in three rounds) and tied at 128 (0.99-1.03x), so they come first there; under masks
- * they were no better (windows 0.90-0.97x, causal 0.985-1.035x; docs/kernels/attention.md). */
+/* At head dim 128 the wide tiles take only calls in which every query sees every key, as
+ * FlashAttention-3's 176-key tile does: where nothing is masked they tied wgmma_sm90 on the H200
+ * (0.99-1.03x) and come first, under masks they were no better (windows 0.90-0.97x, causal
+ * 0.985-1.008x; docs/kernels/attention.md). At head dim 64 their three consumer warpgroups are
+ * what pays (each softmax beside two others' GEMMs; 1.11-1.12x unmasked, and 1.035x forced on a
+ * causal call), as in FlashAttention-3 and 4, whose D64 tile is 192 rows under every mask. */
 extern "C" bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev) {
     const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
     const bool every_key = c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 &&
                            c->doc_ids == nullptr;
-    return every_key && sm90_fits<SM90_WIDE>(c, dev);
+    return (every_key || c->head_dim == 64) && sm90_fits<SM90_WIDE>(c, dev);
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream) {

@@ -4,6 +4,7 @@
  *
  *   host     tk_tensor_map_2d          describe a global matrix to the TMA unit
  *   TMA      tk_tma_load_2d / _4d      copy a box of it into shared memory, counted on an mbarrier
+ *            (tk_tma_prefetch_map: fetch its descriptor ahead of the first copy)
  *   mbarrier tk_mbarrier_*             init, arrive, arrive + expect bytes, wait for a phase
  *   ring     tk_stage_ring             which stage and phase parity a pipeline step uses
  *   smem     tk_stmatrix_x4_trans, tk_fence_proxy_async_shared   a tile written by threads, for wgmma
@@ -146,6 +147,13 @@ __device__ __forceinline__ void tk_mbarrier_wait(uint32_t bar, uint32_t parity) 
 }
 
 /* ---- TMA ---- */
+
+/* prefetch.tensormap: bring the descriptor `map` (a __grid_constant__ kernel parameter) into the
+ * TMA unit's cache, so that the first copy through it does not wait for that fetch. Issued at
+ * kernel entry, it overlaps the block's set-up (barrier initialisation, a mask table's fill). */
+__device__ __forceinline__ void tk_tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
 
 /* cp.async.bulk.tensor.2d: the box of `map` at (inner coordinate c0, outer c1), in elements,
  * into shared memory at dst (aligned to the map's swizzle span: 1024 bytes for 128B), laid out
