@@ -22,10 +22,12 @@
  *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
  *   attention_softmax.cuh applies as is); P is packed to the input dtype in place of the A
  *   register fragment (the m64 A fragment of wgmma is that of mma.sync m16n8k16 per warp);
- *   O += P V is BN / 16 x D / 64 wgmma m64n64k16 with A from registers and V as an N-major B operand
- *   (transpose bit; one 64-wide half of the head dim per instruction, so one 128-byte swizzle
- *   atom spans N). Pipelined within the warpgroup as FlashAttention-3: per key tile t (after
- *   the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
+ *   O += P V is BN / 16 x D / PV_N wgmma m64nPV_Nk16 with A from registers and V as an N-major B
+ *   operand (transpose bit): PV_N = 128, the whole head dim at 128 as FlashAttention-3 (two
+ *   instructions at 256), its B spanning the tile's 64-column halves (one 128-byte swizzle atom
+ *   each, the halves' distance in the descriptor's leading byte offset); 64 at head dim 64 and in
+ *   the wide tiles (sm90_plan). Pipelined within the warpgroup as FlashAttention-3: per key tile
+ *   t (after the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
  *   wait until only the P V group runs, one arrival per warp on tile t's k_empty (count 8),
  *   softmax of S_t while P V runs, wait for it, one arrival per warp on tile t - 1's v_empty,
  *   O *= alpha_t, pack P_t. K is freed a softmax before V, so a ring of 2 stages (head dim
@@ -109,6 +111,13 @@ template <int D, sm90_kind KIND> struct sm90_plan {
                       CONSUMER_REGS <= 256 && PRODUCER_REGS <= LAUNCH_REGS && CONSUMER_REGS >= LAUNCH_REGS,
                   "setmaxnreg counts: multiples of 8 in [24, 256], decreasing and increasing");
     static constexpr int HALVES = D / HALF;
+    /* The N of O += P V's wgmma: at head dim 128 the whole of it, one m64n128k16 per 16 keys
+     * whose B spans the tile's two 64-column halves (FlashAttention-3's; one issue and one read
+     * of the A fragment where two m64n64k16 took two), at 256 two of them. The wide tiles keep
+     * m64n64k16: beside their 88 S accumulators and 44 P registers, ptxas spilled a register with
+     * O as one 64-register operand. */
+    static constexpr int PV_N = KIND == SM90_WIDE || D == 64 ? 64 : 128;
+    static_assert(D % PV_N == 0, "O is whole P V instructions wide");
     static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
     static constexpr int STAGES = BN == 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
@@ -191,8 +200,9 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     using plan = sm90_plan<D, KIND>;
     constexpr bool PERSISTENT = plan::PERSISTENT;
     constexpr int BM = plan::BM, CONSUMERS = plan::CONSUMERS, THREADS = plan::THREADS;
-    constexpr int HALVES = plan::HALVES, BN = plan::BN, STAGES = plan::STAGES, Q_BYTES = plan::Q_BYTES,
-                  KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
+    constexpr int HALVES = plan::HALVES, PV_N = plan::PV_N, BN = plan::BN, STAGES = plan::STAGES,
+                  Q_BYTES = plan::Q_BYTES, KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES,
+                  STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
@@ -356,8 +366,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
         const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
 
-        /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
-         * halves of 8 for the P V instructions. */
+        /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, PV_N / 8 of
+         * them per P V instruction. */
         float o[1][D / 8][4];
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
@@ -389,9 +399,12 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
-                for (int h = 0; h < HALVES; h++)
-                    tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
-                                         tk_wgmma_desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+                for (int n = 0; n < D / PV_N; n++) {
+                    /* Keys 16 kk .. 16 kk + 15 of the halves that hold columns PV_N n .. */
+                    const uint32_t v_at = v_tile + n * (PV_N / HALF) * KV_HALF_BYTES + kk * 16 * 128;
+                    tk_wgmma_rs<T, PV_N>(*reinterpret_cast<float(*)[PV_N / 8][4]>(&o[0][PV_N / 8 * n]), pa[kk],
+                                         tk_wgmma_desc_n_major_sw128(v_at, KV_HALF_BYTES));
+                }
             tk_wgmma_commit();
         };
         auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
