@@ -349,8 +349,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
             for (int kk = 0; kk < BM / 16; kk++)
 #pragma unroll
                 for (int hh = 0; hh < plan::HALVES; hh++)
-                    tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&acc[8 * hh]), a[kk],
-                                         tk_wgmma_desc_n_major_sw128(b_tile + hh * Q_HALF_BYTES + kk * 16 * 128));
+                    tk_wgmma_rs<T, 64>(*reinterpret_cast<float(*)[8][4]>(&acc[8 * hh]), a[kk],
+                                       tk_wgmma_desc_n_major_sw128(b_tile + hh * Q_HALF_BYTES + kk * 16 * 128));
             tk_wgmma_commit();
         };
         issue_dv_or_dk(dv, pa, s_do);

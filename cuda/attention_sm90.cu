@@ -22,10 +22,12 @@
  *   per thread: each warp's 16 rows are an m16 slab in the mma.sync accumulator layout, so
  *   attention_softmax.cuh applies as is); P is packed to the input dtype in place of the A
  *   register fragment (the m64 A fragment of wgmma is that of mma.sync m16n8k16 per warp);
- *   O += P V is BN / 16 x D / 64 wgmma m64n64k16 with A from registers and V as an N-major B operand
- *   (transpose bit; one 64-wide half of the head dim per instruction, so one 128-byte swizzle
- *   atom spans N). Pipelined within the warpgroup as FlashAttention-3: per key tile t (after
- *   the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
+ *   O += P V is BN / 16 x D / PV_N wgmma m64nPV_Nk16 with A from registers and V as an N-major B
+ *   operand (transpose bit): PV_N = 128, the whole head dim at 128 as FlashAttention-3 (two
+ *   instructions at 256), its B spanning the tile's 64-column halves (one 128-byte swizzle atom
+ *   each, the halves' distance in the descriptor's leading byte offset); 64 at head dim 64 and in
+ *   the wide tiles (sm90_plan). Pipelined within the warpgroup as FlashAttention-3: per key tile
+ *   t (after the first) wait k_full, issue Q K_t^T, wait v_full of tile t - 1, issue P_{t-1} V_{t-1},
  *   wait until only the P V group runs, one arrival per warp on tile t's k_empty (count 8),
  *   softmax of S_t while P V runs, wait for it, one arrival per warp on tile t - 1's v_empty,
  *   O *= alpha_t, pack P_t. K is freed a softmax before V, so a ring of 2 stages (head dim
@@ -109,6 +111,13 @@ template <int D, sm90_kind KIND> struct sm90_plan {
                       CONSUMER_REGS <= 256 && PRODUCER_REGS <= LAUNCH_REGS && CONSUMER_REGS >= LAUNCH_REGS,
                   "setmaxnreg counts: multiples of 8 in [24, 256], decreasing and increasing");
     static constexpr int HALVES = D / HALF;
+    /* The N of O += P V's wgmma: at head dim 128 the whole of it, one m64n128k16 per 16 keys
+     * whose B spans the tile's two 64-column halves (FlashAttention-3's; one issue and one read
+     * of the A fragment where two m64n64k16 took two), at 256 two of them. The wide tiles keep
+     * m64n64k16: beside their 88 S accumulators and 44 P registers, ptxas spilled a register with
+     * O as one 64-register operand. */
+    static constexpr int PV_N = KIND == SM90_WIDE || D == 64 ? 64 : 128;
+    static_assert(D % PV_N == 0, "O is whole P V instructions wide");
     static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
     static constexpr int STAGES = BN == 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
@@ -191,8 +200,9 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     using plan = sm90_plan<D, KIND>;
     constexpr bool PERSISTENT = plan::PERSISTENT;
     constexpr int BM = plan::BM, CONSUMERS = plan::CONSUMERS, THREADS = plan::THREADS;
-    constexpr int HALVES = plan::HALVES, BN = plan::BN, STAGES = plan::STAGES, Q_BYTES = plan::Q_BYTES,
-                  KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES, STAGE_BYTES = plan::STAGE_BYTES;
+    constexpr int HALVES = plan::HALVES, PV_N = plan::PV_N, BN = plan::BN, STAGES = plan::STAGES,
+                  Q_BYTES = plan::Q_BYTES, KV_HALF_BYTES = plan::KV_HALF_BYTES, KV_BYTES = plan::KV_BYTES,
+                  STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
     const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
@@ -222,10 +232,23 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         return PERSISTENT && tile + gridDim.x < (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
     };
 
-    if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
-        attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
-
-    if (threadIdx.x == 0) {
+    /* Work tile w's Q, by the producer's loading thread. */
+    auto load_q = [&]() {
+        tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
+        for (int c = 0; c < CONSUMERS; c++)
+            for (int h = 0; h < HALVES; h++)
+                tk_tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
+                               w.batch, q_full);
+    };
+    const bool loads = threadIdx.x == CONSUMERS * 128; /* the producer's loading thread */
+    if (loads) {
+        /* The tensor maps' descriptors, fetched while the barriers are set up and the table
+         * filled, ahead of the first copies through them. */
+        tk_tma_prefetch_map(&map_q);
+        tk_tma_prefetch_map(&map_k);
+        tk_tma_prefetch_map(&map_v);
+        if constexpr (!PERSISTENT)
+            tk_tma_prefetch_map(&map_o);
         tk_mbarrier_init(q_full, 1);
         for (int s = 0; s < STAGES; s++) {
             tk_mbarrier_init(k_full + 8 * s, 1);              /* the producer's expect_tx */
@@ -236,7 +259,13 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         if constexpr (PERSISTENT)
             tk_mbarrier_init(q_empty, 4 * CONSUMERS);
         tk_fence_mbarrier_init();
+        /* Q does not depend on the mask: without PERSISTENT its load overlaps the table's fill
+         * below (for documents, a search of dependent loads). */
+        if constexpr (!PERSISTENT)
+            load_q();
     }
+    if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
+        attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
     const int warpgroup = threadIdx.x / 128;
@@ -258,13 +287,6 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
         /* One thread: work tile w's Q, then its key tiles [tile_begin, tile_end) through the ring. */
         tk_stage_ring<STAGES> ring = {0, 0};
-        auto load_q = [&]() {
-            tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int c = 0; c < CONSUMERS; c++)
-                for (int h = 0; h < HALVES; h++)
-                    tk_tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c,
-                                   w.head, w.batch, q_full);
-        };
         auto load_tiles = [&](int tile_begin, int tile_end) {
             const int head_kv = w.head / p.group;
             for (int t = tile_begin; t < tile_end; t++) {
@@ -288,7 +310,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         if constexpr (PERSISTENT) {
             /* One warp, running ahead of the consumers. For work tile k it fills the table once
              * the consumers have read tile k - 1's (TABLE_EMPTY; the document search takes a whole
-             * warp), and its lane 0 reads the tile's key tiles from it, loads its Q as soon as the
+             * warp, one probe per lane in its 40 registers), and its lane 0 reads the tile's key tiles from it, loads its Q as soon as the
              * consumers are done with tile k - 1's Q K^T (q_empty) and its first STAGES K / V tiles
              * as tile k - 1 frees the stages: all during the consumers' last P V and epilogue of
              * tile k - 1. Only then does the warp publish the table (TABLE_FULL), which waits for
@@ -304,7 +326,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             do {
                 if (k > 0) /* the first work tile finds the table free */
                     tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_EMPTY);
-                attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
+                attn_fill_table<1>(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
                 __syncwarp(); /* the warp's table entries, before lane 0 reads two of them */
                 const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
                 const int early = min(range.y, range.x + STAGES); /* the tiles that need only tile k - 1's stages */
@@ -318,9 +340,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                     load_tiles(early, range.y);
                 k++;
             } while (next_work());
-        } else if (threadIdx.x == CONSUMERS * 128) {
+        } else if (loads) {
             const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
-            load_q();
             load_tiles(range.x, range.y);
         }
         return;
@@ -345,8 +366,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
         const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
 
-        /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, 64-column
-         * halves of 8 for the P V instructions. */
+        /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, PV_N / 8 of
+         * them per P V instruction. */
         float o[1][D / 8][4];
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
@@ -378,9 +399,12 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
-                for (int h = 0; h < HALVES; h++)
-                    tk_wgmma_rs_64x64<T>(*reinterpret_cast<float(*)[8][4]>(&o[0][8 * h]), pa[kk],
-                                         tk_wgmma_desc_n_major_sw128(v_tile + h * KV_HALF_BYTES + kk * 16 * 128));
+                for (int n = 0; n < D / PV_N; n++) {
+                    /* Keys 16 kk .. 16 kk + 15 of the halves that hold columns PV_N n .. */
+                    const uint32_t v_at = v_tile + n * (PV_N / HALF) * KV_HALF_BYTES + kk * 16 * 128;
+                    tk_wgmma_rs<T, PV_N>(*reinterpret_cast<float(*)[PV_N / 8][4]>(&o[0][PV_N / 8 * n]), pa[kk],
+                                         tk_wgmma_desc_n_major_sw128(v_at, KV_HALF_BYTES));
+                }
             tk_wgmma_commit();
         };
         auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
@@ -631,15 +655,17 @@ extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, con
     return sm90_launch<SM90_PERSISTENT>(static_cast<const tk_attention_call *>(call), dev, stream);
 }
 
-/* The wide tiles take only calls in which every query sees every key, as FlashAttention-3's
- * 176-key tile does: where nothing is masked they won on the H200 at head dim 64 (1.11-1.12x
- * wgmma_sm90 in three rounds) and tied at 128 (0.99-1.03x), so they come first there; under masks
- * they were no better (windows 0.90-0.97x, causal 0.985-1.035x; docs/kernels/attention.md). */
+/* At head dim 128 the wide tiles take only calls in which every query sees every key, as
+ * FlashAttention-3's 176-key tile does: where nothing is masked they tied wgmma_sm90 on the H200
+ * (0.99-1.03x) and come first, under masks they were no better (windows 0.90-0.97x, causal
+ * 0.985-1.008x; docs/kernels/attention.md). At head dim 64 their three consumer warpgroups are
+ * what pays (each softmax beside two others' GEMMs; 1.11-1.12x unmasked, and 1.035x forced on a
+ * causal call), as in FlashAttention-3 and 4, whose D64 tile is 192 rows under every mask. */
 extern "C" bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev) {
     const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
     const bool every_key = c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 &&
                            c->doc_ids == nullptr;
-    return every_key && sm90_fits<SM90_WIDE>(c, dev);
+    return (every_key || c->head_dim == 64) && sm90_fits<SM90_WIDE>(c, dev);
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream) {

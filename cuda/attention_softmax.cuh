@@ -117,11 +117,44 @@ struct attn_docs {
     int start, end;        /* first's run starts at start, last's run ends at end */
 };
 
-/* One round of a 32-ary search by the calling warp over [lo, hi): lane l probes lo + l step;
- * `before` says whether its id is before the one sought. The range narrows to the step after
- * the last probe before it; a search ends (lo = hi) when no probe is before it. */
-__device__ __forceinline__ void attn_search_narrow(int &lo, int &hi, int step, bool before) {
-    const int c = __popc(__ballot_sync(0xffffffffu, before));
+/* The probes of one search round: each lane probes PROBES positions, so that a round narrows a
+ * range 32 PROBES-fold. ATTN_DOC_PROBES = 4: two rounds for up to 16384 ids, where probes of one
+ * at a time took three, each waiting for its loads; a warp short of registers (the persistent
+ * Hopper forward's producer, at 40) takes 1. */
+constexpr int ATTN_DOC_PROBES = 4;
+
+/* The probes of one round by the calling warp over [lo, hi): probe k (= 32 j + lane, j <
+ * PROBES) at lo + k step, its id in ids[j] (0 past hi: attn_search_count leaves those out), all
+ * loads issued before any is used. */
+template <int PROBES>
+__device__ __forceinline__ void attn_search_probe(const int *doc_ids, int lo, int hi, int step, int (&ids)[PROBES]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < PROBES; j++) {
+        const int x = lo + (32 * j + lane) * step;
+        ids[j] = x < hi ? __ldg(doc_ids + x) : 0;
+    }
+}
+
+/* How many probes of the round (attn_search_probe's) are before `id`: ids below it (or, with
+ * `or_equal`, not above it), a prefix of the probes since the ids never decrease. */
+template <int PROBES>
+__device__ __forceinline__ int attn_search_count(int lo, int hi, int step, const int (&ids)[PROBES], int id,
+                                                 bool or_equal) {
+    const int lane = threadIdx.x & 31;
+    int c = 0;
+#pragma unroll
+    for (int j = 0; j < PROBES; j++) {
+        const bool in = lo + (32 * j + lane) * step < hi;
+        c += __popc(__ballot_sync(0xffffffffu, in && (ids[j] < id || (or_equal && ids[j] == id))));
+    }
+    return c;
+}
+
+/* The round's narrowing, c of its probes before the id sought (attn_search_count): the range
+ * narrows to the step after the last probe before it; a search ends (lo = hi) when no probe is
+ * before it. */
+__device__ __forceinline__ void attn_search_narrow(int &lo, int &hi, int step, int c) {
     if (c == 0) {
         hi = lo;
         return;
@@ -131,23 +164,26 @@ __device__ __forceinline__ void attn_search_narrow(int &lo, int &hi, int step, b
     hi = min(hi, base + c * step);
 }
 
+template <int PROBES = ATTN_DOC_PROBES>
 __device__ __forceinline__ attn_docs attn_doc_band(const attn_mask &m, int first, int last) {
     attn_docs d;
     d.first = first, d.last = last;
     d.id_first = __ldg(m.doc_ids + first);
     d.id_last = __ldg(m.doc_ids + last);
     /* The first index of [0, first) with id_first (else first) and the first of [last, seqlen_k)
-     * past id_last: two 32-ary searches by the whole warp, in step, so that each round's two
-     * loads are in flight together (3 rounds for 2^14 ids; each round waits for a load). */
-    const int lane = threadIdx.x & 31;
+     * past id_last: two searches by the whole warp, in step, so that each round's loads are in
+     * flight together (the first round's beside the two ids'). */
+    constexpr int SPAN = 32 * PROBES;
     int lo_a = 0, hi_a = first, lo_b = last, hi_b = m.seqlen_k;
     while (lo_a < hi_a || lo_b < hi_b) {
-        const int step_a = (hi_a - lo_a + 31) / 32, step_b = (hi_b - lo_b + 31) / 32;
-        const int x_a = lo_a + lane * step_a, x_b = lo_b + lane * step_b;
-        const bool in_a = x_a < hi_a, in_b = x_b < hi_b;
-        const int id_a = in_a ? __ldg(m.doc_ids + x_a) : 0, id_b = in_b ? __ldg(m.doc_ids + x_b) : 0;
-        attn_search_narrow(lo_a, hi_a, step_a, in_a && id_a < d.id_first);
-        attn_search_narrow(lo_b, hi_b, step_b, in_b && id_b <= d.id_last);
+        const int step_a = (hi_a - lo_a + SPAN - 1) / SPAN, step_b = (hi_b - lo_b + SPAN - 1) / SPAN;
+        int ids_a[PROBES], ids_b[PROBES];
+        attn_search_probe(m.doc_ids, lo_a, hi_a, step_a, ids_a);
+        attn_search_probe(m.doc_ids, lo_b, hi_b, step_b, ids_b);
+        const int c_a = attn_search_count(lo_a, hi_a, step_a, ids_a, d.id_first, false);
+        const int c_b = attn_search_count(lo_b, hi_b, step_b, ids_b, d.id_last, true);
+        attn_search_narrow(lo_a, hi_a, step_a, c_a);
+        attn_search_narrow(lo_b, hi_b, step_b, c_b);
     }
     d.start = lo_a;
     d.end = lo_b - 1;
@@ -234,13 +270,15 @@ __device__ __forceinline__ int2 attn_key_rows(const attn_mask &m, const attn_doc
  * rows first..last, as positions first + shift ..; x clamped to last, so that the table stays
  * monotone past the band's end) or the key's rows (keys = true: keys first..last; none past
  * last). Every
- * thread of the CTA calls it (nthreads of them); the caller synchronises before reading. */
+ * thread of the CTA calls it (nthreads of them); the caller synchronises before reading. PROBES:
+ * the document search's (attn_search_probe). */
+template <int PROBES = ATTN_DOC_PROBES>
 __device__ __forceinline__ void attn_fill_table(const attn_mask &m, int2 *table, int first, int last, int count,
                                                 bool keys, int tid, int nthreads) {
     const int off = keys ? 0 : m.shift;
     attn_docs d;
     if (m.doc_ids)
-        d = attn_doc_band(m, first + off, last + off);
+        d = attn_doc_band<PROBES>(m, first + off, last + off);
     for (int r = tid; r < count; r += nthreads) {
         const int x = first + r;
         table[r] = keys ? (x <= last ? attn_key_rows(m, d, x) : make_int2(1, 0))

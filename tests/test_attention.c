@@ -311,10 +311,10 @@ static bool sees_every_key(const attn_case *c) {
     return left_open && right_open && one_chunk && c->prefix == 0 && c->doc_len == 0;
 }
 
-/* "wgmma_sm90_wide": head dims 64 and 128 there (192 query rows at 64, 176 keys at 128), calls in
- * which every query sees every key; the automatic choice wherever it claims the case. */
+/* "wgmma_sm90_wide": head dim 64 under any mask (192 query rows), 128 in calls in which every
+ * query sees every key (176 keys); the automatic choice wherever it claims the case. */
 static bool sm90_wide_claims(const attn_case *c) {
-    return (c->head_dim == 64 || c->head_dim == 128) && tk_sm90_runs_here() && sees_every_key(c);
+    return (c->head_dim == 64 || (c->head_dim == 128 && sees_every_key(c))) && tk_sm90_runs_here();
 }
 
 /* The fp64 reference (exact and naive rows, exact lse) of the last case run_case checked: every
@@ -865,10 +865,11 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), TK_SUCCESS, "");
     cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
     TK_EXPECT_STATUS(tk_attention_supported(&ok, NULL), TK_SUCCESS, "");
-    tk_attention_params window = ok; /* a sliding window over a GQA group of 2 */
+    tk_attention_params window = ok; /* a sliding window over a GQA group of 2 (the wide variant's
+                                        * three warpgroups take every mask at head dim 64) */
     window.causal = 1, window.window_left = 4;
     TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
+    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80_packed");
     for (int v = PORTABLE; v < VARIANT_COUNT; v++) {
         cr_assert_eq(tk_experimental_force_variant("attention", VARIANTS[v]), TK_SUCCESS);
         TK_EXPECT_STATUS(tk_attention_supported(&window, &name), TK_SUCCESS, "");
@@ -903,14 +904,16 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_persistent\"");
     tk_experimental_force_variant("attention", NULL);
-    /* The wide variant: head dims 64 and 128, calls in which every query sees every key (the
-     * automatic choice there: d128_open below names it unforced too). */
+    /* The wide variant: head dim 64 under any mask, 128 in calls in which every query sees every
+     * key (the automatic choice there: d128_open below names it unforced too). */
     tk_attention_params d128_open = d128;
     d128_open.causal = 0, d128_open.window_left = -1;
     TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name), TK_SUCCESS, "");
     cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
+                     tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&window, &name), tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name),
                      tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,

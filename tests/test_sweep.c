@@ -922,14 +922,15 @@ static void attention_case(sweep *s, tk_rng *r, bool backward) {
     }
     const int layout = (int)irand(r, 0, 2);
     const int64_t rpad = 8 * irand(r, 0, 2), bpad = chance(r, 0.5) ? 64 : 0;
-    /* mask: 0 none or windows, 1 causal, 2 the sliding entry point (the wide variant takes only
-     * calls that mask nothing: mask 0 and no window) */
-    const int mask = steer_packed ? (int)irand(r, 1, 2) : steer_wide ? 0 : (int)irand(r, 0, 2);
+    /* mask: 0 none or windows, 1 causal, 2 the sliding entry point (the wide variant at head dim
+     * 128 takes only calls that mask nothing: mask 0 and no window) */
+    const bool wide_open = steer_wide && p.head_dim == 128;
+    const int mask = steer_packed ? (int)irand(r, 1, 2) : wide_open ? 0 : (int)irand(r, 0, 2);
     int64_t sliding_left = -1;
     p.causal = mask == 1;
     p.window_left = steer_packed ? irand(r, 0, p.seqlen_k - 2) : chance(r, 0.5) ? irand(r, 0, p.seqlen_k + 2) : -1;
     p.window_right = mask == 1 ? (chance(r, 0.3) ? 0 : -1) : chance(r, 0.5) ? irand(r, 0, p.seqlen_q + 2) : -1;
-    if (steer_wide)
+    if (wide_open)
         p.window_left = p.window_right = -1;
     if (mask == 2)
         sliding_left = p.window_left < 0 ? irand(r, 0, p.seqlen_k + 2) : p.window_left;

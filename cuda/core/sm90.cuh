@@ -4,13 +4,15 @@
  *
  *   host     tk_tensor_map_2d          describe a global matrix to the TMA unit
  *   TMA      tk_tma_load_2d / _4d      copy a box of it into shared memory, counted on an mbarrier
+ *            (tk_tma_prefetch_map: fetch its descriptor ahead of the first copy)
  *   mbarrier tk_mbarrier_*             init, arrive, arrive + expect bytes, wait for a phase
  *   ring     tk_stage_ring             which stage and phase parity a pipeline step uses
  *   smem     tk_stmatrix_x4_trans, tk_fence_proxy_async_shared   a tile written by threads, for wgmma
  *   bulk     tk_bulk_reduce_add_f32, tk_bulk_commit / _wait*  add a shared tile into global memory
  *            (tk_l2_evict_last_policy: its L2 cache policy)
  *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16, m64nNk16
- *                                      (N = 64, 128, 176), m64n64k16 with A from registers
+ *                                      (N = 64, 128, 176), m64nNk16 with A from registers
+ *                                      (N = 64, 128)
  *   warps    tk_setmaxnreg_*, tk_named_barrier_*   producer / consumer warpgroups
  *   clusters tk_cluster_*              rank, size, barrier, stores into another block's shared memory
  *
@@ -146,6 +148,13 @@ __device__ __forceinline__ void tk_mbarrier_wait(uint32_t bar, uint32_t parity) 
 }
 
 /* ---- TMA ---- */
+
+/* prefetch.tensormap: bring the descriptor `map` (a __grid_constant__ kernel parameter) into the
+ * TMA unit's cache, so that the first copy through it does not wait for that fetch. Issued at
+ * kernel entry, it overlaps the block's set-up (barrier initialisation, a mask table's fill). */
+__device__ __forceinline__ void tk_tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
 
 /* cp.async.bulk.tensor.2d: the box of `map` at (inner coordinate c0, outer c1), in elements,
  * into shared memory at dst (aligned to the map's swizzle span: 1024 bytes for 128B), laid out
@@ -355,11 +364,16 @@ __device__ __forceinline__ uint64_t tk_wgmma_desc_sw128(uint32_t addr) {
 }
 
 /* The descriptor of an N-major B operand (e.g. attention's V: keys x head dim, head dim
- * contiguous) in the 128-byte swizzle, N = 64 (one swizzle atom wide): 8-key groups 1024 bytes
- * apart. With one atom along N the leading offset is not used; it is set to the same 1024 bytes. */
-__device__ __forceinline__ uint64_t tk_wgmma_desc_n_major_sw128(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(1024 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
-           (uint64_t)1 << 62;
+ * contiguous) in the 128-byte swizzle: swizzle atoms of 64 columns (128-byte rows, one TMA box
+ * each) along N, atom_bytes apart, and along K 8-row groups 1024 bytes apart. For MN-major
+ * swizzled layouts the PTX ISA's leading byte offset is the distance between those atoms along N
+ * ("from the first (swizzle-byte-size / 16) rows to the next", in 16-byte units: 8 x 16 bytes =
+ * 64 columns) and the stride byte offset that between 8-row groups along K ("the first 8 columns
+ * to the next 8"), as CUTLASS's make_gmma_desc fills them for Major::MN. N = 64 reads one atom,
+ * and the leading offset not at all (atom_bytes may be left at 1024). */
+__device__ __forceinline__ uint64_t tk_wgmma_desc_n_major_sw128(uint32_t addr, uint32_t atom_bytes = 1024) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((atom_bytes & 0x3FFFF) >> 4) << 16 |
+           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
 /* wgmma.fence: orders the warpgroup's earlier accesses to the accumulator registers before the
@@ -537,20 +551,29 @@ __device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_
 #undef WGMMA_SS
 }
 
-/* d += A B for a 64 x 64 d: wgmma m64n64k16, A from registers in the mma.sync m16n8k16 A layout
- * per warp (attention's P), B N-major from shared memory (transpose bit; attention's V). */
-template <typename T>
-__device__ __forceinline__ void tk_wgmma_rs_64x64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#define WGMMA_RS(TYPE)                                                                                 \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" TK_WGMMA_REGS_32     \
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                      \
-                 : TK_WGMMA_OPS_8                                                                      \
+/* d += A B, wgmma m64nNk16 for N = 64 or 128: A from registers in the mma.sync m16n8k16 A layout
+ * per warp (attention's P), B N-major from shared memory (transpose bit; attention's V, N / 64
+ * swizzle atoms: tk_wgmma_desc_n_major_sw128); d[j][e] is tk_wgmma_64x256's d[4j + e] (n8 slice
+ * j), so the m64n128k16 accumulators are those of two m64n64k16 on columns 0-63 and 64-127, in
+ * that order. */
+template <typename T, int N>
+__device__ __forceinline__ void tk_wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#define WGMMA_RS(SHAPE, TYPE, REGS, OPS, A0, A1, A2, A3, B, ACC)                                       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC ", 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS                 \
+                 "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"                   \
+                 : OPS                                                                                 \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
-    if constexpr (std::is_same_v<T, __half>)
-        WGMMA_RS("f16");
+    static_assert(N == 128 || N == 64, "one or two 64-column swizzle atoms of B");
+    constexpr bool F16 = std::is_same_v<T, __half>;
+    if constexpr (N == 128 && F16)
+        WGMMA_RS("m64n128k16", "f16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67", "68", "69");
+    else if constexpr (N == 128)
+        WGMMA_RS("m64n128k16", "bf16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67", "68", "69");
+    else if constexpr (F16)
+        WGMMA_RS("m64n64k16", "f16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34", "35", "36", "37");
     else
-        WGMMA_RS("bf16");
+        WGMMA_RS("m64n64k16", "bf16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34", "35", "36", "37");
 #undef WGMMA_RS
 }
 
