@@ -616,9 +616,10 @@ def flash_table():
                    "FA2": sdpa(SDPBackend.FLASH_ATTENTION)}
             try:
                 ref = attention_reference(qh, kh, vh, causal, window)
-                diff = max_diff(fns["tkern"]().transpose(1, 2), ref) if ref is not None else "-"
-                del ref
+                out_t = fns["tkern"]()  # this row's call, whose variant is reported
                 variant = tkern.last_variant()
+                diff = max_diff(out_t.transpose(1, 2), ref) if ref is not None else "-"
+                del ref
                 tf = rates({c: graph_timed(fns[c] or "n/a") for c in cols}, flops, 1e9)
                 out.append(f"| {shape} | {label} | {variant} | {rate_cells(tf.values())} | "
                            f"{ratio_cell(tf['tkern'], best_other(tf))} | {diff_cell(diff)} |")
