@@ -34,40 +34,28 @@ constexpr int BWD_WARPS = 8;
 constexpr int BWD_WARPS_SMALL = 4;
 
 /* Per head dim and warps: BM query rows per streamed tile; COL_WARPS, the warps that share 16
- * keys; PARK_P, whether P waits for dP^T in shared memory rather than in registers (the step's
- * order is in attn_bwd_main).
+ * keys; SPLIT, whether a warp computes S^T, P and dV before dP^T rather than S^T and dP^T in one
+ * k-loop (the step's two orders are in attn_bwd_main).
  * A key's warps split its dK and dV by columns (D / COL_WARPS each) and its S^T and dP^T by
  * queries (BM / COL_WARPS each), so a thread holds 2 x 16 D / (32 COL_WARPS) accumulators of dK,
- * dV and 16 BM / (32 COL_WARPS) of S^T or of dP^T (one at a time with one warp per key, beside
- * P^T's 16-bit A fragments, BM / 4 registers), in kernels that use 200 to 255 of their 255
- * registers. BM = 64 at D 128 with 8 warps (FlashAttention-2's tile; 128 + 32 + 16 at the peak)
- * builds without spills only with P parked (the 16 registers) and stays 32 with 4 warps, whose
- * 64-key tiles are for devices with 99 KB of shared memory per block (BM 64: 112.5 KB). At D 256
- * one warp per key would need 256 registers for dK and dV alone, so two warps share each key:
- * 128 + 2 x 8 (BM 64 there would need 217.5 KB of shared memory, sm_90 only). D 80 takes BM = 64
- * (80 + 32 + 16): with 32 rows its dQ (32 x 80: two m16 by ten n8) has no even split over 8
- * warps (attn_bwd_dq_col_warps). D 96 takes BM = 32: with 64 the 8-warp kernel spilled at sm_90a
- * (before P and dP^T were split). */
-template <int D, int WARPS> struct attn_bwd_tile;
-template <int W> struct attn_bwd_tile<64, W> {
+ * dV and 16 BM / (32 COL_WARPS) each of S^T and dP^T (only one of them at a time when SPLIT), in
+ * kernels that use 200 to 255 of their 255 registers. BM = 64 at D 128 with 8 warps
+ * (FlashAttention-2's tile) needs SPLIT: 128 + 32 at the peak builds without spills, with P
+ * waiting for dP^T in shared memory, where 128 + 64 spilled. It stays 32 with 4 warps, whose
+ * 64-key tiles are for devices with 99 KB of shared memory per block (BM 64: 112.5 KB). Where the
+ * registers allow the fused k-loop it is kept: split at D 64 and 80 the 8-warp kernel ran at
+ * 0.95-0.96x (H100). At D 256 one warp per key would need 256 registers for dK and dV alone, so
+ * two warps share each key: 128 + 2 x 8 (BM 64 there would need 217.5 KB of shared memory, sm_90
+ * only). D 80 takes BM = 64 (80 + 64): with 32 rows its dQ (32 x 80: two m16 by ten n8) has no
+ * even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
+ * 8-warp kernel spills at sm_90a. */
+template <int D, int WARPS> struct attn_bwd_tile {
+    static constexpr int BM = D <= 80 ? 64 : 32, COL_WARPS = D == 256 ? 2 : 1;
+    static constexpr bool SPLIT = false;
+};
+template <> struct attn_bwd_tile<128, BWD_WARPS> {
     static constexpr int BM = 64, COL_WARPS = 1;
-    static constexpr bool PARK_P = false;
-};
-template <int W> struct attn_bwd_tile<80, W> {
-    static constexpr int BM = 64, COL_WARPS = 1;
-    static constexpr bool PARK_P = false;
-};
-template <int W> struct attn_bwd_tile<96, W> {
-    static constexpr int BM = 32, COL_WARPS = 1;
-    static constexpr bool PARK_P = false;
-};
-template <int W> struct attn_bwd_tile<128, W> {
-    static constexpr int BM = W == BWD_WARPS ? 64 : 32, COL_WARPS = 1;
-    static constexpr bool PARK_P = BM == 64;
-};
-template <int W> struct attn_bwd_tile<256, W> {
-    static constexpr int BM = 32, COL_WARPS = 2;
-    static constexpr bool PARK_P = false; /* two warps per key form P and dP^T together */
+    static constexpr bool SPLIT = true;
 };
 
 /* The column blocks of dQ (BM x D) over `warps` warps, the remaining warps splitting the rows:
@@ -125,7 +113,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     using shape = attn_bwd_shape<D, WARPS>;
     constexpr int BM = shape::BM, BN = shape::BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
     constexpr int THREADS = shape::THREADS, CW = shape::COL_WARPS;
-    constexpr bool PARK_P = attn_bwd_tile<D, WARPS>::PARK_P;
+    constexpr bool SPLIT = attn_bwd_tile<D, WARPS>::SPLIT;
     constexpr int QT = BM / 8 / CW;  /* n8 tiles of this warp's S^T (queries) */
     constexpr int QS = BM / 16;      /* k16 steps over queries (dV, dK) */
     constexpr int KSTEPS = D / 16;   /* k16 steps over the head dim (S^T, dP^T) */
@@ -262,14 +250,17 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             for (int x = x0; x < x1; x++)
                 tk_ldmatrix_x4<false>(a[x], keys_at[x] + kw + ab_lane + ks * 32);
 #pragma unroll
-            for (int np = 0; np < QT / 2; np++)
+            for (int np = 0; np < QT / 2; np++) {
+                uint32_t b[2][4];
+#pragma unroll
+                for (int x = x0; x < x1; x++)
+                    tk_ldmatrix_x4<false>(b[x], rows_at[x] + (q_own + np * 16) * ROW + b_lane + ks * 32);
 #pragma unroll
                 for (int x = x0; x < x1; x++) {
-                    uint32_t b[4];
-                    tk_ldmatrix_x4<false>(b, rows_at[x] + (q_own + np * 16) * ROW + b_lane + ks * 32);
-                    tk_mma_16816<T>(acc[x][2 * np], a[x], b[0], b[1]);
-                    tk_mma_16816<T>(acc[x][2 * np + 1], a[x], b[2], b[3]);
+                    tk_mma_16816<T>(acc[x][2 * np], a[x], b[x][0], b[x][1]);
+                    tk_mma_16816<T>(acc[x][2 * np + 1], a[x], b[x][2], b[x][3]);
                 }
+            }
         }
     };
     /* acc (dV or dK: this warp's keys x its columns) += A B over the 16 queries of k16 slice qs
@@ -280,6 +271,21 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         tk_ldmatrix_x4<true>(b, rows + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
         tk_mma_16816<T>(acc[2 * cp], a, b[0], b[1]);
         tk_mma_16816<T>(acc[2 * cp + 1], a, b[2], b[3]);
+    };
+    /* dV += P^T dO and dK += dS^T Q over the queries of k16 slice qs (Q at s_q, dO after it),
+     * both products' B fragments loaded before their MMAs. */
+    auto dv_dk_step = [&](uint32_t s_q, int qs, const uint32_t (&ap)[4], const uint32_t (&ad)[4]) {
+        const uint32_t s_do = s_q + shape::Q_BYTES;
+#pragma unroll
+        for (int cp = 0; cp < DT / 2; cp++) {
+            uint32_t b[4], bq[4];
+            tk_ldmatrix_x4<true>(b, s_do + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
+            tk_ldmatrix_x4<true>(bq, s_q + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
+            tk_mma_16816<T>(dv[2 * cp], ap, b[0], b[1]);
+            tk_mma_16816<T>(dv[2 * cp + 1], ap, b[2], b[3]);
+            tk_mma_16816<T>(dk[2 * cp], ad, bq[0], bq[1]);
+            tk_mma_16816<T>(dk[2 * cp + 1], ad, bq[2], bq[3]);
+        }
     };
     /* A fragments of this warp's keys x queries (P^T, dS^T) into the [key][query] tile at
      * `tile`: register r of slice kk is key row g + 8 (r & 1), query columns q_own + 16 kk +
@@ -313,7 +319,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         const bool partial = m0 + BM > p.seqlen_q || keys_past_end || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
         const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
         const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]}; /* this thread's keys' rows */
-        /* S^T and dP^T (sd[0], sd[1]), then P and dS from them, this thread's queries from column
+        /* S^T and dP^T (sd[0], sd[1]), P and dS from them, this thread's queries from column
          * q_own + 2 tq (attn_bwd_probs), and dS^T's A fragments (k16 slice kk of this warp's
          * queries: n8 tiles 2 kk, 2 kk + 1). The braces of each `if constexpr` are load-bearing:
          * CUDA 13.0's front end drops the #pragma unroll statement that follows a discarded
@@ -322,12 +328,14 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
          * read stale shared memory). */
         float sd[2][QT][4];
         uint32_t da[QT / 2][4];
-        if constexpr (CW == 1) {
-            /* One warp per key (D 64 to 128): S^T first, P rounded to the dtype and dV += P^T dO
-             * at once (A straight from the accumulators, k = queries), then dP^T and dS
-             * (FlashAttention-2's and -3's order): beside dK and dV only one product's BM / 2
-             * f32 accumulators are live at a time, where S^T and dP^T side by side held twice
-             * that. */
+        if constexpr (SPLIT) {
+            /* S^T first, P rounded to the dtype and dV += P^T dO at once (A straight from the
+             * accumulators, k = queries), then dP^T and dS (FlashAttention-2's and -3's order):
+             * beside dK and dV only one product's f32 accumulators are live at a time. dS's
+             * factor, P or with softcap P times the derivative, rounded to the dtype (the naive
+             * backward rounds P, and dS twice there), waits for dP^T in this thread's own slots
+             * of the dS^T tile, which dS^T overwrites: held in registers through dP^T it is the
+             * margin between BM = 64 at D 128 and a spill. */
             keys_by_queries(0, 1, sd, s_q);
             /* P in place of S^T, with softcap its derivative in sd[1]. */
             attn_bwd_probs<ATTN_BWD_P_DERIV>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h,
@@ -336,13 +344,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 #pragma unroll
             for (int qs = 0; qs < QS; qs++)
                 tk_mma_a_from_acc<T>(pa[qs], sd[0][2 * qs], sd[0][2 * qs + 1]);
-            /* dS's factor: P, or with softcap P times the derivative, rounded to the dtype (the
-             * naive backward rounds P, and dS twice there). The latter, and with PARK_P the
-             * former, waits for dP^T in this thread's own slots of the dS^T tile, free until dS^T
-             * is stored over them: through dP^T, P^T's BM / 4 registers are the margin between
-             * BM = 64 at D 128 and a spill. */
-            const bool softcap = p.softcap > 0.0f;
-            if (softcap) {
+            if (p.softcap > 0.0f) {
                 uint32_t pf[QS][4];
 #pragma unroll
                 for (int qs = 0; qs < QS; qs++) {
@@ -354,7 +356,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                     tk_mma_a_from_acc<T>(pf[qs], sd[0][2 * qs], sd[0][2 * qs + 1]);
                 }
                 store_keys_by_queries(s_ds, pf);
-            } else if constexpr (PARK_P) {
+            } else {
                 store_keys_by_queries(s_ds, pa);
             }
 #pragma unroll
@@ -364,16 +366,15 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                     keys_by_cols(dv, s_do, qs, cp, pa[qs]);
 
             keys_by_queries(1, 2, sd, s_q);
-            /* dS = P (dP - D) (with softcap times the derivative: the factor parked above); register
-             * r of slice qs holds n8 tile 2 qs + (r >> 1), key row g + 8 (r & 1) (tk_mma_a_from_acc). */
+            /* dS = (dS's factor parked above) (dP - D); register r of slice qs holds n8 tile
+             * 2 qs + (r >> 1), key row g + 8 (r & 1) (tk_mma_a_from_acc). */
 #pragma unroll
             for (int qs = 0; qs < QS; qs++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
                     const int nt = 2 * qs + (r >> 1), qc = q_own + 2 * tq + 8 * nt;
-                    const float2 f = tk_unpack2<T>(
-                        PARK_P || softcap ? *reinterpret_cast<const uint32_t *>(smem + (s_ds - s_k) + key_query_at(qs, r))
-                                          : pa[qs][r]);
+                    const float2 f =
+                        tk_unpack2<T>(*reinterpret_cast<const uint32_t *>(smem + (s_ds - s_k) + key_query_at(qs, r)));
                     da[qs][r] = tk_pack2<T>(f.x * (sd[1][nt][2 * (r & 1)] - dsum[qc]),
                                             f.y * (sd[1][nt][2 * (r & 1) + 1] - dsum[qc + 1]));
                 }
@@ -383,10 +384,10 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 for (int cp = 0; cp < DT / 2; cp++)
                     keys_by_cols(dk, s_q, qs, cp, da[qs]);
         } else {
-            /* Two warps per key (D 256): a warp's S^T and dP^T are BM / 4 floats each, computed in
-             * one k-loop; P^T to shared memory for the key's other warp, dV and dK after the
-             * barrier below. (In the order above ptxas ran the dQ loads into dV and dK and the
-             * deterministic kernel spilled on sm_90a.) */
+            /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32. One warp per key
+             * (D 64 to 128) has all BM queries of P^T and dS^T: dV and dK straight from the
+             * accumulators (k = queries). Two warps per key (D 256): P^T to shared memory for the
+             * key's other warp, dV and dK after the barrier below. */
             keys_by_queries(0, 2, sd, s_q);
             attn_bwd_probs<ATTN_BWD_P_DS>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h, lse2,
                                           dsum);
@@ -396,7 +397,13 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 tk_mma_a_from_acc<T>(pa[kk], sd[0][2 * kk], sd[0][2 * kk + 1]);
                 tk_mma_a_from_acc<T>(da[kk], sd[1][2 * kk], sd[1][2 * kk + 1]);
             }
-            store_keys_by_queries(s_p, pa);
+            if constexpr (CW == 1) {
+#pragma unroll
+                for (int qs = 0; qs < QS; qs++)
+                    dv_dk_step(s_q, qs, pa[qs], da[qs]);
+            } else {
+                store_keys_by_queries(s_p, pa);
+            }
         }
         /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys. */
         store_keys_by_queries(s_ds, da);
@@ -419,11 +426,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 uint32_t ap[4], ad[4];
                 tk_ldmatrix_x4<false>(ap, s_p + a_lane + qs * 32);
                 tk_ldmatrix_x4<false>(ad, s_ds + a_lane + qs * 32);
-#pragma unroll
-                for (int cp = 0; cp < DT / 2; cp++) {
-                    keys_by_cols(dv, s_do, qs, cp, ap);
-                    keys_by_cols(dk, s_q, qs, cp, ad);
-                }
+                dv_dk_step(s_q, qs, ap, ad);
             }
         }
 
