@@ -44,7 +44,7 @@ constexpr int BWD_WARPS_SMALL = 4;
  * waiting for dP^T in shared memory, where 128 + 64 spilled. It stays 32 with 4 warps, whose
  * 64-key tiles are for devices with 99 KB of shared memory per block (BM 64: 112.5 KB). Where the
  * registers allow the fused k-loop it is kept: split at D 64 and 80 the 8-warp kernel ran at
- * 0.95-0.96x (H100). At D 256 one warp per key would need 256 registers for dK and dV alone, so
+ * 0.95-0.97x (H100). At D 256 one warp per key would need 256 registers for dK and dV alone, so
  * two warps share each key: 128 + 2 x 8 (BM 64 there would need 217.5 KB of shared memory, sm_90
  * only). D 80 takes BM = 64 (80 + 64): with 32 rows its dQ (32 x 80: two m16 by ten n8) has no
  * even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
@@ -137,8 +137,6 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     attn_fill_table(mask, table, n0, n0 + k_rows - 1, BN, true, tid, THREADS);
     __syncthreads();
     const int2 query_tiles = attn_bwd_query_tiles<BM>(table, k_rows);
-    /* Whether the tile runs past the last key: fixed for the CTA, so tested once. */
-    const bool keys_past_end = k_rows < BN;
     const int m_begin = query_tiles.x, m_tiles = query_tiles.y;
     const int steps = m_tiles * p.group; /* (query head, query tile) pairs */
 
@@ -235,7 +233,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             prev_last = attn_bwd_last_row(mask, n0 - 1);
 
     /* Products x0 .. x1 - 1 of (S^T = K Q^T, dP^T = V dO^T) into acc[x], for this warp's 16 keys x
-     * BM / CW queries, Q and dO at s_q and s_q + Q_BYTES; two at once share the k-loop. */
+     * BM / CW queries, Q and dO at s_q and s_q + Q_BYTES (the split order takes one at a time). */
     auto keys_by_queries = [&](int x0, int x1, float (&acc)[2][QT][4], uint32_t s_q) {
         const uint32_t keys_at[2] = {s_k, s_v}, rows_at[2] = {s_q, s_q + shape::Q_BYTES};
 #pragma unroll
@@ -316,19 +314,16 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             reinterpret_cast<const unsigned char *>(stage_f) + st * shape::STAGE_BYTES);
         const float *dsum = lse2 + BM;
 
-        const bool partial = m0 + BM > p.seqlen_q || keys_past_end || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
-        const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
-        const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]}; /* this thread's keys' rows */
-        /* S^T and dP^T (sd[0], sd[1]), P and dS from them, this thread's queries from column
-         * q_own + 2 tq (attn_bwd_probs), and dS^T's A fragments (k16 slice kk of this warp's
-         * queries: n8 tiles 2 kk, 2 kk + 1). The braces of each `if constexpr` are load-bearing:
-         * CUDA 13.0's front end drops the #pragma unroll statement that follows a discarded
-         * unbraced `if constexpr` whose body is a loop, which at CW = 2 (D 256) once removed the
-         * dS^T / P^T stores and the barrier after them (no ex2 in the D 256 PTX; dK, dV, dQ then
-         * read stale shared memory). */
+        /* S^T and dP^T (sd[0], sd[1]), P and dS from them (attn_bwd_probs; this thread's queries
+         * from column q_own + 2 tq, its keys' visible rows `rows`), dV and dK, and dS^T to shared
+         * memory, in one of two orders (attn_bwd_tile::SPLIT). The braces of each `if constexpr`
+         * are load-bearing: CUDA 13.0's front end drops the #pragma unroll statement that follows
+         * a discarded unbraced `if constexpr` whose body is a loop, which at CW = 2 (D 256) once
+         * removed the dS^T / P^T stores and the barrier after them (no ex2 in the D 256 PTX; dK,
+         * dV, dQ then read stale shared memory). */
         float sd[2][QT][4];
-        uint32_t da[QT / 2][4];
         if constexpr (SPLIT) {
+            uint32_t da[QS][4];
             /* S^T first, P rounded to the dtype and dV += P^T dO at once (A straight from the
              * accumulators, k = queries), then dP^T and dS (FlashAttention-2's and -3's order):
              * beside dK and dV only one product's f32 accumulators are live at a time. dS's
@@ -336,6 +331,10 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
              * backward rounds P, and dS twice there), waits for dP^T in this thread's own slots
              * of the dS^T tile, which dS^T overwrites: held in registers through dP^T it is the
              * margin between BM = 64 at D 128 and a spill. */
+            const bool partial =
+                m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
+            const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+            const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]};
             keys_by_queries(0, 1, sd, s_q);
             /* P in place of S^T, with softcap its derivative in sd[1]. */
             attn_bwd_probs<ATTN_BWD_P_DERIV>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h,
@@ -383,30 +382,66 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 #pragma unroll
                 for (int cp = 0; cp < DT / 2; cp++)
                     keys_by_cols(dk, s_q, qs, cp, da[qs]);
+            /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys. */
+            store_keys_by_queries(s_ds, da);
         } else {
-            /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32. One warp per key
-             * (D 64 to 128) has all BM queries of P^T and dS^T: dV and dK straight from the
-             * accumulators (k = queries). Two warps per key (D 256): P^T to shared memory for the
-             * key's other warp, dV and dK after the barrier below. */
-            keys_by_queries(0, 2, sd, s_q);
+            /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32 in their place. The loop
+             * is written out and the mask's inputs are read after it, as before the split order
+             * existed: through keys_by_queries, or with those reads ahead of the loop, ptxas
+             * scheduled every head dim's kernel differently, and a build with both ran D 64 at
+             * 0.95x (H100); as written these kernels' SASS is that of the build before. */
+#pragma unroll
+            for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sd[0][nt][e] = sd[1][nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                uint32_t a[4], av[4];
+                tk_ldmatrix_x4<false>(a, s_k + kw + ab_lane + ks * 32);
+                tk_ldmatrix_x4<false>(av, s_v + kw + ab_lane + ks * 32);
+#pragma unroll
+                for (int np = 0; np < QT / 2; np++) {
+                    uint32_t b[4], bo[4];
+                    tk_ldmatrix_x4<false>(b, s_q + (q_own + np * 16) * ROW + b_lane + ks * 32);
+                    tk_ldmatrix_x4<false>(bo, s_do + (q_own + np * 16) * ROW + b_lane + ks * 32);
+                    tk_mma_16816<T>(sd[0][2 * np], a, b[0], b[1]);
+                    tk_mma_16816<T>(sd[0][2 * np + 1], a, b[2], b[3]);
+                    tk_mma_16816<T>(sd[1][2 * np], av, bo[0], bo[1]);
+                    tk_mma_16816<T>(sd[1][2 * np + 1], av, bo[2], bo[3]);
+                }
+            }
+            const bool partial =
+                m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
+            const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+            const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]};
             attn_bwd_probs<ATTN_BWD_P_DS>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h, lse2,
                                           dsum);
-            uint32_t pa[QT / 2][4];
-#pragma unroll
-            for (int kk = 0; kk < QT / 2; kk++) {
-                tk_mma_a_from_acc<T>(pa[kk], sd[0][2 * kk], sd[0][2 * kk + 1]);
-                tk_mma_a_from_acc<T>(da[kk], sd[1][2 * kk], sd[1][2 * kk + 1]);
-            }
+            /* One warp per key (D 64 to 128) holds all BM queries of P^T and dS^T: dV and dK with
+             * A straight from the accumulators (k = queries). */
             if constexpr (CW == 1) {
 #pragma unroll
-                for (int qs = 0; qs < QS; qs++)
-                    dv_dk_step(s_q, qs, pa[qs], da[qs]);
-            } else {
-                store_keys_by_queries(s_p, pa);
+                for (int qs = 0; qs < QS; qs++) {
+                    uint32_t ap[4], ad[4];
+                    tk_mma_a_from_acc<T>(ap, sd[0][2 * qs], sd[0][2 * qs + 1]);
+                    tk_mma_a_from_acc<T>(ad, sd[1][2 * qs], sd[1][2 * qs + 1]);
+                    dv_dk_step(s_q, qs, ap, ad);
+                }
             }
+            /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys; with
+             * CW > 1 P^T beside it, for the key's other warps. */
+#pragma unroll
+            for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int at = (key_warp * 16 + g + 8 * hh) * S_ROW + (q_own + 8 * nt + 2 * tq) * 2;
+                    *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) + at) =
+                        tk_pack2<T>(sd[1][nt][2 * hh], sd[1][nt][2 * hh + 1]);
+                    if constexpr (CW > 1)
+                        *reinterpret_cast<uint32_t *>(smem + (s_p - s_k) + at) =
+                            tk_pack2<T>(sd[0][nt][2 * hh], sd[0][nt][2 * hh + 1]);
+                }
         }
-        /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys. */
-        store_keys_by_queries(s_ds, da);
         if (next) /* read from step it + 1 on, after the barrier at its top */
             store_stats(next_stat, st ^ 1);
         __syncthreads();
