@@ -23,23 +23,6 @@
 
 namespace {
 
-/* Per head dim: BM query rows per streamed tile, and COL_WARPS, the warps that share 16 keys.
- * A key's warps split its dK and dV by columns (D / COL_WARPS each) and its S^T and dP^T by
- * queries (BM / COL_WARPS each), so a thread holds 2 x 16 D / (32 COL_WARPS) accumulators of dK,
- * dV and 2 x 16 BM / (32 COL_WARPS) of S^T, dP^T, in kernels that use 220 to 250 of their 255
- * registers: BM = 64 at D 128 (or 128 at D 64) adds 32 (64) and ptxas spills; at D 256 one warp
- * per key would need 256 for dK and dV alone, so two warps share each key: 128 + 16, less than
- * at D 128 with BM 32 (BM 64 there would need 217.5 KB of shared memory, sm_90 only). D 80 takes
- * BM = 64 (80 + 64, below D 128's 128 + 32): with 32 rows its dQ (32 x 80: two m16 by ten n8)
- * has no even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
- * 8-warp kernel spills at sm_90a. */
-template <int D> struct attn_bwd_tile;
-template <> struct attn_bwd_tile<64> { static constexpr int BM = 64, COL_WARPS = 1; };
-template <> struct attn_bwd_tile<80> { static constexpr int BM = 64, COL_WARPS = 1; };
-template <> struct attn_bwd_tile<96> { static constexpr int BM = 32, COL_WARPS = 1; };
-template <> struct attn_bwd_tile<128> { static constexpr int BM = 32, COL_WARPS = 1; };
-template <> struct attn_bwd_tile<256> { static constexpr int BM = 32, COL_WARPS = 2; };
-
 /* The warps an SM runs: the 64K registers hold 256 threads at up to 255 registers each (the main
  * kernel needs over 220), as one CTA of 8 warps or two of 4. */
 constexpr int BWD_SM_WARPS = 8;
@@ -50,14 +33,46 @@ constexpr int BWD_SM_WARPS = 8;
 constexpr int BWD_WARPS = 8;
 constexpr int BWD_WARPS_SMALL = 4;
 
-/* The column blocks of dQ (BM x D) over `warps` warps: as many as there are warps, down to 16
- * columns each, such that the warps, D's n8 tiles and BM's m16 rows all split evenly; the
- * remaining warps split the rows. */
+/* Per head dim and warps: BM query rows per streamed tile; COL_WARPS, the warps that share 16
+ * keys; SPLIT, whether a warp computes S^T, P and dV before dP^T rather than S^T and dP^T in one
+ * k-loop (the step's two orders are in attn_bwd_main).
+ * A key's warps split its dK and dV by columns (D / COL_WARPS each) and its S^T and dP^T by
+ * queries (BM / COL_WARPS each), so a thread holds 2 x 16 D / (32 COL_WARPS) accumulators of dK,
+ * dV and 16 BM / (32 COL_WARPS) each of S^T and dP^T (only one of them at a time when SPLIT), in
+ * kernels that use 200 to 255 of their 255 registers. BM = 64 at D 128 with 8 warps
+ * (FlashAttention-2's tile) needs SPLIT: 128 + 32 at the peak builds without spills, with P
+ * waiting for dP^T in shared memory, where 128 + 64 spilled. It stays 32 with 4 warps, whose
+ * 64-key tiles are for devices with 99 KB of shared memory per block (BM 64: 112.5 KB). Where the
+ * registers allow the fused k-loop it is kept: split at D 64 and 80 the 8-warp kernel ran at
+ * 0.95-0.97x (H100). At D 256 one warp per key would need 256 registers for dK and dV alone, so
+ * two warps share each key: 128 + 2 x 8 (BM 64 there would need 217.5 KB of shared memory, sm_90
+ * only). D 80 takes BM = 64 (80 + 64): with 32 rows its dQ (32 x 80: two m16 by ten n8) has no
+ * even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
+ * 8-warp kernel spills at sm_90a. */
+template <int D, int WARPS> struct attn_bwd_tile {
+    static constexpr int BM = D <= 80 ? 64 : 32, COL_WARPS = D == 256 ? 2 : 1;
+    static constexpr bool SPLIT = false;
+};
+template <> struct attn_bwd_tile<128, BWD_WARPS> {
+    static constexpr int BM = 64, COL_WARPS = 1;
+    static constexpr bool SPLIT = true;
+};
+
+/* The column blocks of dQ (BM x D) over `warps` warps, the remaining warps splitting the rows:
+ * of the splits in which the warps, D's n8 tiles and BM's m16 rows all divide evenly (down to 16
+ * columns a block), the one that loads the fewest 8x8 matrices per k16 step, 4 per m16 row block
+ * of dS and 2 per n8 tile of K, ties to more column blocks. At BM 64, D 128, 8 warps that is 2 x 4
+ * blocks of 32 x 32 (2 A and 2 B ldmatrix.x4 per 8 MMAs), where as many column blocks as warps
+ * (1 x 8 of 64 x 16) would load 4 A and 1 B per 8. */
 constexpr int attn_bwd_dq_col_warps(int d, int warps, int bm) {
-    for (int cols = warps < d / 16 ? warps : d / 16; cols > 1; cols--)
-        if (warps % cols == 0 && d / 8 % cols == 0 && bm / 16 % (warps / cols) == 0)
-            return cols;
-    return 1;
+    int best = 1, best_cost = 1 << 30;
+    for (int cols = warps < d / 16 ? warps : d / 16; cols >= 1; cols--)
+        if (warps % cols == 0 && d / 8 % cols == 0 && bm / 16 % (warps / cols) == 0) {
+            const int cost = 2 * (bm / 16 / (warps / cols)) + d / 8 / cols;
+            if (cost < best_cost)
+                best = cols, best_cost = cost;
+        }
+    return best;
 }
 
 /* The main kernel's plan for WARPS warps: BN = 16 WARPS / COL_WARPS keys, warp w owning keys
@@ -68,14 +83,14 @@ constexpr int attn_bwd_dq_col_warps(int d, int warps, int bm) {
  * DQ_COL_WARPS blocks of DQ_ROWS x DQ_COLS, one per warp (attn_bwd_dq_col_warps). Per k16 step a
  * warp loads DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 8 B fragments (K, by transposed
  * ldmatrix: .x4 per two n8 tiles, .x2 for an odd last one) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
- * 4 warps 64 x 16 (D 64), 32 x 40 (D 80), 32 x 24 (D 96) and 32 x 32 (D 128); 8 warps 32 x 16 at
- * D 64 and 128, 16 x 40 at D 80, 16 x 24 at D 96, 32 x 32 at 256. */
+ * 4 warps 32 x 32 (D 64 and 128), 32 x 40 (D 80), 32 x 24 (D 96); 8 warps 32 x 16 at D 64,
+ * 16 x 40 at D 80, 16 x 24 at D 96, 32 x 32 at D 128 and 256. */
 template <int D, int WARPS> struct attn_bwd_shape {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int MIN_CTAS = BWD_SM_WARPS / WARPS;
-    static constexpr int COL_WARPS = attn_bwd_tile<D>::COL_WARPS;
+    static constexpr int COL_WARPS = attn_bwd_tile<D, WARPS>::COL_WARPS;
     static constexpr int BN = 16 * WARPS / COL_WARPS;
-    static constexpr int BM = attn_bwd_tile<D>::BM;
+    static constexpr int BM = attn_bwd_tile<D, WARPS>::BM;
     static constexpr int DQ_COL_WARPS = attn_bwd_dq_col_warps(D, WARPS, BM);
     static constexpr int DQ_ROW_WARPS = WARPS / DQ_COL_WARPS;
     static constexpr int DQ_ROWS = BM / DQ_ROW_WARPS, DQ_COLS = D / DQ_COL_WARPS;
@@ -98,6 +113,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     using shape = attn_bwd_shape<D, WARPS>;
     constexpr int BM = shape::BM, BN = shape::BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
     constexpr int THREADS = shape::THREADS, CW = shape::COL_WARPS;
+    constexpr bool SPLIT = attn_bwd_tile<D, WARPS>::SPLIT;
     constexpr int QT = BM / 8 / CW;  /* n8 tiles of this warp's S^T (queries) */
     constexpr int QS = BM / 16;      /* k16 steps over queries (dV, dK) */
     constexpr int KSTEPS = D / 16;   /* k16 steps over the head dim (S^T, dP^T) */
@@ -216,6 +232,73 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         if (n > 0)
             prev_last = attn_bwd_last_row(mask, n0 - 1);
 
+    /* Products x0 .. x1 - 1 of (S^T = K Q^T, dP^T = V dO^T) into acc[x], for this warp's 16 keys x
+     * BM / CW queries, Q and dO at s_q and s_q + Q_BYTES (the split order takes one at a time). */
+    auto keys_by_queries = [&](int x0, int x1, float (&acc)[2][QT][4], uint32_t s_q) {
+        const uint32_t keys_at[2] = {s_k, s_v}, rows_at[2] = {s_q, s_q + shape::Q_BYTES};
+#pragma unroll
+        for (int x = x0; x < x1; x++)
+#pragma unroll
+            for (int i = 0; i < QT * 4; i++)
+                acc[x][i / 4][i % 4] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int x = x0; x < x1; x++)
+                tk_ldmatrix_x4<false>(a[x], keys_at[x] + kw + ab_lane + ks * 32);
+#pragma unroll
+            for (int np = 0; np < QT / 2; np++) {
+                uint32_t b[2][4];
+#pragma unroll
+                for (int x = x0; x < x1; x++)
+                    tk_ldmatrix_x4<false>(b[x], rows_at[x] + (q_own + np * 16) * ROW + b_lane + ks * 32);
+#pragma unroll
+                for (int x = x0; x < x1; x++) {
+                    tk_mma_16816<T>(acc[x][2 * np], a[x], b[x][0], b[x][1]);
+                    tk_mma_16816<T>(acc[x][2 * np + 1], a[x], b[x][2], b[x][3]);
+                }
+            }
+        }
+    };
+    /* acc (dV or dK: this warp's keys x its columns) += A B over the 16 queries of k16 slice qs
+     * and columns 16 cp .. + 15 of this warp's, A those queries of P^T or dS^T, B the same rows
+     * of `rows` (dO or Q) stored [query][d] (transposed ldmatrix). */
+    auto keys_by_cols = [&](float (&acc)[DT][4], uint32_t rows, int qs, int cp, const uint32_t (&a)[4]) {
+        uint32_t b[4];
+        tk_ldmatrix_x4<true>(b, rows + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
+        tk_mma_16816<T>(acc[2 * cp], a, b[0], b[1]);
+        tk_mma_16816<T>(acc[2 * cp + 1], a, b[2], b[3]);
+    };
+    /* dV += P^T dO and dK += dS^T Q over the queries of k16 slice qs (Q at s_q, dO after it),
+     * both products' B fragments loaded before their MMAs. */
+    auto dv_dk_step = [&](uint32_t s_q, int qs, const uint32_t (&ap)[4], const uint32_t (&ad)[4]) {
+        const uint32_t s_do = s_q + shape::Q_BYTES;
+#pragma unroll
+        for (int cp = 0; cp < DT / 2; cp++) {
+            uint32_t b[4], bq[4];
+            tk_ldmatrix_x4<true>(b, s_do + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
+            tk_ldmatrix_x4<true>(bq, s_q + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
+            tk_mma_16816<T>(dv[2 * cp], ap, b[0], b[1]);
+            tk_mma_16816<T>(dv[2 * cp + 1], ap, b[2], b[3]);
+            tk_mma_16816<T>(dk[2 * cp], ad, bq[0], bq[1]);
+            tk_mma_16816<T>(dk[2 * cp + 1], ad, bq[2], bq[3]);
+        }
+    };
+    /* A fragments of this warp's keys x queries (P^T, dS^T) into the [key][query] tile at
+     * `tile`: register r of slice kk is key row g + 8 (r & 1), query columns q_own + 16 kk +
+     * 8 (r >> 1) + 2 tq and the next (tk_mma_a_from_acc), at byte key_query_at(kk, r). */
+    auto key_query_at = [&](int kk, int r) {
+        return (key_warp * 16 + g + 8 * (r & 1)) * S_ROW + (q_own + 16 * kk + 8 * (r >> 1) + 2 * tq) * 2;
+    };
+    auto store_keys_by_queries = [&](uint32_t tile, const uint32_t (&a)[QT / 2][4]) {
+#pragma unroll
+        for (int kk = 0; kk < QT / 2; kk++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                *reinterpret_cast<uint32_t *>(smem + (tile - s_k) + key_query_at(kk, r)) = a[kk][r];
+    };
+
     for (int it = 0; it < steps; it++) {
         const int st = it & 1;
         tk_cp_async_wait<0>();
@@ -231,80 +314,134 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             reinterpret_cast<const unsigned char *>(stage_f) + st * shape::STAGE_BYTES);
         const float *dsum = lse2 + BM;
 
-        /* S^T = K Q^T and dP^T = V dO^T: 16 keys x BM / CW queries per warp. */
-        float s[QT][4], dp[QT][4];
+        /* S^T and dP^T (sd[0], sd[1]), P and dS from them (attn_bwd_probs; this thread's queries
+         * from column q_own + 2 tq, its keys' visible rows `rows`), dV and dK, and dS^T to shared
+         * memory, in one of two orders (attn_bwd_tile::SPLIT). The braces of each `if constexpr`
+         * are load-bearing: CUDA 13.0's front end drops the #pragma unroll statement that follows
+         * a discarded unbraced `if constexpr` whose body is a loop, which at CW = 2 (D 256) once
+         * removed the dS^T / P^T stores and the barrier after them (no ex2 in the D 256 PTX; dK,
+         * dV, dQ then read stale shared memory). */
+        float sd[2][QT][4];
+        if constexpr (SPLIT) {
+            uint32_t da[QS][4];
+            /* S^T first, P rounded to the dtype and dV += P^T dO at once (A straight from the
+             * accumulators, k = queries), then dP^T and dS (FlashAttention-2's and -3's order):
+             * beside dK and dV only one product's f32 accumulators are live at a time. dS's
+             * factor, P or with softcap P times the derivative, rounded to the dtype (the naive
+             * backward rounds P, and dS twice there), waits for dP^T in this thread's own slots
+             * of the dS^T tile, which dS^T overwrites: held in registers through dP^T it is the
+             * margin between BM = 64 at D 128 and a spill. */
+            const bool partial =
+                m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
+            const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+            const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]};
+            keys_by_queries(0, 1, sd, s_q);
+            /* P in place of S^T, with softcap its derivative in sd[1]. */
+            attn_bwd_probs<ATTN_BWD_P_DERIV>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h,
+                                             lse2, dsum);
+            uint32_t pa[QS][4];
 #pragma unroll
-        for (int nt = 0; nt < QT; nt++)
+            for (int qs = 0; qs < QS; qs++)
+                tk_mma_a_from_acc<T>(pa[qs], sd[0][2 * qs], sd[0][2 * qs + 1]);
+            if (p.softcap > 0.0f) {
+                uint32_t pf[QS][4];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[nt][e] = dp[nt][e] = 0.0f;
+                for (int qs = 0; qs < QS; qs++) {
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
-            uint32_t a[4], av[4];
-            tk_ldmatrix_x4<false>(a, s_k + kw + ab_lane + ks * 32);
-            tk_ldmatrix_x4<false>(av, s_v + kw + ab_lane + ks * 32);
-#pragma unroll
-            for (int np = 0; np < QT / 2; np++) {
-                uint32_t b[4], bo[4];
-                tk_ldmatrix_x4<false>(b, s_q + (q_own + np * 16) * ROW + b_lane + ks * 32);
-                tk_ldmatrix_x4<false>(bo, s_do + (q_own + np * 16) * ROW + b_lane + ks * 32);
-                tk_mma_16816<T>(s[2 * np], a, b[0], b[1]);
-                tk_mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
-                tk_mma_16816<T>(dp[2 * np], av, bo[0], bo[1]);
-                tk_mma_16816<T>(dp[2 * np + 1], av, bo[2], bo[3]);
+                    for (int e = 0; e < 4; e++) {
+                        sd[0][2 * qs][e] *= sd[1][2 * qs][e];
+                        sd[0][2 * qs + 1][e] *= sd[1][2 * qs + 1][e];
+                    }
+                    tk_mma_a_from_acc<T>(pf[qs], sd[0][2 * qs], sd[0][2 * qs + 1]);
+                }
+                store_keys_by_queries(s_ds, pf);
+            } else {
+                store_keys_by_queries(s_ds, pa);
             }
+#pragma unroll
+            for (int qs = 0; qs < QS; qs++)
+#pragma unroll
+                for (int cp = 0; cp < DT / 2; cp++)
+                    keys_by_cols(dv, s_do, qs, cp, pa[qs]);
+
+            keys_by_queries(1, 2, sd, s_q);
+            /* dS = (dS's factor parked above) (dP - D); register r of slice qs holds n8 tile
+             * 2 qs + (r >> 1), key row g + 8 (r & 1) (tk_mma_a_from_acc). */
+#pragma unroll
+            for (int qs = 0; qs < QS; qs++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const int nt = 2 * qs + (r >> 1), qc = q_own + 2 * tq + 8 * nt;
+                    const float2 f =
+                        tk_unpack2<T>(*reinterpret_cast<const uint32_t *>(smem + (s_ds - s_k) + key_query_at(qs, r)));
+                    da[qs][r] = tk_pack2<T>(f.x * (sd[1][nt][2 * (r & 1)] - dsum[qc]),
+                                            f.y * (sd[1][nt][2 * (r & 1) + 1] - dsum[qc + 1]));
+                }
+#pragma unroll
+            for (int qs = 0; qs < QS; qs++)
+#pragma unroll
+                for (int cp = 0; cp < DT / 2; cp++)
+                    keys_by_cols(dk, s_q, qs, cp, da[qs]);
+            /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys. */
+            store_keys_by_queries(s_ds, da);
+        } else {
+            /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32 in their place. The loop
+             * is written out and the mask's inputs are read after it, as before the split order
+             * existed: through keys_by_queries, or with those reads ahead of the loop, ptxas
+             * scheduled every head dim's kernel differently, and a build with both ran D 64 at
+             * 0.95x (H100); as written these kernels' SASS is that of the build before. */
+#pragma unroll
+            for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sd[0][nt][e] = sd[1][nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                uint32_t a[4], av[4];
+                tk_ldmatrix_x4<false>(a, s_k + kw + ab_lane + ks * 32);
+                tk_ldmatrix_x4<false>(av, s_v + kw + ab_lane + ks * 32);
+#pragma unroll
+                for (int np = 0; np < QT / 2; np++) {
+                    uint32_t b[4], bo[4];
+                    tk_ldmatrix_x4<false>(b, s_q + (q_own + np * 16) * ROW + b_lane + ks * 32);
+                    tk_ldmatrix_x4<false>(bo, s_do + (q_own + np * 16) * ROW + b_lane + ks * 32);
+                    tk_mma_16816<T>(sd[0][2 * np], a, b[0], b[1]);
+                    tk_mma_16816<T>(sd[0][2 * np + 1], a, b[2], b[3]);
+                    tk_mma_16816<T>(sd[1][2 * np], av, bo[0], bo[1]);
+                    tk_mma_16816<T>(sd[1][2 * np + 1], av, bo[2], bo[3]);
+                }
+            }
+            const bool partial =
+                m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
+            const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+            const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]};
+            attn_bwd_probs<ATTN_BWD_P_DS>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h, lse2,
+                                          dsum);
+            /* One warp per key (D 64 to 128) holds all BM queries of P^T and dS^T: dV and dK with
+             * A straight from the accumulators (k = queries). */
+            if constexpr (CW == 1) {
+#pragma unroll
+                for (int qs = 0; qs < QS; qs++) {
+                    uint32_t ap[4], ad[4];
+                    tk_mma_a_from_acc<T>(ap, sd[0][2 * qs], sd[0][2 * qs + 1]);
+                    tk_mma_a_from_acc<T>(ad, sd[1][2 * qs], sd[1][2 * qs + 1]);
+                    dv_dk_step(s_q, qs, ap, ad);
+                }
+            }
+            /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys; with
+             * CW > 1 P^T beside it, for the key's other warps. */
+#pragma unroll
+            for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int at = (key_warp * 16 + g + 8 * hh) * S_ROW + (q_own + 8 * nt + 2 * tq) * 2;
+                    *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) + at) =
+                        tk_pack2<T>(sd[1][nt][2 * hh], sd[1][nt][2 * hh + 1]);
+                    if constexpr (CW > 1)
+                        *reinterpret_cast<uint32_t *>(smem + (s_p - s_k) + at) =
+                            tk_pack2<T>(sd[0][nt][2 * hh], sd[0][nt][2 * hh + 1]);
+                }
         }
-
-        /* P and dS in place of S^T and dP^T (attn_bwd_probs); this thread's queries start at
-         * column q_own + 2 tq. */
-        const bool partial = m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
-        const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
-        const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]}; /* this thread's keys' rows */
-        attn_bwd_probs<true>(p, s, dp, m0, q_own + 2 * tq, key_base, rows, partial, slope_h, lse2, dsum);
-
-        /* dV += P^T dO and dK += dS^T Q over the queries of k16 step qs, given this warp's keys'
-         * A fragments of P^T and dS^T there: B = dO, Q stored [query][d] (transposed ldmatrix),
-         * this warp's columns. */
-        auto dv_dk_step = [&](int qs, const uint32_t (&ap)[4], const uint32_t (&ad)[4]) {
-#pragma unroll
-            for (int dp2 = 0; dp2 < DT / 2; dp2++) {
-                uint32_t b[4], bq[4];
-                tk_ldmatrix_x4<true>(b, s_do + qs * 16 * ROW + ab_lane + c_own * 2 + dp2 * 32);
-                tk_ldmatrix_x4<true>(bq, s_q + qs * 16 * ROW + ab_lane + c_own * 2 + dp2 * 32);
-                tk_mma_16816<T>(dv[2 * dp2], ap, b[0], b[1]);
-                tk_mma_16816<T>(dv[2 * dp2 + 1], ap, b[2], b[3]);
-                tk_mma_16816<T>(dk[2 * dp2], ad, bq[0], bq[1]);
-                tk_mma_16816<T>(dk[2 * dp2 + 1], ad, bq[2], bq[3]);
-            }
-        };
-        /* One warp per key holds all BM queries of P^T and dS^T: A straight from the
-         * accumulators (k = queries). The braces are load-bearing: CUDA 13.0's front end drops
-         * the #pragma unroll statement that follows a discarded unbraced `if constexpr` whose
-         * body is a loop, which at CW = 2 (D 256) removed the dS^T / P^T stores below and the
-         * barrier after them (no ex2 in the D 256 PTX; dK, dV, dQ then read stale shared memory). */
-        if constexpr (CW == 1) {
-#pragma unroll
-            for (int qs = 0; qs < QS; qs++) {
-                uint32_t ap[4], ad[4];
-                tk_mma_a_from_acc<T>(ap, s[2 * qs], s[2 * qs + 1]);
-                tk_mma_a_from_acc<T>(ad, dp[2 * qs], dp[2 * qs + 1]);
-                dv_dk_step(qs, ap, ad);
-            }
-        }
-
-        /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys; with
-         * CW > 1 P^T beside it, for the key's other warps. */
-#pragma unroll
-        for (int nt = 0; nt < QT; nt++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int at = (key_warp * 16 + g + 8 * hh) * S_ROW + (q_own + 8 * nt + 2 * tq) * 2;
-                *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) + at) =
-                    tk_pack2<T>(dp[nt][2 * hh], dp[nt][2 * hh + 1]);
-                if constexpr (CW > 1)
-                    *reinterpret_cast<uint32_t *>(smem + (s_p - s_k) + at) =
-                        tk_pack2<T>(s[nt][2 * hh], s[nt][2 * hh + 1]);
-            }
         if (next) /* read from step it + 1 on, after the barrier at its top */
             store_stats(next_stat, st ^ 1);
         __syncthreads();
@@ -324,7 +461,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 uint32_t ap[4], ad[4];
                 tk_ldmatrix_x4<false>(ap, s_p + a_lane + qs * 32);
                 tk_ldmatrix_x4<false>(ad, s_ds + a_lane + qs * 32);
-                dv_dk_step(qs, ap, ad);
+                dv_dk_step(s_q, qs, ap, ad);
             }
         }
 
@@ -457,8 +594,8 @@ extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, i
            (ATTN_BWD_ACC_ALIGN - 16);
 }
 
-/* The 8-warp tiles need 92 KB (D 64), 108 KB (D 80), 89.5 KB (D 96) or 113.5 KB (D 128) per block:
- * D 80 and 128 are beyond the 99 KB of sm_86 and sm_89. */
+/* The 8-warp tiles need 92 KB (D 64), 108 KB (D 80), 89.5 KB (D 96) or 156 KB (D 128, BM 64) per
+ * block: D 80 and 128 are beyond the 99 KB of sm_86 and sm_89; D 128 fits sm_80's 163 KB. */
 extern "C" bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev) {
     switch (static_cast<const tk_attention_bwd_call *>(call)->fwd.head_dim) {
     case 64: return attn_bwd_fits<64, BWD_WARPS>(dev);

@@ -321,21 +321,26 @@ float *attn_bwd_acc_start(float *workspace, int64_t rows) {
                                      ~(uintptr_t)(ATTN_BWD_ACC_ALIGN - 1));
 }
 
-/* P_ij = exp(score_ij - lse_i), invisible pairs 0, and with GRADS dS_ij = P_ij (dP_ij - D_i)
- * times softcap's derivative 1 - tanh^2 (its scale factor is applied to dK and dQ at the end),
- * on a warp's fragments s of S^T and dp of dP^T in the tensor cores' accumulator layout (that of
- * mma.sync m16n8 and of each warp's 16 rows of wgmma m64nN), keys by rows and queries by
+/* What attn_bwd_probs forms beside P in s: nothing (softcap must be off: a kernel that forms P
+ * while dP^T is still being computed forms dS itself, dS = P (dP - D)); with softcap, its
+ * derivative 1 - tanh^2 in dp, which must not hold dP^T yet (a kernel that forms P before it
+ * computes dP^T); or dS in place of dP^T. */
+enum attn_bwd_form { ATTN_BWD_P, ATTN_BWD_P_DERIV, ATTN_BWD_P_DS };
+
+/* P_ij = exp(score_ij - lse_i), invisible pairs 0, and with ATTN_BWD_P_DS dS_ij = P_ij (dP_ij -
+ * D_i) times softcap's derivative 1 - tanh^2 (its scale factor is applied to dK and dQ at the
+ * end), on a warp's fragments s of S^T and dp of dP^T in the tensor cores' accumulator layout
+ * (that of mma.sync m16n8 and of each warp's 16 rows of wgmma m64nN), keys by rows and queries by
  * columns: element [nt][e] pairs key key0 + 8 (e >> 1) with query column qc = qc0 + 8 nt +
  * (e & 1) of the tile of rows m0.., whose lse * log2(e) and D are lse2[qc] and dsum[qc]. On a
  * tile that may hold invisible pairs (partial), a pair is visible when the query row lies in
- * rows[e >> 1], the rows of that key (attn_key_rows). Without GRADS only s changes, and softcap
- * must be off: a kernel that forms P while dP^T is still being computed forms dS itself
- * (dS = P (dP - D)).
+ * rows[e >> 1], the rows of that key (attn_key_rows). FORM says what dp receives
+ * (attn_bwd_form).
  * Without a transform (no softcap, no ALiBi: the common call) each element is one FFMA and one
  * exponential, and the mask a pass of its own on partial tiles only: both conditions are
  * uniform over the warp, and tested per element (as the transform's fused loop does) they cost
  * a branch and the mask's compares and selects on every element of every tile. */
-template <bool GRADS, int NT>
+template <attn_bwd_form FORM, int NT>
 __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (&s)[NT][4], float (&dp)[NT][4],
                                                int m0, int qc0, int key0, const int2 (&rows)[2], bool partial,
                                                float slope, const float *lse2, const float *dsum) {
@@ -348,7 +353,7 @@ __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (
                 const int qc = qc0 + 8 * nt + (e & 1);
                 const int i = m0 + qc, j = key0 + 8 * (e >> 1);
                 float x = s[nt][e], dfac = 1.0f;
-                if (GRADS && p.softcap > 0.0f) {
+                if (FORM != ATTN_BWD_P && p.softcap > 0.0f) {
                     const float t = tanhf(x * p.softcap_in);
                     x = p.softcap * t;
                     dfac = 1.0f - t * t;
@@ -361,8 +366,10 @@ __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (
                 if (partial && (i < rows[e >> 1].x || i > rows[e >> 1].y))
                     pe = 0.0f;
                 s[nt][e] = pe;
-                if constexpr (GRADS)
+                if constexpr (FORM == ATTN_BWD_P_DS)
                     dp[nt][e] = pe * (dp[nt][e] - dsum[qc]) * dfac;
+                else if constexpr (FORM == ATTN_BWD_P_DERIV)
+                    dp[nt][e] = dfac;
             }
         return;
     }
@@ -380,7 +387,7 @@ __device__ __forceinline__ void attn_bwd_probs(const attn_bwd_params &p, float (
                 if (i < rows[e >> 1].x || i > rows[e >> 1].y)
                     s[nt][e] = 0.0f;
             }
-    if constexpr (GRADS) {
+    if constexpr (FORM == ATTN_BWD_P_DS) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll

@@ -319,11 +319,11 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         tk_wgmma_pin(s);
         const bool softcap = p.softcap > 0.0f;
         if (!softcap)
-            attn_bwd_probs<false>(p, s, dp, m0, 2 * tq, key0, rows, partial, slope, lse2, dsum);
+            attn_bwd_probs<ATTN_BWD_P>(p, s, dp, m0, 2 * tq, key0, rows, partial, slope, lse2, dsum);
         tk_wgmma_wait<0>();
         tk_wgmma_pin(dp);
         if (softcap) {
-            attn_bwd_probs<true>(p, s, dp, m0, 2 * tq, key0, rows, partial, slope, lse2, dsum);
+            attn_bwd_probs<ATTN_BWD_P_DS>(p, s, dp, m0, 2 * tq, key0, rows, partial, slope, lse2, dsum);
         } else {
 #pragma unroll
             for (int nt = 0; nt < BM / 8; nt++)

@@ -185,6 +185,18 @@ template <typename T> __device__ __forceinline__ uint32_t tk_pack2(float lo, flo
     return r;
 }
 
+/* The inverse of tk_pack2: the register's two T (f16 or bf16) as floats, the low half first. A
+ * bf16 is the high half of its float, so each is one shift or mask. */
+template <typename T> __device__ __forceinline__ float2 tk_unpack2(uint32_t r) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
+    else {
+        __half2 v;
+        memcpy(&v, &r, 4);
+        return __half22float2(v);
+    }
+}
+
 /* The accumulators of one product reused as the A operand of the next, without shared memory
  * (attention's P V: P = the S = Q K^T accumulators after the softmax). The D fragments of two
  * n8 tiles side by side, columns 0-7 (left) and 8-15 (right), hold a 16x16 block in exactly the

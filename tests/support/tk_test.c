@@ -270,7 +270,7 @@ bool tk_sm90_runs_here(void) {
 }
 
 int tk_attention_bwd_bn128_smem(int64_t head_dim) {
-    const int bm = head_dim <= 80 ? 64 : 32, row = 2 * (int)head_dim + 16;
+    const int bm = head_dim <= 80 || head_dim == 128 ? 64 : 32, row = 2 * (int)head_dim + 16;
     return 2 * 128 * row + 2 * (2 * bm * row + 2 * bm * 4) + 128 * (2 * bm + 16) + 128 * 8 + 128;
 }
 

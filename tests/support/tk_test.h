@@ -66,8 +66,8 @@ bool tk_build_runs_variant(int min_cc, int cc);
 bool tk_sm90_runs_here(void);
 
 /* Shared memory per block of the attention backward's "mma_sm80_bn128" at a head dim (K and V of
- * 128 keys, two stages of Q, dO, lse and D over BM = 64 query rows at head dims 64 and 80, 32 at
- * 96 and 128, dS^T, the key table; rows padded by 16 bytes) and of "mma_sm80_d256" (K and V of
+ * 128 keys, two stages of Q, dO, lse and D over BM = 64 query rows at head dims 64, 80 and 128,
+ * 32 at 96, dS^T, the key table; rows padded by 16 bytes) and of "mma_sm80_d256" (K and V of
  * 64 keys, two stages of 32 query rows, dS^T and P^T, the key table), each with the static shared
  * memory (the deterministic kernel's ticket, 128 bytes with the dynamic part's alignment): a
  * variant claims its head dims on the devices whose shared memory per block holds it (bn128 at
