@@ -43,8 +43,8 @@ constexpr int BWD_WARPS_SMALL = 4;
  * (FlashAttention-2's tile) needs SPLIT: 128 + 32 at the peak builds without spills, with P
  * waiting for dP^T in shared memory, where 128 + 64 spilled. It stays 32 with 4 warps, whose
  * 64-key tiles are for devices with 99 KB of shared memory per block (BM 64: 112.5 KB). Where the
- * registers allow the fused k-loop it is kept: split at D 64 and 80 the 8-warp kernel ran at
- * 0.95-0.97x (H100). At D 256 one warp per key would need 256 registers for dK and dV alone, so
+ * registers allow the fused k-loop it is kept: it is the faster order there (the card's BM
+ * section). At D 256 one warp per key would need 256 registers for dK and dV alone, so
  * two warps share each key: 128 + 2 x 8 (BM 64 there would need 217.5 KB of shared memory, sm_90
  * only). D 80 takes BM = 64 (80 + 64): with 32 rows its dQ (32 x 80: two m16 by ten n8) has no
  * even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
@@ -386,10 +386,9 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             store_keys_by_queries(s_ds, da);
         } else {
             /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32 in their place. The loop
-             * is written out and the mask's inputs are read after it, as before the split order
-             * existed: through keys_by_queries, or with those reads ahead of the loop, ptxas
-             * scheduled every head dim's kernel differently, and a build with both ran D 64 at
-             * 0.95x (H100); as written these kernels' SASS is that of the build before. */
+             * is written out and the mask's inputs are read after it: through keys_by_queries, or
+             * with those reads ahead of the loop, ptxas schedules every kernel differently, and
+             * D 64's (the automatic choice there) ran slower (the card's Tried table). */
 #pragma unroll
             for (int nt = 0; nt < QT; nt++)
 #pragma unroll

@@ -310,7 +310,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         if constexpr (PERSISTENT) {
             /* One warp, running ahead of the consumers. For work tile k it fills the table once
              * the consumers have read tile k - 1's (TABLE_EMPTY; the document search takes a whole
-             * warp, one probe per lane in its 40 registers), and its lane 0 reads the tile's key tiles from it, loads its Q as soon as the
+             * warp, one probe per lane in its 40 registers), and its lane 0 reads the tile's key
+             * tiles from it, loads its Q as soon as the
              * consumers are done with tile k - 1's Q K^T (q_empty) and its first STAGES K / V tiles
              * as tile k - 1 frees the stages: all during the consumers' last P V and epilogue of
              * tile k - 1. Only then does the warp publish the table (TABLE_FULL), which waits for
