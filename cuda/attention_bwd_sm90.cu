@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
     /* Block -> (key tile, batch, key/value head); each key's rows, and from them the query tiles
      * and steps of this CTA. */
     const int tid = threadIdx.x;
-    const attn_bwd_keys keys = attn_bwd_keys_of<D, BN, DET>(p);
+    const attn_bwd_keys keys = attn_bwd_keys_of<D, BN, DET, true>(p);
     const int head_kv = keys.head_kv, n0 = keys.n0, k_rows = keys.k_rows;
     const int64_t batch = keys.batch;
     const attn_mask &mask = keys.mask;
@@ -426,8 +426,9 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
     if (err != cudaSuccess)
         return err;
     return attn_bwd_run<T, plan::D, DET>(bc, stream, [&](const attn_bwd_params &p) {
-        /* One CTA per (key tile, batch, key/value head), key tiles slowest: under a causal mask
-         * the longest CTAs (the first keys) start first. */
+        /* One CTA per (key tile, batch, key/value head), key tiles slowest (under a causal mask
+         * the longest CTAs, the first keys, start first), or fastest without a mask
+         * (attn_bwd_keys_of: the CTAs of a head share its Q / dO tiles and dQ lines in L2). */
         const unsigned blocks = (unsigned)((int64_t)(c->seqlen_k + plan::BN - 1) / plan::BN * c->batch * c->heads_kv);
         return tk_launch(kernel, blocks, plan::THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v, map_do);
     });
