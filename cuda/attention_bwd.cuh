@@ -226,12 +226,13 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
 
 /* A main kernel's key tile: block blockIdx.x (deterministic: the CTA's ticket, which must be
  * taken by every thread) as (key tile of BN keys, batch, key/value head), heads fastest, and the
- * mask its keys are seen through. With KEYS_FASTEST, a call without a mask (every query row sees
- * every key) and without the deterministic order takes key tiles fastest instead: a wave then
- * holds every key tile of a few (batch, key/value head) pairs, which walk the same query tiles
- * together, so that each Q / dO tile and dQ accumulator line serves all of them while in L2
- * (docs/kernels/attention_bwd.md, "Grid order"). Under masks the heads-fastest order stays: its
- * key tiles slowest are the longest first under causal. */
+ * mask its keys are seen through. With KEYS_FASTEST (the Hopper kernel's; the portable kernels
+ * measured no gain with it), a call without a mask (every query row sees every key) and without
+ * the deterministic order takes key tiles fastest instead: a wave then holds every key tile of a
+ * few (batch, key/value head) pairs, which walk the same query tiles together, so that each Q /
+ * dO tile and dQ accumulator line serves all of them while in L2 (docs/kernels/attention_bwd.md,
+ * "Grid order"). Under masks the heads-fastest order stays: its key tiles slowest are the longest
+ * first under causal. */
 struct attn_bwd_keys {
     int head_kv, n0, k_rows; /* first key, keys in the tile */
     int64_t batch;
