@@ -12,7 +12,9 @@ GPU work, as in a real model), median of `--reps` such repetitions after `--warm
 the `flash` table (attention against FlashAttention-4 and SDPA's cuDNN and FlashAttention-2
 backends, at the shapes of docs/kernels/attention.md) replay those calls from a CUDA graph, so
 no column pays its host cost; the `backward` table times the attention backward against the same
-peers' backward passes (milliseconds per call, so host cost does not show);
+peers' backward passes (milliseconds per call, so host cost does not show). In the flash and
+backward tables (compute-bound) every column is timed in two rounds, in order and then reversed, each
+timing after --settle seconds of idle GPU (as tkbench pauses), and its faster round is kept;
 every tensor is far larger than L2 except the GEMM / attention operands, which are
 compute-bound. Each op's section is independent: a failure prints an error row and the script
 goes on. torch.compile gets a total budget (--compile-budget seconds); past it, or when it
@@ -59,6 +61,10 @@ def parse_args():
                     help="seconds of torch.compile compilation (FlexAttention aside) in total "
                          "before the remaining ops skip it")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile and Flex")
+    ap.add_argument("--settle", type=float, default=0.3,
+                    help="seconds of idle GPU before each timing of the flash and backward "
+                         "tables (tkbench's pause: a compute-bound timing right after another "
+                         "runs while the clocks recover from the power limit)")
     ap.add_argument("--only", help="comma-separated substrings of op names to run")
     ap.add_argument("--tables", default="ops,attention,memory,flash,backward",
                     help="comma-separated tables to print: ops (vs eager and torch.compile), "
@@ -130,6 +136,26 @@ def graph_timed(candidate):
     except Exception as e:  # noqa: BLE001
         print(f"  failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         return "n/a"
+
+
+def fair_rounds(timers):
+    """Milliseconds per call of each column of a compute-bound row: every column timed in two
+    rounds, in the given order and then reversed, each timing after --settle seconds of idle
+    GPU, and the faster round kept. Without the pause and the reversal the first column ran
+    right after the row's reference computation and each later one right after another column,
+    at whatever clocks the power limit had left. timers maps a column to a function returning
+    milliseconds or a reason string (kept when no round gave a time)."""
+    rounds = {c: [] for c in timers}
+    for order in (list(timers), list(reversed(timers))):
+        for c in order:
+            torch.cuda.synchronize()
+            time.sleep(ARGS.settle)
+            rounds[c].append(timers[c]())
+    best = {}
+    for c, got in rounds.items():
+        times = [t for t in got if isinstance(t, float)]
+        best[c] = min(times) if times else got[0]
+    return best
 
 
 def compiled(fn, *args):
@@ -620,7 +646,8 @@ def flash_table():
                 variant = tkern.last_variant()
                 diff = max_diff(out_t.transpose(1, 2), ref) if ref is not None else "-"
                 del ref
-                tf = rates({c: graph_timed(fns[c] or "n/a") for c in cols}, flops, 1e9)
+                ms = fair_rounds({c: (lambda c=c: graph_timed(fns[c] or "n/a")) for c in cols})
+                tf = rates(ms, flops, 1e9)
                 out.append(f"| {shape} | {label} | {variant} | {rate_cells(tf.values())} | "
                            f"{ratio_cell(tf['tkern'], best_other(tf))} | {diff_cell(diff)} |")
             except Exception as e:  # noqa: BLE001
@@ -693,15 +720,16 @@ def backward_table():
                 fns = {"tkern": ours(False), "tkern deterministic": ours(True),
                        "FA4": fa4 and flash4, "cuDNN*": lambda: sdpa(SDPBackend.CUDNN_ATTENTION),
                        "FA2*": lambda: sdpa(SDPBackend.FLASH_ATTENTION)}
-                ms = {}
-                for c in cols:
+                def timer(c):
                     try:
                         fn = fns[c] if c.startswith("tkern") else (fns[c] and fns[c]())
-                        ms[c] = bench(fn) if fn else "n/a"
+                        return bench(fn) if fn else "n/a"
                     except Exception as e:  # noqa: BLE001 - a backend that refuses is n/a
                         print(f"  {c} failed: {type(e).__name__}: {str(e)[:200]}")
-                        ms[c] = "n/a"
-                    torch.cuda.empty_cache()
+                        return "n/a"
+                    finally:
+                        torch.cuda.empty_cache()
+                ms = fair_rounds({c: (lambda c=c: timer(c)) for c in cols})
                 diff = "-"
                 fa2 = fns["FA2*"]()
                 if fa2 is not None and ms["FA2*"] != "n/a":
