@@ -460,6 +460,42 @@ def test_library_errors_raise_tkern_error_with_status_and_message():
     assert tkern.status_name(0) == "TK_SUCCESS"
 
 
+def _library_rejections():
+    """One argument per family that the binding passes on and the library rejects before any
+    device work: (call, function, the argument its message names, the arrays involved)."""
+    nan, inf = float("nan"), float("inf")
+    x, y, w = FakeCudaArray((8, 64)), FakeCudaArray((8, 64)), FakeCudaArray((64,))
+    glu_out = FakeCudaArray((8, 32))
+    q, k = FakeCudaArray((2, 16, 4, 64)), FakeCudaArray((2, 16, 2, 64))
+    v, o, do = FakeCudaArray((2, 16, 2, 64)), FakeCudaArray((2, 16, 4, 64)), FakeCudaArray((2, 16, 4, 64))
+    lse = FakeCudaArray((2, 4, 16), "<f4")
+    dq, dk, dv = FakeCudaArray((2, 16, 4, 64)), FakeCudaArray((2, 16, 2, 64)), FakeCudaArray((2, 16, 2, 64))
+    a, b, d = FakeCudaArray((16, 64)), FakeCudaArray((64, 32)), FakeCudaArray((16, 32))
+    return [
+        (lambda: tkern.glu(x, "swiglu_clamped", alpha=nan, out=glu_out), "tk_glu_fwd", "alpha",
+         (x, glu_out)),
+        (lambda: tkern.rms_norm(x, w, eps=nan, out=y), "tk_rmsnorm_fwd", "eps", (x, w, y)),
+        (lambda: tkern.softmax(x, scale=inf, out=y), "tk_softmax_fwd", "scale", (x, y)),
+        (lambda: tkern.rope_(q, k, theta=-1.0), "tk_rope_fwd", "theta", (q, k)),
+        (lambda: tkern.attention(q, k, v, scale=inf, out=o), "tk_attention_fwd", "softmax_scale",
+         (q, k, v, o)),
+        (lambda: tkern.attention_backward(q, k, v, o, lse, do, scale=inf, dq=dq, dk=dk, dv=dv,
+                                          workspace=FakeCudaArray((64,), "|u1")),
+         "tk_attention_bwd_workspace_size", "softmax_scale", (q, k, v, o, lse, do, dq, dk, dv)),
+        (lambda: tkern.gemm(a, b, alpha=inf, out=d), "tk_gemm", "alpha", (a, b, d)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_library_rejections())))
+def test_library_rejections_through_the_binding_name_the_argument_and_write_nothing(case):
+    call, function, argument, arrays = _library_rejections()[case]
+    with pytest.raises(tkern.TkernError) as e:
+        call()
+    assert e.value.status_name == "TK_ERROR_INVALID_VALUE", e.value.message
+    assert e.value.function == function and argument in e.value.message
+    assert all(arr.untouched() for arr in arrays)
+
+
 def _has_device():
     try:
         tkern.device_query()
