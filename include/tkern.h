@@ -709,8 +709,9 @@ TK_API tk_status tk_attention_supported(const tk_attention_params *p, const char
  *
  * dtype TK_F16 or TK_BF16; head_dim 64, 128 or 256; pointers 16-byte aligned and strides
  * multiples of 8 elements as in tk_attention_fwd; lse, alibi_slopes, the int32 arrays 4-byte
- * aligned; the workspace 16-byte aligned. Initialise with TK_ATTENTION_KVCACHE_PARAMS_INIT; fields
- * are only ever appended.
+ * aligned; the workspace 16-byte aligned. A workspace, when given (even to a call that needs
+ * none), is workspace_bytes from its start, which must not overlap any other buffer of the
+ * call. Initialise with TK_ATTENTION_KVCACHE_PARAMS_INIT; fields are only ever appended.
  * ------------------------------------------------------------------------------------------- */
 /* How RoPE angles from theta are scaled for a context longer than the model was trained on. */
 typedef enum tk_rope_scaling {
@@ -792,19 +793,21 @@ typedef struct tk_attention_kvcache_params {
  * wrong, batch < 0, seqlen_q, heads, max_seqlen_k, num_pages, page_size or max_pages_per_seq <
  * 1 where used, total_q < 0, heads_q % heads_kv != 0, a stride < 0, a block_table_stride
  * smaller than max_pages_per_seq, o strides that make rows overlap, a window, scale, softcap,
- * flag, num_splits or chunk_size (< 0) out of range, a workspace smaller than needed, a RoPE
- * field out of range (rotary_dim < 0 or > head_dim, unknown style or scaling, theta, factors or
- * positions as documented above) (TK_ERROR_INVALID_VALUE); rope_cos without rope_sin or the
- * reverse (TK_ERROR_NULL_POINTER); head_dim other than 64, 128, 256, dtype TK_F32, strides[3] !=
- * 1, sizes past the kernel's limits (2^30 keys, queries or chunk_size), rotary_dim not a multiple
- * of 16, a scaling with a cos/sin cache (TK_ERROR_NOT_SUPPORTED); unaligned pointers or
- * strides (TK_ERROR_MISALIGNED); overlapping outputs (TK_ERROR_OVERLAP). */
+ * flag, num_splits or chunk_size (< 0) out of range, a workspace smaller than needed or whose
+ * workspace_bytes run past the end of the address space, a RoPE field out of range (rotary_dim <
+ * 0 or > head_dim, unknown style or scaling, theta, factors or positions as documented above), a
+ * block table or RoPE cache whose extent (rows - 1) x row stride overflows int64
+ * (TK_ERROR_INVALID_VALUE); rope_cos without rope_sin or the reverse (TK_ERROR_NULL_POINTER);
+ * head_dim other than 64, 128, 256, dtype TK_F32, strides[3] != 1, sizes past the kernel's
+ * limits (2^30 keys, queries or chunk_size), rotary_dim not a multiple of 16, a scaling with a
+ * cos/sin cache (TK_ERROR_NOT_SUPPORTED); unaligned pointers or strides (TK_ERROR_MISALIGNED);
+ * overlapping outputs, a workspace overlapping any other buffer (TK_ERROR_OVERLAP). */
 TK_API tk_status tk_attention_kvcache_fwd(const tk_attention_kvcache_params *p,
                                           tk_stream_t stream);
 
 /* *bytes = the workspace tk_attention_kvcache_fwd(p) needs on the calling thread's current
  * device (0 when it runs without splits); p's pointers are not read. Errors as
- * tk_attention_kvcache_fwd's for p's sizes and flags. */
+ * tk_attention_kvcache_fwd's for p's sizes and flags; on failure *bytes is left as it was. */
 TK_API tk_status tk_attention_kvcache_workspace_size(const tk_attention_kvcache_params *p,
                                                      size_t *bytes);
 
@@ -902,7 +905,8 @@ typedef struct tk_attention_bwd_params {
  * that put the f32 dQ accumulator on a 128-byte boundary; the accumulator, 4 * batch * heads_q *
  * (seqlen_q rounded up to 16) * head_dim; with deterministic = 1 another 4 * (4 + batch * heads_q
  * * ceil(seqlen_q / 32)) rounded up to 16 bytes, the order of the dQ adds. Errors: p or bytes NULL
- * (TK_ERROR_NULL_POINTER); p->size, the sizes or deterministic invalid as in tk_attention_bwd. */
+ * (TK_ERROR_NULL_POINTER); p->size, the sizes (their limits included) or deterministic invalid
+ * as in tk_attention_bwd; on failure *bytes is left as it was. */
 TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *p, size_t *bytes);
 
 /* Attention backward as described above: writes dq, dk, dv. Work is proportional to the

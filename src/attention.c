@@ -166,6 +166,22 @@ static tk_status check_masks(const char *fn, const tk_attention_params *p) {
     return TK_SUCCESS;
 }
 
+/* The kernels' limits on batch and heads_q, for sequences within 2^30 (checked before); apart
+ * from prepare, as tk_attention_bwd_workspace_size checks them at its batch too. */
+static tk_status check_batch_limits(const char *fn, const tk_attention_params *p) {
+    if (p->heads_q > INT32_MAX || p->batch > INT32_MAX)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "p->batch = %lld, p->heads_q = %lld: more than 2^31 - 1 is not supported",
+                       (long long)p->batch, (long long)p->heads_q);
+    const int64_t query_tiles = (p->seqlen_q + MIN_QUERY_TILE - 1) / MIN_QUERY_TILE;
+    if (p->batch > 0 && query_tiles * p->heads_q > INT32_MAX / p->batch)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
+                       "batch * heads_q * ceil(seqlen_q / 64) = %lld * %lld * %lld exceeds the "
+                       "grid limit 2^31 - 1",
+                       (long long)p->batch, (long long)p->heads_q, (long long)query_tiles);
+    return TK_SUCCESS;
+}
+
 /* Validates *p (no CUDA call) and resolves it into *call; *work = false for a no-op. */
 static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attention_call *call,
                          bool *work) {
@@ -220,16 +236,7 @@ static tk_status prepare(const char *fn, const tk_attention_params *p, tk_attent
                        "p->seqlen_q = %lld, p->seqlen_k = %lld: sequences longer than 2^30 are "
                        "not supported",
                        (long long)p->seqlen_q, (long long)p->seqlen_k);
-    if (p->heads_q > INT32_MAX || p->batch > INT32_MAX)
-        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
-                       "p->batch = %lld, p->heads_q = %lld: more than 2^31 - 1 is not supported",
-                       (long long)p->batch, (long long)p->heads_q);
-    const int64_t query_tiles = (p->seqlen_q + MIN_QUERY_TILE - 1) / MIN_QUERY_TILE;
-    if (p->batch > 0 && query_tiles * p->heads_q > INT32_MAX / p->batch)
-        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
-                       "batch * heads_q * ceil(seqlen_q / 64) = %lld * %lld * %lld exceeds the "
-                       "grid limit 2^31 - 1",
-                       (long long)p->batch, (long long)p->heads_q, (long long)query_tiles);
+    TK_TRY(check_batch_limits(fn, p));
 
     const size_t elem = tk_dtype_size(p->dtype);
     tensor q = {"p->q", p->q, {p->batch, p->seqlen_q, p->heads_q, p->head_dim}, {0}, elem, 0};
@@ -430,17 +437,8 @@ static tk_attention_params forward_params(const tk_attention_bwd_params *p) {
     return f;
 }
 
-/* Validates the sizes, the forward's fields and deterministic of *p and resolves them into
- * call->fwd and call->deterministic; *work = false for a no-op. */
-static tk_status prepare_bwd_shape(const char *fn, const tk_attention_bwd_params *p,
-                                   tk_attention_bwd_call *call, bool *work) {
-    const tk_attention_params f = forward_params(p);
-    memset(call, 0, sizeof *call);
-    TK_TRY(prepare(fn, &f, &call->fwd, work));
-    if (p->deterministic != 0 && p->deterministic != 1)
-        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->deterministic = %d; accepted: 0 or 1",
-                       p->deterministic);
-    call->deterministic = p->deterministic;
+/* The backward's own grid limits, on sizes the forward's checks have bounded. */
+static tk_status check_bwd_grids(const char *fn, const tk_attention_bwd_params *p) {
     const int64_t key_tiles = (p->seqlen_k + BWD_KEY_TILE - 1) / BWD_KEY_TILE;
     if (p->batch > 0 && key_tiles * p->heads_kv > INT32_MAX / p->batch)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
@@ -454,6 +452,20 @@ static tk_status prepare_bwd_shape(const char *fn, const tk_attention_bwd_params
                        "grid limit (2^31 - 1) * 4",
                        (long long)p->batch, (long long)p->heads_q, (long long)p->seqlen_q);
     return TK_SUCCESS;
+}
+
+/* Validates the sizes, the forward's fields and deterministic of *p and resolves them into
+ * call->fwd and call->deterministic; *work = false for a no-op. */
+static tk_status prepare_bwd_shape(const char *fn, const tk_attention_bwd_params *p,
+                                   tk_attention_bwd_call *call, bool *work) {
+    const tk_attention_params f = forward_params(p);
+    memset(call, 0, sizeof *call);
+    TK_TRY(prepare(fn, &f, &call->fwd, work));
+    if (p->deterministic != 0 && p->deterministic != 1)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->deterministic = %d; accepted: 0 or 1",
+                       p->deterministic);
+    call->deterministic = p->deterministic;
+    return check_bwd_grids(fn, p);
 }
 
 /* A gradient or dout tensor shaped like `like`, laid out by `given` strides. */
@@ -548,7 +560,6 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
     static const char fn[] = "tk_attention_bwd_workspace_size";
     tk_begin_call();
     TK_TRY(tk_check_not_null(fn, "bytes", bytes));
-    *bytes = 0;
     tk_attention_bwd_params p;
     TK_TRY(read_bwd_params(fn, given, &p));
     /* Only the sizes matter here: the pointers are those of a call not made yet. */
@@ -559,12 +570,17 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
     tk_attention_bwd_params sizes = p;
     sizes.batch = 0;
     TK_TRY(prepare_bwd_shape(fn, &sizes, &call, &work));
+    /* The limits that involve batch, which batch 0 above passed: the sizes below stay in int and
+     * size_t, and the call is one tk_attention_bwd accepts. */
+    const tk_attention_params f = forward_params(&p);
+    TK_TRY(check_batch_limits(fn, &f));
+    TK_TRY(check_bwd_grids(fn, &p));
     call.fwd.batch = (int)p.batch;
     call.fwd.heads_q = (int)p.heads_q;
     call.fwd.seqlen_q = (int)p.seqlen_q;
     call.fwd.head_dim = (int)p.head_dim;
     *bytes = p.batch > 0 ? tk_attention_bwd_workspace_bytes(&call.fwd, call.deterministic) : 0;
-    return TK_SUCCESS;
+    return TK_SUCCESS; /* *bytes is written only here: a failure leaves it as it was */
 }
 
 TK_API tk_status tk_attention_bwd(const tk_attention_bwd_params *given, tk_stream_t stream) {

@@ -125,6 +125,19 @@ static tk_status check_limit(const char *fn, const char *what, int64_t value, in
                    (long long)value, (long long)limit);
 }
 
+/* The values of `rows` rows of `width` int32 or f32, `stride` apart (the block table, the RoPE
+ * cache): those strides have no upper bound, so the span (`what` names its product) and its
+ * bytes must fit int64. */
+static tk_status check_rows_span(const char *fn, const char *what, int64_t rows, int64_t stride,
+                                 int64_t width) {
+    int64_t span;
+    TK_TRY(tk_mul_checked(fn, what, rows - 1, stride, &span));
+    if (span > INT64_MAX / 4 - width)
+        return tk_fail(TK_ERROR_INVALID_VALUE, fn, "%s = %lld: the array's byte size overflows int64",
+                       what, (long long)span);
+    return TK_SUCCESS;
+}
+
 static bool finite_at_least(float x, float least) {
     return isfinite(x) && x >= least;
 }
@@ -163,7 +176,10 @@ static tk_status check_rope(const char *fn, const tk_attention_kvcache_params *p
                            "p->rope_cache_row_stride = %lld is smaller than rotary_dim / 2 = %lld "
                            "(0 means rotary_dim / 2)",
                            (long long)p->rope_cache_row_stride, (long long)(p->rotary_dim / 2));
-        return TK_SUCCESS;
+        return check_rows_span(fn, "(p->rope_max_position - 1) * p->rope_cache_row_stride",
+                               p->rope_max_position,
+                               p->rope_cache_row_stride ? p->rope_cache_row_stride : p->rotary_dim / 2,
+                               p->rotary_dim / 2);
     }
     if (!finite_at_least(p->rope_theta, 0.0f) || p->rope_theta == 0.0f)
         return tk_fail(TK_ERROR_INVALID_VALUE, fn, "p->rope_theta = %g; accepted: finite and > 0",
@@ -310,6 +326,10 @@ static tk_status check_sizes(const char *fn, const tk_attention_kvcache_params *
         TK_TRY(check_limit(fn, "p->max_pages_per_seq", p->max_pages_per_seq, MAX_SEQLEN));
         TK_TRY(check_limit(fn, "cache capacity (p->max_pages_per_seq * p->page_size)",
                            p->max_pages_per_seq * p->page_size, MAX_SEQLEN));
+        if (p->batch > 0)
+            TK_TRY(check_rows_span(fn, "(p->batch - 1) * p->block_table_stride", p->batch,
+                                   p->block_table_stride ? p->block_table_stride : p->max_pages_per_seq,
+                                   p->max_pages_per_seq));
     } else {
         TK_TRY(check_limit(fn, "p->max_seqlen_k", p->max_seqlen_k, MAX_SEQLEN));
     }
@@ -351,14 +371,10 @@ static tensor flat(const char *name, const void *ptr, int64_t count) {
     return t;
 }
 
-/* The tensors a workspace must not meet: q, k, v, o, lse, k_new and v_new. */
-#define CALL_TENSORS 7
-
-/* Validates *p (no CUDA call) and resolves it into *call; tensors[] receives the spans the
- * workspace is checked against; *work = false for a no-op. */
+/* Validates *p (no CUDA call; the workspace but for its size, which depends on the device) and
+ * resolves it into *call; *work = false for a no-op. */
 static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
-                         tk_attention_kvcache_call *call, tensor tensors[CALL_TENSORS],
-                         bool *work) {
+                         tk_attention_kvcache_call *call, bool *work) {
     TK_TRY(check_sizes(fn, p));
     const size_t elem = tk_dtype_size(p->dtype);
     const bool varlen = p->cu_seqlens_q != NULL, paged = p->block_table != NULL;
@@ -425,6 +441,7 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
     const tensor sinks = flat("p->sinks", p->sinks, p->heads_q);
     const tensor seqlens = flat("p->seqlens_k", p->seqlens_k, p->batch);
     const tensor cu = flat("p->cu_seqlens_q", p->cu_seqlens_q, p->batch + 1);
+    /* The block table's and the RoPE cache's spans fit int64 (check_sizes). */
     const tensor table = flat("p->block_table", p->block_table,
                               paged ? (p->batch - 1) * bt_stride + p->max_pages_per_seq : 0);
     const bool rope_cache = p->rotary_dim > 0 && p->rope_cos != NULL;
@@ -450,8 +467,21 @@ static tk_status prepare(const char *fn, const tk_attention_kvcache_params *p,
         }
         TK_TRY(check_no_overlap(fn, &k, &v));
     }
-    tensors[0] = q, tensors[1] = k, tensors[2] = v, tensors[3] = o, tensors[4] = lse;
-    tensors[5] = kn, tensors[6] = vn;
+    /* A given workspace is checked whole, workspace_bytes from its start: the bytes the call
+     * needs depend on the device (checked against workspace_bytes once it is known) and lie
+     * within these. */
+    if (p->workspace) {
+        TK_TRY(tk_check_aligned(fn, "p->workspace", p->workspace, 16));
+        if (p->workspace_bytes > UINTPTR_MAX - (uintptr_t)p->workspace)
+            return tk_fail(TK_ERROR_INVALID_VALUE, fn,
+                           "p->workspace_bytes = %zu runs past the end of the address space",
+                           p->workspace_bytes);
+        const tensor ws = {"p->workspace", "p->workspace", p->workspace, {0}, {0}, p->workspace_bytes};
+        const tensor *all[] = {&q, &k, &v, &o, &lse, &alibi, &sinks, &seqlens, &cu, &table, &kn, &vn,
+                               &rope_cos, &rope_sin};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            TK_TRY(check_no_overlap(fn, &ws, all[i]));
+    }
 
     fill_sizes(p, call);
     call->q = p->q;
@@ -529,8 +559,9 @@ static tk_status plan_splits(const char *fn, tk_attention_kvcache_call *call, co
     return TK_SUCCESS;
 }
 
-static tk_status check_workspace(const char *fn, const tk_attention_kvcache_params *p,
-                                 size_t needed, const tensor tensors[CALL_TENSORS]) {
+/* The workspace against the bytes the call needs on the device (prepare checked the rest). */
+static tk_status check_workspace_size(const char *fn, const tk_attention_kvcache_params *p,
+                                      size_t needed) {
     if (needed == 0)
         return TK_SUCCESS;
     if (p->workspace == NULL)
@@ -543,10 +574,6 @@ static tk_status check_workspace(const char *fn, const tk_attention_kvcache_para
                        "p->workspace_bytes = %zu is smaller than the %zu bytes the call needs "
                        "(tk_attention_kvcache_workspace_size)",
                        p->workspace_bytes, needed);
-    TK_TRY(tk_check_aligned(fn, "p->workspace", p->workspace, 16));
-    const tensor ws = {"p->workspace", "p->workspace", p->workspace, {0}, {0}, needed};
-    for (int i = 0; i < CALL_TENSORS; i++)
-        TK_TRY(check_no_overlap(fn, &ws, &tensors[i]));
     return TK_SUCCESS;
 }
 
@@ -564,14 +591,13 @@ static tk_status plan(const char *fn, const tk_attention_kvcache_params *given,
                       const tk_variant **v, bool *work) {
     tk_attention_kvcache_params p;
     TK_TRY(read_params(fn, given, &p));
-    tensor tensors[CALL_TENSORS];
-    TK_TRY(prepare(fn, &p, call, tensors, work));
+    TK_TRY(prepare(fn, &p, call, work));
     if (!*work)
         return TK_SUCCESS;
     TK_TRY(tk_current_device(fn, dev));
     size_t needed = 0;
     TK_TRY(plan_splits(fn, call, *dev, &needed));
-    TK_TRY(check_workspace(fn, &p, needed, tensors));
+    TK_TRY(check_workspace_size(fn, &p, needed));
     return tk_select_variant(fn, &tk_op_attention_kvcache, *dev, call, v);
 }
 
@@ -594,17 +620,19 @@ TK_API tk_status tk_attention_kvcache_workspace_size(const tk_attention_kvcache_
     static const char fn[] = "tk_attention_kvcache_workspace_size";
     tk_begin_call();
     TK_TRY(tk_check_not_null(fn, "bytes", bytes));
-    *bytes = 0;
     tk_attention_kvcache_params p;
     TK_TRY(read_params(fn, given, &p));
     TK_TRY(check_sizes(fn, &p));
-    if (!has_work(&p))
-        return TK_SUCCESS;
-    tk_attention_kvcache_call call;
-    fill_sizes(&p, &call);
-    const tk_device *dev;
-    TK_TRY(tk_current_device(fn, &dev));
-    return plan_splits(fn, &call, dev, bytes);
+    size_t needed = 0;
+    if (has_work(&p)) {
+        tk_attention_kvcache_call call;
+        fill_sizes(&p, &call);
+        const tk_device *dev;
+        TK_TRY(tk_current_device(fn, &dev));
+        TK_TRY(plan_splits(fn, &call, dev, &needed));
+    }
+    *bytes = needed; /* only on success: a failure leaves *bytes as it was */
+    return TK_SUCCESS;
 }
 
 TK_API tk_status tk_attention_kvcache_supported(const tk_attention_kvcache_params *given,

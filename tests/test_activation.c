@@ -56,6 +56,9 @@ Test(activation_args, rejects_bad_arguments) {
     /* y starts one element into x: a partial overlap. */
     EXPECT_REJECTED(tk_activation_fwd(TK_ACT_SILU, TK_BF16, in_buf, NULL, in_buf + 2, 4, 8, NULL),
                     TK_ERROR_OVERLAP, "'y' overlaps 'x'");
+    /* dx starts one element into dy: a partial overlap (only an exact alias is in place). */
+    EXPECT_REJECTED(tk_activation_bwd(TK_ACT_SILU, TK_BF16, in_buf, in_buf + 1024, NULL, in_buf + 2, 4, 8, NULL),
+                    TK_ERROR_OVERLAP, "'dx' overlaps 'dy'");
     EXPECT_REJECTED(tk_activation_fwd(TK_ACT_SILU, TK_BF16, in_buf, out_buf + 4, out_buf, 4, 8, NULL),
                     TK_ERROR_OVERLAP, "'bias'");
     EXPECT_REJECTED(tk_activation_fwd(TK_ACT_SILU, TK_F32, in_buf + 2, NULL, out_buf, 4, 8, NULL),

@@ -83,6 +83,8 @@ Test(attention_bwd_args, rejects_bad_arguments) {
     REJECT(size = 8, TK_ERROR_INVALID_VALUE, "p->size");
     REJECT(dtype = TK_F32, TK_ERROR_NOT_SUPPORTED, "p->dtype");
     REJECT(batch = -1, TK_ERROR_INVALID_VALUE, "p->batch");
+    REJECT(batch = INT64_C(1) << 31, TK_ERROR_NOT_SUPPORTED,
+           "p->batch = 2147483648, p->heads_q = 2: more than 2^31 - 1 is not supported");
     REJECT(seqlen_q = 0, TK_ERROR_INVALID_VALUE, "p->seqlen_q");
     REJECT(heads_kv = 3, TK_ERROR_INVALID_VALUE, "p->heads_q = 2 is not a multiple of p->heads_kv");
     REJECT(head_dim = 72, TK_ERROR_NOT_SUPPORTED, "p->head_dim = 72 is not supported");
@@ -147,6 +149,14 @@ Test(attention_bwd_args, rejects_bad_masks_and_dsinks) {
     expect_rejected(&p, TK_ERROR_INVALID_VALUE, "p->document_ids needs p->seqlen_q <= p->seqlen_k");
 }
 
+/* tk_attention_bwd_workspace_size(p) fails with status, naming needle, and leaves *bytes alone. */
+static void expect_size_rejected(const tk_attention_bwd_params *p, tk_status status, const char *needle) {
+    size_t bytes;
+    tk_fill_sentinel(&bytes, sizeof bytes);
+    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(p, &bytes), status, needle);
+    cr_assert(tk_is_sentinel(&bytes, sizeof bytes), "%s: the workspace size was written on failure", needle);
+}
+
 Test(attention_bwd_args, workspace_size) {
     tk_attention_bwd_params p = host_params();
     p.q = p.k = p.v = p.o = p.dout = NULL; /* only the sizes are read */
@@ -168,15 +178,25 @@ Test(attention_bwd_args, workspace_size) {
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
     cr_assert_eq(bytes, (size_t)(200 + 2 * 112 * 64 + 12) * 4 + 112, "workspace %zu bytes", bytes);
     p.deterministic = 2;
-    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->deterministic");
+    expect_size_rejected(&p, TK_ERROR_INVALID_VALUE, "p->deterministic");
     p.deterministic = 0, p.seqlen_q = 15;
     p.batch = 0;
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
     cr_assert_eq(bytes, 0);
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, NULL), TK_ERROR_NULL_POINTER, "'bytes'");
-    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(NULL, &bytes), TK_ERROR_NULL_POINTER, "'p'");
+    expect_size_rejected(NULL, TK_ERROR_NULL_POINTER, "'p'");
     p.batch = -2;
-    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_INVALID_VALUE, "p->batch");
+    expect_size_rejected(&p, TK_ERROR_INVALID_VALUE, "p->batch");
+    /* The limits that involve batch, as tk_attention_bwd has them: the batch itself, the
+     * forward's grid and the backward's row kernels' grid. */
+    p.batch = INT64_C(1) << 31;
+    expect_size_rejected(&p, TK_ERROR_NOT_SUPPORTED,
+                         "p->batch = 2147483648, p->heads_q = 2: more than 2^31 - 1 is not supported");
+    p.batch = INT32_MAX;
+    expect_size_rejected(&p, TK_ERROR_NOT_SUPPORTED, "batch * heads_q * ceil(seqlen_q / 64)");
+    p.batch = INT64_C(1) << 24, p.seqlen_q = 1024;
+    expect_size_rejected(&p, TK_ERROR_NOT_SUPPORTED, "exceeds the row kernels' grid limit");
+    p.seqlen_q = 15;
     p.batch = 1, p.head_dim = 256; /* the accumulator grows with the head dim, the rest does not */
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
     cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 256) * 4 + 112, "workspace %zu bytes", bytes);
@@ -184,7 +204,7 @@ Test(attention_bwd_args, workspace_size) {
     TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_SUCCESS, "");
     cr_assert_eq(bytes, (size_t)(32 + 2 * 16 * 80) * 4 + 112, "workspace %zu bytes", bytes);
     p.head_dim = 72;
-    TK_EXPECT_STATUS(tk_attention_bwd_workspace_size(&p, &bytes), TK_ERROR_NOT_SUPPORTED, "p->head_dim");
+    expect_size_rejected(&p, TK_ERROR_NOT_SUPPORTED, "p->head_dim");
 }
 
 Test(attention_bwd_args, empty_batch_is_a_noop) {

@@ -65,9 +65,11 @@ static void expect_rejected(const tk_attention_kvcache_params *p, tk_status stat
     TK_EXPECT_STATUS(tk_attention_kvcache_supported(p, &name), status, needle);
     cr_assert_null(name, "%s: tk_attention_kvcache_supported named a variant on failure", needle);
     if (sizes) {
-        size_t bytes = 7;
+        size_t bytes;
+        tk_fill_sentinel(&bytes, sizeof bytes);
         TK_EXPECT_STATUS(tk_attention_kvcache_workspace_size(p, &bytes), status, needle);
-        cr_assert_eq(bytes, 0, "%s: workspace size not cleared on failure", needle);
+        cr_assert(tk_is_sentinel(&bytes, sizeof bytes), "%s: the workspace size was written on failure",
+                  needle);
     }
     cr_assert(tk_is_sentinel(out_buf, sizeof out_buf), "%s: an output was written", needle);
     cr_assert(tk_is_sentinel(in_buf, sizeof in_buf), "%s: an input was written", needle);
@@ -96,6 +98,15 @@ Test(attention_kvcache_args, rejects_bad_arguments) {
     REJECT(page_size = 0, TK_ERROR_INVALID_VALUE, "p->page_size", true);
     REJECT(max_pages_per_seq = 0, TK_ERROR_INVALID_VALUE, "p->max_pages_per_seq", true);
     REJECT(block_table_stride = 1, TK_ERROR_INVALID_VALUE, "p->block_table_stride", true);
+    /* A table whose last row lies past int64 in bytes, then in elements. */
+    REJECT(block_table_stride = INT64_MAX / 4, TK_ERROR_INVALID_VALUE,
+           "(p->batch - 1) * p->block_table_stride = 2305843009213693951: the array's byte size overflows", true);
+    {
+        tk_attention_kvcache_params p = ok;
+        p.batch = 4, p.block_table_stride = INT64_MAX / 2;
+        expect_rejected(&p, TK_ERROR_INVALID_VALUE,
+                        "(p->batch - 1) * p->block_table_stride = 3 * 4611686018427387903 overflows int64", true);
+    }
     REJECT(page_size = INT64_C(1) << 31, TK_ERROR_NOT_SUPPORTED, "p->page_size", true);
     REJECT(max_pages_per_seq = INT64_C(1) << 27, TK_ERROR_NOT_SUPPORTED, "cache capacity", true);
     REJECT(seqlen_q = (INT64_C(1) << 30) + 1, TK_ERROR_NOT_SUPPORTED, "p->seqlen_q", true);
@@ -224,9 +235,59 @@ Test(attention_kvcache_args, rejects_bad_rope_arguments) {
                "p->rope_scaling = 2 with a cos/sin cache", true);
         REJECT(rope_max_position = 0, TK_ERROR_INVALID_VALUE, "p->rope_max_position", true);
         REJECT(rope_cache_row_stride = 31, TK_ERROR_INVALID_VALUE, "p->rope_cache_row_stride", true);
+        /* A cache whose last row lies past int64 in elements, then in bytes. */
+        REJECT(rope_cache_row_stride = INT64_MAX / 2, TK_ERROR_INVALID_VALUE,
+               "(p->rope_max_position - 1) * p->rope_cache_row_stride = 3 * 4611686018427387903 overflows", true);
+        REJECT(rope_max_position = INT64_C(1) << 58, TK_ERROR_INVALID_VALUE,
+               "(p->rope_max_position - 1) * p->rope_cache_row_stride = 9223372036854775776: the array's "
+               "byte size overflows", true);
         REJECT(rope_cos = (const float *)(in_buf + ROPE_AT + 2), TK_ERROR_MISALIGNED, "'p->rope_cos'", false);
         REJECT(o = (void *)(in_buf + ROPE_AT + 512), TK_ERROR_OVERLAP, "'p->o' overlaps 'p->rope_sin'", false);
     }
+}
+
+/* The workspace, checked before the device is looked up (only its size needs the device), whether
+ * or not the call needs one: 16-byte aligned, within the address space, and its workspace_bytes
+ * apart from every buffer the call reads or writes (a call here with every one of them). */
+Test(attention_kvcache_args, rejects_bad_workspace) {
+    tk_attention_kvcache_params ok = host_params();
+    ok.cu_seqlens_q = (const int32_t *)(in_buf + CU_AT), ok.total_q = 2;
+    ok.sinks = (const float *)(in_buf + SINKS_AT);
+    ok.k_new = in_buf + KNEW_AT, ok.v_new = in_buf + VNEW_AT;
+    ok.rotary_dim = 64;
+    ok.rope_cos = (const float *)(in_buf + ROPE_AT);
+    ok.rope_sin = (const float *)(in_buf + ROPE_AT + 512);
+    ok.rope_max_position = 4;
+    ok.workspace = out_buf + 4096, ok.workspace_bytes = 4096;
+    if (!tk_test_have_device()) { /* the valid call gets as far as the device */
+        reset_buffers();
+        TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&ok, NULL), TK_ERROR_NO_DEVICE, "no usable CUDA device");
+    }
+    REJECT(workspace = out_buf + 4096 + 8, TK_ERROR_MISALIGNED, "'p->workspace'", false);
+    REJECT(workspace_bytes = SIZE_MAX, TK_ERROR_INVALID_VALUE,
+           "p->workspace_bytes = 18446744073709551615 runs past the end of the address space", false);
+    const struct {
+        const void *at;
+        const char *name;
+    } buffers[] = {
+        {in_buf + Q_AT, "p->q"}, {in_buf + K_AT, "p->k_cache"}, {in_buf + V_AT, "p->v_cache"},
+        {out_buf, "p->o"}, {out_buf + LSE_AT, "p->lse"}, {in_buf + ALIBI_AT, "p->alibi_slopes"},
+        {in_buf + SINKS_AT, "p->sinks"}, {in_buf + SEQLENS_AT, "p->seqlens_k"},
+        {in_buf + CU_AT, "p->cu_seqlens_q"}, {in_buf + TABLE_AT, "p->block_table"},
+        {in_buf + KNEW_AT, "p->k_new"}, {in_buf + VNEW_AT, "p->v_new"},
+        {in_buf + ROPE_AT, "p->rope_cos"}, {in_buf + ROPE_AT + 512, "p->rope_sin"},
+    };
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) {
+        tk_attention_kvcache_params p = ok;
+        p.workspace = (void *)(uintptr_t)buffers[i].at, p.workspace_bytes = 16;
+        char needle[64];
+        snprintf(needle, sizeof needle, "'p->workspace' overlaps '%s'", buffers[i].name);
+        expect_rejected(&p, TK_ERROR_OVERLAP, needle, false);
+    }
+    /* Its workspace_bytes, not the bytes the call needs (none here), carry it into k_new. */
+    tk_attention_kvcache_params p = ok;
+    p.workspace = in_buf + KNEW_AT - 512, p.workspace_bytes = 1024;
+    expect_rejected(&p, TK_ERROR_OVERLAP, "'p->workspace' overlaps 'p->k_new'", false);
 }
 
 /* The params size rule (tk_read_params): older sizes than the first layout and unknown non-zero
@@ -292,6 +353,7 @@ Test(attention_kvcache_args, no_device_is_reported) {
     size_t bytes = 7;
     TK_EXPECT_STATUS(tk_attention_kvcache_workspace_size(&ok, &bytes), TK_ERROR_NO_DEVICE,
                      "no usable CUDA device");
+    cr_assert_eq(bytes, 7, "the workspace size was written on failure");
     TK_EXPECT_STATUS(tk_attention_kvcache_workspace_size(&ok, NULL), TK_ERROR_NULL_POINTER, "'bytes'");
     cr_assert(tk_is_sentinel(out_buf, sizeof out_buf));
 }
@@ -1031,8 +1093,10 @@ Test(attention_kvcache_gpu, bad_device_side_values_do_not_fault) {
     p.num_splits = 3;
     p.workspace = NULL;
     TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_ERROR_NULL_POINTER, "p->workspace");
-    p.workspace = dk, p.workspace_bytes = 4;
+    void *small = tk_dev_alloc(16);
+    p.workspace = small, p.workspace_bytes = 4;
     TK_EXPECT_STATUS(tk_attention_kvcache_fwd(&p, NULL), TK_ERROR_INVALID_VALUE, "p->workspace_bytes");
+    tk_dev_free(small);
     tk_dev_free(dk); tk_dev_free(dq); tk_dev_free(dout); tk_dev_free(dtable); tk_dev_free(dlens);
 }
 

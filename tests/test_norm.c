@@ -149,13 +149,15 @@ Test(norm_args, rejects_bad_backward_arguments) {
     EXPECT_REJECTED(tk_layernorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, mean, rstd, BUF_Y, BUF_DW, BUF_DW + 16, BUF_WS, ws, NULL), TK_ERROR_OVERLAP, "'dw' overlaps 'db'");
     EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_Y + 64, ws, NULL), TK_ERROR_OVERLAP, "'dx' overlaps 'workspace'");
     EXPECT_REJECTED(tk_rmsnorm_bwd(&ok, BUF_DY, BUF_X, BUF_W, rstd, BUF_Y, BUF_DW, BUF_X, ws, NULL), TK_ERROR_OVERLAP, "'workspace' overlaps 'x'");
-    /* The workspace query checks its arguments too. */
+    /* The workspace query checks its arguments too, and leaves *bytes alone when it fails. */
     reset_buffers();
+    tk_fill_sentinel(&ws, sizeof ws);
     TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&ok, (tk_norm_kind)5, &ws), TK_ERROR_INVALID_VALUE, "'kind'");
     TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&ok, TK_NORM_RMS, NULL), TK_ERROR_NULL_POINTER, "'bytes'");
     p = ok; p.cols = -1;
     TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(&p, TK_NORM_RMS, &ws), TK_ERROR_INVALID_VALUE, "p->cols");
     TK_EXPECT_STATUS(tk_norm_bwd_workspace_size(NULL, TK_NORM_RMS, &ws), TK_ERROR_NULL_POINTER, "'p'");
+    cr_assert(tk_is_sentinel(&ws, sizeof ws), "tk_norm_bwd_workspace_size wrote *bytes on failure");
 }
 
 Test(norm_args, empty_is_a_noop_and_workspace_sizes) {
