@@ -166,6 +166,15 @@ static tk_status check_masks(const char *fn, const tk_attention_params *p) {
     return TK_SUCCESS;
 }
 
+/* A grid of batch x heads x tiles blocks (`what` names the product) within 2^31 - 1; heads and
+ * tiles are bounded by the caller's checks, so their product does not overflow. */
+static tk_status check_grid(const char *fn, const char *what, int64_t batch, int64_t heads, int64_t tiles) {
+    if (batch > 0 && tiles * heads > INT32_MAX / batch)
+        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn, "%s = %lld * %lld * %lld exceeds the grid limit 2^31 - 1",
+                       what, (long long)batch, (long long)heads, (long long)tiles);
+    return TK_SUCCESS;
+}
+
 /* The kernels' limits on batch and heads_q, for sequences within 2^30 (checked before); apart
  * from prepare, as tk_attention_bwd_workspace_size checks them at its batch too. */
 static tk_status check_batch_limits(const char *fn, const tk_attention_params *p) {
@@ -173,13 +182,8 @@ static tk_status check_batch_limits(const char *fn, const tk_attention_params *p
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
                        "p->batch = %lld, p->heads_q = %lld: more than 2^31 - 1 is not supported",
                        (long long)p->batch, (long long)p->heads_q);
-    const int64_t query_tiles = (p->seqlen_q + MIN_QUERY_TILE - 1) / MIN_QUERY_TILE;
-    if (p->batch > 0 && query_tiles * p->heads_q > INT32_MAX / p->batch)
-        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
-                       "batch * heads_q * ceil(seqlen_q / 64) = %lld * %lld * %lld exceeds the "
-                       "grid limit 2^31 - 1",
-                       (long long)p->batch, (long long)p->heads_q, (long long)query_tiles);
-    return TK_SUCCESS;
+    return check_grid(fn, "batch * heads_q * ceil(seqlen_q / 64)", p->batch, p->heads_q,
+                      (p->seqlen_q + MIN_QUERY_TILE - 1) / MIN_QUERY_TILE);
 }
 
 /* Validates *p (no CUDA call) and resolves it into *call; *work = false for a no-op. */
@@ -439,12 +443,8 @@ static tk_attention_params forward_params(const tk_attention_bwd_params *p) {
 
 /* The backward's own grid limits, on sizes the forward's checks have bounded. */
 static tk_status check_bwd_grids(const char *fn, const tk_attention_bwd_params *p) {
-    const int64_t key_tiles = (p->seqlen_k + BWD_KEY_TILE - 1) / BWD_KEY_TILE;
-    if (p->batch > 0 && key_tiles * p->heads_kv > INT32_MAX / p->batch)
-        return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
-                       "batch * heads_kv * ceil(seqlen_k / 64) = %lld * %lld * %lld exceeds the "
-                       "grid limit 2^31 - 1",
-                       (long long)p->batch, (long long)p->heads_kv, (long long)key_tiles);
+    TK_TRY(check_grid(fn, "batch * heads_kv * ceil(seqlen_k / 64)", p->batch, p->heads_kv,
+                      (p->seqlen_k + BWD_KEY_TILE - 1) / BWD_KEY_TILE));
     if (p->batch > 0 &&
         p->seqlen_q * p->heads_q > (int64_t)INT32_MAX * BWD_ROWS_PER_BLOCK / p->batch)
         return tk_fail(TK_ERROR_NOT_SUPPORTED, fn,
