@@ -659,6 +659,7 @@ def flash_table():
 
 
 # -------------------------------------------------------------- attention backward --------
+PORTABLE_BWD = "tkern mma_sm80_bn128"  # the backward's portable variant at these head dims
 BWD_SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim (issue 20's shape first)
     (4, 4096, 32, 8, 128),
     (8, 2048, 16, 16, 64),
@@ -667,7 +668,8 @@ BWD_SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim (issue 20's shape f
 
 def backward_table():
     """TFLOP/s of the attention backward (2.5x the forward's visible FLOPs, FlashAttention's
-    convention), dense and causal: tkern (atomic and deterministic dQ), FlashAttention-4 when
+    convention), dense and causal: tkern (atomic and deterministic dQ; and its portable mma.sync
+    kernel forced, beside FlashAttention-2 in the same harness), FlashAttention-4 when
     its backward runs here, SDPA's cuDNN and flash (FlashAttention-2) backends. The torch
     columns time torch.autograd.grad of a retained forward graph, so only the backward kernels
     run; their K/V are expanded to heads_q (leaves, so no group sum is timed; * marks it), as
@@ -676,10 +678,10 @@ def backward_table():
     dk / dv summed over each group in float32."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     fa4 = peer("flash_attn.cute.interface", "flash_attn_func")
-    cols = ["tkern", "tkern deterministic", "FA4", "cuDNN*", "FA2*"]
+    cols = ["tkern", "tkern deterministic", PORTABLE_BWD, "FA4", "cuDNN*", "FA2*"]
     out = ["| shape | mask | " + " | ".join(f"{c} TFLOP/s" for c in cols) +
-           " | tkern / FA2 | tkern / cuDNN | deterministic / atomic | max diff |",
-           "| --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: | ---: | ---: |"]
+           f" | tkern / FA2 | tkern / cuDNN | deterministic / atomic | {PORTABLE_BWD} / FA2 | max diff |",
+           "| --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: | ---: | ---: | ---: |"]
     for B, S, HQ, HKV, D in BWD_SHAPES:
         shape = f"B{B} H{HQ}/{HKV} S{S} D{D}"
         group = HQ // HKV
@@ -698,6 +700,15 @@ def backward_table():
                     return lambda: tkern.attention_backward(
                         q, k, v, o, lse, dout, causal=causal, dq=grads[0], dk=grads[1],
                         dv=grads[2], deterministic=deterministic)
+
+                def portable():
+                    """The mma.sync kernel forced where the Hopper one would run: the
+                    FlashAttention-2-class path, against FlashAttention-2 in one harness."""
+                    tkern.force_variant("attention_bwd", PORTABLE_BWD.split()[1])
+                    try:
+                        return bench(ours(False))
+                    finally:
+                        tkern.force_variant("attention_bwd", None)
 
                 def sdpa(backend):
                     leaves = [t.transpose(1, 2).detach().requires_grad_() for t in
@@ -722,6 +733,8 @@ def backward_table():
                        "FA2*": lambda: sdpa(SDPBackend.FLASH_ATTENTION)}
                 def timer(c):
                     try:
+                        if c == PORTABLE_BWD:
+                            return portable()
                         fn = fns[c] if c.startswith("tkern") else (fns[c] and fns[c]())
                         return bench(fn) if fn else "n/a"
                     except Exception as e:  # noqa: BLE001 - a backend that refuses is n/a
@@ -742,9 +755,10 @@ def backward_table():
                 out.append(f"| {shape} | {label} | {rate_cells(tf.values())} | "
                            f"{ratio_cell(tf['tkern'], tf['FA2*'])} | "
                            f"{ratio_cell(tf['tkern'], tf['cuDNN*'])} | "
-                           f"{ratio_cell(tf['tkern deterministic'], tf['tkern'])} | {diff_cell(diff)} |")
+                           f"{ratio_cell(tf['tkern deterministic'], tf['tkern'])} | "
+                           f"{ratio_cell(tf[PORTABLE_BWD], tf['FA2*'])} | {diff_cell(diff)} |")
             except Exception as e:  # noqa: BLE001
-                out.append(error_row(f"{shape} | {label}", e, 8))
+                out.append(error_row(f"{shape} | {label}", e, 10))
             finally:
                 torch.cuda.empty_cache()
             print("  " + out[-1], flush=True)
