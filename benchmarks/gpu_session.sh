@@ -7,7 +7,8 @@
 #   test      make test: the Criterion suites, pytest, the decoder example
 #   sanitize  make sanitize: compute-sanitizer's four tools over the GPU suites
 #   bench     make bench (BENCH_ARGS passes through, e.g. BENCH_ARGS="--only norm --reps 10")
-#   python    bench_vs_torch.py (peers where importable) and bench_overhead.py
+#   python    bench_vs_torch.py (peers where importable; VS_TORCH_ARGS passes through, e.g.
+#             VS_TORCH_ARGS="--tables flash,backward") and bench_overhead.py
 # A lent machine runs one command for at most a few minutes, so the whole definition of done
 # (build, test, sanitize, bench, python) is usually two or three calls on a machine kept warm.
 # Each call gets a fresh copy of the sources, newer than the build left there, so a call
@@ -58,7 +59,8 @@ stage_bench() {
 }
 stage_python() {
     local lib=$PWD/build/lib/libtkern.so rc=0
-    TKERN_LIBRARY=$lib PYTHONPATH=$PWD/python python3 benchmarks/python/bench_vs_torch.py \
+    # shellcheck disable=SC2086 # VS_TORCH_ARGS is a list of arguments
+    TKERN_LIBRARY=$lib PYTHONPATH=$PWD/python python3 benchmarks/python/bench_vs_torch.py ${VS_TORCH_ARGS-} \
         --out "$out/vs_torch.md" >"$out/vs_torch.log" 2>&1 || rc=1
     TKERN_LIBRARY=$lib PYTHONPATH=$PWD/python python3 benchmarks/python/bench_overhead.py \
         --out "$out/overhead.md" >"$out/overhead.log" 2>&1 || rc=1
