@@ -60,9 +60,9 @@ stage_bench() {
 stage_python() {
     local lib=$PWD/build/lib/libtkern.so rc=0
     # shellcheck disable=SC2086 # VS_TORCH_ARGS is a list of arguments
-    TKERN_LIBRARY=$lib PYTHONPATH=$PWD/python python3 benchmarks/python/bench_vs_torch.py ${VS_TORCH_ARGS-} \
+    TKERN_LIBRARY=$lib PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 python3 benchmarks/python/bench_vs_torch.py ${VS_TORCH_ARGS-} \
         --out "$out/vs_torch.md" >"$out/vs_torch.log" 2>&1 || rc=1
-    TKERN_LIBRARY=$lib PYTHONPATH=$PWD/python python3 benchmarks/python/bench_overhead.py \
+    TKERN_LIBRARY=$lib PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 python3 benchmarks/python/bench_overhead.py \
         --out "$out/overhead.md" >"$out/overhead.log" 2>&1 || rc=1
     cat "$out/vs_torch.md" "$out/overhead.md" 2>/dev/null | tail -120
     [ $rc -eq 0 ] || tail -20 "$out/vs_torch.log" "$out/overhead.log"
