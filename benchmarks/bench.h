@@ -95,10 +95,15 @@ void bench_check_cuda(cudaError_t err, const char *what);
 
 /* Whether the family/op `name` was selected on the command line (--only NAME[,NAME]). */
 int bench_selected(const bench_ctx *ctx, const char *name);
+/* Whether a row of this shape (as printed) runs: every one, or those whose shape contains the
+ * text given with --shape. The families whose rows take seconds (attention, attention_masks,
+ * attention_bwd) ask before timing one. */
+int bench_shape_selected(const bench_ctx *ctx, const char *shape);
 
 const char *bench_dtype_name(tk_dtype dtype);
 
-/* The harness's main: parses --json / --only / --reps, runs the selected families in order. */
+/* The harness's main: parses --json / --only / --shape / --reps, runs the selected families in
+ * order. */
 typedef void (*bench_family)(bench_ctx *ctx);
 int bench_main(int argc, char **argv, const char *const *names, const bench_family *families, int count);
 

@@ -283,7 +283,8 @@ extern "C" void bench_attention(bench_ctx *ctx) {
         {"attention fwd causal", "B4 H16/8 S4096 D256", 4, 4096, 16, 8, 256, 1, -1},
     };
     for (const attn_shape &s : shapes)
-        bench_shape(ctx, handle, s);
+        if (bench_shape_selected(ctx, s.shape))
+            bench_shape(ctx, handle, s);
     check_cublas(cublasDestroy(handle), "cublasDestroy");
 }
 
@@ -388,6 +389,8 @@ void bench_masks_on(bench_ctx *ctx, const char *variant) {
 } // namespace
 
 extern "C" void bench_attention_masks(bench_ctx *ctx) {
+    if (!bench_shape_selected(ctx, "B1 H32/8 S16384 D128")) /* every row's shape */
+        return;
     bench_masks_on(ctx, NULL); /* the automatic choice: wgmma_sm90 on the H200 */
     bench_masks_on(ctx, "wgmma_sm90_persistent");
     bench_masks_on(ctx, "mma_sm80");

@@ -116,5 +116,6 @@ extern "C" void bench_attention_bwd(bench_ctx *ctx) {
          32, 8, 80, 1},
     };
     for (const bwd_shape &s : shapes)
-        bench_shape(ctx, s);
+        if (bench_shape_selected(ctx, s.shape))
+            bench_shape(ctx, s);
 }

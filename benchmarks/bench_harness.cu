@@ -16,6 +16,7 @@ struct bench_ctx {
     int reps;
     FILE *json;
     const char *only;      /* comma-separated family names, or NULL for all */
+    const char *shape;     /* text the rows' shapes must contain (bench_shape_selected), or NULL */
     void *flush;           /* L2-sized scratch memset before each repetition */
     size_t flush_bytes;
     cudaStream_t stream;
@@ -217,6 +218,10 @@ extern "C" int bench_selected(const bench_ctx *ctx, const char *name) {
     return 0;
 }
 
+extern "C" int bench_shape_selected(const bench_ctx *ctx, const char *shape) {
+    return !ctx->shape || strstr(shape, ctx->shape) != NULL;
+}
+
 extern "C" void bench_report(bench_ctx *ctx, const bench_row *r) {
     const double gbps = r->bytes > 0 ? r->bytes / (r->ms * 1e-3) / 1e9 : 0;
     const double tflops = r->flops > 0 ? r->flops / (r->ms * 1e-3) / 1e12 : 0;
@@ -252,10 +257,16 @@ extern "C" int bench_main(int argc, char **argv, const char *const *names, const
             json_path = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             ctx.only = argv[++i];
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc)
+            ctx.shape = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             ctx.reps = std::max(1, std::min(256, atoi(argv[++i])));
         else {
-            fprintf(stderr, "usage: %s [--json FILE] [--only family[,family]] [--reps N]\nfamilies:", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--json FILE] [--only family[,family]] [--shape TEXT] [--reps N]\n"
+                    "--shape: in the attention families, only the rows whose shape contains "
+                    "TEXT (e.g. D64)\nfamilies:",
+                    argv[0]);
             for (int f = 0; f < count; f++)
                 fprintf(stderr, " %s", names[f]);
             fprintf(stderr, "\n");
