@@ -49,7 +49,7 @@ void bench_one(bench_ctx *ctx, const char *op, tk_dtype dtype, int64_t rows, int
     a.y = bench_alloc(ctx, (size_t)n * es);
     char shape[48];
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
-    /* A variant forced with TKERN_FORCE_VARIANT (e.g. softmax=vec16_cluster, for an A/B on the
+    /* A variant forced with TKERN_FORCE_VARIANT (e.g. softmax=vec16_regs, for an A/B on the
      * rows it takes) may decline a row: the row says so instead of ending the run. */
     const tk_status first =
         backward ? tk_softmax_bwd(&a.p, a.x, a.dy, a.y, NULL) : tk_softmax_fwd(&a.p, a.x, a.y, NULL);

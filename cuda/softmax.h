@@ -40,17 +40,6 @@ bool tk_softmax_pipelined_fits(int elem_bytes, int64_t cols);
  * interleaved, a row split over a thread-block cluster in slices that keep at most 128 KB in L2
  * for the second pass. */
 cudaError_t tk_launch_softmax_vec16_pipelined(const void *call, const tk_device *dev, cudaStream_t stream);
-/* "vec16_cluster" (forward only, cc >= 9.0): rows whose whole 16-byte packs hold 64 to 512 KB,
- * each split over a thread-block cluster of 2 to 16 blocks that hold a slice of at most 32 KB
- * each in registers. Whether it takes the call (widths, and a device that schedules such a cluster: an
- * occupancy query, cached per device); the alignment is src/softmax.c's to check. */
-bool tk_softmax_cluster_supports(const void *call, const tk_device *dev);
-/* The blocks per row that tk_launch_softmax_vec16_cluster launches a call on (the fewest that
- * hold the row, doubled for few rows while the SMs allow), 0 if the device's occupancy queries
- * fail; for calls that tk_softmax_cluster_supports takes. The automatic choice takes the variant
- * only for rows on 16 blocks, where it measured faster than "vec16_pipelined". */
-int tk_softmax_cluster_blocks(const void *call, const tk_device *dev);
-cudaError_t tk_launch_softmax_vec16_cluster(const void *call, const tk_device *dev, cudaStream_t stream);
 /* "vec16_regs" / "scalar_regs": a row in registers (cols <= tk_softmax_regs_max_cols). */
 cudaError_t tk_launch_softmax_vec16_regs(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_softmax_scalar_regs(const void *call, const tk_device *dev, cudaStream_t stream);

@@ -59,10 +59,9 @@ OP = re.compile(r'const\s+tk_op\s+\w+\s*=\s*\{\s*"(\w+)"\s*,\s*(\w+)\s*,\s*([^}]
 
 def variant_tables():
     """[{op, variant, min_cc, arch_specific, launcher, table: {file, line}}] in table order.
-    A variant with several rows (src/runtime.h's tk_op) is one record, at its first row; its
-    rows must agree on everything but supports."""
+    A table names each variant once (src/runtime.h's tk_op)."""
     variants = []
-    first_rows = {}
+    seen = set()
     for path in sorted(glob.glob(os.path.join(ROOT, "src", "*.c"))):
         rel = os.path.relpath(path, ROOT)
         text = read(rel)
@@ -81,14 +80,10 @@ def variant_tables():
                     "arch_specific": row.group(3) == "true", "launcher": row.group(5),
                     "table": {"file": rel, "line": line_of(text, table.start(2) + row.start())},
                 }
-                first = first_rows.get((op_name, v["variant"]))
-                if first is None:
-                    first_rows[(op_name, v["variant"])] = v
-                    variants.append(v)
-                elif any(first[key] != v[key] for key in ("min_cc", "arch_specific", "launcher")):
-                    raise CorpusError(f"{rel}:{v['table']['line']}: a second row of {op_name} variant "
-                                      f"{v['variant']} differs from its first (line {first['table']['line']}) "
-                                      "in min_cc, arch_specific or launcher")
+                if (op_name, v["variant"]) in seen:
+                    raise CorpusError(f"{rel}:{v['table']['line']}: {op_name} names variant {v['variant']} twice")
+                seen.add((op_name, v["variant"]))
+                variants.append(v)
     if not variants:
         raise CorpusError("no tk_variant tables found in src/*.c")
     return variants

@@ -380,13 +380,9 @@ typedef struct tk_softmax_params {
  * y_row_stride == x_row_stride: in place); any other overlap is rejected. Pointers must be
  * aligned to the element size; any other alignment is accepted (16-byte aligned rows are faster).
  * Variants (tk_last_variant, force with op "softmax"), in selection order, each for 16-byte
- * aligned rows unless said otherwise: "vec16_cluster" (forward only, compute capability 9.0 and
- * newer; chosen for the rows it runs on a cluster of 16 blocks: more than 480 and up to 512 KB
- * of whole 16-byte packs, 245768 to 262151 f16 / bf16 or 122884 to 131075 f32 elements, or
- * exactly 256 KB when the rows are few enough to spread over 16 blocks each, such as a decode
- * step's one row; forced, every row of 64 to 512 KB), "vec16_pipelined" (compute capability 9.0
- * and newer, rows whose whole 16-byte packs hold 64 to 512 KB: 32768 to 262151 f16 / bf16 or
- * 16384 to 131075 f32 elements), "vec16_regs" (forward rows up to 32768 f16 / bf16 or 16384 f32
+ * aligned rows unless said otherwise: "vec16_pipelined" (compute capability 9.0 and newer, rows
+ * whose whole 16-byte packs hold 64 to 512 KB: 32768 to 262151 f16 / bf16 or 16384 to 131075
+ * f32 elements), "vec16_regs" (forward rows up to 32768 f16 / bf16 or 16384 f32
  * elements, backward rows up to half that), "vec16_stream" (any width; reads each row twice),
  * "scalar_regs" (any element alignment, forward rows up to 4096 elements, backward 2048) and
  * "scalar_stream" (anything).
@@ -401,7 +397,7 @@ TK_API tk_status tk_softmax_fwd(const tk_softmax_params *p, const void *x, void 
 /* dx from the forward output y and its gradient dy (formulas above; p as in the forward call:
  * y and dy use y_row_stride, dx uses x_row_stride). dx may alias dy or y exactly (same pointer
  * and equal strides); other overlaps are rejected. Same errors as tk_softmax_fwd (NULL y, dy or
- * dx) and the same variants but "vec16_cluster", forced with op "softmax_bwd". */
+ * dx) and the same variants, forced with op "softmax_bwd". */
 TK_API tk_status tk_softmax_bwd(const tk_softmax_params *p, const void *y, const void *dy,
                                 void *dx, tk_stream_t stream);
 

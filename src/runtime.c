@@ -332,17 +332,10 @@ static int find_variant(const tk_op *op, const char *name, size_t len) {
     return -1;
 }
 
-/* Whether row i of op's table names a variant that an earlier row names too (tk_op). */
-static bool named_earlier(const tk_op *op, int i) {
-    return find_variant(op, op->variants[i].name, strlen(op->variants[i].name)) < i;
-}
-
 /* "\"a\", \"b\"": the names of op's variants, for messages. */
 static void variant_names(const tk_op *op, char *names, size_t size) {
     names[0] = '\0';
     for (int i = 0; i < op->count; i++) {
-        if (named_earlier(op, i))
-            continue;
         size_t used = strlen(names);
         snprintf(names + used, size - used, "%s\"%s\"", used ? ", " : "", op->variants[i].name);
     }
@@ -556,15 +549,8 @@ static bool variant_fits(const tk_variant *v, const tk_device *dev, tk_call_args
 
 const tk_variant *tk_find_variant(const tk_op *op, const tk_device *dev, tk_call_args call) {
     int forced = forced_index(op);
-    if (forced >= 0) {
-        /* A forced variant runs every call that one of its rows takes (tk_op): its first row,
-         * the one forced_index gives, or a later one of the same name. */
-        for (int i = forced; i < op->count; i++)
-            if (strcmp(op->variants[i].name, op->variants[forced].name) == 0 &&
-                variant_fits(&op->variants[i], dev, call))
-                return &op->variants[i];
-        return NULL;
-    }
+    if (forced >= 0)
+        return variant_fits(&op->variants[forced], dev, call) ? &op->variants[forced] : NULL;
     for (int i = 0; i < op->count; i++)
         if (variant_fits(&op->variants[i], dev, call))
             return &op->variants[i];

@@ -155,10 +155,8 @@ typedef struct tk_variant {
 
 /* One operation's variants, best first. Forward and backward are separate ops ("norm" and
  * "norm_bwd"), each listing only the variants that serve its direction; when both directions run
- * the same variants, the two ops share one table and are still forced separately. A variant may
- * have several rows, with one name and launcher, when the automatic choice should take it ahead
- * of another variant for some calls only (where it measured faster) and after it for the rest:
- * forced, the variant runs every call that one of its rows takes. */
+ * the same variants, the two ops share one table and are still forced separately. Each variant
+ * has one row: its name is unique in the table. */
 typedef struct tk_op {
     const char *name;       /* as used by tk_experimental_force_variant, e.g. "activation" */
     const tk_variant *variants;

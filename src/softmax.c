@@ -2,16 +2,11 @@
  * Softmax and log-softmax over rows: argument checks and dispatch. The kernels are in
  * cuda/softmax.cu; the math is documented in include/tkern.h and docs/kernels/softmax.md.
  *
- * Variants of op "softmax", best first: "vec16_cluster" (cc >= 9.0, rows of 64 to 512 KB read
- * once into the registers of a cluster of 2 to 16 blocks) for the rows it runs on 16 blocks,
- * where it measured faster (docs/kernels/softmax.md); "vec16_pipelined" (cc >= 9.0, rows of 64
- * to 512 KB: the two passes of the stream interleaved, a row split over a thread-block
- * cluster); "vec16_cluster" again for the rest of its widths, reached only when forced
- * ("vec16_pipelined" takes them all first); "vec16_regs" (row in registers, 16-byte packs),
- * "vec16_stream" (any width, two passes), "scalar_regs", "scalar_stream" (one element per
- * access, any alignment). The two rows of "vec16_cluster" are one variant, forced by that name
- * (tk_op in src/runtime.h). Op "softmax_bwd" has the same variants but "vec16_cluster" (forward
- * only), with the backward's register limits for the "_regs" ones; "vec16_pipelined" takes the
+ * Variants of op "softmax", best first: "vec16_pipelined" (cc >= 9.0, rows of 64 to 512 KB: the
+ * two passes of the stream interleaved, a row split over a thread-block cluster), "vec16_regs"
+ * (row in registers, 16-byte packs), "vec16_stream" (any width, two passes), "scalar_regs",
+ * "scalar_stream" (one element per access, any alignment). Op "softmax_bwd" has the same variants
+ * with the backward's register limits for the "_regs" ones; "vec16_pipelined" takes the
  * forward's widths (its pass 1 sums dy y, or dy alone for the log-softmax, and a softmax
  * backward row is split over twice the blocks, as y and dy are both re-read from L2). The
  * launchers read the direction. Forcing "vec16_stream" on op "softmax_bwd" runs the previous
@@ -44,16 +39,6 @@ static bool vec16_pipelined_supports(tk_call_args call, const tk_device *dev) {
     const tk_softmax_call *a = call;
     return vec16_fits(a) && tk_softmax_pipelined_fits((int)tk_dtype_size((tk_dtype)a->dtype), a->cols);
 }
-static bool vec16_cluster_supports(tk_call_args call, const tk_device *dev) {
-    return vec16_fits(call) && tk_softmax_cluster_supports(call, dev);
-}
-/* The cluster kernel measured faster than the pipelined one on an H200 only where a row runs on
- * 16 blocks: 512 KB rows (1.05 times) and a decode step's few rows widened to 16 (1.3 times); on
- * 2 to 8 blocks it tied or lost, and 9 to 15 were not measured. */
-enum { CLUSTER_FASTER_BLOCKS = 16 };
-static bool vec16_cluster_faster_supports(tk_call_args call, const tk_device *dev) {
-    return vec16_cluster_supports(call, dev) && tk_softmax_cluster_blocks(call, dev) == CLUSTER_FASTER_BLOCKS;
-}
 static bool vec16_stream_supports(tk_call_args call, const tk_device *dev) {
     (void)dev;
     return vec16_fits(call);
@@ -76,9 +61,7 @@ static bool scalar_regs_bwd_supports(tk_call_args call, const tk_device *dev) {
 }
 
 static const tk_variant softmax_variants[] = {
-    {"vec16_cluster", TK_CC_HOPPER, false, vec16_cluster_faster_supports, tk_launch_softmax_vec16_cluster},
     {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
-    {"vec16_cluster", TK_CC_HOPPER, false, vec16_cluster_supports, tk_launch_softmax_vec16_cluster},
     {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
     {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
     {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
