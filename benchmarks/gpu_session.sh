@@ -26,8 +26,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 jobs=$(nproc)
 failed=0
 
-tree_id() {
+tree_id() { # the sources only: not what running the tests leaves beside them (pytest's caches)
     find Makefile include src cuda tests benchmarks examples python -type f -not -name '*.pyc' \
+        -not -path '*/.pytest_cache/*' -not -path '*/__pycache__/*' -not -path '*.egg-info/*' \
         | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-40
 }
 
