@@ -118,9 +118,9 @@ template <int D, sm90_kind KIND> struct sm90_plan {
      * O as one 64-register operand. */
     static constexpr int PV_N = KIND == SM90_WIDE || D == 64 ? 64 : 128;
     static_assert(D % PV_N == 0, "O is whole P V instructions wide");
-    static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 64;
+    static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 80;
     static constexpr int STAGES = BN == 128 ? 3 : 2;
-    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 8 KiB */
+    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 10 KiB */
     /* q_full, the stages' four, then q_empty (used by PERSISTENT, reserved in every plan so that
      * no barrier address falls on the table) */
     static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 1) * 8;

@@ -512,6 +512,15 @@ __device__ __forceinline__ void tk_wgmma_64x256(float (&d)[128], uint64_t desc_a
     "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
     "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
     "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define TK_WGMMA_REGS_40 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39"
+#define TK_WGMMA_OPS_10 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
 #define TK_WGMMA_REGS_32 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -521,7 +530,7 @@ __device__ __forceinline__ void tk_wgmma_64x256(float (&d)[128], uint64_t desc_a
     "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
     "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
 
-/* d (=)+= A B^T, wgmma m64nNk16 for N = 176, 128 or 64 (attention's S = Q K^T for a tile of N
+/* d (=)+= A B^T, wgmma m64nNk16 for N = 176, 128, 80 or 64 (attention's S = Q K^T for a tile of N
  * keys): A K-major from shared memory, B K-major (or with TRANS_B N-major, the transpose bit:
  * d += A B for a B stored k x N, N contiguous, such as the backward's K in dQ = dS K, described
  * by tk_wgmma_desc_n_major_sw128); d[j][e] is tk_wgmma_64x256's d[4j + e] (n8 slice j). */
@@ -533,7 +542,7 @@ __device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_
                  "}, %" A ", %" B ", p, 1, 1, 0, %" TB ";\n}\n"                                        \
                  : OPS                                                                                 \
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B ? 1 : 0))
-    static_assert(N == 176 || N == 128 || N == 64, "the widths the attention kernels use");
+    static_assert(N == 176 || N == 128 || N == 80 || N == 64, "the widths the attention kernels use");
     static_assert(!TRANS_B || N == 64, "an N-major B of one 128-byte swizzle atom");
     constexpr bool F16 = std::is_same_v<T, __half>;
     if constexpr (N == 176 && F16)
@@ -544,6 +553,10 @@ __device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_
         WGMMA_SS("m64n128k16", "f16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67");
     else if constexpr (N == 128)
         WGMMA_SS("m64n128k16", "bf16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67");
+    else if constexpr (N == 80 && F16)
+        WGMMA_SS("m64n80k16", "f16", TK_WGMMA_REGS_40, TK_WGMMA_OPS_10, "40", "41", "42", "43");
+    else if constexpr (N == 80)
+        WGMMA_SS("m64n80k16", "bf16", TK_WGMMA_REGS_40, TK_WGMMA_OPS_10, "40", "41", "42", "43");
     else if constexpr (F16)
         WGMMA_SS("m64n64k16", "f16", TK_WGMMA_REGS_32, TK_WGMMA_OPS_8, "32", "33", "34", "35");
     else
@@ -581,6 +594,8 @@ __device__ __forceinline__ void tk_wgmma_rs(float (&d)[N / 8][4], const uint32_t
 #undef TK_WGMMA_OPS_22
 #undef TK_WGMMA_REGS_64
 #undef TK_WGMMA_OPS_16
+#undef TK_WGMMA_REGS_40
+#undef TK_WGMMA_OPS_10
 #undef TK_WGMMA_REGS_32
 #undef TK_WGMMA_OPS_8
 
