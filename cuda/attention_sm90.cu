@@ -86,9 +86,10 @@ enum sm90_kind { SM90_ONE_TILE, SM90_PERSISTENT, SM90_WIDE };
 /* The tiles at head dim D (64, 128 or 256): each tile is D / 64 halves of 64 columns; a consumer
  * warpgroup owns 64 query rows, two of them BM = 128 (three, 192, in the wide plan at D 64).
  * Up to D 128: BN = 128 keys and 3 stages (Q 32 KiB + 3 x 64 KiB). At D 256 a consumer thread
- * holds 128 O accumulators, so S takes BN = 64 keys (32 accumulators, P 16 registers: ~180 of
- * the 240), and a stage of K and V is 64 KiB: 2 stages (Q 64 KiB + 2 x 64 KiB), the consumers
- * holding tile t - 1 (P V) and tile t (Q K^T) while the producer waits for the first. Wide, at
+ * holds 128 O accumulators, so S takes BN = 80 keys (40 accumulators, P 20 registers: FlashAttention-4's
+ * tile there, 1.02-1.03x over 64 keys), and a stage of K and V is 80 KiB: 2 stages (Q 64 KiB + 2 x
+ * 80 KiB = 224 KiB), the consumers holding tile t - 1 (P V) and tile t (Q K^T) while the producer
+ * waits for the first. Wide, at
  * D 128: BN = 176 (S 88 accumulators, P 44 registers beside O's 64), a stage 88 KiB: 2 stages. */
 template <int D, sm90_kind KIND> struct sm90_plan {
     static_assert(D % HALF == 0 && D <= 256, "whole 64-column halves; O fits the registers up to 256");
