@@ -76,8 +76,11 @@ mkdir -p "$logdir"
 echo "compute-sanitizer $("$COMPUTE_SANITIZER" --version | grep -oE '[0-9]{4}\.[0-9.]+' | head -n 1):" \
      "$tools over $# binaries, $jobs at a time; logs in $logdir/"
 start=$SECONDS
-for binary in "$@"; do
-    for tool in $tools; do
+# Tool by tool, racecheck first: its runs are the longest (the attention suites take minutes),
+# so they start first and the short runs fill the slots beside them.
+ordered_tools=$(tr ' ' '\n' <<<"$tools" | grep -x racecheck; tr ' ' '\n' <<<"$tools" | grep -vx racecheck)
+for tool in $ordered_tools; do
+    for binary in "$@"; do
         printf '%s\0%s\0' "$tool" "$binary"
     done
 done | xargs -0 -n 2 -P "$jobs" "$0" --one "$logdir"
