@@ -227,11 +227,13 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
 /* A main kernel's key tile: block blockIdx.x (deterministic: the CTA's ticket, which must be
  * taken by every thread) as (key tile of BN keys, batch, key/value head), heads fastest, and the
  * mask its keys are seen through. With KEYS_FASTEST (the Hopper kernel's; the portable kernels
- * measured no gain with it), a call without a mask (every query row sees every key) and without
- * the deterministic order takes key tiles fastest instead: a wave then holds every key tile of a
- * few (batch, key/value head) pairs, which walk the same query tiles together, so that each Q /
- * dO tile and dQ accumulator line serves all of them while in L2 (docs/kernels/attention_bwd.md,
- * "Grid order"). Under masks the heads-fastest order stays: its key tiles slowest are the longest
+ * measured no gain with it), a call without a mask (every query row sees every key) takes key
+ * tiles fastest instead: a wave then holds every key tile of a few (batch, key/value head) pairs,
+ * which walk the same query tiles together, so that each Q / dO tile and dQ accumulator line
+ * serves all of them while in L2 (docs/kernels/attention_bwd.md, "Grid order"). The
+ * deterministic order holds in either layout: a key tile's predecessor (n - 1, same batch and
+ * head) comes before it in both, so it has the earlier ticket and never waits on a CTA that has
+ * not started. Under masks the heads-fastest order stays: its key tiles slowest are the longest
  * first under causal. */
 struct attn_bwd_keys {
     int head_kv, n0, k_rows; /* first key, keys in the tile */
@@ -242,17 +244,17 @@ struct attn_bwd_keys {
 template <int D, int BN, bool DET, bool KEYS_FASTEST = false>
 __device__ __forceinline__ attn_bwd_keys attn_bwd_keys_of(const attn_bwd_params &p) {
     unsigned block = blockIdx.x;
+    if constexpr (DET)
+        block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
     attn_bwd_keys t;
     const bool every_key = p.window_left < 0 && p.window_right < 0 && p.chunk == 0 && p.prefix == 0 && !p.doc_ids;
-    if (KEYS_FASTEST && !DET && every_key) {
+    if (KEYS_FASTEST && every_key) {
         const unsigned key_tiles = (unsigned)((p.seqlen_k + BN - 1) / BN);
         t.n0 = (int)(block % key_tiles) * BN;
         block /= key_tiles;
         t.head_kv = (int)(block % (unsigned)p.heads_kv);
         t.batch = block / (unsigned)p.heads_kv;
     } else {
-        if constexpr (DET)
-            block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
         t.head_kv = (int)(block % (unsigned)p.heads_kv);
         block /= (unsigned)p.heads_kv;
         t.batch = block % (unsigned)p.batch;
