@@ -269,7 +269,11 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
-    const int warpgroup = threadIdx.x / 128;
+    /* Through a shuffle from lane 0, so that ptxas knows it is the same in every lane of a warp
+     * (threadIdx.x / 128 alone it does not): the Q descriptors built from it then live in
+     * uniform registers instead of being moved there before every Q K^T instruction. Not at head
+     * dim 256, where ptxas then spilled 8 bytes. */
+    const int warpgroup = D <= 128 ? __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0) : (int)(threadIdx.x / 128);
     constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
     /* PERSISTENT: the mask table's hand-off between the producer warp and the consumers, two named
      * barriers on which every party syncs: the table holds the current work tile's entries
