@@ -592,13 +592,23 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.group = c->heads_q / c->heads_kv;
     p.m_blocks = (c->seqlen_q + plan::BM - 1) / plan::BM;
     p.batch = c->batch;
-    /* The work order's sections (sm90_work_of): the query heads of as many K / V heads as a quarter
-     * of the L2 holds (K and V of one (batch, head): 2 seqlen_k D 16-bit values each), at least
-     * one K / V head's, at most every pair. */
+    /* The work order's sections (sm90_work_of): the query heads of at most as many K / V heads as
+     * a quarter of the L2 holds (K and V of one (batch, head): 2 seqlen_k D 16-bit values each),
+     * at least one K / V head's: of the sizes from half that bound to the bound, the one whose
+     * last section is the fullest (a divisor of the K / V heads fills it; the larger size on a
+     * tie). A short last section starts its longest tiles when the machine is draining: 128
+     * pairs in sections of 25 left 3 to the end of the grid. */
     const int64_t kv_bytes = (int64_t)4 * c->seqlen_k * D;
-    const int64_t kv_heads = dev->l2_bytes / 4 / kv_bytes > 1 ? dev->l2_bytes / 4 / kv_bytes : 1;
-    const int64_t pairs = (int64_t)c->heads_q * c->batch;
-    p.section = (int)(kv_heads * p.group < pairs ? kv_heads * p.group : pairs);
+    const int64_t kv_total = (int64_t)c->heads_kv * c->batch;
+    int64_t most = dev->l2_bytes / 4 / kv_bytes > 1 ? dev->l2_bytes / 4 / kv_bytes : 1;
+    most = most < kv_total ? most : kv_total;
+    int64_t kv_heads = most, fill = kv_total % most ? kv_total % most : most; /* of kv_heads */
+    for (int64_t k = most - 1; 2 * k >= most && k > 0; k--) {
+        const int64_t f = kv_total % k ? kv_total % k : k;
+        if (f * kv_heads > fill * k)
+            kv_heads = k, fill = f;
+    }
+    p.section = (int)(kv_heads * p.group);
     attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
     /* One CTA per work tile, or (PERSISTENT) one per SM (the shared memory allows one), each
