@@ -41,9 +41,8 @@ cudaError_t tk_attention_launch_sm90(const void *call, const tk_device *dev, cud
  * next tile's Q and K/V loading while the current one finishes. */
 bool tk_attention_supports_sm90_persistent(const void *call, const tk_device *dev);
 cudaError_t tk_attention_launch_sm90_persistent(const void *call, const tk_device *dev, cudaStream_t stream);
-/* "wgmma_sm90_wide": the same kernel with FlashAttention-3's wider tiles: key tiles of 176 and 2
- * stages at head dim 128, 192 query rows on three consumer warpgroups at head dim 64; only calls
- * in which every query sees every key (no causal or local window, chunk, prefix or documents). */
+/* "wgmma_sm90_wide": the same kernel with 192 query rows on three consumer warpgroups; head dim
+ * 64, every mask. */
 bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev);
 cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream);
 

@@ -6,9 +6,9 @@
  * convention; the transform, mask and online softmax are attention_softmax.cuh's, shared).
  *
  * Block: a producer warpgroup and CONSUMERS = 2 consumer warpgroups (384 threads, one block per
- * SM), BM = 128 query rows of one (batch, query head), key tiles of BN = 128 keys (64 at head
- * dim 256; in the wide variant 176 with 2 stages at head dim 128, and 3 consumers, BM = 192, 512
- * threads, at 64; sm90_plan):
+ * SM), BM = 128 query rows of one (batch, query head), key tiles of BN = 128 keys (80 at head
+ * dim 256; in the wide variant, head dim 64 only, 3 consumers, BM = 192, 512 threads;
+ * sm90_plan):
  * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg; in the persistent
  *   variant one warp at 40, which fills the mask table): the Q tile once onto q_full, then
  *   per key tile: waits for the stage's k_empty and issues the TMA copies of the K tile (counted
@@ -56,10 +56,9 @@
  * K / V tiles as the ring frees stages, all during their last P V and epilogue, then hands them
  * the table (TABLE_FULL) and loads the rest.
  *
- * Wide (variant "wgmma_sm90_wide", head dims 64 and 128): FlashAttention-3's wider tiles, one CTA
- * per work tile. At 128, key tiles of 176 (its tile without a causal or local mask): each tile's
- * fixed work serves 1.375 times the keys; 2 stages of 88 KiB. At 64, three consumer warpgroups
- * (BM = 192) taking turns, so that each softmax overlaps two other warpgroups' GEMMs.
+ * Wide (variant "wgmma_sm90_wide", head dim 64): FlashAttention-3's and -4's taller tiles there,
+ * one CTA per work tile: three consumer warpgroups (BM = 192) taking turns, so that each softmax
+ * overlaps two other warpgroups' GEMMs.
  * Not here (see docs/kernels/attention.md): head dims 80 and 96.
  */
 #include "attention.h"
@@ -78,9 +77,7 @@ constexpr int UNREAD_BYTES = 16;   /* tk_compute_before_wgmma_wait's word */
 
 /* The kernel's three schedules, each a variant: one CTA per work tile (query tile, head, batch;
  * "wgmma_sm90"), one CTA per SM looping over them ("wgmma_sm90_persistent"), and one CTA per work
- * tile with FlashAttention-3's wider tiles ("wgmma_sm90_wide"): 176 keys at head dim 128 (its
- * tile for calls without a causal or local mask), 192 query rows on three consumer warpgroups at
- * head dim 64. */
+ * tile of 192 query rows on three consumer warpgroups at head dim 64 ("wgmma_sm90_wide"). */
 enum sm90_kind { SM90_ONE_TILE, SM90_PERSISTENT, SM90_WIDE };
 
 /* The tiles at head dim D (64, 128 or 256): each tile is D / 64 halves of 64 columns; a consumer
@@ -89,13 +86,12 @@ enum sm90_kind { SM90_ONE_TILE, SM90_PERSISTENT, SM90_WIDE };
  * holds 128 O accumulators, so S takes BN = 80 keys (40 accumulators, P 20 registers: FlashAttention-4's
  * tile there, 1.02-1.03x over 64 keys), and a stage of K and V is 80 KiB: 2 stages (Q 64 KiB + 2 x
  * 80 KiB = 224 KiB), the consumers holding tile t - 1 (P V) and tile t (Q K^T) while the producer
- * waits for the first. Wide, at
- * D 128: BN = 176 (S 88 accumulators, P 44 registers beside O's 64), a stage 88 KiB: 2 stages. */
+ * waits for the first. */
 template <int D, sm90_kind KIND> struct sm90_plan {
     static_assert(D % HALF == 0 && D <= 256, "whole 64-column halves; O fits the registers up to 256");
-    static_assert(KIND != SM90_WIDE || D <= 128, "the wide tiles are head dim 64's and 128's");
+    static_assert(KIND != SM90_WIDE || D == 64, "the wide tiles are head dim 64's");
     static constexpr bool PERSISTENT = KIND == SM90_PERSISTENT;
-    static constexpr int CONSUMERS = KIND == SM90_WIDE && D == 64 ? 3 : 2;
+    static constexpr int CONSUMERS = KIND == SM90_WIDE ? 3 : 2;
     static constexpr int BM = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     static constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
@@ -114,14 +110,12 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int HALVES = D / HALF;
     /* The N of O += P V's wgmma: at head dim 128 the whole of it, one m64n128k16 per 16 keys
      * whose B spans the tile's two 64-column halves (FlashAttention-3's; one issue and one read
-     * of the A fragment where two m64n64k16 took two), at 256 two of them. The wide tiles keep
-     * m64n64k16: beside their 88 S accumulators and 44 P registers, ptxas spilled a register with
-     * O as one 64-register operand. */
-    static constexpr int PV_N = KIND == SM90_WIDE || D == 64 ? 64 : 128;
+     * of the A fragment where two m64n64k16 took two), at 256 two of them. */
+    static constexpr int PV_N = D == 64 ? 64 : 128;
     static_assert(D % PV_N == 0, "O is whole P V instructions wide");
-    static constexpr int BN = KIND == SM90_WIDE && D == 128 ? 176 : D <= 128 ? 128 : 80;
+    static constexpr int BN = D <= 128 ? 128 : 80;
     static constexpr int STAGES = BN == 128 ? 3 : 2;
-    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16, 22 or 10 KiB */
+    static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 10 KiB */
     /* q_full, the stages' four, then q_empty (used by PERSISTENT, reserved in every plan so that
      * no barrier address falls on the table) */
     static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 1) * 8;
@@ -619,7 +613,7 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
 }
 
 /* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
- * 256 the consumers' 232 registers spill) and wide; a plan that does not exist is never made. */
+ * 256 the consumers' 232 registers spill), 64 wide; a plan that does not exist is never made. */
 template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA (src/attention.c has checked the 16-byte alignment). */
     if (!attn_tma_strides(c->q_stride) || !attn_tma_strides(c->k_stride) || !attn_tma_strides(c->v_stride) ||
@@ -629,7 +623,9 @@ template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_de
     case 64:
         return sm90_plan<64, KIND>::SMEM_BYTES <= dev->max_smem_optin;
     case 128:
-        return sm90_plan<128, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+        if constexpr (KIND != SM90_WIDE)
+            return sm90_plan<128, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+        return false;
     case 256:
         if constexpr (KIND == SM90_ONE_TILE)
             return sm90_plan<256, KIND>::SMEM_BYTES <= dev->max_smem_optin;
@@ -645,10 +641,14 @@ cudaError_t sm90_launch(const tk_attention_call *c, const tk_device *dev, cudaSt
         using T = typename decltype(type)::type;
         if (c->head_dim == 64)
             return launch_sm90<T, 64, KIND>(c, dev, stream);
-        if constexpr (KIND == SM90_ONE_TILE)
-            if (c->head_dim == 256)
-                return launch_sm90<T, 256, KIND>(c, dev, stream);
-        return launch_sm90<T, 128, KIND>(c, dev, stream); /* sm90_fits took no other */
+        if constexpr (KIND == SM90_WIDE)
+            return cudaErrorInvalidValue; /* sm90_fits took no other */
+        else {
+            if constexpr (KIND == SM90_ONE_TILE)
+                if (c->head_dim == 256)
+                    return launch_sm90<T, 256, KIND>(c, dev, stream);
+            return launch_sm90<T, 128, KIND>(c, dev, stream); /* sm90_fits took no other */
+        }
     });
 }
 
@@ -671,17 +671,12 @@ extern "C" cudaError_t tk_attention_launch_sm90_persistent(const void *call, con
     return sm90_launch<SM90_PERSISTENT>(static_cast<const tk_attention_call *>(call), dev, stream);
 }
 
-/* At head dim 128 the wide tiles take only calls in which every query sees every key, as
- * FlashAttention-3's 176-key tile does: where nothing is masked they tied wgmma_sm90 on the H200
- * (0.99-1.03x) and come first, under masks they were no better (windows 0.90-0.97x, causal
- * 0.985-1.008x; docs/kernels/attention.md). At head dim 64 their three consumer warpgroups are
- * what pays (each softmax beside two others' GEMMs; 1.11-1.12x unmasked, and 1.035x forced on a
- * causal call), as in FlashAttention-3 and 4, whose D64 tile is 192 rows under every mask. */
+/* Head dim 64, under every mask: the three consumer warpgroups are what pays (each softmax
+ * beside two others' GEMMs; 1.11-1.12x unmasked, and 1.035x forced on a causal call), as in
+ * FlashAttention-3 and 4, whose D64 tile is 192 rows. At head dim 128 FlashAttention-3's 176-key
+ * tile (calls without a mask) ran behind the 128 x 128 plan (docs/kernels/attention.md, Tried). */
 extern "C" bool tk_attention_supports_sm90_wide(const void *call, const tk_device *dev) {
-    const tk_attention_call *c = static_cast<const tk_attention_call *>(call);
-    const bool every_key = c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 &&
-                           c->doc_ids == nullptr;
-    return (every_key || c->head_dim == 64) && sm90_fits<SM90_WIDE>(c, dev);
+    return sm90_fits<SM90_WIDE>(static_cast<const tk_attention_call *>(call), dev);
 }
 
 extern "C" cudaError_t tk_attention_launch_sm90_wide(const void *call, const tk_device *dev, cudaStream_t stream) {

@@ -618,11 +618,8 @@ TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t 
  * tk_last_error()) and, when variant_name is not NULL, sets *variant_name to the name of the
  * kernel variant it would use ("" for a call with nothing to do, NULL on failure).
  * Variants (tk_last_variant, tk_experimental_force_variant op "attention"), in selection order:
- * "wgmma_sm90_wide" (FlashAttention-3's wider tiles: 176 keys at head_dim 128, 192 query rows
- * at 64, on compute capability 9.0 with the library's sm_90a code; at head_dim 64 every mask,
- * at 128 only calls in which every query sees every key once the mask is resolved: no window
- * bounded on either side, at most one chunk, no prefix_len or document_ids; a causal call with
- * seqlen_q = 1 or a window that covers every key counts as unmasked), "wgmma_sm90" (head_dim 64, 128 or 256 there; every
+ * "wgmma_sm90_wide" (192 query rows per block on three consumer warpgroups: head_dim 64, every
+ * mask, on compute capability 9.0 with the library's sm_90a code), "wgmma_sm90" (head_dim 64, 128 or 256 there; every
  * mask and option; the same results as the wide one to rounding), "wgmma_sm90_persistent" (the
  * same kernel with one CTA per SM looping over the work tiles, head_dim 64 or 128; the same bits
  * as "wgmma_sm90"; never chosen automatically, since "wgmma_sm90" claims every call it does),

@@ -3,9 +3,8 @@
  * kernel itself in cuda/attention.cuh); the conventions are in include/tkern.h and the design in
  * docs/kernels/attention.md.
  *
- * Variants, best first: "wgmma_sm90_wide" (the Hopper kernel with FlashAttention-3's wider
- * tiles: key tiles of 176 at head dim 128, 192 query rows at 64; calls in which every query sees
- * every key), "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation, wgmma;
+ * Variants, best first: "wgmma_sm90_wide" (the Hopper kernel with 192 query rows on three
+ * consumer warpgroups; head dim 64), "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation, wgmma;
  * arch-specific, only cc 9.0 devices with an sm_90a binary; head dims 64, 128 and 256),
  * "wgmma_sm90_persistent" (the same kernel, one CTA per SM looping over the work tiles; head
  * dims 64 and 128; run only when forced: docs/kernels/attention.md says why),

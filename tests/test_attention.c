@@ -301,20 +301,10 @@ static bool sm90_persistent_claims(const attn_case *c) {
     return (c->head_dim == 64 || c->head_dim == 128) && tk_sm90_runs_here();
 }
 
-/* Whether every query sees every key once the library has resolved the mask (as packed_claims
- * does): no window bounded on either side, at most one chunk, no prefix, no documents. */
-static bool sees_every_key(const attn_case *c) {
-    const int64_t right = c->sliding || c->causal ? 0 : c->window_right;
-    const bool left_open = c->window_left < 0 || c->window_left >= c->seqlen_k - 1;
-    const bool right_open = right < 0 || right >= c->seqlen_q - 1;
-    const bool one_chunk = c->chunk == 0 || (c->seqlen_k <= c->chunk && c->seqlen_q <= c->seqlen_k);
-    return left_open && right_open && one_chunk && c->prefix == 0 && c->doc_len == 0;
-}
-
-/* "wgmma_sm90_wide": head dim 64 under any mask (192 query rows), 128 in calls in which every
- * query sees every key (176 keys); the automatic choice wherever it claims the case. */
+/* "wgmma_sm90_wide": head dim 64 under any mask (192 query rows); the automatic choice wherever
+ * it claims the case. */
 static bool sm90_wide_claims(const attn_case *c) {
-    return (c->head_dim == 64 || (c->head_dim == 128 && sees_every_key(c))) && tk_sm90_runs_here();
+    return c->head_dim == 64 && tk_sm90_runs_here();
 }
 
 /* The fp64 reference (exact and naive rows, exact lse) of the last case run_case checked: every
@@ -749,10 +739,10 @@ Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
         run_case_all_variants(&cases[i], 900 + i);
 }
 
-/* Query lengths around the wide variant's 192-row tile at head dim 64 (and its 176-key tile at
- * 128): its third consumer warpgroup's rows partly or wholly past seqlen_q, a second tile of one
- * row, several tiles; dense (which the wide variant runs, also unforced: each case also runs
- * the automatic choice), causal and a window (which it declines), every variant forced. */
+/* Query lengths around the wide variant's 192-row tile at head dim 64: its third consumer
+ * warpgroup's rows partly or wholly past seqlen_q, a second tile of one row, several tiles;
+ * dense, causal and a window, each with the automatic choice (wide at head dim 64) and every
+ * variant forced; head dim 128 (which the wide variant declines) beside it. */
 Test(attention_gpu, wide_tile_edges, .timeout = 600) {
     TK_REQUIRE_GPU();
     static const int64_t lengths[][2] = {{191, 191}, {192, 192}, {193, 193}, {385, 300}, {130, 353}};
@@ -762,7 +752,7 @@ Test(attention_gpu, wide_tile_edges, .timeout = 600) {
             for (int causal = 0; causal < 2; causal++) {
                 attn_case c = {DTYPES[l % 2], 1, lengths[l][0], lengths[l][1], 4, 2, d, false, causal,
                                causal && l == 3 ? 100 : -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0};
-                free(run_case(&c, NULL, seed)); /* the automatic choice: wide where dense */
+                free(run_case(&c, NULL, seed)); /* the automatic choice */
                 run_case_all_variants(&c, seed++);
             }
 }
@@ -904,20 +894,19 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_persistent\"");
     tk_experimental_force_variant("attention", NULL);
-    /* The wide variant: head dim 64 under any mask, 128 in calls in which every query sees every
-     * key (the automatic choice there: d128_open below names it unforced too). */
+    /* The wide variant: head dim 64 under any mask, no other head dim (d128_open, with nothing
+     * masked, runs wgmma_sm90). */
     tk_attention_params d128_open = d128;
     d128_open.causal = 0, d128_open.window_left = -1;
     TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90_wide" : "mma_sm80");
+    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90" : "mma_sm80");
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_wide"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&ok, &name), tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
     TK_EXPECT_STATUS(tk_attention_supported(&window, &name), tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
-    TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name),
-                     tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
-                     tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_wide\"");
+    TK_EXPECT_STATUS(tk_attention_supported(&d128_open, &name), TK_ERROR_NOT_SUPPORTED,
+                     "forced variant \"wgmma_sm90_wide\"");
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_wide\""); /* a causal sliding window */
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,

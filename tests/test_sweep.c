@@ -883,17 +883,17 @@ static void attention_case(sweep *s, tk_rng *r, bool backward) {
     if (is_variant(variant, "wgmma_sm90_persistent") && tk_test_under_racecheck())
         variant = "wgmma_sm90"; /* its mask table's hand-off: tk_test_under_racecheck */
     const bool steer_packed = is_variant(variant, "mma_sm80_packed");
-    /* "wgmma_sm90": a head dim it takes (64, 128 or 256; the persistent and wide ones 64 or 128),
-     * and (with few queries, so that the reference budget below keeps them) keys over several of
-     * its key tiles (128 keys, 64 at head dim 256, 176 wide at 128), so that its pipeline runs
-     * past the first tiles */
+    /* "wgmma_sm90": a head dim it takes (64, 128 or 256; the persistent one 64 or 128, the wide
+     * one 64), and (with few queries, so that the reference budget below keeps them) keys over
+     * several of its key tiles (128 keys, 80 at head dim 256), so that its pipeline runs past the
+     * first tiles */
     static const int64_t SM90_HEAD_DIMS[] = {64, 128, 256};
     const bool steer_persistent = is_variant(variant, "wgmma_sm90_persistent");
     const bool steer_wide = is_variant(variant, "wgmma_sm90_wide");
     const bool steer_sm90 = is_variant(variant, "wgmma_sm90") || steer_persistent || steer_wide;
     tk_attention_params p = TK_ATTENTION_PARAMS_INIT;
     p.dtype = chance(r, 0.5) ? TK_BF16 : TK_F16;
-    p.head_dim = steer_sm90 ? SM90_HEAD_DIMS[irand(r, 0, steer_wide || steer_persistent ? 1 : 2)]
+    p.head_dim = steer_sm90 ? SM90_HEAD_DIMS[irand(r, 0, steer_wide ? 0 : steer_persistent ? 1 : 2)]
                             : ATTN_HEAD_DIMS[irand(r, 0, 4)];
     p.heads_kv = irand(r, 1, 3);
     const int64_t group = steer_packed ? 2 * irand(r, 1, 2) : irand(r, 1, 4);

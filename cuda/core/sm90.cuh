@@ -11,7 +11,7 @@
  *   bulk     tk_bulk_reduce_add_f32, tk_bulk_commit / _wait*  add a shared tile into global memory
  *            (tk_l2_evict_last_policy: its L2 cache policy)
  *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16, m64nNk16
- *                                      (N = 64, 128, 176), m64nNk16 with A from registers
+ *                                      (N = 64, 80, 128), m64nNk16 with A from registers
  *                                      (N = 64, 128)
  *   warps    tk_setmaxnreg_*, tk_named_barrier_*   producer / consumer warpgroups
  *   clusters tk_cluster_*              rank, size, barrier, stores into another block's shared memory
@@ -476,8 +476,6 @@ __device__ __forceinline__ void tk_wgmma_64x256(float (&d)[128], uint64_t desc_a
 #define TK_WGMMA_OPS_10 TK_WGMMA_OPS_8, TK_WGMMA_D(8), TK_WGMMA_D(9)
 #define TK_WGMMA_OPS_16 \
     TK_WGMMA_OPS_10, TK_WGMMA_D(10), TK_WGMMA_D(11), TK_WGMMA_D(12), TK_WGMMA_D(13), TK_WGMMA_D(14), TK_WGMMA_D(15)
-#define TK_WGMMA_OPS_22 \
-    TK_WGMMA_OPS_16, TK_WGMMA_D(16), TK_WGMMA_D(17), TK_WGMMA_D(18), TK_WGMMA_D(19), TK_WGMMA_D(20), TK_WGMMA_D(21)
 #define TK_WGMMA_REGS_32 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -485,11 +483,8 @@ __device__ __forceinline__ void tk_wgmma_64x256(float (&d)[128], uint64_t desc_a
 #define TK_WGMMA_REGS_64 \
     TK_WGMMA_REGS_40 ", %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define TK_WGMMA_REGS_88 \
-    TK_WGMMA_REGS_64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87"
 
-/* d (=)+= A B^T, wgmma m64nNk16 for N = 176, 128, 80 or 64 (attention's S = Q K^T for a tile of N
+/* d (=)+= A B^T, wgmma m64nNk16 for N = 128, 80 or 64 (attention's S = Q K^T for a tile of N
  * keys): A K-major from shared memory, B K-major (or with TRANS_B N-major, the transpose bit:
  * d += A B for a B stored k x N, N contiguous, such as the backward's K in dQ = dS K, described
  * by tk_wgmma_desc_n_major_sw128); d[j][e] is tk_wgmma_64x256's d[4j + e] (n8 slice j). */
@@ -501,14 +496,10 @@ __device__ __forceinline__ void tk_wgmma_ss(float (&d)[N / 8][4], uint64_t desc_
                  "}, %" A ", %" B ", p, 1, 1, 0, %" TB ";\n}\n"                                        \
                  : OPS                                                                                 \
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B ? 1 : 0))
-    static_assert(N == 176 || N == 128 || N == 80 || N == 64, "the widths the attention kernels use");
+    static_assert(N == 128 || N == 80 || N == 64, "the widths the attention kernels use");
     static_assert(!TRANS_B || N == 64, "an N-major B of one 128-byte swizzle atom");
     constexpr bool F16 = std::is_same_v<T, __half>;
-    if constexpr (N == 176 && F16)
-        WGMMA_SS("m64n176k16", "f16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90", "91");
-    else if constexpr (N == 176)
-        WGMMA_SS("m64n176k16", "bf16", TK_WGMMA_REGS_88, TK_WGMMA_OPS_22, "88", "89", "90", "91");
-    else if constexpr (N == 128 && F16)
+    if constexpr (N == 128 && F16)
         WGMMA_SS("m64n128k16", "f16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67");
     else if constexpr (N == 128)
         WGMMA_SS("m64n128k16", "bf16", TK_WGMMA_REGS_64, TK_WGMMA_OPS_16, "64", "65", "66", "67");
@@ -549,8 +540,6 @@ __device__ __forceinline__ void tk_wgmma_rs(float (&d)[N / 8][4], const uint32_t
 #undef WGMMA_RS
 }
 
-#undef TK_WGMMA_REGS_88
-#undef TK_WGMMA_OPS_22
 #undef TK_WGMMA_REGS_64
 #undef TK_WGMMA_OPS_16
 #undef TK_WGMMA_REGS_40
