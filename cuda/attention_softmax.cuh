@@ -303,13 +303,16 @@ __device__ __forceinline__ void attn_mask_scores(float (&s)[MT][NT][4], int row0
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
+            /* The row's range relative to the thread's first column, so that each test compares
+             * against the element's constant offset (an immediate operand, no address sum). */
             const int2 keys = table[row0 + 16 * mt + 8 * h - table_row0];
+            const int lo = keys.x - col0, hi = keys.y - col0;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int j = col0 + 8 * nt + e;
-                    if ((LEFT && j < keys.x) || j > keys.y)
+                    const int j = 8 * nt + e;
+                    if ((LEFT && j < lo) || j > hi)
                         s[mt][nt][2 * h + e] = -INFINITY;
                 }
         }
