@@ -414,8 +414,12 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 attn_transform_scores(s, p.softcap, p.softcap_in, p.scale, p.alibi_slopes != nullptr, slope, row0,
                                       col0, shift);
             /* Uniform over the warpgroup: can any pair of this tile be invisible to its rows? */
-            if (attn_tile_partial(n0, BN, front, back))
-                attn_mask_scores(s, row0, col0, table, m0);
+            if (attn_tile_partial(n0, BN, front, back)) {
+                if (n0 >= back.x) /* the tile starts at or past every row's first key */
+                    attn_mask_scores<1, BN / 8, false>(s, row0, col0, table, m0);
+                else
+                    attn_mask_scores(s, row0, col0, table, m0);
+            }
             rescale = attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
         };
         auto pack_p = [&]() {

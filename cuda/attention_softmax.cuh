@@ -292,21 +292,27 @@ __device__ __forceinline__ bool attn_tile_partial(int n0, int cols, int2 front, 
     return n0 < back.x || n0 + cols - 1 > front.y;
 }
 
-/* -inf where key j is outside row i's range, table[i - table_row0] (attn_fill_table). */
-template <int MT, int NT>
+/* -inf where key j is outside row i's range, table[i - table_row0] (attn_fill_table). LEFT =
+ * false: the caller knows that every key of the tile is at or past each row's first (its first
+ * key at or past the band's last row's first, the largest), so only the right bound is tested:
+ * a causal diagonal tile's case, half the comparisons. */
+template <int MT, int NT, bool LEFT = true>
 __device__ __forceinline__ void attn_mask_scores(float (&s)[MT][NT][4], int row0, int col0, const int2 *table,
                                                  int table_row0) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
+            /* The row's range relative to the thread's first column, so that each test compares
+             * against the element's constant offset (an immediate operand, no address sum). */
             const int2 keys = table[row0 + 16 * mt + 8 * h - table_row0];
+            const int lo = keys.x - col0, hi = keys.y - col0;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int j = col0 + 8 * nt + e;
-                    if (j < keys.x || j > keys.y)
+                    const int j = 8 * nt + e;
+                    if ((LEFT && j < lo) || j > hi)
                         s[mt][nt][2 * h + e] = -INFINITY;
                 }
         }
