@@ -380,20 +380,22 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         float s[1][BN / 8][4], alpha[1][2];
         bool rescale; /* whether a row of the warp took a new max in the last softmax */
         uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
+        /* Descriptors: each tile's built once, then stepped per k slice (tk_wgmma_desc_add). */
+        const uint64_t q_desc = tk_wgmma_desc_sw128(q_wg);
         auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
-            const uint32_t k_tile = s_kv + at.stage * STAGE_BYTES;
+            const uint64_t k_desc = tk_wgmma_desc_sw128(s_kv + at.stage * STAGE_BYTES);
             tk_mbarrier_wait(at.barrier(k_full), at.phase);
             tk_wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) {
                 const uint32_t off = (ks % 4) * 32; /* k16 slice inside the swizzled row */
-                tk_wgmma_ss<T, BN>(s[0], tk_wgmma_desc_sw128(q_wg + (ks / 4) * Q_HALF_BYTES + off),
-                                   tk_wgmma_desc_sw128(k_tile + (ks / 4) * KV_HALF_BYTES + off), ks > 0);
+                tk_wgmma_ss<T, BN>(s[0], tk_wgmma_desc_add(q_desc, (ks / 4) * Q_HALF_BYTES + off),
+                                   tk_wgmma_desc_add(k_desc, (ks / 4) * KV_HALF_BYTES + off), ks > 0);
             }
             tk_wgmma_commit();
         };
         auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
-            const uint32_t v_tile = s_kv + at.stage * STAGE_BYTES + KV_BYTES;
+            const uint64_t v_desc = tk_wgmma_desc_n_major_sw128(s_kv + at.stage * STAGE_BYTES + KV_BYTES, KV_HALF_BYTES);
             tk_mbarrier_wait(at.barrier(v_full), at.phase);
             tk_wgmma_fence();
 #pragma unroll
@@ -401,9 +403,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < D / PV_N; n++) {
                     /* Keys 16 kk .. 16 kk + 15 of the halves that hold columns PV_N n .. */
-                    const uint32_t v_at = v_tile + n * (PV_N / HALF) * KV_HALF_BYTES + kk * 16 * 128;
                     tk_wgmma_rs<T, PV_N>(*reinterpret_cast<float(*)[PV_N / 8][4]>(&o[0][PV_N / 8 * n]), pa[kk],
-                                         tk_wgmma_desc_n_major_sw128(v_at, KV_HALF_BYTES));
+                                         tk_wgmma_desc_add(v_desc, n * (PV_N / HALF) * KV_HALF_BYTES + kk * 16 * 128));
                 }
             tk_wgmma_commit();
         };

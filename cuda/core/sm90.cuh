@@ -376,6 +376,16 @@ __device__ __forceinline__ uint64_t tk_wgmma_desc_n_major_sw128(uint32_t addr, u
            (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
+/* A descriptor moved `bytes` (a multiple of 16) further along its tile: only the start address
+ * field (bits 0-13, the address / 16) changes, and it cannot carry out of them (shared memory
+ * ends below 256 KiB), so one 32-bit add on the low word, the high word (the stride byte offset,
+ * the swizzle) as it was. A loop then builds a tile's descriptor once and steps it per k slice,
+ * as CUTLASS's descriptor iterators do, instead of rebuilding each from its address (a mask, a
+ * shift and two ors per operand and instruction). */
+__device__ __forceinline__ uint64_t tk_wgmma_desc_add(uint64_t desc, uint32_t bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)desc + (bytes >> 4));
+}
+
 /* wgmma.fence: orders the warpgroup's earlier accesses to the accumulator registers before the
  * wgmma that follow. Required before the first wgmma of a batch whose accumulators were written
  * or read by other instructions since the last wait (e.g. the previous tile's epilogue). */
