@@ -8,13 +8,14 @@ attention B4 H32/8 S4096 D128 (causal, and a 1024-key sliding window), GEMM 8192
 
 Timing: CUDA events around `--inner` back-to-back calls (so Python launch overhead overlaps the
 GPU work, as in a real model), median of `--reps` such repetitions after `--warmup` calls; the
-`memory` table (norms and softmax against Quack and Liger, which are used when importable) and
-the `flash` table (attention against FlashAttention-4 and SDPA's cuDNN and FlashAttention-2
-backends, at the shapes of docs/kernels/attention.md) replay those calls from a CUDA graph, so
-no column pays its host cost; the `backward` table times the attention backward against the same
-peers' backward passes (milliseconds per call, so host cost does not show). In the flash and
-backward tables (compute-bound) every column is timed in two rounds, in order and then reversed, each
-timing after --settle seconds of idle GPU (as tkbench pauses), and its faster round is kept;
+`memory` table (norms, their backward, and softmax against Quack and Liger, which are used when
+importable) and the `flash` table (attention against FlashAttention-4 and SDPA's cuDNN and
+FlashAttention-2 backends, at the shapes of docs/kernels/attention.md) replay those calls from a
+CUDA graph, so no column pays its host cost; the `backward` table times the attention backward
+against the same peers' backward passes (milliseconds per call, so host cost does not show). In
+the flash and backward tables (compute-bound) every column is timed in two rounds, in order and
+then reversed, each timing after --settle seconds of idle GPU (as tkbench pauses), and its
+faster round is kept;
 every tensor is far larger than L2 except the GEMM / attention operands, which are
 compute-bound. Each op's section is independent: a failure prints an error row and the script
 goes on. torch.compile gets a total budget (--compile-budget seconds); past it, or when it
@@ -482,15 +483,45 @@ def peer(module, attr):
         return None
 
 
+def checked_grads(name, make, ours):
+    """A backward row's peer column. make() runs the peer's forward for its own statistics and
+    returns its backward call, which returns the gradients in the order of ours (dx, dweight[,
+    dbias]). The call runs once here and each gradient's largest |peer - tkern| goes to the log
+    (the table only times), so that a wrong call shows. None when the peer did not import,
+    'n/a' (reason printed) when it fails."""
+    if make is None:
+        return None
+    try:
+        fn = make()
+        got = fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - a peer that fails is a column of n/a
+        print(f"  {name} failed: {type(e).__name__}: "
+              f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+        return "n/a"
+    print(f"  {name} against tkern, max |diff|: " + ", ".join(
+        f"{g} {max_diff(a, b):.3g} (|{g}| up to {b.abs().max().item():.3g})"
+        for g, a, b in zip(("dx", "dweight", "dbias"), got, ours)), flush=True)
+    return fn
+
+
 def memory_rows():
     """Rows of the memory-bound table: (op, shape, bytes moved, {column: callable or str}).
-    Every column is CUDA-graph timed; 'copy' is a device-to-device copy of the same bytes."""
+    Every column is CUDA-graph timed; 'copy' is a device-to-device copy of the same bytes. The
+    backward rows call each library's backward op on its own forward's statistics; torch.compile
+    has no column there."""
     q_rms = peer("quack.rmsnorm", "rmsnorm_fwd")
     q_ln = peer("quack.rmsnorm", "layernorm_fwd")
+    q_rms_bwd = peer("quack.rmsnorm", "rmsnorm_bwd")
+    q_ln_bwd = peer("quack.rmsnorm", "layernorm_bwd")
     q_sm = peer("quack.softmax", "softmax_fwd")
     l_rms = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction")
+    l_rms_fwd = peer("liger_kernel.ops.rms_norm", "rms_norm_forward")
+    l_rms_bwd = peer("liger_kernel.ops.rms_norm", "rms_norm_backward")
     l_add = peer("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
     l_ln = peer("liger_kernel.ops.layer_norm", "LigerLayerNormFunction")
+    l_ln_fwd = peer("liger_kernel.ops.layer_norm", "layer_norm_forward")
+    l_ln_bwd = peer("liger_kernel.ops.layer_norm", "layer_norm_backward")
     l_sm = peer("liger_kernel.ops.softmax", "LigerSoftmaxFunction")
 
     def rmsnorm(m, n):
@@ -524,6 +555,44 @@ def memory_rows():
             "Liger": l_ln and (lambda: l_ln.apply(x, w, b, 1e-5)),
             "torch.compile": compiled(eager, x, w, b)}
 
+    def rmsnorm_bwd(m, n):
+        x, w, dy = rnd(m, n), rnd(n), rnd(m, n)
+        rstd = tkern.rms_norm(x, w, 1e-6, return_rstd=True)[1]
+        ours = lambda: tkern.rms_norm_backward(dy, x, rstd, w)  # noqa: E731
+
+        def quack():
+            q_rstd = q_rms(x, w, eps=1e-6, store_rstd=True)[2]
+            return lambda: q_rms_bwd(x, w, dy, q_rstd)[:2]
+
+        def liger():
+            _, lx, l_rstd, block, warps, mode = l_rms_fwd(x, w, 1e-6, 0.0, "llama", None)
+            dy_l = dy.clone()  # in_place, Liger's default, writes dx over dy: its own copy
+            return lambda: l_rms_bwd(dy_l, lx, w, l_rstd, 0.0, mode, block, warps, True, None)
+        grads = ours()
+        return 3 * x.nbytes, {
+            "tkern": ours,
+            "Quack": checked_grads("Quack", q_rms_bwd and q_rms and quack, grads),
+            "Liger": checked_grads("Liger", l_rms_bwd and l_rms_fwd and liger, grads)}
+
+    def layernorm_bwd(m, n):
+        x, w, b, dy = rnd(m, n), rnd(n), rnd(n), rnd(m, n)
+        wf, bf = w.float(), b.float()  # as in the forward: Quack's layer norm takes f32
+        _, mean, rstd = tkern.layer_norm(x, w, b, 1e-5, return_stats=True)
+        ours = lambda: tkern.layer_norm_backward(dy, x, mean, rstd, w)  # noqa: E731
+
+        def quack():
+            _, q_rstd, q_mean = q_ln(x, wf, bf, eps=1e-5, return_rstd=True, return_mean=True)
+            return lambda: q_ln_bwd(x, wf, dy, q_rstd, q_mean)
+
+        def liger():
+            _, lx, l_mean, l_rstd, _, _ = l_ln_fwd(x, w, b, 1e-5)
+            return lambda: l_ln_bwd(dy, lx, w, b, l_mean, l_rstd)
+        grads = ours()
+        return 3 * x.nbytes, {
+            "tkern": ours,
+            "Quack": checked_grads("Quack", q_ln_bwd and q_ln and quack, grads),
+            "Liger": checked_grads("Liger", l_ln_bwd and l_ln_fwd and liger, grads)}
+
     def softmax(m, n):
         x = rnd(m, n)
         y = torch.empty_like(x)
@@ -544,6 +613,9 @@ def memory_rows():
             ("rms_norm", 1024, 65536, rmsnorm),
             ("add + rms_norm", 16384, 4096, add_rmsnorm),
             ("layer_norm", 16384, 4096, layernorm), ("layer_norm", 4096, 16384, layernorm),
+            ("rms_norm backward", 16384, 4096, rmsnorm_bwd),
+            ("rms_norm backward", 4096, 16384, rmsnorm_bwd),
+            ("layer_norm backward", 16384, 4096, layernorm_bwd),
             ("softmax", 16384, 4096, softmax), ("softmax", 4096, 131072, softmax),
             ("softmax", 32768, 32768, softmax)]
 
@@ -847,7 +919,9 @@ def main():
         "f32 SDPA). Attention: * = K/V expanded to heads_q because the backend refused "
         "enable_gqa; 'best torch' is the fastest of the torch columns. The memory and flash "
         "tables replay every column from a CUDA graph (host cost out alike); peers that do "
-        "not import show n/a.",
+        "not import show n/a. The memory table's backward rows count x and dy read and dx "
+        "written; the weight (and bias) gradients, float32 partial rows reduced in a second "
+        "step (1-4 % more bytes at these shapes with one row per SM), are not counted.",
     ]
     tables = {"ops": ops_table, "attention": attention_table, "memory": memory_table,
               "flash": flash_table, "backward": backward_table}
