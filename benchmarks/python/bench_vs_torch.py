@@ -555,6 +555,12 @@ def memory_rows():
             "Liger": l_ln and (lambda: l_ln.apply(x, w, b, 1e-5)),
             "torch.compile": compiled(eager, x, w, b)}
 
+    def backward_columns(nbytes, ours, quack, liger):
+        """A backward row: ours, and each peer's column checked against ours (checked_grads)."""
+        grads = ours()
+        return nbytes, {"tkern": ours, "Quack": checked_grads("Quack", quack, grads),
+                        "Liger": checked_grads("Liger", liger, grads)}
+
     def rmsnorm_bwd(m, n):
         x, w, dy = rnd(m, n), rnd(n), rnd(m, n)
         rstd = tkern.rms_norm(x, w, 1e-6, return_rstd=True)[1]
@@ -568,11 +574,8 @@ def memory_rows():
             _, lx, l_rstd, block, warps, mode = l_rms_fwd(x, w, 1e-6, 0.0, "llama", None)
             dy_l = dy.clone()  # in_place, Liger's default, writes dx over dy: its own copy
             return lambda: l_rms_bwd(dy_l, lx, w, l_rstd, 0.0, mode, block, warps, True, None)
-        grads = ours()
-        return 3 * x.nbytes, {
-            "tkern": ours,
-            "Quack": checked_grads("Quack", q_rms_bwd and q_rms and quack, grads),
-            "Liger": checked_grads("Liger", l_rms_bwd and l_rms_fwd and liger, grads)}
+        return backward_columns(3 * x.nbytes, ours, q_rms_bwd and q_rms and quack,
+                                l_rms_bwd and l_rms_fwd and liger)
 
     def layernorm_bwd(m, n):
         x, w, b, dy = rnd(m, n), rnd(n), rnd(n), rnd(m, n)
@@ -587,11 +590,8 @@ def memory_rows():
         def liger():
             _, lx, l_mean, l_rstd, _, _ = l_ln_fwd(x, w, b, 1e-5)
             return lambda: l_ln_bwd(dy, lx, w, b, l_mean, l_rstd)
-        grads = ours()
-        return 3 * x.nbytes, {
-            "tkern": ours,
-            "Quack": checked_grads("Quack", q_ln_bwd and q_ln and quack, grads),
-            "Liger": checked_grads("Liger", l_ln_bwd and l_ln_fwd and liger, grads)}
+        return backward_columns(3 * x.nbytes, ours, q_ln_bwd and q_ln and quack,
+                                l_ln_bwd and l_ln_fwd and liger)
 
     def softmax(m, n):
         x = rnd(m, n)
