@@ -618,7 +618,17 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
 }
 
 /* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
- * 256 the consumers' 232 registers spill), 64 wide; a plan that does not exist is never made. */
+ * 256 the consumers' 232 registers spill), 64 wide. A plan outside this is never instantiated. */
+template <int D, sm90_kind KIND>
+constexpr bool sm90_has_plan = KIND == SM90_ONE_TILE || (KIND == SM90_PERSISTENT && D <= 128) || D == 64;
+
+template <int D, sm90_kind KIND> bool sm90_plan_fits(const tk_device *dev) {
+    if constexpr (sm90_has_plan<D, KIND>)
+        return sm90_plan<D, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+    else
+        return false;
+}
+
 template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_device *dev) {
     /* TMA (src/attention.c has checked the 16-byte alignment). */
     if (!attn_tma_strides(c->q_stride) || !attn_tma_strides(c->k_stride) || !attn_tma_strides(c->v_stride) ||
@@ -626,33 +636,35 @@ template <sm90_kind KIND> bool sm90_fits(const tk_attention_call *c, const tk_de
         return false;
     switch (c->head_dim) {
     case 64:
-        return sm90_plan<64, KIND>::SMEM_BYTES <= dev->max_smem_optin;
+        return sm90_plan_fits<64, KIND>(dev);
     case 128:
-        if constexpr (KIND != SM90_WIDE)
-            return sm90_plan<128, KIND>::SMEM_BYTES <= dev->max_smem_optin;
-        return false;
+        return sm90_plan_fits<128, KIND>(dev);
     case 256:
-        if constexpr (KIND == SM90_ONE_TILE)
-            return sm90_plan<256, KIND>::SMEM_BYTES <= dev->max_smem_optin;
-        return false;
+        return sm90_plan_fits<256, KIND>(dev);
     default:
         return false;
     }
+}
+
+template <typename T, int D, sm90_kind KIND>
+cudaError_t sm90_launch_plan(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
+    if constexpr (sm90_has_plan<D, KIND>)
+        return launch_sm90<T, D, KIND>(c, dev, stream);
+    else
+        return cudaErrorInvalidValue; /* sm90_fits takes no such call */
 }
 
 template <sm90_kind KIND>
 cudaError_t sm90_launch(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        if (c->head_dim == 64)
-            return launch_sm90<T, 64, KIND>(c, dev, stream);
-        if constexpr (KIND == SM90_WIDE)
-            return cudaErrorInvalidValue; /* sm90_fits took no other */
-        else {
-            if constexpr (KIND == SM90_ONE_TILE)
-                if (c->head_dim == 256)
-                    return launch_sm90<T, 256, KIND>(c, dev, stream);
-            return launch_sm90<T, 128, KIND>(c, dev, stream); /* sm90_fits took no other */
+        switch (c->head_dim) {
+        case 64:
+            return sm90_launch_plan<T, 64, KIND>(c, dev, stream);
+        case 128:
+            return sm90_launch_plan<T, 128, KIND>(c, dev, stream);
+        default: /* 256: sm90_fits took no other */
+            return sm90_launch_plan<T, 256, KIND>(c, dev, stream);
         }
     });
 }
