@@ -602,7 +602,8 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     int64_t most = dev->l2_bytes / 4 / kv_bytes > 1 ? dev->l2_bytes / 4 / kv_bytes : 1;
     most = most < kv_total ? most : kv_total;
     int64_t kv_heads = most, fill = kv_total % most ? kv_total % most : most; /* of kv_heads */
-    for (int64_t k = most - 1; 2 * k >= most && k > 0; k--) {
+    /* Host work on every launch: stop at the first full last section, which no smaller size beats. */
+    for (int64_t k = most - 1; fill < kv_heads && 2 * k >= most && k > 0; k--) {
         const int64_t f = kv_total % k ? kv_total % k : k;
         if (f * kv_heads > fill * k)
             kv_heads = k, fill = f;
