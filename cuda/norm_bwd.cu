@@ -45,28 +45,78 @@ template <int VEC> constexpr int bwd_packs() {
     return (VEC > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR) / VEC;
 }
 
-/* Both row sums of the backward over the threads of one row's group, returned to all of them:
- * shuffles, then for groups wider than a warp one shared-memory step behind a single barrier
- * (the partials alternate between two buffers by `parity`, so that a reduction never
- * overwrites partials a slower thread still reads from the previous one). Fixed order. */
-__device__ __forceinline__ void group_sum2(float &u, float &v, int group, float2 (*scratch)[32], int &parity) {
+/* Warps in the widest block: the slots of block_sum's shared-memory step. */
+constexpr int MAX_WARPS = TK_NORM_ROWS_MAX_THREADS / 32;
+
+/* N row sums over `width` lanes (a power of two <= 32), returned to each of them. Fixed order. */
+template <int N> __device__ __forceinline__ void shuffle_sum(float (&v)[N], int width) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
-        if (group > 32 || offset < group) {
-            u += __shfl_xor_sync(0xffffffffu, u, offset);
-            v += __shfl_xor_sync(0xffffffffu, v, offset);
+        if (offset < width) {
+#pragma unroll
+            for (int n = 0; n < N; n++)
+                v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
         }
-    if (group <= 32)
-        return;
-    float2 *buf = scratch[parity];
+}
+
+/* The block step of a row sum whose group is the block, after shuffle_sum over each warp: one
+ * shared-memory step behind a single barrier (the partials alternate between two buffers by
+ * `parity`, so that a reduction never overwrites partials a slower thread still reads from the
+ * previous one), after which lane l takes warp l % MAX_WARPS's partial and 4 shuffle levels add
+ * them: every lane ends with the same bits. Fixed order. */
+template <int N>
+__device__ __forceinline__ void block_sum(float (&v)[N], tk_pack<float, N> (*scratch)[MAX_WARPS], int &parity) {
+    tk_pack<float, N> *buf = scratch[parity];
     parity ^= 1;
-    const int lane = threadIdx.x & 31;
-    if (lane == 0)
-        buf[threadIdx.x >> 5] = make_float2(u, v);
+    const int lane = threadIdx.x & 31, warp = lane % MAX_WARPS;
+    if (lane == 0) {
+        tk_pack<float, N> mine;
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            mine.v[n] = v[n];
+        buf[threadIdx.x >> 5] = mine;
+    }
     __syncthreads();
-    const float2 mine = lane < (int)(blockDim.x >> 5) ? buf[lane] : make_float2(0.0f, 0.0f);
-    u = tk_warp_sum(mine.x);
-    v = tk_warp_sum(mine.y);
+    tk_pack<float, N> part = {};
+    if (warp < (int)(blockDim.x >> 5))
+        part = buf[warp];
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        v[n] = part.v[n];
+    shuffle_sum(v, MAX_WARPS);
+}
+
+/* N row sums over the threads of one row's group (norm.cuh's mapping), returned to all of them. */
+template <int N>
+__device__ __forceinline__ void group_sum(float (&v)[N], int group, tk_pack<float, N> (*scratch)[MAX_WARPS],
+                                          int &parity) {
+    shuffle_sum(v, group < 32 ? group : 32);
+    if (group > 32)
+        block_sum(v, scratch, parity);
+}
+
+/* A thread's dw or db partials (packs j = lane + p * group, those inside the row) into its
+ * group's workspace row `ws`: 16-byte stores where a pack is whole groups of 4 floats (VEC a
+ * multiple of 4; cols is then one too, so every workspace row starts on 16 bytes), where 4-byte
+ * stores 32 bytes apart across a warp would each touch a sector per lane. */
+template <int PACKS, int VEC>
+__device__ __forceinline__ void store_partials(float *ws, const float (&acc)[PACKS][VEC], int lane, int group,
+                                               int packs_row) {
+    constexpr int CHUNK = VEC % 4 == 0 ? 4 : 1;
+#pragma unroll
+    for (int p = 0; p < PACKS; p++) {
+        const int j = lane + p * group;
+        if (j < packs_row) {
+#pragma unroll
+            for (int k = 0; k < VEC; k += CHUNK) {
+                tk_pack<float, CHUNK> chunk;
+#pragma unroll
+                for (int e = 0; e < CHUNK; e++)
+                    chunk.v[e] = acc[p][k + e];
+                tk_store_pack<float, CHUNK>(ws + j * VEC + k, chunk);
+            }
+        }
+    }
 }
 
 /* The raw w' of pack j of a row: the stored pack of the weight, 1 without one or past the row.
@@ -107,7 +157,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     /* Prefetch the next row when a tensor's share of the row is at most 8 registers (16-bit
      * packs, scalars): the f32 packs (16 registers per tensor) spilled at the 128-register cap. */
     constexpr bool Prefetch = PACKS * sizeof(tk_pack<T, VEC>) <= 32;
-    __shared__ float2 scratch[2][32];
+    __shared__ tk_pack<float, 2> scratch[2][MAX_WARPS];
     int parity = 0;
 #if __CUDA_ARCH__ >= 900
     /* Stage 2 may start now (programmatic dependent launch): its blocks take the SM space this
@@ -184,7 +234,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         const int64_t row = base + local;
         const bool active = row < a.rows;
         T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride;
-        float sum_gx = 0.0f, sum_g = 0.0f;
+        float sums[2] = {0.0f, 0.0f}; /* of g xhat, of g */
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
@@ -196,8 +246,8 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
                     const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
                     const float d = tk_to_float(dys[p].v[e]);
                     const float g = d * scale[e];
-                    sum_gx += g * xhat;
-                    sum_g += g;
+                    sums[0] += g * xhat;
+                    sums[1] += g;
                     dw_acc[p][e] += d * xhat;
                     db_acc[p][e] += d;
                 }
@@ -211,9 +261,9 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         float next_mean = 0.0f, next_rstd = 0.0f;
         if constexpr (Prefetch)
             load_row(base + step, next_xs, next_dys, next_mean, next_rstd);
-        group_sum2(sum_gx, sum_g, group, scratch, parity);
-        const float c_gx = sum_gx * inv_n;
-        const float c_g = a.layernorm ? sum_g * inv_n : 0.0f;
+        group_sum<2>(sums, group, scratch, parity);
+        const float c_gx = sums[0] * inv_n;
+        const float c_g = a.layernorm ? sums[1] * inv_n : 0.0f;
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
@@ -245,21 +295,10 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     const int64_t slot = first_group + local;
     if (slot >= a.rows || (a.dw == nullptr && a.db == nullptr))
         return;
-    float *ws_w = a.workspace + slot * a.cols;
-    float *ws_b = a.workspace + (a.workspace_slots + slot) * a.cols;
-#pragma unroll
-    for (int p = 0; p < PACKS; p++) {
-        const int j = lane + p * group;
-        if (j < packs_row) {
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                if (a.dw)
-                    ws_w[j * VEC + e] = dw_acc[p][e];
-                if (a.db)
-                    ws_b[j * VEC + e] = db_acc[p][e];
-            }
-        }
-    }
+    if (a.dw)
+        store_partials(a.workspace + slot * a.cols, dw_acc, lane, group, packs_row);
+    if (a.db)
+        store_partials(a.workspace + (a.workspace_slots + slot) * a.cols, db_acc, lane, group, packs_row);
 }
 
 template <typename T, typename W, int VEC>
@@ -458,9 +497,9 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
             return err;
         groups = blocks;
     } else {
-        constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
         constexpr int packs = bwd_packs<VEC>();
         const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
+        constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
         const int groups_per_block = s.threads / s.group;
         if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, &blocks)) != cudaSuccess ||
             (err = tk_launch(kernel, (unsigned)blocks, s.threads, 0, stream, *a, s.group)) != cudaSuccess)
