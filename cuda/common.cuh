@@ -172,6 +172,16 @@ template <typename T, int Vec, int N> __device__ __forceinline__ void keep_packe
         keep_packed(packs[i]);
 }
 
+/* The converse of keep_packed: makes the compiler forget how f32 values were computed, so that
+ * it holds them in registers across a loop instead of computing them again from what they came
+ * from at each use (a weight converted to f32 once, not again from its 16-bit pack every row).
+ * Call it inside the loop. Emits no instruction. */
+template <int N> __device__ __forceinline__ void keep_f32(float (&v)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm("" : "+f"(v[i]));
+}
+
 /* ---- shared-memory addresses ---- */
 
 /* The 32-bit shared-state-space address of a pointer into shared memory, as PTX wants it. */

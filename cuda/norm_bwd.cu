@@ -11,18 +11,36 @@
  * (norm_reduce_slots) adds the partials of each column in a fixed order (interleaved sequences
  * of slots, then those sequences by a fixed tree). Same inputs and same device => same bits.
  *
- * Why it is fast: 3 tensors move (x and dy in, dx out); ~20 flops per element: memory-bound.
- * - "rows" kernels: a group of threads holds the row (norm.cuh), 16 elements per thread for
- *   16-byte packs (2 bf16 / 4 f32 packs) and 8 for scalars, groups of up to 512 threads (rows
- *   up to 8192 / 4096). A thread always owns the same columns, so it keeps its dw / db partials
- *   (2 x 16 floats) in registers across all rows of its group; the partials leave once per
- *   group, not once per row. Groups = min(one occupancy wave, workspace slots). For the same
- *   reason w' is loaded once, before the row loop, and held as stored (16-bit weights two per
- *   register: +8 registers for 16 elements, f32 ones +16) rather than re-read from L1 in front
- *   of both passes of every row, except by the f32-pack kernel (why: in the kernel). A group
- *   loads its next row while it reduces and stores the current one: with 97-128 registers an
- *   SM holds 2 blocks of 256 threads, too few loads in flight when each block waits for its own
- *   (docs/kernels/norm.md).
+ * Why it is fast: 3 tensors move (x and dy in, dx out); ~20 flops per element: memory-bound,
+ * and near the SM's instruction-issue limit as well (a bf16 element has ~30 instructions of
+ * issue budget at the copy bandwidth of an H200), so the kernels count instructions too.
+ * The ring and rows kernels stride over rows with a grid of at most one occupancy wave (capped
+ * by the workspace slots), and a thread always owns the same columns, so it keeps its dw / db
+ * partials (2 x 16 floats) in registers across all rows of its group; they leave once per
+ * group, not once per row (16-byte stores). For the same reason w' is loaded once, before the
+ * row loop.
+ * - "ring" kernel (16-bit rows in 16-byte packs whose group is a whole block: 513 to 8192
+ *   columns, i.e. the "vec16" variant's rows except the narrow ones; the launcher chooses it on
+ *   the host, and every other shape takes the rows kernel): 16 elements per thread (2 packs per
+ *   tensor), up to 512 threads, one row per block at a time. The next row's x and dy go by
+ *   cp.async into a per-thread 2-stage ring in shared memory at the top of each iteration,
+ *   before the wait for the current row, and its rstd / mean into registers: a block has a
+ *   row's reads in flight through all of its current row's work, without holding them in
+ *   registers (with 70-128 registers an SM holds 2 blocks of 256 threads, 16 warps). Pass 1
+ *   converts each element once and keeps xhat and g = dy w' in f32 registers across the row
+ *   reduction (one barrier); w' is held as f32 with Gemma's 1 added; dw / db are accumulated
+ *   there; pass 2 is two FMAs and a pack per element. The op (LayerNorm, which of dw / db) is
+ *   a template parameter: RMSNorm reduces one value and does no mean arithmetic. Loop: 243
+ *   static SASS instructions per 16 elements for RMSNorm with dw (bf16 w), 318 for LayerNorm
+ *   with dw and db (f32 w), where the rows kernel took 575 and 497 (sm_90a).
+ * - "rows" kernel (the rest: f32 packs, scalars, narrow rows): a group of threads holds the
+ *   row (norm.cuh), 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs) and 8 for
+ *   scalars, groups of up to 512 threads (rows up to 8192 / 4096); several narrow groups share
+ *   a block. w' is held as stored (16-bit weights two per register: +8 registers for 16
+ *   elements, f32 ones +16) rather than re-read from L1 in front of both passes of every row,
+ *   except by the f32-pack kernel (why: in the kernel). A group loads its next row into
+ *   registers while it reduces and stores the current one, and converts its packs again in
+ *   pass 2 (the op is a run-time value there).
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
  *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
  *   (read-modify-write, overwritten on the group's first row: no memset needed).
@@ -33,11 +51,15 @@
  *   past 1024 slots). On sm_90 it is launched as a programmatic dependent of stage 1, so that
  *   its launch overlaps stage 1's last blocks instead of following its end.
  */
+#include "core/sm80.cuh"
 #include "norm.cuh"
 
 namespace {
 
 constexpr int WIDE_THREADS = 512;
+/* The ring kernel: 16-byte packs per tensor per thread (16 elements), rows in flight. */
+constexpr int RING_PACKS = TK_NORM_BWD_ELEMS_VEC / 8, RING_STAGES = 2;
+constexpr int RING_BYTES_PER_THREAD = RING_STAGES * 2 * RING_PACKS * 16;
 /* Stage 2: lanes of columns per block, loads in flight per lane, the largest block. */
 constexpr int REDUCE_COL_LANES = 8, REDUCE_UNROLL = 8, REDUCE_MAX_THREADS = 1024;
 
@@ -45,28 +67,78 @@ template <int VEC> constexpr int bwd_packs() {
     return (VEC > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR) / VEC;
 }
 
-/* Both row sums of the backward over the threads of one row's group, returned to all of them:
- * shuffles, then for groups wider than a warp one shared-memory step behind a single barrier
- * (the partials alternate between two buffers by `parity`, so that a reduction never
- * overwrites partials a slower thread still reads from the previous one). Fixed order. */
-__device__ __forceinline__ void group_sum2(float &u, float &v, int group, float2 (*scratch)[32], int &parity) {
+/* Warps in the widest block: the slots of block_sum's shared-memory step. */
+constexpr int MAX_WARPS = TK_NORM_ROWS_MAX_THREADS / 32;
+
+/* N row sums over `width` lanes (a power of two <= 32), returned to each of them. Fixed order. */
+template <int N> __device__ __forceinline__ void shuffle_sum(float (&v)[N], int width) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
-        if (group > 32 || offset < group) {
-            u += __shfl_xor_sync(0xffffffffu, u, offset);
-            v += __shfl_xor_sync(0xffffffffu, v, offset);
+        if (offset < width) {
+#pragma unroll
+            for (int n = 0; n < N; n++)
+                v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
         }
-    if (group <= 32)
-        return;
-    float2 *buf = scratch[parity];
+}
+
+/* The block step of a row sum whose group is the block, after shuffle_sum over each warp: one
+ * shared-memory step behind a single barrier (the partials alternate between two buffers by
+ * `parity`, so that a reduction never overwrites partials a slower thread still reads from the
+ * previous one), after which lane l takes warp l % MAX_WARPS's partial and 4 shuffle levels add
+ * them: every lane ends with the same bits. Fixed order. */
+template <int N>
+__device__ __forceinline__ void block_sum(float (&v)[N], tk_pack<float, N> (*scratch)[MAX_WARPS], int &parity) {
+    tk_pack<float, N> *buf = scratch[parity];
     parity ^= 1;
-    const int lane = threadIdx.x & 31;
-    if (lane == 0)
-        buf[threadIdx.x >> 5] = make_float2(u, v);
+    const int lane = threadIdx.x & 31, warp = lane % MAX_WARPS;
+    if (lane == 0) {
+        tk_pack<float, N> mine;
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            mine.v[n] = v[n];
+        buf[threadIdx.x >> 5] = mine;
+    }
     __syncthreads();
-    const float2 mine = lane < (int)(blockDim.x >> 5) ? buf[lane] : make_float2(0.0f, 0.0f);
-    u = tk_warp_sum(mine.x);
-    v = tk_warp_sum(mine.y);
+    tk_pack<float, N> part = {};
+    if (warp < (int)(blockDim.x >> 5))
+        part = buf[warp];
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        v[n] = part.v[n];
+    shuffle_sum(v, MAX_WARPS);
+}
+
+/* N row sums over the threads of one row's group (norm.cuh's mapping), returned to all of them. */
+template <int N>
+__device__ __forceinline__ void group_sum(float (&v)[N], int group, tk_pack<float, N> (*scratch)[MAX_WARPS],
+                                          int &parity) {
+    shuffle_sum(v, group < 32 ? group : 32);
+    if (group > 32)
+        block_sum(v, scratch, parity);
+}
+
+/* A thread's dw or db partials (packs j = lane + p * group, those inside the row) into its
+ * group's workspace row `ws`: 16-byte stores where a pack is whole groups of 4 floats (VEC a
+ * multiple of 4; cols is then one too, so every workspace row starts on 16 bytes), where 4-byte
+ * stores 32 bytes apart across a warp would each touch a sector per lane. */
+template <int PACKS, int VEC>
+__device__ __forceinline__ void store_partials(float *ws, const float (&acc)[PACKS][VEC], int lane, int group,
+                                               int packs_row) {
+    constexpr int CHUNK = VEC % 4 == 0 ? 4 : 1;
+#pragma unroll
+    for (int p = 0; p < PACKS; p++) {
+        const int j = lane + p * group;
+        if (j < packs_row) {
+#pragma unroll
+            for (int k = 0; k < VEC; k += CHUNK) {
+                tk_pack<float, CHUNK> chunk;
+#pragma unroll
+                for (int e = 0; e < CHUNK; e++)
+                    chunk.v[e] = acc[p][k + e];
+                tk_store_pack<float, CHUNK>(ws + j * VEC + k, chunk);
+            }
+        }
+    }
 }
 
 /* The raw w' of pack j of a row: the stored pack of the weight, 1 without one or past the row.
@@ -107,7 +179,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     /* Prefetch the next row when a tensor's share of the row is at most 8 registers (16-bit
      * packs, scalars): the f32 packs (16 registers per tensor) spilled at the 128-register cap. */
     constexpr bool Prefetch = PACKS * sizeof(tk_pack<T, VEC>) <= 32;
-    __shared__ float2 scratch[2][32];
+    __shared__ tk_pack<float, 2> scratch[2][MAX_WARPS];
     int parity = 0;
 #if __CUDA_ARCH__ >= 900
     /* Stage 2 may start now (programmatic dependent launch): its blocks take the SM space this
@@ -184,7 +256,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         const int64_t row = base + local;
         const bool active = row < a.rows;
         T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride;
-        float sum_gx = 0.0f, sum_g = 0.0f;
+        float sums[2] = {0.0f, 0.0f}; /* of g xhat, of g */
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
@@ -196,8 +268,8 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
                     const float xhat = (tk_to_float(xs[p].v[e]) - mean) * rstd;
                     const float d = tk_to_float(dys[p].v[e]);
                     const float g = d * scale[e];
-                    sum_gx += g * xhat;
-                    sum_g += g;
+                    sums[0] += g * xhat;
+                    sums[1] += g;
                     dw_acc[p][e] += d * xhat;
                     db_acc[p][e] += d;
                 }
@@ -211,9 +283,9 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         float next_mean = 0.0f, next_rstd = 0.0f;
         if constexpr (Prefetch)
             load_row(base + step, next_xs, next_dys, next_mean, next_rstd);
-        group_sum2(sum_gx, sum_g, group, scratch, parity);
-        const float c_gx = sum_gx * inv_n;
-        const float c_g = a.layernorm ? sum_g * inv_n : 0.0f;
+        group_sum<2>(sums, group, scratch, parity);
+        const float c_gx = sums[0] * inv_n;
+        const float c_g = a.layernorm ? sums[1] * inv_n : 0.0f;
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
             const int j = lane + p * group;
@@ -245,21 +317,153 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
     const int64_t slot = first_group + local;
     if (slot >= a.rows || (a.dw == nullptr && a.db == nullptr))
         return;
-    float *ws_w = a.workspace + slot * a.cols;
-    float *ws_b = a.workspace + (a.workspace_slots + slot) * a.cols;
+    if (a.dw)
+        store_partials(a.workspace + slot * a.cols, dw_acc, lane, group, packs_row);
+    if (a.db)
+        store_partials(a.workspace + (a.workspace_slots + slot) * a.cols, db_acc, lane, group, packs_row);
+}
+
+/* The ring kernel: 16-bit rows of one block (see the top of the file). Each thread's 2 packs
+ * of x and dy for the next row go into its own slots of a 2-stage ring in shared memory
+ * (dynamic, RING_BYTES_PER_THREAD per thread), laid out [stage][tensor][pack][thread]: a thread
+ * reads back only what it copied itself, so its cp.async wait is the only synchronisation, and
+ * consecutive threads' 16 bytes are adjacent (LDS.128 without bank conflicts). The op is
+ * compile-time: LayerNorm (the mean and mean(g) terms, two row sums), Dw and Db (which partials
+ * are kept). The grid has at most one block per row (grid_for), so every block has a first row;
+ * its loop bound is uniform. */
+template <typename T, typename W, bool LayerNorm, bool Dw, bool Db>
+__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_norm_call a) {
+    static_assert(sizeof(T) == 2, "16-bit rows: 8 elements per pack");
+    static_assert(LayerNorm || !Db, "db is LayerNorm's");
+    constexpr int VEC = 8, PACKS = RING_PACKS, SUMS = LayerNorm ? 2 : 1;
+    extern __shared__ uint4 ring[];
+    __shared__ tk_pack<float, SUMS> scratch[2][MAX_WARPS];
+    int parity = 0;
+#if __CUDA_ARCH__ >= 900
+    if constexpr (Dw || Db)
+        cudaTriggerProgrammaticLaunchCompletion(); /* as in norm_bwd_rows */
+#endif
+    const int threads = blockDim.x, packs_row = (int)(a.cols / VEC);
+    const float inv_n = 1.0f / (float)a.cols;
+    /* Running pointers to the thread's first pack in the row in flight (x, dy) and in the row
+     * being written (dx), each advanced by a row step; the second pack is `threads` packs on. */
+    int64_t row = blockIdx.x;
+    const int64_t x_step = (int64_t)gridDim.x * a.x_stride, y_step = (int64_t)gridDim.x * a.y_stride;
+    const T *x_next = static_cast<const T *>(a.x) + row * a.x_stride + threadIdx.x * VEC;
+    const T *dy_next = static_cast<const T *>(a.dy) + row * a.y_stride + threadIdx.x * VEC;
+    T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride + threadIdx.x * VEC;
+    /* The thread's slots of a stage: tensor t, pack p at [(t * PACKS + p) * threads]. The stage
+     * being filled and the one being read swap every row. */
+    uint4 *fill = ring + threadIdx.x, *held = fill + 2 * PACKS * threads;
+
+    /* Packs past the row (the last threads' second pack, where the row is not a multiple of 16
+     * elements) are never copied: their slots hold zeros from here on, so they add nothing to
+     * the sums (g = 0) and need no test in pass 1. A thread's first pack is always inside:
+     * threads <= packs_row for every row this kernel takes (at least 65 packs). */
+    bool inside[PACKS];
 #pragma unroll
     for (int p = 0; p < PACKS; p++) {
-        const int j = lane + p * group;
-        if (j < packs_row) {
+        inside[p] = p == 0 || (int)threadIdx.x + p * threads < packs_row;
+        if (!inside[p]) {
 #pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                if (a.dw)
-                    ws_w[j * VEC + e] = dw_acc[p][e];
-                if (a.db)
-                    ws_b[j * VEC + e] = db_acc[p][e];
-            }
+            for (int t = 0; t < 2; t++)
+                fill[(t * PACKS + p) * threads] = held[(t * PACKS + p) * threads] = make_uint4(0, 0, 0, 0);
         }
     }
+    /* x and dy of the next row into `fill`, one commit group per row (an empty one past the
+     * last row, so that the wait below always leaves exactly the newest group in flight). */
+    auto issue = [&](bool any) {
+        if (any) {
+#pragma unroll
+            for (int p = 0; p < PACKS; p++) {
+                if (inside[p]) {
+                    tk_cp_async_16(tk_smem_address(fill + p * threads), x_next + p * threads * VEC);
+                    tk_cp_async_16(tk_smem_address(fill + (PACKS + p) * threads), dy_next + p * threads * VEC);
+                }
+            }
+        }
+        tk_cp_async_commit();
+        x_next += x_step;
+        dy_next += y_step;
+    };
+
+    issue(true);
+    /* w' as f32, Gemma's 1 added once, held across the loop (16 registers: keep_f32), so the
+     * loop converts nothing but the row itself. */
+    const W *w = static_cast<const W *>(a.weight);
+    const float w_add = w && a.gemma ? 1.0f : 0.0f;
+    float scale[PACKS][VEC];
+#pragma unroll
+    for (int p = 0; p < PACKS; p++)
+        scale_of(load_scale_raw<W, VEC>(w, w_add, threadIdx.x + p * threads, packs_row), w_add, scale[p]);
+    float dw_acc[PACKS][VEC] = {}, db_acc[PACKS][VEC] = {};
+    float rstd = a.rstd_in[row], mean = LayerNorm ? a.mean_in[row] : 0.0f;
+
+    for (; row < a.rows; row += gridDim.x) {
+        /* The next row's copies go out before this row is waited for (the stage they fill was
+         * last read in the previous iteration, by this thread), and its stats with them: a
+         * block keeps a row of reads in flight through all of this row's work. */
+        const int64_t next = row + gridDim.x;
+        uint4 *const swap = fill;
+        fill = held;
+        held = swap;
+        issue(next < a.rows);
+        float next_rstd = 0.0f, next_mean = 0.0f;
+        if (next < a.rows) {
+            next_rstd = a.rstd_in[next];
+            if constexpr (LayerNorm)
+                next_mean = a.mean_in[next];
+        }
+        tk_cp_async_wait<1>();
+#pragma unroll
+        for (int p = 0; p < PACKS; p++)
+            keep_f32(scale[p]);
+
+        /* Pass 1 converts each element once; xhat and g stay f32 across the reduction. */
+        float xhat[PACKS][VEC], g[PACKS][VEC], sums[SUMS] = {}; /* of g xhat (, of g) */
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            float xf[VEC], df[VEC];
+            tk_unpack(*reinterpret_cast<const tk_pack<T, VEC> *>(held + p * threads), xf);
+            tk_unpack(*reinterpret_cast<const tk_pack<T, VEC> *>(held + (PACKS + p) * threads), df);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                xhat[p][e] = (LayerNorm ? xf[e] - mean : xf[e]) * rstd;
+                g[p][e] = df[e] * scale[p][e];
+                sums[0] += g[p][e] * xhat[p][e];
+                if constexpr (LayerNorm)
+                    sums[1] += g[p][e];
+                if constexpr (Dw)
+                    dw_acc[p][e] += df[e] * xhat[p][e];
+                if constexpr (Db)
+                    db_acc[p][e] += df[e];
+            }
+        }
+        shuffle_sum(sums, 32);
+        block_sum(sums, scratch, parity);
+        /* dx = rstd (g - mean(g) - xhat mean(g xhat)) as rstd g + k0 - xhat kx: two FMAs. */
+        const float kx = rstd * (sums[0] * inv_n);
+        const float k0 = LayerNorm ? -rstd * (sums[SUMS - 1] * inv_n) : 0.0f;
+#pragma unroll
+        for (int p = 0; p < PACKS; p++) {
+            if (inside[p]) {
+                float out[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    out[e] = fmaf(-xhat[p][e], kx, fmaf(rstd, g[p][e], k0));
+                tk_store_pack<T, VEC>(dx_row + p * threads * VEC, tk_pack_of<T>(out));
+            }
+        }
+        dx_row += x_step;
+        rstd = next_rstd;
+        mean = next_mean;
+    }
+
+    if constexpr (Dw)
+        store_partials(a.workspace + blockIdx.x * a.cols, dw_acc, threadIdx.x, threads, packs_row);
+    if constexpr (Db)
+        store_partials(a.workspace + (a.workspace_slots + blockIdx.x) * a.cols, db_acc, threadIdx.x, threads,
+                       packs_row);
 }
 
 template <typename T, typename W, int VEC>
@@ -431,10 +635,10 @@ cudaError_t launch_reduce(const tk_norm_call *a, int64_t used, const tk_device *
 /* Blocks for the row groups of `groups_per_block`: at most one wave, and with dw / db at most
  * the workspace's slots (min(rows, slots) groups leave partials). */
 template <auto Kernel>
-cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, int groups_per_block,
+cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, int groups_per_block, size_t smem,
                      int64_t *blocks_out) {
     int64_t wave;
-    const cudaError_t err = tk_wave_blocks<Kernel>(dev, threads, 0, &wave);
+    const cudaError_t err = tk_wave_blocks<Kernel>(dev, threads, smem, &wave);
     if (err != cudaSuccess)
         return err;
     int64_t blocks = (a->rows + groups_per_block - 1) / groups_per_block;
@@ -446,23 +650,61 @@ cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, i
     return cudaSuccess;
 }
 
-/* Stage 1 (dx and the partials), then stage 2 (dw / db). */
+/* The ring kernel of one op: `threads` per row, RING_BYTES_PER_THREAD of ring each (32 KB for
+ * a 4096-wide row: with 113-128 registers, 2 blocks of 256 threads per SM by registers, 64 KB
+ * of ring, so shared memory does not lower occupancy; 64 KB for the widest, 512 threads). The
+ * grid is one occupancy wave or fewer (grid_for), as for the rows kernel: each block's partials
+ * cover rows b, b + grid, ... */
+template <auto Kernel>
+cudaError_t launch_ring_op(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
+                           int64_t *blocks) {
+    const int smem = threads * RING_BYTES_PER_THREAD;
+    cudaError_t err;
+    if ((err = tk_opt_in_smem<Kernel>(dev, TK_NORM_ROWS_MAX_THREADS * RING_BYTES_PER_THREAD)) != cudaSuccess ||
+        (err = grid_for<Kernel>(a, dev, threads, 1, smem, blocks)) != cudaSuccess)
+        return err;
+    return tk_launch(Kernel, (unsigned)*blocks, threads, smem, stream, *a);
+}
+
+template <typename T, typename W>
+cudaError_t launch_ring(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
+                        int64_t *blocks) {
+    const bool dw = a->dw != nullptr, db = a->db != nullptr;
+    if (!a->layernorm)
+        return dw ? launch_ring_op<norm_bwd_ring<T, W, false, true, false>>(a, threads, dev, stream, blocks)
+                  : launch_ring_op<norm_bwd_ring<T, W, false, false, false>>(a, threads, dev, stream, blocks);
+    if (db)
+        return dw ? launch_ring_op<norm_bwd_ring<T, W, true, true, true>>(a, threads, dev, stream, blocks)
+                  : launch_ring_op<norm_bwd_ring<T, W, true, false, true>>(a, threads, dev, stream, blocks);
+    return dw ? launch_ring_op<norm_bwd_ring<T, W, true, true, false>>(a, threads, dev, stream, blocks)
+              : launch_ring_op<norm_bwd_ring<T, W, true, false, false>>(a, threads, dev, stream, blocks);
+}
+
+/* Stage 1 (dx and the partials), then stage 2 (dw / db). 16-bit rows in packs whose group is a
+ * whole block (513 to 8192 columns) take the ring kernel; the rest the rows kernel. */
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
     int64_t blocks, groups;
     cudaError_t err;
     if (wide) {
         constexpr auto kernel = norm_bwd_wide<T, W, VEC>;
-        if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, &blocks)) != cudaSuccess ||
+        if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, 0, &blocks)) != cudaSuccess ||
             (err = tk_launch(kernel, (unsigned)blocks, WIDE_THREADS, 0, stream, *a)) != cudaSuccess)
             return err;
         groups = blocks;
     } else {
-        constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
         constexpr int packs = bwd_packs<VEC>();
         const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
+        if constexpr (sizeof(T) == 2 && VEC > 1) {
+            if (s.group > 32) { /* blocks <= rows: one slot per block */
+                if ((err = launch_ring<T, W>(a, s.threads, dev, stream, &blocks)) != cudaSuccess)
+                    return err;
+                return launch_reduce<W>(a, blocks, dev, stream);
+            }
+        }
+        constexpr auto kernel = norm_bwd_rows<T, W, VEC>;
         const int groups_per_block = s.threads / s.group;
-        if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, &blocks)) != cudaSuccess ||
+        if ((err = grid_for<kernel>(a, dev, s.threads, groups_per_block, 0, &blocks)) != cudaSuccess ||
             (err = tk_launch(kernel, (unsigned)blocks, s.threads, 0, stream, *a, s.group)) != cudaSuccess)
             return err;
         groups = blocks * groups_per_block;

@@ -537,6 +537,16 @@ static const struct {
     /* More rows than one wave of 8192-wide groups (one block per SM): the backward's groups
      * take several rows each (the next row's loads overlap the current one's reduction). */
     {400, 8192, 0, 0, 0, 0, false, true, true, false, true, false},
+    /* The backward's ring kernel (16-bit rows of 513 to 8192 columns, the row's x and dy staged
+     * a row ahead in shared memory): more rows than a wave of blocks, so both stages of the
+     * ring are refilled (4096: 256 threads; 1096: 96 threads, whose last 55 threads have their
+     * second pack past the row; with gemma and neither dw nor db, dx over dy); its narrowest
+     * row (520: 65 packs on 64 threads; gemma without a weight) beside the widest row of the
+     * rows kernel's narrow groups (512). */
+    {1000, 4096, 0, 0, 0, 0, false, true, true, false, true, false},
+    {2000, 1096, 8, 0, 8, 0, false, true, false, true, false, true},
+    {50, 520, 0, 0, 0, 0, false, false, false, true, true, false},
+    {50, 512, 0, 0, 0, 0, false, true, true, false, true, false},
     {6, 1000, 0, 0, 0, 1, true, true, true, false, true, false},
     /* Many narrow rows: thousands of backward groups, so thousands of dw / db slots, which stage
      * 2 reads in several rounds of loads per lane (16-byte loads for 64 columns, 4-byte ones for
