@@ -63,9 +63,9 @@ static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
 }
 
 /* Forward rows wider than one block holds, up to this many blocks' worth, run split over the
- * blocks of a thread-block cluster (sm_90, the "cluster_vec16" variant): each block holds its
- * slice of the row in registers as the rows kernel does, and the blocks add their partial sums
- * through distributed shared memory. 8 blocks is the portable cluster size: rows of up to
+ * blocks of a thread-block cluster (sm_90, the "cluster_vec16" variant): each block stages its
+ * slice of the row (at most one rows block's worth, 32 KB) in shared memory, and the blocks add
+ * their partial sums through distributed shared memory. 8 blocks is the portable cluster size: rows of up to
  * 131072 16-bit or 65536 f32 elements. */
 #define TK_NORM_CLUSTER_MAX_BLOCKS 8
 
@@ -85,8 +85,8 @@ static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
 }
 
 /* Each direction's launchers, in cuda/norm_fwd.cu and cuda/norm_bwd.cu (ops "norm" and
- * "norm_bwd"). "vec16": 16-byte packs, row in registers. "cluster_vec16" (forward only): the
- * same, a row split over a cluster. "scalar": one element per access. "wide_vec16" /
+ * "norm_bwd"). "vec16": 16-byte packs, row in registers. "cluster_vec16" (forward only): a row
+ * split over a cluster, staged in shared memory. "scalar": one element per access. "wide_vec16" /
  * "wide_scalar": a block per row, any width, the row read twice. */
 cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream);

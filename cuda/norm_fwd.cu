@@ -27,16 +27,23 @@
  *   pairs unpack per 32-bit word (tk_unpack), shifts instead of divisions, the weight kind
  *   (w, 1 + w, none) and the bias lifted out of the output loop, and rows of exactly 4 packs
  *   per thread of one block run without bounds checks (Whole, below).
- * - "cluster" instantiations of the rows kernel (sm_90; rows wider than one block holds, up to
- *   8 blocks' worth: 131072 16-bit or 65536 f32 elements): a row split into slices over the 2
- *   to 8 blocks of a thread-block cluster, each slice held in registers like a row of the rows
- *   kernel (a 65536-wide bf16 row is 4 blocks of 512 threads x 4 packs), so the row is still
- *   read once. A reduction sends every warp's sum to every block of the cluster with st.async
- *   (distributed shared memory), counted on the receiver's mbarrier, and each block adds them in
- *   the same order, so all blocks get the same bits. No cluster barrier per reduction: its
- *   release (a GPU-scope memory barrier in the SASS) would wait for the thread's outstanding
- *   stores, and all 512 threads of every block would meet in it; a send waits for nothing and
- *   only the receiver waits, so the residual is stored as it is computed, as in the rows kernel.
+ * - "cluster" kernel (sm_90; rows wider than one block holds, up to 8 blocks' worth: 131072
+ *   16-bit or 65536 f32 elements): a row split into slices of at most 32 KB over the 2 to 8
+ *   blocks of a thread-block cluster (a 65536-wide bf16 row is 4 blocks), so the row is still
+ *   read once. Each slice is staged in shared memory by one bulk copy (TMA, cp.async.bulk) per
+ *   tensor, not held in registers: the bytes in flight per SM are then bounded by shared memory
+ *   (6 blocks of 32 KB, 192 KB; 3 with the residual) rather than by the registers the slice and
+ *   its addressing take (2 blocks of 512 threads, 64 KB, in the register design this replaced).
+ *   A row has fixed costs that a block of the cluster cannot overlap with its own loads (the
+ *   blocks' start, one or two exchanges, the weight's L2 round trips); other rows' blocks on the
+ *   same SM keep their loads in flight meanwhile. 128 threads a block, 16 packs each per pass
+ *   over shared memory (passes re-read the slice from shared memory: RMSNorm 2, LayerNorm 3).
+ *   A reduction sends every warp's sum to every block of the cluster with st.async (distributed
+ *   shared memory), counted on the receiver's mbarrier, and each block adds them in the same
+ *   order, so all blocks get the same bits. No cluster barrier per reduction: its release (a
+ *   GPU-scope memory barrier in the SASS) would wait for the thread's outstanding stores, and
+ *   all threads of every block would meet in it; a send waits for nothing and only the
+ *   receiver waits.
  * - "wide" kernels (any width, up to 262144): a 512-thread block per row, two passes over the
  *   row: pass 1 reads it (adding and storing the residual) and accumulates per-thread shifted
  *   sums, combined across the block with Chan's formula in a fixed order; pass 2 reads it back
@@ -66,11 +73,10 @@ template <typename T, int VEC> constexpr int rows_small_threads() {
 }
 
 /* Launch bounds: 16-bit rows of <= 256 threads are capped at 80 registers (3 blocks of 256 per
- * SM), the best cap measured for LayerNorm (docs/kernels/norm.md); 512-thread rows and slices
- * at 64 (2 blocks per SM), scalars at 128. Cluster slices that are not whole have no cap below
- * 128: at 64 registers the f32 LayerNorm with the residual spilled (it takes 66). */
-template <typename T, int VEC, int Threads, bool Whole, bool Cluster> constexpr int rows_min_blocks() {
-    return VEC == 1 ? 1 : (Threads < TK_NORM_ROWS_MAX_THREADS ? 3 : (Cluster && !Whole ? 1 : 2));
+ * SM), the best cap measured for LayerNorm (docs/kernels/norm.md); 512-thread rows at 64 (2
+ * blocks per SM), scalars at 128. */
+template <typename T, int VEC, int Threads> constexpr int rows_min_blocks() {
+    return VEC == 1 ? 1 : (Threads < TK_NORM_ROWS_MAX_THREADS ? 3 : 2);
 }
 
 /* Sum over the threads of one row's group, with one barrier for groups wider than a warp (one
@@ -91,114 +97,133 @@ __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[
     return tk_warp_sum(lane < (int)(blockDim.x >> 5) ? buf[lane] : 0.0f);
 }
 
-/* The cluster instantiations (Cluster below) run only on sm_90 and later ("cluster_vec16" needs
- * cc 9.0): compiled for an older target, their cluster steps trap. */
+/* The cluster kernel (norm_fwd_cluster) runs only on sm_90 and later ("cluster_vec16" needs cc
+ * 9.0): compiled for an older target, its body is a trap. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define NORM_NO_CLUSTERS
 #endif
 
-/* This block's rank in its cluster, and the cluster's blocks (special registers, read where
- * used rather than held in registers). The CUDA intrinsics, not core/sm90.cuh's tk_cluster_rank
- * and tk_cluster_blocks: with those asm reads the compiler keeps the values live across the row
- * loop and the 512-thread cluster instantiations spill on sm_90a. */
-__device__ __forceinline__ int cluster_rank() {
-#ifdef NORM_NO_CLUSTERS
-    __trap();
-    return 0;
-#else
-    return (int)__clusterRelativeBlockRank();
-#endif
-}
-
-__device__ __forceinline__ int cluster_blocks() {
-#ifdef NORM_NO_CLUSTERS
-    __trap();
-    return 1;
-#else
-    return (int)__clusterSizeInBlocks();
-#endif
-}
+/* Cluster kernel shape. A block takes a slice of at most CLUSTER_SLICE_PACKS 16-byte packs
+ * (32 KB, the slices tk_norm_cluster_fit counts: 8 of them at most) with CLUSTER_THREADS
+ * threads, CLUSTER_SLICE_PACKS / CLUSTER_THREADS = 16 packs per thread and pass.
+ * Occupancy (H100 / H200, 228 KB of shared memory per SM, 1 KB of it reserved per block): a
+ * 32 KB slice and ~0.3 KB of statics take 6 blocks per SM (3 with the residual's 64 KB), so
+ * the registers are capped for 6: 65536 / (6 x 128) -> 80 a thread. */
+constexpr int CLUSTER_THREADS = 128;
+constexpr int CLUSTER_SLICE_PACKS = TK_NORM_ROWS_MAX_THREADS * TK_NORM_FWD_PACKS;
+constexpr int CLUSTER_MIN_BLOCKS = 6;
+static_assert(CLUSTER_SLICE_PACKS % CLUSTER_THREADS == 0, "whole packs per thread");
+static_assert(TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32 <= 32, "a lane per exchanged slot");
 
 #ifndef NORM_NO_CLUSTERS
-/* The partial sums that the cluster's blocks send each other (cluster_sum), double-buffered by
- * parity, and the barriers on which they land. */
-struct cluster_exchange {
-    float sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * TK_NORM_ROWS_MAX_THREADS / 32];
-    uint64_t landed[2]; /* landed[p] completes a phase when all of sums[p] has arrived */
+/* The partial sums that the cluster's blocks send each other (cluster_sum), one buffer per
+ * reduction of the row (a block takes one row: at most two reductions, LayerNorm's), the
+ * barriers on which they land, and the barrier of the slice's bulk copies. */
+struct cluster_shared_state {
+    float sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32];
+    uint64_t landed[2]; /* landed[k] completes its phase 0 when all of sums[k] has arrived */
+    uint64_t loaded;    /* completes its phase 0 when the slice (and the residual's) is in */
 };
 
-__device__ __forceinline__ cluster_exchange &cluster_shared() {
-    __shared__ cluster_exchange exchange;
-    return exchange;
-}
-#endif
-
-/* A block may send into another's shared memory only once that block runs and has initialised
- * its barriers (one arrival a phase: its thread 0's expect_tx): thread 0 initialises them, then
- * every thread arrives at the start (relaxed: the fence publishes the initialisation) and waits
- * (cluster_wait_started) before its first send, with its loads in flight. */
-__device__ __forceinline__ void cluster_start() {
-#ifdef NORM_NO_CLUSTERS
-    __trap();
-#else
-    if (threadIdx.x == 0) {
-        cluster_exchange &x = cluster_shared();
-        tk_mbarrier_init(tk_smem_address(&x.landed[0]), 1);
-        tk_mbarrier_init(tk_smem_address(&x.landed[1]), 1);
-        tk_fence_mbarrier_init();
-    }
-    __cluster_barrier_arrive_relaxed();
-#endif
+__device__ __forceinline__ cluster_shared_state &cluster_shared() {
+    __shared__ cluster_shared_state state;
+    return state;
 }
 
-__device__ __forceinline__ void cluster_wait_started() {
-#ifdef NORM_NO_CLUSTERS
-    __trap();
-#else
-    __cluster_barrier_wait();
-#endif
-}
-
-/* Sum over the blocks of the cluster that holds the row, returned to all of them. Every warp
- * sends its sum with st.async into slot rank * warps + warp of every block, where its 4 bytes
- * complete on that block's barrier of this reduction (armed by the block's thread 0 with the
- * bytes of all the slots); each warp waits on its own block's barrier and adds all the slots in
- * one fixed order: every block gets the same bits. Unlike the release of a cluster barrier, a
- * send does not wait for the thread's earlier global stores (the residual's, a previous row's
- * y), and only the receiver waits, for one one-way trip.
- * Reduction k (`reductions` counts them) uses buffer k % 2 and completes phase k / 2 of its
- * barrier. A buffer is written again at reduction k + 2, by a block that has received every
- * warp's slot of reduction k + 1, which each warp sends after reading buffer k; that block's
- * slots of k + 2 may land before the receiver's thread 0 arms the phase (the count of bytes
- * still to land goes negative), but never before the phase of k completed. No cluster barrier
- * at the end: a block's last wait returns only once everything sent to it has landed, and
- * nothing is sent after it. */
-__device__ __forceinline__ float cluster_sum(float v, int &reductions) {
-#ifdef NORM_NO_CLUSTERS
-    __trap();
-    return v;
-#else
+/* Sum over the blocks of the cluster that holds the row, returned to all of them; reduction k
+ * (0, or 1 for LayerNorm's second) of the block's row. Every warp sends its sum with st.async
+ * into slot rank * warps + warp of every block, where its 4 bytes complete on that block's
+ * barrier of reduction k (armed by the block's thread 0 with the bytes of all the slots; a slot
+ * may land before the arming: the count of bytes still to land goes negative for a while); each
+ * warp waits on its own block's barrier and adds all the slots in one fixed order: every block
+ * gets the same bits. Unlike the release of a cluster barrier, a send does not wait for the
+ * thread's earlier global stores (the residual's), and only the receiver waits, for one one-way
+ * trip. Each buffer and barrier is used once. No cluster barrier at the end: a block's last wait
+ * returns only once everything sent to it has landed, and nothing is sent after it. */
+__device__ __forceinline__ float cluster_sum(float v, int k) {
     v = tk_warp_sum(v);
-    cluster_exchange &x = cluster_shared();
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, blocks = cluster_blocks();
-    const int parity = reductions & 1;
-    const uint32_t landed = tk_smem_address(&x.landed[parity]);
+    cluster_shared_state &st = cluster_shared();
+    const int lane = threadIdx.x & 31, warps = CLUSTER_THREADS / 32, blocks = (int)__clusterSizeInBlocks();
+    const uint32_t landed = tk_smem_address(&st.landed[k]);
     if (threadIdx.x == 0)
         tk_mbarrier_arrive_expect_tx(landed, (uint32_t)(blocks * warps * sizeof(float)));
     if (lane < blocks)
-        tk_cluster_send_f32(tk_smem_address(&x.sums[parity][cluster_rank() * warps + (threadIdx.x >> 5)]), landed,
-                            lane, v);
-    tk_mbarrier_wait(landed, (uint32_t)(reductions >> 1) & 1);
-    reductions++;
-    float sum = 0.0f;
-    for (int i = lane; i < blocks * warps; i += 32)
-        sum += x.sums[parity][i];
-    return tk_warp_sum(sum);
-#endif
+        tk_cluster_send_f32(tk_smem_address(&st.sums[k][(int)__clusterRelativeBlockRank() * warps + (threadIdx.x >> 5)]),
+                            landed, lane, v);
+    tk_mbarrier_wait(landed, 0);
+    return tk_warp_sum(lane < blocks * warps ? st.sums[k][lane] : 0.0f);
 }
+#endif
 
 /* The effective scale w' of the forward kernels: the weight, 1 + weight (gemma), or 1 (none). */
 enum { SCALE_WEIGHT, SCALE_GEMMA, SCALE_NONE };
+
+/* y = (h - mu) rstd w' + b, of one pack of VEC elements; w_raw() and b_raw() give w and b as
+ * stored (packs of VEC), called where the math needs them: the caller decides whether they are
+ * loaded there (the rows kernel) or were loaded earlier (the cluster kernel). Few instructions per element here: at the
+ * copy bandwidth a bf16 row has ~30 per element of issue budget and the loads, sums and
+ * conversions take ~15 of them. Hence the kind of w' (w, 1 + w or 1) and whether there is a
+ * bias (only LayerNorm has one) are compile-time: with_scale_kind gives each combination its
+ * own copy of the caller's loop, with no per-element select or add and no per-pack test.
+ * (h - mu) rstd stays a subtraction first (h rstd - mu rstd would cancel for rows far from
+ * zero). */
+template <int Kind, bool Bias, typename T, int VEC, typename WRaw, typename BRaw>
+__device__ __forceinline__ tk_pack<T, VEC> normalise_pack(const tk_pack<T, VEC> &h, float mean, float rstd, WRaw &&w_raw,
+                                                          BRaw &&b_raw) {
+    float f[VEC], scale[VEC], shift[VEC];
+    tk_unpack(h, f);
+    if constexpr (Kind == SCALE_NONE) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            scale[e] = 1.0f;
+    } else {
+        tk_unpack(w_raw(), scale);
+        /* Braced: CUDA 13.0's front end silently dropped the #pragma unroll loop that followed a
+         * discarded, unbraced if constexpr over a loop (it did so in the attention backward). */
+        if constexpr (Kind == SCALE_GEMMA) {
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                scale[e] += 1.0f;
+        }
+    }
+    tk_pack<T, VEC> out;
+    if constexpr (Bias) {
+        tk_unpack(b_raw(), shift);
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            out.v[e] = tk_from_float<T>(fmaf((f[e] - mean) * rstd, scale[e], shift[e]));
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            out.v[e] = tk_from_float<T>((f[e] - mean) * rstd * scale[e]);
+    }
+    return out;
+}
+
+/* VEC parameters at element c as stored, or nothing where the kind does not read them. */
+template <bool Load, int VEC, typename W> __device__ __forceinline__ tk_pack<W, VEC> param_raw(const W *p, int c) {
+    if constexpr (Load)
+        return norm_load_raw<W, VEC>(p, c);
+    else
+        return tk_pack<W, VEC>{};
+}
+
+/* Calls body(kind, bias) with the call's kind of w' and whether it adds a bias (LayerNorm's),
+ * as compile-time constants (std::integral_constant, std::bool_constant). */
+template <bool LayerNorm, typename Body> __device__ __forceinline__ void with_scale_kind(const tk_norm_call &a, Body &&body) {
+    auto with_bias = [&](auto kind) {
+        if (LayerNorm && a.bias)
+            body(kind, std::bool_constant<LayerNorm>{});
+        else
+            body(kind, std::false_type{});
+    };
+    if (!a.weight)
+        with_bias(std::integral_constant<int, SCALE_NONE>{});
+    else if (a.gemma)
+        with_bias(std::integral_constant<int, SCALE_GEMMA>{});
+    else
+        with_bias(std::integral_constant<int, SCALE_WEIGHT>{});
+}
 
 /* LayerNorm and Residual are template parameters: each of the four kernels carries only its own
  * registers and work (a runtime-general kernel was slower: docs/kernels/norm.md).
@@ -207,67 +232,51 @@ enum { SCALE_WEIGHT, SCALE_GEMMA, SCALE_NONE };
  * inside the tensor. The per-pack bounds checks, their branches and the per-pack address
  * arithmetic they kept from being hoisted then disappear (docs/kernels/norm.md counts the
  * instructions saved).
- * Cluster: the row is split over the blocks of a cluster, block `rank` holding packs
- * [rank * slice_packs, + slice_packs) of it (the last block fewer); one row per block.
  * Threads: the most threads a block has (the launch bounds). */
-template <typename T, typename W, int VEC, int Threads, bool LayerNorm, bool Residual, bool Whole, bool Cluster>
-__global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Whole, Cluster>()))
-    norm_fwd_rows(tk_norm_call a, int group, float inv_n, int slice_packs) {
+template <typename T, typename W, int VEC, int Threads, bool LayerNorm, bool Residual, bool Whole>
+__global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads>()))
+    norm_fwd_rows(tk_norm_call a, int group, float inv_n) {
     constexpr int PACKS = fwd_packs<VEC>();
     __shared__ float scratch[2][32];
-    int parity = 0;     /* group_sum's buffer */
-    int reductions = 0; /* cluster_sum's count */
+    int parity = 0; /* group_sum's buffer */
     const W *w = static_cast<const W *>(a.weight);
     const W *b = static_cast<const W *>(a.bias);
-    /* The block's first column, and its packs of the row. */
-    const int col0 = Cluster ? cluster_rank() * slice_packs * VEC : 0;
-    const int packs_row = Cluster ? min(slice_packs, (int)(a.cols - col0) / VEC) : (int)(a.cols / VEC);
+    const int packs_row = (int)(a.cols / VEC);
     /* A group is a power of two <= 32 or the whole block (norm.cuh): shifts, not divisions. */
-    const bool one_row = Whole || Cluster || group == (int)blockDim.x;
+    const bool one_row = Whole || group == (int)blockDim.x;
     const int group_shift = __ffs(group) - 1;
     const int groups_per_block = one_row ? 1 : (int)blockDim.x >> group_shift;
     const int local = one_row ? 0 : (int)threadIdx.x >> group_shift;
     const int lane = one_row ? (int)threadIdx.x : (int)threadIdx.x & (group - 1);
-    /* A cluster's blocks all take its rows: base = cluster index, step = clusters. */
-    const int64_t first_base = Cluster ? (int64_t)(blockIdx.x / cluster_blocks()) : (int64_t)blockIdx.x * groups_per_block;
-    const int64_t base_step = Cluster ? (int64_t)(gridDim.x / cluster_blocks()) : (int64_t)gridDim.x * groups_per_block;
-    auto row_sum = [&](float v) {
-        if constexpr (Cluster)
-            return cluster_sum(v, reductions);
-        else
-            return group_sum<Whole>(v, group, scratch, parity);
-    };
-    if constexpr (Cluster)
-        cluster_start();
+    const int64_t first_base = (int64_t)blockIdx.x * groups_per_block;
+    const int64_t base_step = (int64_t)gridDim.x * groups_per_block;
+    auto row_sum = [&](float v) { return group_sum<Whole>(v, group, scratch, parity); };
     /* A decode-sized call (NORM_DECODE_ROWS rows or fewer, the whole kernel's time counts) reads
      * w' and b only after the row's reductions, a second DRAM round trip after x's; prefetched
      * beside x's loads, the two overlap. Only there: prefetched at every block's start, they cost
      * the 16384 x 4096 16-bit rows a third of their speed on the H200 (the card's Tried table),
-     * and larger calls find them in L2 anyway. Not in a cluster: the wait for its blocks to start
-     * invalidates L1. */
-    if constexpr (!Cluster) {
-        if (a.rows <= NORM_DECODE_ROWS && local == 0) { /* one row's group per block suffices */
+     * and larger calls find them in L2 anyway. */
+    if (a.rows <= NORM_DECODE_ROWS && local == 0) { /* one row's group per block suffices */
 #pragma unroll
-            for (int p = 0; p < PACKS; p++) {
-                const int j = lane + p * group;
-                if (Whole || j < packs_row) {
-                    if (w)
-                        tk_prefetch_l1(w + col0 + j * VEC);
-                    if (LayerNorm && b)
-                        tk_prefetch_l1(b + col0 + j * VEC);
-                }
+        for (int p = 0; p < PACKS; p++) {
+            const int j = lane + p * group;
+            if (Whole || j < packs_row) {
+                if (w)
+                    tk_prefetch_l1(w + j * VEC);
+                if (LayerNorm && b)
+                    tk_prefetch_l1(b + j * VEC);
             }
         }
     }
 
     for (int64_t base = first_base; base < a.rows; base += base_step) {
         const int64_t row = base + local;
-        const bool active = Whole || Cluster || row < a.rows; /* a cluster's row: base < rows */
+        const bool active = Whole || row < a.rows;
         auto in_row = [&](int j) { return Whole || (active && j < packs_row); };
         /* In-row offsets are 32-bit (cols <= 262144); only the row bases are 64-bit. */
-        const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride + col0;
-        T *__restrict__ res_row = Residual ? static_cast<T *>(a.residual) + row * a.residual_stride + col0 : nullptr;
-        T *y_row = static_cast<T *>(a.y) + row * a.y_stride + col0;
+        const T *__restrict__ x_row = static_cast<const T *>(a.x) + row * a.x_stride;
+        T *__restrict__ res_row = Residual ? static_cast<T *>(a.residual) + row * a.residual_stride : nullptr;
+        T *y_row = static_cast<T *>(a.y) + row * a.y_stride;
         tk_pack<T, VEC> h[PACKS], r[PACKS];
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
@@ -278,9 +287,6 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
                     r[p] = tk_load_pack<T, VEC>(res_row + j * VEC);
             }
         }
-        if constexpr (Cluster)
-            if (base == first_base)
-                cluster_wait_started();
         if constexpr (Residual)
             keep_packed(r); /* convert pack by pack in the add below, not all at once */
         float sum = 0.0f;
@@ -322,69 +328,147 @@ __global__ void __launch_bounds__(Threads, (rows_min_blocks<T, VEC, Threads, Who
         }
         keep_packed(h);
         const float rstd = rsqrtf(row_sum(squares) * inv_n + a.eps);
-        if (active && lane == 0 && col0 == 0) { /* a cluster's first block */
+        if (active && lane == 0) {
             if (a.rstd_out)
                 a.rstd_out[row] = rstd;
             if (a.mean_out)
                 a.mean_out[row] = mean;
         }
-        /* y = (h - mu) rstd w' + b. Few instructions per element here: at the copy bandwidth a
-         * bf16 row has ~30 per element of issue budget and the loads, sums and conversions take
-         * ~15 of them. Hence the kind of w' (w, 1 + w or 1) and whether there is a bias (only
-         * LayerNorm has one) are lifted out of the loop: each combination gets its own copy of
-         * the loop with no per-element select or add and no per-pack test. (h - mu) rstd stays
-         * a subtraction first (h rstd - mu rstd would cancel for rows far from zero). */
-        auto store_normalised = [&](auto scale_kind, auto with_bias) {
+        /* y = (h - mu) rstd w' + b: with_scale_kind's copy of the loop for this call's kind. */
+        with_scale_kind<LayerNorm>(a, [&](auto scale_kind, auto with_bias) {
             constexpr int kind = decltype(scale_kind)::value;
+            constexpr bool bias = decltype(with_bias)::value;
 #pragma unroll
             for (int p = 0; p < PACKS; p++) {
                 const int j = lane + p * group;
-                if (in_row(j)) {
-                    float f[VEC], scale[VEC], shift[VEC];
-                    tk_unpack(h[p], f);
-                    if constexpr (kind == SCALE_NONE) {
+                if (in_row(j))
+                    tk_store_pack<T, VEC>(y_row + j * VEC, normalise_pack<kind, bias>(
+                                                               h[p], mean, rstd, [&] { return norm_load_raw<W, VEC>(w, j * VEC); },
+                                                               [&] { return norm_load_raw<W, VEC>(b, j * VEC); }));
+            }
+        });
+    }
+}
+
+/* The cluster kernel: one row per cluster, block `rank` taking packs [rank * slice_packs,
+ * + slice_packs) of it (the last block fewer, never none: the launcher splits evenly). The slice
+ * (and the residual's) lands in shared memory by bulk copies; the passes then read it there:
+ * the sum (LayerNorm) or the sum of squares (RMSNorm), with the residual computing h = x + r,
+ * storing it and writing it over x's copy so that the later passes read h; LayerNorm's sum of
+ * (h - mu)^2 (exact two-pass variance); y. A thread reads in each pass the packs j = thread +
+ * k * CLUSTER_THREADS (16-byte accesses, consecutive across the warp: no bank conflicts), and
+ * only the packs it wrote, so no block barrier is needed between the passes. */
+template <typename T, typename W, bool LayerNorm, bool Residual>
+__global__ void __launch_bounds__(CLUSTER_THREADS, CLUSTER_MIN_BLOCKS)
+    norm_fwd_cluster(tk_norm_call a, float inv_n, int slice_packs) {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    constexpr int VEC = 16 / (int)sizeof(T);
+    using pack = tk_pack<T, VEC>;
+    extern __shared__ __align__(16) unsigned char staged[];
+    pack *hs = reinterpret_cast<pack *>(staged); /* x's slice, then h */
+    const pack *rs = hs + slice_packs;           /* the residual's */
+    cluster_shared_state &st = cluster_shared();
+    const int col0 = (int)__clusterRelativeBlockRank() * slice_packs * VEC;
+    const int packs = min(slice_packs, (int)(a.cols - col0) / VEC);
+    const int64_t row = blockIdx.x / __clusterSizeInBlocks();
+    const T *x_row = static_cast<const T *>(a.x) + row * a.x_stride + col0;
+    T *res_row = Residual ? static_cast<T *>(a.residual) + row * a.residual_stride + col0 : nullptr;
+    T *y_row = static_cast<T *>(a.y) + row * a.y_stride + col0;
+    const uint32_t loaded = tk_smem_address(&st.loaded);
+    /* Thread 0 initialises the barriers and starts the copies at once (the proxy fence makes the
+     * initialisation visible to the copies' complete_tx). */
+    if (threadIdx.x == 0) {
+        tk_mbarrier_init(loaded, 1);
+        tk_mbarrier_init(tk_smem_address(&st.landed[0]), 1);
+        tk_mbarrier_init(tk_smem_address(&st.landed[1]), 1);
+        tk_fence_mbarrier_init();
+        tk_fence_proxy_async_shared();
+        const uint32_t bytes = (uint32_t)packs * (uint32_t)sizeof(pack);
+        tk_mbarrier_arrive_expect_tx(loaded, Residual ? 2 * bytes : bytes);
+        tk_bulk_load(tk_smem_address(hs), x_row, bytes, loaded);
+        if constexpr (Residual)
+            tk_bulk_load(tk_smem_address(rs), res_row, bytes, loaded);
+    }
+    /* A block may send into another's shared memory only once that block runs and has initialised
+     * its barriers: every thread arrives (relaxed: the fence publishes the initialisation) and
+     * waits, with the copies in flight. The wait also publishes the initialisation to this
+     * block's threads before they wait on `loaded`. */
+    __cluster_barrier_arrive_relaxed();
+    __cluster_barrier_wait();
+    tk_mbarrier_wait(loaded, 0);
+
+    float first = 0.0f; /* LayerNorm: sum of h; RMSNorm: sum of h^2 */
+#pragma unroll 4
+    for (int j = threadIdx.x; j < packs; j += CLUSTER_THREADS) {
+        pack h = hs[j];
+        float f[VEC];
+        if constexpr (Residual) {
+            float g[VEC];
+            tk_unpack(h, f);
+            tk_unpack(rs[j], g);
 #pragma unroll
-                        for (int e = 0; e < VEC; e++)
-                            scale[e] = 1.0f;
-                    } else {
-                        norm_load_params<W, VEC>(w, col0 + j * VEC, scale);
-                        /* Braced: CUDA 13.0's front end silently dropped the #pragma unroll loop
-                         * that followed a discarded, unbraced if constexpr over a loop (it did so
-                         * in the attention backward); here the block ends next, but keep braces. */
-                        if constexpr (kind == SCALE_GEMMA) {
+            for (int e = 0; e < VEC; e++)
+                h.v[e] = tk_from_float<T>(f[e] + g[e]);
+            tk_store_pack<T, VEC>(res_row + j * VEC, h);
+            hs[j] = h;
+        }
+        tk_unpack(h, f); /* the rounded h that was stored */
 #pragma unroll
-                            for (int e = 0; e < VEC; e++)
-                                scale[e] += 1.0f;
-                        }
-                    }
-                    tk_pack<T, VEC> out;
-                    if constexpr (decltype(with_bias)::value) {
-                        norm_load_params<W, VEC>(b, col0 + j * VEC, shift);
+        for (int e = 0; e < VEC; e++)
+            first += LayerNorm ? f[e] : f[e] * f[e];
+    }
+    float mean = 0.0f, squares = first;
+    if constexpr (LayerNorm) {
+        mean = cluster_sum(first, 0) * inv_n;
+        squares = 0.0f;
+#pragma unroll 4
+        for (int j = threadIdx.x; j < packs; j += CLUSTER_THREADS) {
+            float f[VEC];
+            tk_unpack(hs[j], f);
 #pragma unroll
-                        for (int e = 0; e < VEC; e++)
-                            out.v[e] = tk_from_float<T>(fmaf((f[e] - mean) * rstd, scale[e], shift[e]));
-                    } else {
+            for (int e = 0; e < VEC; e++)
+                squares += (f[e] - mean) * (f[e] - mean);
+        }
+    }
+    const float rstd = rsqrtf(cluster_sum(squares, LayerNorm ? 1 : 0) * inv_n + a.eps);
+    if (threadIdx.x == 0 && col0 == 0) { /* the cluster's first block */
+        if (a.rstd_out)
+            a.rstd_out[row] = rstd;
+        if (a.mean_out)
+            a.mean_out[row] = mean;
+    }
+    /* y, CHUNK packs at a time: their w' and b loads (L2 hits mostly: every row reads them) are
+     * issued together, so that their round trips overlap, then the packs are normalised and
+     * stored. 32 bytes of parameters a pack at most (f32 ones of a 16-bit row): 4 packs of 16
+     * bytes or 2 of 32, up to 32 registers for w' and b together. */
+    const W *w = static_cast<const W *>(a.weight);
+    const W *b = static_cast<const W *>(a.bias);
+    with_scale_kind<LayerNorm>(a, [&](auto scale_kind, auto with_bias) {
+        constexpr int kind = decltype(scale_kind)::value;
+        constexpr bool bias = decltype(with_bias)::value;
+        constexpr int CHUNK = 64 / (int)sizeof(tk_pack<W, VEC>);
+        for (int j0 = threadIdx.x; j0 < packs; j0 += CHUNK * CLUSTER_THREADS) {
+            tk_pack<W, VEC> w_raw[CHUNK], b_raw[CHUNK];
 #pragma unroll
-                        for (int e = 0; e < VEC; e++)
-                            out.v[e] = tk_from_float<T>((f[e] - mean) * rstd * scale[e]);
-                    }
-                    tk_store_pack<T, VEC>(y_row + j * VEC, out);
+            for (int u = 0; u < CHUNK; u++) {
+                const int j = j0 + u * CLUSTER_THREADS;
+                if (j < packs) {
+                    w_raw[u] = param_raw<kind != SCALE_NONE, VEC>(w, col0 + j * VEC);
+                    b_raw[u] = param_raw<bias, VEC>(b, col0 + j * VEC);
                 }
             }
-        };
-        auto store_with_scale = [&](auto scale_kind) {
-            if (LayerNorm && b)
-                store_normalised(scale_kind, std::bool_constant<LayerNorm>{});
-            else
-                store_normalised(scale_kind, std::false_type{});
-        };
-        if (!w)
-            store_with_scale(std::integral_constant<int, SCALE_NONE>{});
-        else if (a.gemma)
-            store_with_scale(std::integral_constant<int, SCALE_GEMMA>{});
-        else
-            store_with_scale(std::integral_constant<int, SCALE_WEIGHT>{});
-    }
+#pragma unroll
+            for (int u = 0; u < CHUNK; u++) {
+                const int j = j0 + u * CLUSTER_THREADS;
+                if (j < packs)
+                    tk_store_pack<T, VEC>(y_row + j * VEC, normalise_pack<kind, bias>(
+                                                               hs[j], mean, rstd, [&] { return w_raw[u]; }, [&] { return b_raw[u]; }));
+            }
+        }
+    });
+#endif
 }
 
 /* Mean and sum of squared deviations of `count` values (Chan, Golub, LeVeque). */
@@ -527,26 +611,54 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_fwd_wide(tk_norm_call a) {
     }
 }
 
-/* The rows kernel of one layout: a grid of `blocks_per_row`-block clusters when Cluster. */
-template <typename T, typename W, int VEC, int Threads, bool Whole, bool Cluster>
-cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, int blocks_per_row,
-                        int slice_packs, cudaStream_t stream) {
-    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, Threads, true, true, Whole, Cluster>
-                                                    : norm_fwd_rows<T, W, VEC, Threads, true, false, Whole, Cluster>)
-                                     : (a->residual ? norm_fwd_rows<T, W, VEC, Threads, false, true, Whole, Cluster>
-                                                    : norm_fwd_rows<T, W, VEC, Threads, false, false, Whole, Cluster>);
-    cudaLaunchAttribute cluster = tk_cluster_attribute(blocks_per_row);
-    const cudaLaunchConfig_t cfg = tk_launch_config(grid, s.threads, 0, stream, &cluster, Cluster ? 1 : 0);
-    return tk_launch(cfg, kernel, *a, s.group, inv_n, slice_packs);
+/* The rows kernel of one layout. */
+template <typename T, typename W, int VEC, int Threads, bool Whole>
+cudaError_t launch_rows(const tk_norm_call *a, dim3 grid, norm_rows_shape s, float inv_n, cudaStream_t stream) {
+    const auto kernel = a->layernorm ? (a->residual ? norm_fwd_rows<T, W, VEC, Threads, true, true, Whole>
+                                                    : norm_fwd_rows<T, W, VEC, Threads, true, false, Whole>)
+                                     : (a->residual ? norm_fwd_rows<T, W, VEC, Threads, false, true, Whole>
+                                                    : norm_fwd_rows<T, W, VEC, Threads, false, false, Whole>);
+    return tk_launch(kernel, grid, s.threads, 0, stream, *a, s.group, inv_n);
 }
 
-/* The same, whole rows (or slices) or not. */
-template <typename T, typename W, int VEC, int Threads, bool Cluster>
+/* The same, whole rows or not. */
+template <typename T, typename W, int VEC, int Threads>
 cudaError_t launch_whole_or_not(const tk_norm_call *a, bool whole, dim3 grid, norm_rows_shape s, float inv_n,
-                                int blocks_per_row, int slice_packs, cudaStream_t stream) {
-    return whole ? launch_rows<T, W, VEC, Threads, true, Cluster>(a, grid, s, inv_n, blocks_per_row, slice_packs, stream)
-                 : launch_rows<T, W, VEC, Threads, false, Cluster>(a, grid, s, inv_n, blocks_per_row, slice_packs,
-                                                                   stream);
+                                cudaStream_t stream) {
+    return whole ? launch_rows<T, W, VEC, Threads, true>(a, grid, s, inv_n, stream)
+                 : launch_rows<T, W, VEC, Threads, false>(a, grid, s, inv_n, stream);
+}
+
+/* The cluster kernel of one op: a grid of one cluster per row (the host checked that rows x
+ * blocks fits the grid), each block with its slice (and the residual's) as dynamic shared
+ * memory, opted in once for the largest (2 x 32 KB). */
+template <typename T, typename W, bool LayerNorm, bool Residual>
+cudaError_t launch_cluster_op(const tk_norm_call *a, const tk_device *dev, int blocks_per_row, int slice_packs,
+                              cudaStream_t stream) {
+    constexpr auto kernel = norm_fwd_cluster<T, W, LayerNorm, Residual>;
+    constexpr int tensors = Residual ? 2 : 1;
+    cudaError_t err = tk_opt_in_smem<kernel>(dev, tensors * CLUSTER_SLICE_PACKS * 16);
+    if (err != cudaSuccess)
+        return err;
+    cudaLaunchAttribute cluster = tk_cluster_attribute(blocks_per_row);
+    const cudaLaunchConfig_t cfg = tk_launch_config(dim3((unsigned)(a->rows * blocks_per_row)), CLUSTER_THREADS,
+                                                    (size_t)tensors * slice_packs * 16, stream, &cluster, 1);
+    return tk_launch(cfg, kernel, *a, 1.0f / (float)a->cols, slice_packs);
+}
+
+/* Cluster rows: the fewest 32 KB slices that hold the row (at most TK_NORM_CLUSTER_MAX_BLOCKS, as
+ * the host checked), as even as whole packs allow: a 65536-wide bf16 row is 4 slices of 2048
+ * packs, 40000 f32 5 of 2000, 65544 bf16 (8193 packs) 5 of 1639, the last 1637. */
+template <typename T, typename W>
+cudaError_t launch_cluster(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream) {
+    const int64_t packs_row = a->cols / (16 / (int64_t)sizeof(T));
+    const int blocks_per_row = (int)((packs_row + CLUSTER_SLICE_PACKS - 1) / CLUSTER_SLICE_PACKS);
+    const int slice_packs = (int)((packs_row + blocks_per_row - 1) / blocks_per_row);
+    if (a->layernorm)
+        return a->residual ? launch_cluster_op<T, W, true, true>(a, dev, blocks_per_row, slice_packs, stream)
+                           : launch_cluster_op<T, W, true, false>(a, dev, blocks_per_row, slice_packs, stream);
+    return a->residual ? launch_cluster_op<T, W, false, true>(a, dev, blocks_per_row, slice_packs, stream)
+                       : launch_cluster_op<T, W, false, false>(a, dev, blocks_per_row, slice_packs, stream);
 }
 
 enum fwd_kernel { ROWS, CLUSTER, WIDE };
@@ -561,36 +673,29 @@ cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev
             return err;
         return tk_launch(kernel, (unsigned)(a->rows < wave ? a->rows : wave), WIDE_THREADS, 0, stream, *a);
     }
+    if constexpr (VEC > 1) {
+        if (which == CLUSTER)
+            return launch_cluster<T, W>(a, dev, stream);
+    }
     constexpr int packs = fwd_packs<VEC>(), small = rows_small_threads<T, VEC>(), big = TK_NORM_ROWS_MAX_THREADS;
     const int64_t packs_row = a->cols / VEC;
-    /* Cluster: the fewest blocks whose slices a block holds (the host checked that at most
-     * TK_NORM_CLUSTER_MAX_BLOCKS do), slices as even as whole packs allow. */
-    const int64_t block_packs = (int64_t)packs * big;
-    const int blocks_per_row = which == CLUSTER ? (int)((packs_row + block_packs - 1) / block_packs) : 1;
-    const int slice_packs = (int)((packs_row + blocks_per_row - 1) / blocks_per_row);
-    const norm_rows_shape s = norm_shape_for((slice_packs + packs - 1) / packs);
+    const norm_rows_shape s = norm_shape_for((packs_row + packs - 1) / packs);
     const int groups_per_block = s.threads / s.group;
     /* One block per row group, not a persistent grid: blocks in different phases (loading,
      * reducing, storing) then share each SM. The kernel strides only past the grid limit. */
     int64_t groups = (a->rows + groups_per_block - 1) / groups_per_block;
-    if (groups > 0x7fffffff / blocks_per_row)
-        groups = 0x7fffffff / blocks_per_row;
-    const dim3 grid((unsigned)((groups < 1 ? 1 : groups) * blocks_per_row));
+    if (groups > 0x7fffffff)
+        groups = 0x7fffffff;
+    const dim3 grid((unsigned)(groups < 1 ? 1 : groups));
     const float inv_n = 1.0f / (float)a->cols; /* here, not a division per thread */
-    /* Whole rows (or slices) only for 16-byte packs: e.g. 2048..16384 in steps of 1024 for
-     * 16-bit rows, 32768 on 2 blocks. The slices of a 16-bit cluster row are wider than 256
-     * threads hold. */
+    /* Whole rows only for 16-byte packs: e.g. 2048..16384 in steps of 1024 for 16-bit rows. */
     if constexpr (VEC > 1) {
-        const bool whole = s.group == s.threads && slice_packs == packs * s.threads &&
-                           packs_row == (int64_t)slice_packs * blocks_per_row;
-        if (which == CLUSTER)
-            return launch_whole_or_not<T, W, VEC, big, true>(a, whole, grid, s, inv_n, blocks_per_row, slice_packs,
-                                                             stream);
+        const bool whole = s.group == s.threads && packs_row == (int64_t)packs * s.threads;
         if (s.threads > small)
-            return launch_whole_or_not<T, W, VEC, big, false>(a, whole, grid, s, inv_n, 1, slice_packs, stream);
-        return launch_whole_or_not<T, W, VEC, small, false>(a, whole, grid, s, inv_n, 1, slice_packs, stream);
+            return launch_whole_or_not<T, W, VEC, big>(a, whole, grid, s, inv_n, stream);
+        return launch_whole_or_not<T, W, VEC, small>(a, whole, grid, s, inv_n, stream);
     }
-    return launch_rows<T, W, VEC, small, false, false>(a, grid, s, inv_n, 1, slice_packs, stream);
+    return launch_rows<T, W, VEC, small, false>(a, grid, s, inv_n, stream);
 }
 
 template <typename T, int VEC>

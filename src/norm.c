@@ -3,8 +3,8 @@
  * cuda/norm_bwd.cu; the math is documented in docs/kernels/norm.md.
  *
  * Variants of op "norm" (forward) and of op "norm_bwd" (backward), best first: "vec16" (16-byte
- * packs, row in registers), "cluster_vec16" (forward only, sm_90: wider rows in the registers of
- * a thread-block cluster), "wide_vec16" (16-byte packs, any width), "scalar" (any element
+ * packs, row in registers), "cluster_vec16" (forward only, sm_90: wider rows in the shared memory
+ * of a thread-block cluster), "wide_vec16" (16-byte packs, any width), "scalar" (any element
  * alignment, row in registers), "wide_scalar" (anything). The "rows" kernels hold rows up to
  * tk_norm_rows_fit's limit (cuda/norm.h), which differs by direction.
  */
@@ -47,12 +47,14 @@ static bool norm_bwd_vec16_supports(tk_call_args call, const tk_device *dev) {
     return rows_vec16_fit(call, true);
 }
 
-/* Rows the forward rows kernel cannot hold on one block but a cluster can. */
+/* Rows the forward rows kernel cannot hold on one block but a cluster can; one cluster per row,
+ * so rows x blocks must fit the grid (2^31 - 1 blocks: far past any tensor of such rows). */
 static bool norm_cluster_vec16_supports(tk_call_args call, const tk_device *dev) {
     (void)dev;
     const tk_norm_call *a = call;
     return norm_aligned16(a) && !tk_norm_rows_fit(a->cols, pack_elems(a->dtype), false) &&
-           tk_norm_cluster_fit(a->cols, pack_elems(a->dtype));
+           tk_norm_cluster_fit(a->cols, pack_elems(a->dtype)) &&
+           a->rows <= INT32_MAX / TK_NORM_CLUSTER_MAX_BLOCKS;
 }
 
 static bool norm_wide_vec16_supports(tk_call_args call, const tk_device *dev) {

@@ -560,8 +560,10 @@ static const struct {
      * 8200 one pack past 256 threads), then on clusters of 32 KB slices: 65536 is 4 whole
      * slices (f32: 8), 131072 8 (16-bit, the most), 40000 3 uneven ones (f32: 5), 16384 and
      * 8200 2 f32 ones, 98304 6 whole 16-bit ones, 114680 7 16-bit ones (the last one pack
-     * short); 400 rows of 16392 (2 uneven 16-bit slices, 3 f32) are several waves of clusters
-     * (cluster_blocks_agree covers f32 on 2 to 8 blocks as well). */
+     * short), 65544 5 uneven 16-bit ones (the last two packs short; f32: past the cluster, so
+     * wide); 400 rows of 16392 (2 uneven 16-bit slices, 3 f32) are several waves of clusters
+     * (cluster_blocks_agree covers f32 on 2 to 8 blocks as well; large_tensors the benchmark's
+     * wide rows). */
     {5, 16384, 0, 0, 0, 0, true, true, true, false, true, false},
     {3, 65536, 8, 16, 24, 0, true, true, true, true, true, false},
     {4, 40000, 0, 0, 0, 0, false, true, true, false, true, true},
@@ -570,6 +572,7 @@ static const struct {
     {2, 98304, 0, 0, 0, 0, true, true, false, true, true, false},
     {3, 114680, 8, 0, 16, 0, true, true, true, false, true, false},
     {400, 16392, 8, 16, 24, 0, true, true, true, false, true, false},
+    {3, 65544, 8, 0, 8, 0, true, true, true, true, true, false},
 };
 
 static void run_all(bool backward) {
@@ -699,6 +702,21 @@ Test(norm_gpu, large_tensors, .timeout = 600) {
     norm_case ln_bwd = {true, true, TK_BF16, TK_F32, 16384, 4096, 0, 0, 0, 0,
                         false, true, true, false, true, false, NULL, "vec16"};
     run_bwd_case(&ln_bwd, &rng);
+    /* The benchmark's wide rows (one cluster per row, many waves of clusters), automatic choice:
+     * RMSNorm, add+RMSNorm and LayerNorm bf16 1024 x 65536, both ops f32 4096 x 16384, and the
+     * widest 16-bit rows (8 slices) with f16 and f32 weights, the residual, gemma, 64 rows. */
+    const char *wide = clusters_run_here() ? "cluster_vec16" : "wide_vec16";
+    const norm_case wide_rows[] = {
+        {false, false, TK_BF16, TK_BF16, 1024, 65536, 0, 0, 0, 0, false, true, false, false, true, false, NULL, wide},
+        {false, false, TK_BF16, TK_BF16, 1024, 65536, 0, 0, 0, 0, true, true, false, false, true, false, NULL, wide},
+        {true, false, TK_BF16, TK_BF16, 1024, 65536, 0, 0, 0, 0, false, true, true, false, true, false, NULL, wide},
+        {false, false, TK_F32, TK_F32, 4096, 16384, 0, 0, 0, 0, false, true, false, false, true, false, NULL, wide},
+        {true, false, TK_F32, TK_F32, 4096, 16384, 0, 0, 0, 0, false, true, true, false, true, false, NULL, wide},
+        {true, false, TK_F16, TK_F32, 64, 131072, 0, 0, 0, 0, true, true, true, false, true, false, NULL, wide},
+        {false, false, TK_BF16, TK_BF16, 64, 131072, 0, 0, 0, 0, true, true, false, true, true, false, NULL, wide},
+    };
+    for (size_t i = 0; i < sizeof wide_rows / sizeof wide_rows[0]; i++)
+        run_fwd_case(&wide_rows[i], &rng);
 }
 
 /* ------------------------------------------------------------- in place (GPU) ---- */

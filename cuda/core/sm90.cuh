@@ -4,6 +4,7 @@
  *
  *   host     tk_tensor_map_2d          describe a global matrix to the TMA unit
  *   TMA      tk_tma_load_2d / _4d      copy a box of it into shared memory, counted on an mbarrier
+ *            (tk_bulk_load: contiguous bytes, no tensor map)
  *            (tk_tma_prefetch_map: fetch its descriptor ahead of the first copy)
  *   mbarrier tk_mbarrier_*             init, arrive, arrive + expect bytes, wait for a phase
  *   ring     tk_stage_ring             which stage and phase parity a pipeline step uses
@@ -148,6 +149,18 @@ __device__ __forceinline__ void tk_mbarrier_wait(uint32_t bar, uint32_t parity) 
 }
 
 /* ---- TMA ---- */
+
+/* cp.async.bulk (1-D, no tensor map): `bytes` contiguous bytes (a multiple of 16; both addresses
+ * 16-byte aligned) from global memory at src into this block's shared memory at dst, counted on
+ * the mbarrier `bar` (complete_tx), whose phase must expect them (tk_mbarrier_arrive_expect_tx).
+ * One thread issues it; the TMA unit moves the bytes, so no thread holds registers for them
+ * while they are in flight. */
+__device__ __forceinline__ void tk_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 
 /* prefetch.tensormap: bring the descriptor `map` (a __grid_constant__ kernel parameter) into the
  * TMA unit's cache, so that the first copy through it does not wait for that fetch. Issued at
