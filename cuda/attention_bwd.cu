@@ -33,6 +33,16 @@ constexpr int BWD_SM_WARPS = 8;
 constexpr int BWD_WARPS = 8;
 constexpr int BWD_WARPS_SMALL = 4;
 
+/* The shared memory per block of the architecture of this device pass where it holds fewer than
+ * some main kernels' tiles: 99 KB on sm_86 and sm_89 (sm_80 and sm_90 hold every shape here). A
+ * main kernel whose tiles exceed it is never launched there (attn_bwd_fits) and compiles to an
+ * empty body, so that ptxas neither builds nor allocates registers for code that cannot run. */
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
+constexpr int BWD_ARCH_SMEM = 99 * 1024;
+#else
+constexpr int BWD_ARCH_SMEM = 1 << 30;
+#endif
+
 /* Per head dim and warps: BM query rows per streamed tile; COL_WARPS, the warps that share 16
  * keys; SPLIT, whether a warp computes S^T, P and dV before dP^T rather than S^T and dP^T in one
  * k-loop (the step's two orders are in attn_bwd_main).
@@ -121,6 +131,9 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     constexpr int MQ = shape::DQ_ROWS / 16; /* m16 tiles of this warp's dQ block */
     constexpr int WDT = shape::DQ_COLS / 8; /* n8 tiles of this warp's dQ block */
     extern __shared__ __align__(128) unsigned char smem[];
+    if constexpr (shape::SMEM_BYTES + ATTN_BWD_STATIC_SMEM > BWD_ARCH_SMEM) {
+        return; /* never launched on this architecture (BWD_ARCH_SMEM) */
+    }
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3, lrow = lane & 7, lmat = lane >> 3;
