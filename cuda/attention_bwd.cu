@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
              * the margin between BM = 64 at D 128 and a spill); the softcap factor is rounded once
              * (the naive backward rounds P, and dS twice there). A straight from the accumulators
              * over the warp's own 16-query slices would save 8 of the 144 ldmatrix a step, but
-             * ptxas spilled with it (4 to 32 bytes, by the arch and the product), the softcap
+             * ptxas spilled with it (4 to 52 bytes, by the arch and the product), the softcap
              * factor and P both held through dV. */
             static_assert(CW == 2, "the split order pairs two warps per block of keys");
             const int pair_barrier = 1 + key_warp; /* named barrier of the block's two warps */
