@@ -33,28 +33,47 @@ constexpr int BWD_SM_WARPS = 8;
 constexpr int BWD_WARPS = 8;
 constexpr int BWD_WARPS_SMALL = 4;
 
-/* Per head dim and warps: BM query rows per streamed tile; COL_WARPS, the warps that share 16
- * keys; SPLIT, whether a warp computes S^T, P and dV before dP^T rather than S^T and dP^T in one
- * k-loop (the step's two orders are in attn_bwd_main).
- * A key's warps split its dK and dV by columns (D / COL_WARPS each) and its S^T and dP^T by
- * queries (BM / COL_WARPS each), so a thread holds 2 x 16 D / (32 COL_WARPS) accumulators of dK,
- * dV and 16 BM / (32 COL_WARPS) each of S^T and dP^T (only one of them at a time when SPLIT), in
- * kernels that use 200 to 255 of their 255 registers. BM = 64 at D 128 with 8 warps
- * (FlashAttention-2's tile) needs SPLIT: 128 + 32 at the peak builds without spills, with P
- * waiting for dP^T in shared memory, where 128 + 64 spilled. It stays 32 with 4 warps, whose
- * 64-key tiles are for devices with 99 KB of shared memory per block (BM 64: 112.5 KB). Where the
- * registers allow the fused k-loop it is kept: it is the faster order there (the card's BM
- * section). At D 256 one warp per key would need 256 registers for dK and dV alone, so
- * two warps share each key: 128 + 2 x 8 (BM 64 there would need 217.5 KB of shared memory, sm_90
- * only). D 80 takes BM = 64 (80 + 64): with 32 rows its dQ (32 x 80: two m16 by ten n8) has no
- * even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes BM = 32 (96 + 32): with 64 the
- * 8-warp kernel spills at sm_90a. */
+/* The shared memory per block of the architecture of this device pass where it holds fewer than
+ * some main kernels' tiles: 99 KB on sm_86 and sm_89 (sm_80 and sm_90 hold every shape here). A
+ * main kernel whose tiles exceed it is never launched there (attn_bwd_fits) and compiles to an
+ * empty body, so that ptxas neither builds nor allocates registers for code that cannot run
+ * (the 8-warp kernel at D 128 spilled 20-28 bytes on sm_86 and sm_89 when built there). */
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
+constexpr int BWD_ARCH_SMEM = 99 * 1024;
+#else
+constexpr int BWD_ARCH_SMEM = 1 << 30;
+#endif
+
+/* Per head dim and warps: BM query rows per streamed tile; KEY_ROWS, the keys of a warp's block
+ * (16 or 32: one or two m16 tiles); COL_WARPS, the warps that share a block of keys; SPLIT,
+ * whether a warp computes S^T, P and dV before dP^T rather than S^T and dP^T in one k-loop (the
+ * step's two orders are in attn_bwd_main).
+ * A block's warps split its dK and dV by columns (D / COL_WARPS each) and its S^T and dP^T by
+ * queries (BM / COL_WARPS each), so a thread holds 2 x KEY_ROWS D / (32 COL_WARPS) accumulators
+ * of dK, dV and KEY_ROWS BM / (32 COL_WARPS) each of S^T and dP^T (only one of them at a time
+ * when SPLIT), in kernels that use 200 to 255 of their 255 registers.
+ * Per k16 step a warp's S^T loads KEY_ROWS / 16 A fragments (K rows) and BM / (16 COL_WARPS)
+ * B fragments (Q rows, ldmatrix.x4 each) for their product of MMAs, so the squarer the block the
+ * fewer loads per MMA: 16 keys x 64 queries load 1 + 4 per 8 MMAs, 32 x 32 (FlashAttention-2's
+ * warp tile at D 128) 2 + 2. D 128 with 8 warps takes 32 keys x 32 queries, two warps per block
+ * (BN 128, BM 64), and their dV and dK 32 keys x 64 columns, A (P^T, dS^T over all 64 queries)
+ * from the tile where both warps store their halves: 144 ldmatrix.x4 per warp and step, as
+ * FlashAttention-2's partition, where 16 keys x 64 queries with A from the accumulators took 176
+ * (S^T and dP^T 80 -> 64, dV and dK 64 -> 48, dQ 32). That needs SPLIT: 128 + 32 at the peak
+ * builds without spills, with P waiting for dP^T in shared memory, where 128 + 64 spilled. BM
+ * stays 32 with 4 warps, whose 64-key tiles are for devices with 99 KB of shared memory per block
+ * (BM 64: 112.5 KB). Where the registers allow the fused k-loop it is kept: it is the faster
+ * order there (the card's BM section). At D 256 one warp per 16 keys would need 256
+ * registers for dK and dV alone, so two warps share each 16: 128 + 2 x 8 (BM 64 there would need
+ * 217.5 KB of shared memory, sm_90 only). D 80 takes BM = 64 (80 + 64): with 32 rows its dQ
+ * (32 x 80: two m16 by ten n8) has no even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes
+ * BM = 32 (96 + 32): with 64 the 8-warp kernel spills at sm_90a. */
 template <int D, int WARPS> struct attn_bwd_tile {
-    static constexpr int BM = D <= 80 ? 64 : 32, COL_WARPS = D == 256 ? 2 : 1;
+    static constexpr int BM = D <= 80 ? 64 : 32, KEY_ROWS = 16, COL_WARPS = D == 256 ? 2 : 1;
     static constexpr bool SPLIT = false;
 };
 template <> struct attn_bwd_tile<128, BWD_WARPS> {
-    static constexpr int BM = 64, COL_WARPS = 1;
+    static constexpr int BM = 64, KEY_ROWS = 32, COL_WARPS = 2;
     static constexpr bool SPLIT = true;
 };
 
@@ -75,11 +94,13 @@ constexpr int attn_bwd_dq_col_warps(int d, int warps, int bm) {
     return best;
 }
 
-/* The main kernel's plan for WARPS warps: BN = 16 WARPS / COL_WARPS keys, warp w owning keys
- * 16 (w / COL_WARPS) .. + 15, of them queries BM / COL_WARPS (w % COL_WARPS) .. + BM / COL_WARPS - 1
- * of S^T and dP^T and columns D / COL_WARPS (w % COL_WARPS) .. of dK and dV. With COL_WARPS > 1 a
- * key's warps trade P^T and dS^T through shared memory (dS^T is there for dQ anyway), so S^T and
- * dP^T are computed once. dQ = dS K (BM x D over the BN keys) is split into DQ_ROW_WARPS x
+/* The main kernel's plan for WARPS warps: BN = KEY_ROWS WARPS / COL_WARPS keys, warp w owning
+ * keys KEY_ROWS (w / COL_WARPS) .. + KEY_ROWS - 1, of them queries BM / COL_WARPS (w % COL_WARPS)
+ * .. + BM / COL_WARPS - 1 of S^T and dP^T and columns D / COL_WARPS (w % COL_WARPS) .. of dK and
+ * dV. With COL_WARPS > 1 a block's warps trade P^T and dS^T through shared memory (dS^T is there
+ * for dQ anyway), so S^T and dP^T are computed once: in the fused order P^T has a tile of its
+ * own; in the split order it passes through the warp's own slots of the dS^T tile before dS^T
+ * does (attn_bwd_main). dQ = dS K (BM x D over the BN keys) is split into DQ_ROW_WARPS x
  * DQ_COL_WARPS blocks of DQ_ROWS x DQ_COLS, one per warp (attn_bwd_dq_col_warps). Per k16 step a
  * warp loads DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 8 B fragments (K, by transposed
  * ldmatrix: .x4 per two n8 tiles, .x2 for an odd last one) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
@@ -89,7 +110,8 @@ template <int D, int WARPS> struct attn_bwd_shape {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int MIN_CTAS = BWD_SM_WARPS / WARPS;
     static constexpr int COL_WARPS = attn_bwd_tile<D, WARPS>::COL_WARPS;
-    static constexpr int BN = 16 * WARPS / COL_WARPS;
+    static constexpr int KEY_ROWS = attn_bwd_tile<D, WARPS>::KEY_ROWS;
+    static constexpr int BN = KEY_ROWS * WARPS / COL_WARPS;
     static constexpr int BM = attn_bwd_tile<D, WARPS>::BM;
     static constexpr int DQ_COL_WARPS = attn_bwd_dq_col_warps(D, WARPS, BM);
     static constexpr int DQ_ROW_WARPS = WARPS / DQ_COL_WARPS;
@@ -102,7 +124,8 @@ template <int D, int WARPS> struct attn_bwd_shape {
     static constexpr int Q_BYTES = BM * ROW;
     static constexpr int STAGE_BYTES = 2 * Q_BYTES + 2 * BM * 4; /* Q, dO, lse, D */
     static constexpr int S_BYTES = BN * S_ROW;
-    static constexpr int P_BYTES = COL_WARPS > 1 ? S_BYTES : 0; /* P^T, laid out as dS^T */
+    /* P^T, laid out as dS^T: the fused order's, with COL_WARPS > 1 */
+    static constexpr int P_BYTES = COL_WARPS > 1 && !attn_bwd_tile<D, WARPS>::SPLIT ? S_BYTES : 0;
     static constexpr int TABLE_OFFSET = 2 * K_BYTES + 2 * STAGE_BYTES + S_BYTES + P_BYTES;
     static constexpr int SMEM_BYTES = TABLE_OFFSET + BN * 8; /* + each key's rows (int2) */
 };
@@ -114,17 +137,23 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     constexpr int BM = shape::BM, BN = shape::BN, ROW = shape::ROW, S_ROW = shape::S_ROW;
     constexpr int THREADS = shape::THREADS, CW = shape::COL_WARPS;
     constexpr bool SPLIT = attn_bwd_tile<D, WARPS>::SPLIT;
+    constexpr int KR = shape::KEY_ROWS, KM = KR / 16; /* this warp's keys, their m16 tiles */
     constexpr int QT = BM / 8 / CW;  /* n8 tiles of this warp's S^T (queries) */
     constexpr int QS = BM / 16;      /* k16 steps over queries (dV, dK) */
+    constexpr int OWN_QS = QS / CW;  /* of them over this warp's own queries */
     constexpr int KSTEPS = D / 16;   /* k16 steps over the head dim (S^T, dP^T) */
     constexpr int DT = D / 8 / CW;   /* n8 tiles of this warp's dK, dV */
     constexpr int MQ = shape::DQ_ROWS / 16; /* m16 tiles of this warp's dQ block */
     constexpr int WDT = shape::DQ_COLS / 8; /* n8 tiles of this warp's dQ block */
     extern __shared__ __align__(128) unsigned char smem[];
+    if constexpr (shape::SMEM_BYTES + ATTN_BWD_STATIC_SMEM > BWD_ARCH_SMEM) {
+        return; /* never launched on this architecture (BWD_ARCH_SMEM) */
+    }
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3, lrow = lane & 7, lmat = lane >> 3;
-    /* This warp's 16 keys, first query of its S^T and first column of its dK, dV (shape). */
+    /* This warp's block of KR keys, first query of its S^T and first column of its dK, dV
+     * (shape). */
     const int key_warp = warp / CW, q_own = warp % CW * (BM / CW), c_own = warp % CW * (D / CW);
 
     /* Block -> (key tile, batch, key/value head); from each key's rows (attn_key_rows) the query
@@ -204,18 +233,21 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
      * key row lrow + 8 (lmat >> 1), query chunk lmat & 1. */
     const uint32_t ab_lane = (uint32_t)((lrow + 8 * (lmat & 1)) * ROW + ((lmat >> 1) << 4));
     const uint32_t b_lane = (uint32_t)((lrow + 8 * (lmat >> 1)) * ROW + ((lmat & 1) << 4));
-    const uint32_t kw = (uint32_t)(key_warp * 16 * ROW); /* this warp's 16 keys */
+    const uint32_t kw = (uint32_t)(key_warp * KR * ROW); /* this warp's KR keys */
     const uint32_t ds_lane = (uint32_t)((lrow + 8 * (lmat >> 1)) * S_ROW + ((lmat & 1) << 4));
 
-    float dk[DT][4], dv[DT][4];
+    float dk[KM][DT][4], dv[KM][DT][4];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++)
+    for (int km = 0; km < KM; km++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            dk[dt][e] = dv[dt][e] = 0.0f;
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dk[km][dt][e] = dv[km][dt][e] = 0.0f;
 
-    /* This thread's keys: j = n0 + 16 key_warp + g (+ 8 for e >= 2); this warp's dQ block. */
-    const int key_base = n0 + key_warp * 16 + g;
+    /* This thread's keys: j = n0 + KR key_warp + 16 km + g (+ 8 for e >= 2) of m16 tile km; this
+     * warp's dQ block. */
+    const int key_base = n0 + key_warp * KR + g;
     const int dq_row0 = shape::DQ_ROW_WARPS > 1 ? warp / shape::DQ_COL_WARPS * shape::DQ_ROWS : 0;
     const int dq_col0 = (shape::DQ_ROW_WARPS > 1 ? warp % shape::DQ_COL_WARPS : warp) * shape::DQ_COLS;
 
@@ -232,21 +264,23 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         if (n > 0)
             prev_last = attn_bwd_last_row(mask, n0 - 1);
 
-    /* Products x0 .. x1 - 1 of (S^T = K Q^T, dP^T = V dO^T) into acc[x], for this warp's 16 keys x
+    /* Products x0 .. x1 - 1 of (S^T = K Q^T, dP^T = V dO^T) into acc[x], for this warp's KR keys x
      * BM / CW queries, Q and dO at s_q and s_q + Q_BYTES (the split order takes one at a time). */
-    auto keys_by_queries = [&](int x0, int x1, float (&acc)[2][QT][4], uint32_t s_q) {
+    auto keys_by_queries = [&](int x0, int x1, float (&acc)[2][KM][QT][4], uint32_t s_q) {
         const uint32_t keys_at[2] = {s_k, s_v}, rows_at[2] = {s_q, s_q + shape::Q_BYTES};
 #pragma unroll
         for (int x = x0; x < x1; x++)
 #pragma unroll
-            for (int i = 0; i < QT * 4; i++)
-                acc[x][i / 4][i % 4] = 0.0f;
+            for (int i = 0; i < KM * QT * 4; i++)
+                acc[x][i / (QT * 4)][i / 4 % QT][i % 4] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
-            uint32_t a[2][4];
+            uint32_t a[2][KM][4];
 #pragma unroll
             for (int x = x0; x < x1; x++)
-                tk_ldmatrix_x4<false>(a[x], keys_at[x] + kw + ab_lane + ks * 32);
+#pragma unroll
+                for (int km = 0; km < KM; km++)
+                    tk_ldmatrix_x4<false>(a[x][km], keys_at[x] + kw + km * 16 * ROW + ab_lane + ks * 32);
 #pragma unroll
             for (int np = 0; np < QT / 2; np++) {
                 uint32_t b[2][4];
@@ -254,49 +288,82 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 for (int x = x0; x < x1; x++)
                     tk_ldmatrix_x4<false>(b[x], rows_at[x] + (q_own + np * 16) * ROW + b_lane + ks * 32);
 #pragma unroll
-                for (int x = x0; x < x1; x++) {
-                    tk_mma_16816<T>(acc[x][2 * np], a[x], b[x][0], b[x][1]);
-                    tk_mma_16816<T>(acc[x][2 * np + 1], a[x], b[x][2], b[x][3]);
-                }
+                for (int x = x0; x < x1; x++)
+#pragma unroll
+                    for (int km = 0; km < KM; km++) {
+                        tk_mma_16816<T>(acc[x][km][2 * np], a[x][km], b[x][0], b[x][1]);
+                        tk_mma_16816<T>(acc[x][km][2 * np + 1], a[x][km], b[x][2], b[x][3]);
+                    }
             }
         }
     };
     /* acc (dV or dK: this warp's keys x its columns) += A B over the 16 queries of k16 slice qs
-     * and columns 16 cp .. + 15 of this warp's, A those queries of P^T or dS^T, B the same rows
-     * of `rows` (dO or Q) stored [query][d] (transposed ldmatrix). */
-    auto keys_by_cols = [&](float (&acc)[DT][4], uint32_t rows, int qs, int cp, const uint32_t (&a)[4]) {
+     * and columns 16 cp .. + 15 of this warp's, A those queries of P^T or dS^T (one fragment per
+     * m16 tile of keys), B the same rows of `rows` (dO or Q) stored [query][d] (transposed
+     * ldmatrix), loaded once for the KM tiles. */
+    auto keys_by_cols = [&](float (&acc)[KM][DT][4], uint32_t rows, int qs, int cp, const uint32_t (&a)[KM][4]) {
         uint32_t b[4];
         tk_ldmatrix_x4<true>(b, rows + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
-        tk_mma_16816<T>(acc[2 * cp], a, b[0], b[1]);
-        tk_mma_16816<T>(acc[2 * cp + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int km = 0; km < KM; km++) {
+            tk_mma_16816<T>(acc[km][2 * cp], a[km], b[0], b[1]);
+            tk_mma_16816<T>(acc[km][2 * cp + 1], a[km], b[2], b[3]);
+        }
     };
     /* dV += P^T dO and dK += dS^T Q over the queries of k16 slice qs (Q at s_q, dO after it),
      * both products' B fragments loaded before their MMAs. */
-    auto dv_dk_step = [&](uint32_t s_q, int qs, const uint32_t (&ap)[4], const uint32_t (&ad)[4]) {
+    auto dv_dk_step = [&](uint32_t s_q, int qs, const uint32_t (&ap)[KM][4], const uint32_t (&ad)[KM][4]) {
         const uint32_t s_do = s_q + shape::Q_BYTES;
 #pragma unroll
         for (int cp = 0; cp < DT / 2; cp++) {
             uint32_t b[4], bq[4];
             tk_ldmatrix_x4<true>(b, s_do + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
             tk_ldmatrix_x4<true>(bq, s_q + qs * 16 * ROW + ab_lane + c_own * 2 + cp * 32);
-            tk_mma_16816<T>(dv[2 * cp], ap, b[0], b[1]);
-            tk_mma_16816<T>(dv[2 * cp + 1], ap, b[2], b[3]);
-            tk_mma_16816<T>(dk[2 * cp], ad, bq[0], bq[1]);
-            tk_mma_16816<T>(dk[2 * cp + 1], ad, bq[2], bq[3]);
+#pragma unroll
+            for (int km = 0; km < KM; km++) {
+                tk_mma_16816<T>(dv[km][2 * cp], ap[km], b[0], b[1]);
+                tk_mma_16816<T>(dv[km][2 * cp + 1], ap[km], b[2], b[3]);
+                tk_mma_16816<T>(dk[km][2 * cp], ad[km], bq[0], bq[1]);
+                tk_mma_16816<T>(dk[km][2 * cp + 1], ad[km], bq[2], bq[3]);
+            }
         }
     };
     /* A fragments of this warp's keys x queries (P^T, dS^T) into the [key][query] tile at
-     * `tile`: register r of slice kk is key row g + 8 (r & 1), query columns q_own + 16 kk +
-     * 8 (r >> 1) + 2 tq and the next (tk_mma_a_from_acc), at byte key_query_at(kk, r). */
-    auto key_query_at = [&](int kk, int r) {
-        return (key_warp * 16 + g + 8 * (r & 1)) * S_ROW + (q_own + 16 * kk + 8 * (r >> 1) + 2 * tq) * 2;
+     * `tile`: register r of slice kk, m16 tile km is key row 16 km + g + 8 (r & 1), query columns
+     * q_own + 16 kk + 8 (r >> 1) + 2 tq and the next (tk_mma_a_from_acc), at byte
+     * key_query_at(kk, km, r). */
+    auto key_query_at = [&](int kk, int km, int r) {
+        return (key_warp * KR + 16 * km + g + 8 * (r & 1)) * S_ROW + (q_own + 16 * kk + 8 * (r >> 1) + 2 * tq) * 2;
     };
-    auto store_keys_by_queries = [&](uint32_t tile, const uint32_t (&a)[QT / 2][4]) {
+    auto store_keys_by_queries = [&](uint32_t tile, const uint32_t (&a)[OWN_QS][KM][4]) {
 #pragma unroll
-        for (int kk = 0; kk < QT / 2; kk++)
+        for (int kk = 0; kk < OWN_QS; kk++)
 #pragma unroll
-            for (int r = 0; r < 4; r++)
-                *reinterpret_cast<uint32_t *>(smem + (tile - s_k) + key_query_at(kk, r)) = a[kk][r];
+            for (int km = 0; km < KM; km++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    *reinterpret_cast<uint32_t *>(smem + (tile - s_k) + key_query_at(kk, km, r)) = a[kk][km][r];
+    };
+    /* And back, written by either warp of the block: the A fragments of the block's keys over the
+     * 16 queries of k16 slice qs from the [key][query] tile at `tile` (plain ldmatrix: it is
+     * row-major m x k). */
+    const uint32_t kq_lane = (uint32_t)((key_warp * KR + lrow + 8 * (lmat & 1)) * S_ROW + ((lmat >> 1) << 4));
+    auto load_keys_by_queries = [&](uint32_t tile, int qs, uint32_t (&a)[KM][4]) {
+#pragma unroll
+        for (int km = 0; km < KM; km++)
+            tk_ldmatrix_x4<false>(a[km], tile + kq_lane + km * 16 * S_ROW + qs * 32);
+    };
+    /* Split order: acc (dV or dK) += the block's P^T or dS^T, whichever the dS^T tile holds, over
+     * all BM queries times `rows` (dO or Q). */
+    auto block_by_cols = [&](float (&acc)[KM][DT][4], uint32_t rows) {
+#pragma unroll
+        for (int qs = 0; qs < QS; qs++) {
+            uint32_t a[KM][4];
+            load_keys_by_queries(s_ds, qs, a);
+#pragma unroll
+            for (int cp = 0; cp < DT / 2; cp++)
+                keys_by_cols(acc, rows, qs, cp, a);
+        }
     };
 
     for (int it = 0; it < steps; it++) {
@@ -321,125 +388,153 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
          * a discarded unbraced `if constexpr` whose body is a loop, which at CW = 2 (D 256) once
          * removed the dS^T / P^T stores and the barrier after them (no ex2 in the D 256 PTX; dK,
          * dV, dQ then read stale shared memory). */
-        float sd[2][QT][4];
+        float sd[2][KM][QT][4];
         if constexpr (SPLIT) {
-            uint32_t da[QS][4];
-            /* S^T first, P rounded to the dtype and dV += P^T dO at once (A straight from the
-             * accumulators, k = queries), then dP^T and dS (FlashAttention-2's and -3's order):
-             * beside dK and dV only one product's f32 accumulators are live at a time. dS's
-             * factor, P or with softcap P times the derivative, rounded to the dtype (the naive
-             * backward rounds P, and dS twice there), waits for dP^T in this thread's own slots
-             * of the dS^T tile, which dS^T overwrites: held in registers through dP^T it is the
-             * margin between BM = 64 at D 128 and a spill. */
+            /* Two warps per block of keys (D 128: 32 keys, each warp 32 of the 64 queries of S^T
+             * and dP^T, 64 of the 128 columns of dK and dV). S^T first, P rounded to the dtype and
+             * dV += P^T dO, then dP^T, dS and dK += dS^T Q (FlashAttention-2's and -3's order):
+             * beside dK and dV only one product's f32 accumulators are live at a time. The block's
+             * P^T and dS^T meet in the dS^T tile, each warp writing its own slots ([key][query])
+             * and both reading the block's keys over all BM queries as A fragments (plain
+             * ldmatrix), with a named barrier of the pair between:
+             *   P^T to the slots | pair barrier | dV over all BM | pair barrier (the partner has
+             *   read the slots) | with softcap, P times the cap's derivative over P | dP^T, dS =
+             *   (the factor in the slots) (dP - D), dS^T over it | pair barrier | dK over all BM.
+             * dS's factor waits for dP^T in shared memory (held in registers through dP^T it is
+             * the margin between BM = 64 at D 128 and a spill); the softcap factor is rounded once
+             * (the naive backward rounds P, and dS twice there). A straight from the accumulators
+             * over the warp's own 16-query slices would save 8 of the 144 ldmatrix a step, but
+             * ptxas spilled with it (4 to 52 bytes, by the arch and the product), the softcap
+             * factor and P both held through dV. */
+            static_assert(CW == 2, "the split order pairs two warps per block of keys");
+            const int pair_barrier = 1 + key_warp; /* named barrier of the block's two warps */
             const bool partial =
                 m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
             const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
-            const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]};
             keys_by_queries(0, 1, sd, s_q);
-            /* P in place of S^T, with softcap its derivative in sd[1]. */
-            attn_bwd_probs<ATTN_BWD_P_DERIV>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h,
-                                             lse2, dsum);
-            uint32_t pa[QS][4];
+            /* P in place of S^T, with softcap its derivative in sd[1], rounded into pa and pf one
+             * m16 tile of keys at a time, so that the transform's per-element code holds one
+             * tile's derivative, not both. */
+            uint32_t pa[OWN_QS][KM][4], pf[OWN_QS][KM][4];
 #pragma unroll
-            for (int qs = 0; qs < QS; qs++)
-                tk_mma_a_from_acc<T>(pa[qs], sd[0][2 * qs], sd[0][2 * qs + 1]);
-            if (p.softcap > 0.0f) {
-                uint32_t pf[QS][4];
+            for (int km = 0; km < KM; km++) {
+                const int2 rows[2] = {table[key_warp * KR + 16 * km + g], table[key_warp * KR + 16 * km + g + 8]};
+                attn_bwd_probs<ATTN_BWD_P_DERIV>(p, sd[0][km], sd[1][km], m0, q_own + 2 * tq, key_base + 16 * km,
+                                                 rows, partial, slope_h, lse2, dsum);
 #pragma unroll
-                for (int qs = 0; qs < QS; qs++) {
+                for (int qs = 0; qs < OWN_QS; qs++)
+                    tk_mma_a_from_acc<T>(pa[qs][km], sd[0][km][2 * qs], sd[0][km][2 * qs + 1]);
+                if (p.softcap > 0.0f) {
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        sd[0][2 * qs][e] *= sd[1][2 * qs][e];
-                        sd[0][2 * qs + 1][e] *= sd[1][2 * qs + 1][e];
+                    for (int qs = 0; qs < OWN_QS; qs++) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            sd[0][km][2 * qs][e] *= sd[1][km][2 * qs][e];
+                            sd[0][km][2 * qs + 1][e] *= sd[1][km][2 * qs + 1][e];
+                        }
+                        tk_mma_a_from_acc<T>(pf[qs][km], sd[0][km][2 * qs], sd[0][km][2 * qs + 1]);
                     }
-                    tk_mma_a_from_acc<T>(pf[qs], sd[0][2 * qs], sd[0][2 * qs + 1]);
                 }
-                store_keys_by_queries(s_ds, pf);
-            } else {
-                store_keys_by_queries(s_ds, pa);
             }
-#pragma unroll
-            for (int qs = 0; qs < QS; qs++)
-#pragma unroll
-                for (int cp = 0; cp < DT / 2; cp++)
-                    keys_by_cols(dv, s_do, qs, cp, pa[qs]);
+            store_keys_by_queries(s_ds, pa);
+            tk_named_barrier_sync<32 * CW>(pair_barrier); /* the partner's P^T is stored */
+            block_by_cols(dv, s_do);
+            tk_named_barrier_sync<32 * CW>(pair_barrier); /* the partner has read this warp's P^T */
+            if (p.softcap > 0.0f)
+                store_keys_by_queries(s_ds, pf);
 
             keys_by_queries(1, 2, sd, s_q);
-            /* dS = (dS's factor parked above) (dP - D); register r of slice qs holds n8 tile
-             * 2 qs + (r >> 1), key row g + 8 (r & 1) (tk_mma_a_from_acc). */
+            /* dS = (dS's factor waiting above) (dP - D); register r of slice qs, m16 tile km holds
+             * n8 tile 2 qs + (r >> 1), key row 16 km + g + 8 (r & 1) (tk_mma_a_from_acc). */
+            uint32_t da[OWN_QS][KM][4];
 #pragma unroll
-            for (int qs = 0; qs < QS; qs++)
+            for (int qs = 0; qs < OWN_QS; qs++)
 #pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const int nt = 2 * qs + (r >> 1), qc = q_own + 2 * tq + 8 * nt;
-                    const float2 f =
-                        tk_unpack2<T>(*reinterpret_cast<const uint32_t *>(smem + (s_ds - s_k) + key_query_at(qs, r)));
-                    da[qs][r] = tk_pack2<T>(f.x * (sd[1][nt][2 * (r & 1)] - dsum[qc]),
-                                            f.y * (sd[1][nt][2 * (r & 1) + 1] - dsum[qc + 1]));
-                }
+                for (int km = 0; km < KM; km++)
 #pragma unroll
-            for (int qs = 0; qs < QS; qs++)
-#pragma unroll
-                for (int cp = 0; cp < DT / 2; cp++)
-                    keys_by_cols(dk, s_q, qs, cp, da[qs]);
-            /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys. */
+                    for (int r = 0; r < 4; r++) {
+                        const int nt = 2 * qs + (r >> 1), qc = q_own + 2 * tq + 8 * nt;
+                        const float2 f = tk_unpack2<T>(
+                            *reinterpret_cast<const uint32_t *>(smem + (s_ds - s_k) + key_query_at(qs, km, r)));
+                        da[qs][km][r] = tk_pack2<T>(f.x * (sd[1][km][nt][2 * (r & 1)] - dsum[qc]),
+                                                    f.y * (sd[1][km][nt][2 * (r & 1) + 1] - dsum[qc + 1]));
+                    }
             store_keys_by_queries(s_ds, da);
+            tk_named_barrier_sync<32 * CW>(pair_barrier); /* the partner's dS^T is stored */
+            block_by_cols(dk, s_q);
         } else {
             /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32 in their place. The loop
              * is written out and the mask's inputs are read after it: through keys_by_queries, or
              * with those reads ahead of the loop, ptxas schedules every kernel differently, and
              * D 64's (the automatic choice there) ran slower (the card's Tried table). */
 #pragma unroll
-            for (int nt = 0; nt < QT; nt++)
+            for (int km = 0; km < KM; km++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sd[0][nt][e] = sd[1][nt][e] = 0.0f;
+                for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sd[0][km][nt][e] = sd[1][km][nt][e] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
-                uint32_t a[4], av[4];
-                tk_ldmatrix_x4<false>(a, s_k + kw + ab_lane + ks * 32);
-                tk_ldmatrix_x4<false>(av, s_v + kw + ab_lane + ks * 32);
+                uint32_t a[KM][4], av[KM][4];
+#pragma unroll
+                for (int km = 0; km < KM; km++) {
+                    tk_ldmatrix_x4<false>(a[km], s_k + kw + km * 16 * ROW + ab_lane + ks * 32);
+                    tk_ldmatrix_x4<false>(av[km], s_v + kw + km * 16 * ROW + ab_lane + ks * 32);
+                }
 #pragma unroll
                 for (int np = 0; np < QT / 2; np++) {
                     uint32_t b[4], bo[4];
                     tk_ldmatrix_x4<false>(b, s_q + (q_own + np * 16) * ROW + b_lane + ks * 32);
                     tk_ldmatrix_x4<false>(bo, s_do + (q_own + np * 16) * ROW + b_lane + ks * 32);
-                    tk_mma_16816<T>(sd[0][2 * np], a, b[0], b[1]);
-                    tk_mma_16816<T>(sd[0][2 * np + 1], a, b[2], b[3]);
-                    tk_mma_16816<T>(sd[1][2 * np], av, bo[0], bo[1]);
-                    tk_mma_16816<T>(sd[1][2 * np + 1], av, bo[2], bo[3]);
+#pragma unroll
+                    for (int km = 0; km < KM; km++) {
+                        tk_mma_16816<T>(sd[0][km][2 * np], a[km], b[0], b[1]);
+                        tk_mma_16816<T>(sd[0][km][2 * np + 1], a[km], b[2], b[3]);
+                        tk_mma_16816<T>(sd[1][km][2 * np], av[km], bo[0], bo[1]);
+                        tk_mma_16816<T>(sd[1][km][2 * np + 1], av[km], bo[2], bo[3]);
+                    }
                 }
             }
             const bool partial =
                 m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
             const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
-            const int2 rows[2] = {table[key_warp * 16 + g], table[key_warp * 16 + g + 8]};
-            attn_bwd_probs<ATTN_BWD_P_DS>(p, sd[0], sd[1], m0, q_own + 2 * tq, key_base, rows, partial, slope_h, lse2,
-                                          dsum);
-            /* One warp per key (D 64 to 128) holds all BM queries of P^T and dS^T: dV and dK with
-             * A straight from the accumulators (k = queries). */
+#pragma unroll
+            for (int km = 0; km < KM; km++) {
+                const int2 rows[2] = {table[key_warp * KR + 16 * km + g], table[key_warp * KR + 16 * km + g + 8]};
+                attn_bwd_probs<ATTN_BWD_P_DS>(p, sd[0][km], sd[1][km], m0, q_own + 2 * tq, key_base + 16 * km, rows,
+                                              partial, slope_h, lse2, dsum);
+            }
+            /* One warp per block of keys (D 64 to 96) holds all BM queries of P^T and dS^T: dV and
+             * dK with A straight from the accumulators (k = queries). */
             if constexpr (CW == 1) {
 #pragma unroll
                 for (int qs = 0; qs < QS; qs++) {
-                    uint32_t ap[4], ad[4];
-                    tk_mma_a_from_acc<T>(ap, sd[0][2 * qs], sd[0][2 * qs + 1]);
-                    tk_mma_a_from_acc<T>(ad, sd[1][2 * qs], sd[1][2 * qs + 1]);
+                    uint32_t ap[KM][4], ad[KM][4];
+#pragma unroll
+                    for (int km = 0; km < KM; km++) {
+                        tk_mma_a_from_acc<T>(ap[km], sd[0][km][2 * qs], sd[0][km][2 * qs + 1]);
+                        tk_mma_a_from_acc<T>(ad[km], sd[1][km][2 * qs], sd[1][km][2 * qs + 1]);
+                    }
                     dv_dk_step(s_q, qs, ap, ad);
                 }
             }
             /* dS^T to shared memory, [key][query], for dQ = dS K summed over all BN keys; with
-             * CW > 1 P^T beside it, for the key's other warps. */
+             * CW > 1 P^T beside it, for the block's other warps. */
 #pragma unroll
-            for (int nt = 0; nt < QT; nt++)
+            for (int km = 0; km < KM; km++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int at = (key_warp * 16 + g + 8 * hh) * S_ROW + (q_own + 8 * nt + 2 * tq) * 2;
-                    *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) + at) =
-                        tk_pack2<T>(sd[1][nt][2 * hh], sd[1][nt][2 * hh + 1]);
-                    if constexpr (CW > 1)
-                        *reinterpret_cast<uint32_t *>(smem + (s_p - s_k) + at) =
-                            tk_pack2<T>(sd[0][nt][2 * hh], sd[0][nt][2 * hh + 1]);
-                }
+                for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int at =
+                            (key_warp * KR + 16 * km + g + 8 * hh) * S_ROW + (q_own + 8 * nt + 2 * tq) * 2;
+                        *reinterpret_cast<uint32_t *>(smem + (s_ds - s_k) + at) =
+                            tk_pack2<T>(sd[1][km][nt][2 * hh], sd[1][km][nt][2 * hh + 1]);
+                        if constexpr (CW > 1)
+                            *reinterpret_cast<uint32_t *>(smem + (s_p - s_k) + at) =
+                                tk_pack2<T>(sd[0][km][nt][2 * hh], sd[0][km][nt][2 * hh + 1]);
+                    }
         }
         if (next) /* read from step it + 1 on, after the barrier at its top */
             store_stats(next_stat, st ^ 1);
@@ -450,16 +545,15 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             if (tid == 0 && it > 0)
                 semaphore(it - 1).store(n + 1, cuda::memory_order_release);
 
-        /* CW > 1: the key's P^T and dS^T over all BM queries from shared memory, A fragments by
-         * plain ldmatrix ([key][query] is row-major m x k); they stay until the next step's first
-         * barrier. */
-        if constexpr (CW > 1) {
-            const uint32_t a_lane = (uint32_t)((key_warp * 16 + lrow + 8 * (lmat & 1)) * S_ROW + ((lmat >> 1) << 4));
+        /* CW > 1 in the fused order (D 256): the block's P^T and dS^T over all BM queries from
+         * shared memory, A fragments by plain ldmatrix ([key][query] is row-major m x k); they
+         * stay until the next step's first barrier. */
+        if constexpr (CW > 1 && !SPLIT) {
 #pragma unroll
             for (int qs = 0; qs < QS; qs++) {
-                uint32_t ap[4], ad[4];
-                tk_ldmatrix_x4<false>(ap, s_p + a_lane + qs * 32);
-                tk_ldmatrix_x4<false>(ad, s_ds + a_lane + qs * 32);
+                uint32_t ap[KM][4], ad[KM][4];
+                load_keys_by_queries(s_p, qs, ap);
+                load_keys_by_queries(s_ds, qs, ad);
                 dv_dk_step(s_q, qs, ap, ad);
             }
         }
@@ -530,7 +624,9 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     }
 
     /* dK and dV of this warp's keys and columns, from the accumulators. */
-    attn_bwd_store_dk_dv<T>(p, batch, head_kv, key_base, c_own, dk, dv);
+#pragma unroll
+    for (int km = 0; km < KM; km++)
+        attn_bwd_store_dk_dv<T>(p, batch, head_kv, key_base + 16 * km, c_own, dk[km], dv[km]);
 }
 
 template <typename T, int D, int WARPS, bool DET>

@@ -751,6 +751,11 @@ static const bwd_case GQA_CASES[] = {
     {TK_BF16, 1, 80, 120, 2, 1, 64, false, 1, -1, -1, 5.0f, false, false, 0, 0, 0},
     /* ALiBi */
     {TK_BF16, 1, 120, 120, 4, 2, 64, false, 1, -1, -1, 0.0f, true, false, 0, 0, 0},
+    /* head dim 128 (two warps per 32 keys, P^T and dS^T traded between them): softcap and ALiBi,
+     * fewer rows than half a 64-row query tile (one warp of each pair sees none) and keys that
+     * end inside a warp's second 16 */
+    {TK_F16, 1, 20, 27, 4, 2, 128, false, 1, -1, -1, 7.0f, true, false, 0, 0, 0},
+    {TK_BF16, 2, 50, 90, 2, 1, 128, false, 0, -1, -1, 12.0f, false, false, 0, 0, 0},
     /* [B, H, S, D] strided, f16 and bf16 */
     {TK_BF16, 2, 70, 130, 2, 2, 128, true, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
     {TK_F16, 1, 65, 65, 2, 1, 128, true, 1, 20, -1, 0.0f, true, false, 0, 0, 0},

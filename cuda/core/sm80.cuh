@@ -1,9 +1,10 @@
 /*
  * The sm_80 tensor-core layer: asynchronous global -> shared copies (cp.async), fragment loads
  * from shared memory (ldmatrix), the m16n8k16 matrix multiply-accumulate (mma.sync) with its
- * fragment layouts, and the XOR swizzle that keeps those shared-memory accesses free of bank
- * conflicts. The one home of the cp.async, ldmatrix and mma.sync inline PTX; every wrapper is one
- * PTX instruction (or a few integer operations) and is forceinline: the names cost nothing.
+ * fragment layouts, the XOR swizzle that keeps those shared-memory accesses free of bank
+ * conflicts, and named barriers (sm_90 code uses them too). The one home of the cp.async,
+ * ldmatrix, mma.sync and bar.sync inline PTX; every wrapper is one PTX instruction (or a few
+ * integer operations) and is forceinline: the names cost nothing.
  * Device-only, header-only; valid on sm_80 and newer (sm_90 keeps these instructions beside
  * wgmma).
  *
@@ -23,6 +24,30 @@
 #include <string.h>
 
 #include <type_traits>
+
+/* ---- named barriers (bar.sync with a thread count: sm_70 and newer) ---- */
+
+/* Named barrier `id` (1..15; 0 is __syncthreads') of Threads threads, whole warps: sync waits
+ * until Threads threads have arrived, this warp included; arrive counts this warp and goes on.
+ * Threads that sync see the shared and global writes that the arriving threads made before
+ * arriving (bar.sync / bar.arrive, CTA-scope ordering like __syncthreads). A pair of them hands
+ * a turn from one warpgroup to another (ping-pong consumers). */
+template <int Threads> __device__ __forceinline__ void tk_named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
+
+/* The same sync for a warp whose lanes may arrive apart (after a branch that one lane took
+ * alone): barrier.sync without .aligned first waits for the warp's other non-exited lanes.
+ * bar.sync is barrier.sync.aligned, which a warp must execute converged, all its lanes at once;
+ * __syncwarp before it does not promise that (compute-sanitizer's synccheck reports such a warp:
+ * "Divergent thread(s) in block"). */
+template <int Threads> __device__ __forceinline__ void tk_named_barrier_sync_lanes_apart(int id) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
+
+template <int Threads> __device__ __forceinline__ void tk_named_barrier_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
 
 /* ---- cp.async: 16-byte copies global -> shared that bypass registers and L1 ----
  *

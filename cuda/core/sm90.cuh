@@ -14,7 +14,7 @@
  *   wgmma    tk_wgmma_*                descriptors, fence, commit, wait, m64n256k16, m64nNk16
  *                                      (N = 64, 80, 128), m64nNk16 with A from registers
  *                                      (N = 64, 128)
- *   warps    tk_setmaxnreg_*, tk_named_barrier_*   producer / consumer warpgroups
+ *   warps    tk_setmaxnreg_* (tk_named_barrier_*: sm80.cuh)   producer / consumer warpgroups
  *   clusters tk_cluster_*              rank, size, barrier, stores into another block's shared memory
  *
  * Shared-memory operands are 32-bit shared-state-space addresses (tk_smem_address of
@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "launch.cuh"
+#include "sm80.cuh"
 
 /* ---- host: tensor maps ---- */
 
@@ -329,7 +330,7 @@ __device__ __forceinline__ void tk_cluster_send_f32(uint32_t slot, uint32_t bar,
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* ---- register reallocation and named barriers (sm_90a) ---- */
+/* ---- register reallocation (sm_90a); named barriers are in sm80.cuh ---- */
 
 /* setmaxnreg: every warp of the warpgroup sets its register budget to Regs per thread (a
  * multiple of 8, 24..256): the producer warpgroup releases registers (dec) that the consumer
@@ -341,28 +342,6 @@ template <int Regs> __device__ __forceinline__ void tk_setmaxnreg_inc() {
 
 template <int Regs> __device__ __forceinline__ void tk_setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
-}
-
-/* Named barrier `id` (1..15; 0 is __syncthreads') of Threads threads, whole warps: sync waits
- * until Threads threads have arrived, this warp included; arrive counts this warp and goes on.
- * Threads that sync see the shared and global writes that the arriving threads made before
- * arriving (bar.sync / bar.arrive, CTA-scope ordering like __syncthreads). A pair of them hands
- * a turn from one warpgroup to another (ping-pong consumers). */
-template <int Threads> __device__ __forceinline__ void tk_named_barrier_sync(int id) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
-}
-
-/* The same sync for a warp whose lanes may arrive apart (after a branch that one lane took
- * alone): barrier.sync without .aligned first waits for the warp's other non-exited lanes.
- * bar.sync is barrier.sync.aligned, which a warp must execute converged, all its lanes at once;
- * __syncwarp before it does not promise that (compute-sanitizer's synccheck reports such a warp:
- * "Divergent thread(s) in block"). */
-template <int Threads> __device__ __forceinline__ void tk_named_barrier_sync_lanes_apart(int id) {
-    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
-}
-
-template <int Threads> __device__ __forceinline__ void tk_named_barrier_arrive(int id) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
 }
 
 /* ---- wgmma (sm_90a) ---- */
