@@ -35,7 +35,7 @@ size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, int determin
  * producer warpgroup and two consumer warpgroups of 64 keys each, wgmma for the five products,
  * dQ handed by each consumer warpgroup to a writer warp through shared memory, which adds it into
  * the accumulator by bulk reductions (with deterministic, in key-tile order per query tile); head
- * dim 128, cc 9.0 devices with an sm_90a build. */
+ * dims 64 and 128 (softcap at 128 only), cc 9.0 devices with an sm_90a build. */
 bool tk_attention_bwd_supports_sm90(const void *call, const tk_device *dev);
 cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_device *dev, cudaStream_t stream);
 

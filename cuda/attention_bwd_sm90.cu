@@ -1,8 +1,10 @@
 /*
- * Attention backward on Hopper (variant "wgmma_sm90", sm_90a only; head dim 128, f16 and bf16,
- * every mask and option of the portable backward): FlashAttention-3's backward on the device layer
- * of core/sm90.cuh, around the pieces every backward shares (attention_bwd.cuh: parameters, the
- * f32 dQ accumulator, the row kernels, the deterministic order, P and dS).
+ * Attention backward on Hopper (variant "wgmma_sm90", sm_90a only; head dims 64 and 128, f16 and
+ * bf16, every mask and option of the portable backward, softcap at head dim 128 only: see
+ * bwd_sm90_plan): FlashAttention-3's backward on the device layer of core/sm90.cuh, around the
+ * pieces every backward shares (attention_bwd.cuh: parameters, the f32 dQ accumulator, the row
+ * kernels, the deterministic order, P and dS). One kernel body; the tiles per head dim are
+ * bwd_sm90_plan<D> (below).
  *
  * Math (docs/kernels/attention_bwd.md has it whole): per (batch, query head), with P the forward's
  * softmax recomputed from its lse and D_i = dO_i . O_i (attn_bwd_pre),
@@ -10,46 +12,52 @@
  * dK and dV summed over the query heads of a GQA group.
  *
  * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), 3 warpgroups of 128
- * threads, one CTA per SM (195 KiB of shared memory):
+ * threads, one CTA per SM (195 KiB of shared memory at head dim 128, 196 KiB at 64):
  * - Consumers 0 and 1 (232 registers after setmaxnreg): warpgroup w owns keys 64 w .. 64 w + 63
- *   of the tile and keeps their dK and dV (64 x 128 each: 128 f32 per thread) in registers for the
+ *   of the tile and keeps their dK and dV (64 x D each: D f32 per thread) in registers for the
  *   whole CTA.
  * - Producer (warpgroup 2, 40 registers): warp 0's lane 0 loads K and V once (TMA, on kv_full),
- *   then per step the Q and dO tiles of BM = 64 query rows into a ring of 2 stages (full
- *   barriers); the consumers' 8 warps free a stage on its empty barrier. Warp 1 is the dQ writer
- *   (below). The step's lse * log2(e) and D (512 bytes) are brought by consumer warpgroup 0 a
- *   step ahead (load_stat).
+ *   then per step the Q and dO tiles of BM query rows (64 at head dim 128, 128 at 64) into a ring
+ *   of 2 stages (full barriers); the consumers' 8 warps free a stage on its empty barrier. Warp 1
+ *   is the dQ writer (below). The step's lse * log2(e) and D (2 BM floats) are brought by the
+ *   consumers' first 2 BM threads a step ahead (load_stat).
  * Steps: the (query head of the group, query tile) pairs that see a key of the tile (the key
- * table, attn_key_rows), in attn_bwd_step's order. Per step, warpgroup w, all of it wgmma
- * m64n64k16 (M = 64 keys or queries, N = 64, K = 16):
- *   S^T = K_w Q^T and dP^T = V_w dO^T: 8 + 8, both operands K-major from shared memory. Keys are
- *     rows and queries columns, so each warp's 16 rows are the portable kernel's fragments and
- *     attn_bwd_probs applies as is.
- *   dV_w += P^T dO: 8, P^T from registers (each warp's n8 slices of S^T pair up into the
- *     m16 x k16 A fragments, as the forward's P) and dO an N-major B (the transpose bit).
+ * table, attn_key_rows), in attn_bwd_step's order. Per step, warpgroup w, all of it wgmma with
+ * M = 64 keys or query rows and K = 16:
+ *   S^T = K_w Q^T and dP^T = V_w dO^T: D / 16 + D / 16 of N = BM, both operands K-major from
+ *     shared memory. Keys are rows and queries columns, so each warp's 16 rows are the portable
+ *     kernel's fragments and attn_bwd_probs applies as is.
+ *   dV_w += P^T dO: BM / 16 x D / 64 of N = 64, P^T from registers (each warp's n8 slices of S^T
+ *     pair up into the m16 x k16 A fragments, as the forward's P) and dO an N-major B (the
+ *     transpose bit).
  *   dS^T is stored transposed (stmatrix .trans) as dS [query][key], this warpgroup's 64-key
  *     half of a 128-byte swizzled tile of the stage, before dV is issued.
- *   Named barrier DS_READY (both halves written, each after fence.proxy.async), then
- *   dQ[:, 64 w .. 64 w + 63] = dS K over all 128 keys: 8, dS K-major, K an N-major B.
- *   dK_w += dS^T Q: 8, as dV with dS^T, issued last (FlashAttention-3's order: dV, dQ, dK).
+ *   Named barrier DS_READY (both halves written, each after fence.proxy.async), then the
+ *   warpgroup's 64 x 64 block of dQ = dS K over all 128 keys: 8 of N = 64, dS K-major, K an
+ *   N-major B. The block is columns 64 w .. 64 w + 63 of the step's 64 rows at head dim 128,
+ *   rows 64 w .. 64 w + 63 of the step's 128, every column, at head dim 64 (bwd_sm90_plan says
+ *   why).
+ *   dK_w += dS^T Q: as dV with dS^T, issued last (FlashAttention-3's order: dV, dQ, dK).
  *   dQ reaches the f32 accumulator as in FlashAttention-3: each consumer warpgroup writes its
  *   64 x 64 block (times the scale), in the accumulator's order, to shared memory, and the dQ
  *   writer adds it into the accumulator with 4 bulk reductions of 4 KiB (one per 16 rows;
  *   cp.reduce.async.bulk): one instruction in L2 per 256 vector atomics, which the warps would
  *   otherwise issue themselves (red.global.add.v4.f32: 1.07-1.09x slower, 1.14-1.16x
  *   deterministic, docs/kernels/attention_bwd.md). Named barriers DQ_FREE / DQ_WRITTEN per
- *   warpgroup pass the block between them.
+ *   warpgroup pass the block between them. The two blocks of a step never overlap (other
+ *   columns or other rows), so each float of the accumulator gets one add per step.
  * Overlap: within a warpgroup, P forms while dP^T runs, dV runs across DS_READY, the dQ block's
  * trip to shared memory runs while dK does, and a step's dQ reductions are still in flight
  * while the next step's S^T and dP^T run. The warpgroups meet at DS_READY every step,
  * so their element-wise phases coincide: the tensor cores idle through P and dS (what
- * FlashAttention-3's backward does too). With softcap, P waits for dP^T as well: its derivative
- * needs the score beside dP, and holding 32 more values does not fit.
- * Shared memory: K and V (2 x 32 KiB), 2 stages of Q, dO and dS (3 x 16 KiB), the consumers' dQ
- * blocks (2 x 16 KiB), 2 stages of lse and D (512 B), the key table (1 KiB), the barriers. dS
- * needs no stage of its own: it is in the
- * step's stage, and a warpgroup writes a stage's dS two steps later only after passing the next
- * step's DS_READY, which the other warpgroup reaches only after its dQ of the first is done.
+ * FlashAttention-3's backward does too). With softcap (head dim 128), P waits for dP^T as well:
+ * its derivative needs the score beside dP, and holding 32 more values does not fit.
+ * Shared memory: K and V (2 x BN x D x 2 bytes), 2 stages of Q, dO and dS (BM x D x 2 bytes
+ * each, dS BM x 128 x 2), the consumers' dQ blocks (2 x 16 KiB), 2 stages of lse and D
+ * (2 BM floats each), the key table (1 KiB), the barriers. dS needs no stage of its own: it is
+ * in the step's stage, and a warpgroup writes a stage's dS two steps later only after passing
+ * the next step's DS_READY, which the other warpgroup reaches only after its dQ of the first is
+ * done.
  * Deterministic: the dQ writer keeps the order of the adds: it waits on the query tile's
  * semaphore before a step's bulk adds and publishes the step once they are done in global memory
  * (the bulk group's completion, then fence.proxy.async.global before the release store, and
@@ -62,15 +70,38 @@
 
 namespace {
 
-/* The tiles at head dim 128. Registers per consumer thread: dK, dV 128 for the whole CTA; S^T,
- * dP^T 64 until they are packed into their A fragments (32), P^T's until dV is done and dS^T's
- * until dK is, beside dQ (32): 192 at the peak, plus addresses, within 232. */
-struct bwd_sm90_plan {
-    static constexpr int D = 128;
+/* The tiles of head dim D (FlashAttention-3's at both: 128 keys per CTA, and 64 or 128 query
+ * rows per step). Each consumer warpgroup computes a 64 x 64 block of a step's dQ:
+ * - D = 128, BM = 64: dQ is 64 x 128, split by columns (warpgroup w the head-dim half w).
+ *   Registers per consumer thread: dK, dV 128 for the whole CTA; S^T, dP^T 64 (64 x 64 each)
+ *   until they are packed into their A fragments (32), P^T's until dV is done and dS^T's until
+ *   dK is, beside dQ (32): 192 at the peak, plus addresses, within 232.
+ * - D = 64, BM = 128: dQ is 128 x 64, split by rows (warpgroup w rows 64 w ..). With 64 rows a
+ *   step there would be one 64-column block, the sum of both warpgroups' dS_w K_w: summed in
+ *   shared memory it costs a second hand-off between the warpgroups every step, and added as
+ *   two bulk reductions into the same addresses the deterministic order needs the first done
+ *   in global memory before the second is issued (two adds in flight at once are not ordered).
+ *   128 rows also halve the per-step costs (barriers, hand-offs, waits) per FLOP, which at
+ *   64 rows would be those of a head dim 128 step for half its products. Registers: dK, dV 64;
+ *   S^T, dP^T 128 (64 x 128 each), then their A fragments 64 and dQ 32: 192 at the peak, as at
+ *   128. Shared memory: K, V 32 KiB, stages 2 x 64 KiB (Q, dO 16 KiB each, dS 32 KiB).
+ * Either way each float of the accumulator gets exactly one bulk add per step, so the
+ * deterministic order (per query tile of BM rows, in key-tile order) is the same argument. */
+template <int HEAD_DIM> struct bwd_sm90_plan {
+    static constexpr int D = HEAD_DIM;
+    static_assert(D == 64 || D == 128, "the head dims whose tiles are planned here");
     static constexpr int HALVES = D / HALF;
     static constexpr int CONSUMERS = 2;
     static constexpr int BN = 64 * CONSUMERS; /* keys per CTA: 64 per consumer warpgroup */
-    static constexpr int BM = 64;             /* query rows per step: the N of S^T and dP^T */
+    static constexpr int BM = D == 64 ? 128 : 64; /* query rows per step: the N of S^T and dP^T */
+    /* dQ's 64 x 64 blocks: by query rows (BM = 128) or by head-dim halves (BM = 64). */
+    static constexpr bool DQ_BY_ROWS = BM == 64 * CONSUMERS;
+    static_assert(DQ_BY_ROWS ? HALVES == 1 : BM == 64 && HALVES == CONSUMERS,
+                  "one 64 x 64 block of the step's dQ per consumer warpgroup");
+    /* Softcap at head dim 64 is left to the portable kernels: its P and dS pass after dP^T, with
+     * S^T and dP^T 64 x 128 both live, spilled (ptxas of CUDA 13.0: 152 bytes; 64 in 64-column
+     * parts, 32 in 32-column ones), and is compiled out of the head dim 64 kernel. */
+    static constexpr bool SOFTCAP = D == 128;
     static constexpr int STAGES = 2;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     /* 2 x 128 x 232 + 128 x 40 = 64512 of the launch's 168 x 384. The dQ writer needs its step's
@@ -81,15 +112,17 @@ struct bwd_sm90_plan {
                   "the warpgroups' registers fit what the launch holds");
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 64 columns of K or V: 16 KiB */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;
-    static constexpr int Q_HALF_BYTES = BM * HALF * 2; /* 64 columns of Q or dO: 8 KiB */
+    static constexpr int Q_HALF_BYTES = BM * HALF * 2; /* 64 columns of Q or dO: 8 or 16 KiB */
     static constexpr int Q_BYTES = HALVES * Q_HALF_BYTES;
-    static constexpr int DS_HALF_BYTES = BM * 64 * 2; /* dS of one warpgroup's 64 keys: 8 KiB */
+    static constexpr int DS_HALF_BYTES = BM * 64 * 2; /* dS of one warpgroup's 64 keys: 8 or 16 KiB */
     static constexpr int STAGE_BYTES = 2 * Q_BYTES + CONSUMERS * DS_HALF_BYTES; /* Q, dO, dS */
     static constexpr int PIPE_BYTES = 2 * KV_BYTES + STAGES * STAGE_BYTES;
-    /* Each consumer warpgroup's BM x 64 block of dQ in f32, in the accumulator's order. */
-    static constexpr int DQ_HALF_BYTES = BM * 64 * 4; /* 16 KiB */
+    /* Each consumer warpgroup's 64 x 64 block of dQ in f32, in the accumulator's order: 4 slabs
+     * of 16 rows, one per warp. */
+    static constexpr int DQ_HALF_BYTES = 64 * 64 * 4; /* 16 KiB */
     static constexpr int STATS_OFFSET = PIPE_BYTES + CONSUMERS * DQ_HALF_BYTES;
     static constexpr int STATS_FLOATS = 2 * BM; /* a stage's lse * log2(e), then D */
+    static_assert(STATS_FLOATS <= 128 * CONSUMERS, "one consumer thread per float of the stats");
     static constexpr int TABLE_OFFSET = STATS_OFFSET + STAGES * STATS_FLOATS * 4;
     static constexpr int BARRIER_OFFSET = TABLE_OFFSET + BN * 8; /* each key's rows (int2) */
     static constexpr int BARRIER_BYTES = (1 + 2 * STAGES) * 8;   /* kv_full, full[], empty[] */
@@ -99,13 +132,13 @@ struct bwd_sm90_plan {
                   "swizzle-aligned tiles");
 };
 
-template <typename T, bool DET>
-__global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
+template <typename T, int HEAD_DIM, bool DET>
+__global__ void __launch_bounds__(bwd_sm90_plan<HEAD_DIM>::THREADS, 1)
     attn_bwd_sm90(const __grid_constant__ attn_bwd_params p, const __grid_constant__ CUtensorMap map_q,
                   const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
                   const __grid_constant__ CUtensorMap map_do) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using plan = bwd_sm90_plan;
+    using plan = bwd_sm90_plan<HEAD_DIM>;
     /* Named barriers (0 is __syncthreads'): the step's dS is in shared memory; per consumer
      * warpgroup w, its dQ block is free to write (DQ_FREE + w) and written (DQ_WRITTEN + w), each
      * between the warpgroup and the dQ writer warp. */
@@ -185,9 +218,10 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         }
         if (warp == 1) {
             /* The dQ writer: per step and consumer warpgroup w, once w has written its block
-             * (slab r of its 4 KiB per warp: columns 64 w .. 64 w + 63 of rows m0 + 16 r ..,
-             * the accumulator's blocks 8 w .. 8 w + 7 of slab r, contiguous there too), one
-             * bulk add per slab below seqlen_q; the block is free again once read. */
+             * (4 KiB per warp r: at head dim 128 columns 64 w .. 64 w + 63 of rows m0 + 16 r ..,
+             * the accumulator's blocks 8 w .. 8 w + 7 of slab r; at 64 rows m0 + 64 w + 16 r ..,
+             * slab 4 w + r whole: contiguous there too), one bulk add per slab below seqlen_q;
+             * the block is free again once read. */
             for (int w = 0; w < CONSUMERS; w++)
                 tk_named_barrier_arrive<DQ_THREADS>(DQ_FREE + w);
             /* The accumulator's rows get an add from every key tile that sees them: kept in L2
@@ -199,6 +233,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
                 const int slabs = min(BM, p.seqlen_q - m0 + ATTN_BWD_SLAB - 1) / ATTN_BWD_SLAB;
                 float *const acc = p.dq_acc + ((batch * p.heads_q + head) * attn_bwd_acc_rows(p.seqlen_q) + m0) * D;
                 for (int w = 0; w < CONSUMERS; w++) {
+                    /* The block's first slab of the step and first 8-column block of a slab. */
+                    const int slab0 = plan::DQ_BY_ROWS ? 4 * w : 0, col_block0 = plan::DQ_BY_ROWS ? 0 : 8 * w;
                     tk_named_barrier_sync<DQ_THREADS>(DQ_WRITTEN + w);
                     if (lane == 0) {
                         if constexpr (DET)
@@ -206,8 +242,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
                                 attn_bwd_wait_turn(attn_bwd_semaphore<D, BM>(p, batch, head, m0), n);
                                 tk_fence_proxy_async_global(); /* its sums, then our bulk adds */
                             }
-                        for (int r = 0; r < slabs; r++)
-                            tk_bulk_reduce_add_f32(acc + r * ATTN_BWD_SLAB * D + 8 * w * ATTN_BWD_BLOCK,
+                        for (int r = 0; r < 4 && slab0 + r < slabs; r++)
+                            tk_bulk_reduce_add_f32(acc + (slab0 + r) * ATTN_BWD_SLAB * D + col_block0 * ATTN_BWD_BLOCK,
                                                    s_dq + w * plan::DQ_HALF_BYTES + r * 4096, 4096, keep_in_l2);
                         tk_bulk_commit();
                         tk_bulk_wait_read<0>();
@@ -257,11 +293,12 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         for (int e = 0; e < 4; e++)
             dk[j][e] = dv[j][e] = 0.0f;
 
-    /* A step's lse * log2(e) and D rows, 0 past seqlen_q (those rows are masked): thread t of
-     * warpgroup 0 brings float t of the stage's slot (lse of row t, then D of row t - BM) from
-     * global memory. The loads of step it + 1 are issued during step it and stored before its
-     * DS_READY, which orders them before every read of step it + 1 and after every read of
-     * step it - 1 (the slot's previous step): the hand-off needs no barrier of its own. The lse
+    /* A step's lse * log2(e) and D rows, 0 past seqlen_q (those rows are masked): consumer thread
+     * t < 2 BM (warpgroup 0 at head dim 128, both at 64) brings float t of the stage's slot (lse
+     * of row t, then D of row t - BM) from global memory. The loads of step it + 1 are issued
+     * during step it and stored before its DS_READY, which orders them before every read of
+     * step it + 1 and after every read of step it - 1 (the slot's previous step): the hand-off
+     * needs no barrier of its own. The lse
      * is scaled where it is stored (stat_to_store), not where it is loaded: with the multiply
      * beside the load, ptxas placed it, and so the wait for the load's round trip, ahead of the
      * step's P on the warps that bring an lse. */
@@ -275,7 +312,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         return tid < BM ? p.lse[r] : p.dsum[r];
     };
     auto stat_to_store = [&](float loaded) { return tid < BM ? loaded * ATTN_LOG2E : loaded; };
-    if (warpgroup == 0 && steps > 0)
+    const bool brings_stat = tid < plan::STATS_FLOATS;
+    if (brings_stat && steps > 0)
         stats[tid] = stat_to_store(load_stat(0));
     tk_named_barrier_sync<128 * CONSUMERS>(DS_READY); /* step 0's stats */
 
@@ -293,8 +331,8 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         const float *const lse2 = stats + ring.stage * plan::STATS_FLOATS, *const dsum = lse2 + BM;
         tk_mbarrier_wait(ring.barrier(full), ring.phase);
 
-        /* S^T = K_w Q^T and dP^T = V_w dO^T, each over the head dim's 8 k16 slices (slice ks of a
-         * 64-column half is 32 bytes into each swizzled row), each committed as a group. */
+        /* S^T = K_w Q^T and dP^T = V_w dO^T, each over the head dim's D / 16 k16 slices (slice ks
+         * of a 64-column half is 32 bytes into each swizzled row), each committed as a group. */
         float s[BM / 8][4], dp[BM / 8][4];
         auto issue_keys_by_rows = [&](float(&acc)[BM / 8][4], uint32_t keys_tile, uint32_t rows_tile) {
 #pragma unroll
@@ -307,7 +345,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         tk_wgmma_fence();
         issue_keys_by_rows(s, k_tile, s_q);
         issue_keys_by_rows(dp, v_tile, s_do);
-        const bool stat_next = warpgroup == 0 && it + 1 < steps;
+        const bool stat_next = brings_stat && it + 1 < steps;
         const float next_stat = stat_next ? load_stat(it + 1) : 0.0f;
 
         /* Uniform over the warpgroup: can a pair of its keys and this step's rows be invisible? */
@@ -317,7 +355,7 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         /* P while dP^T runs; with softcap both wait for dP^T (the header says why). */
         tk_wgmma_wait<1>(); /* S^T, committed first */
         tk_wgmma_pin(s);
-        const bool softcap = p.softcap > 0.0f;
+        const bool softcap = plan::SOFTCAP && p.softcap > 0.0f;
         if (!softcap)
             attn_bwd_probs<ATTN_BWD_P>(p, s, dp, m0, 2 * tq, key0, rows, partial, slope, lse2, dsum);
         tk_wgmma_wait<0>();
@@ -359,15 +397,17 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         tk_fence_proxy_async_shared();
         tk_named_barrier_sync<128 * CONSUMERS>(DS_READY);
 
-        /* dQ of the step's rows, columns 64 w .. 64 w + 63 = dS K over the 128 keys: k16 slice kk
-         * of the keys is in dS half kk / 4, and rows 16 kk .. of K's half w. */
+        /* The warpgroup's block of dQ = dS K over the 128 keys: the step's rows dq_row0 .. + 63,
+         * columns 64 dq_half .. + 63. K16 slice kk of the keys is in dS half kk / 4, and rows 16 kk
+         * .. of K's half dq_half. */
+        const int dq_row0 = plan::DQ_BY_ROWS ? 64 * warpgroup : 0, dq_half = plan::DQ_BY_ROWS ? 0 : warpgroup;
         float dq[8][4];
         tk_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            tk_wgmma_ss<T, 64, true>(dq, tk_wgmma_desc_sw128(s_ds + (kk / 4) * DS_HALF_BYTES + (kk % 4) * 32),
-                                     tk_wgmma_desc_n_major_sw128(k_tile + warpgroup * KV_HALF_BYTES + kk * 16 * 128),
-                                     kk > 0);
+            tk_wgmma_ss<T, 64, true>(
+                dq, tk_wgmma_desc_sw128(s_ds + (kk / 4) * DS_HALF_BYTES + dq_row0 * 128 + (kk % 4) * 32),
+                tk_wgmma_desc_n_major_sw128(k_tile + dq_half * KV_HALF_BYTES + kk * 16 * 128), kk > 0);
         tk_wgmma_commit();
         tk_wgmma_wait<1>(); /* dV */
         tk_wgmma_pin(dv);
@@ -376,9 +416,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
         tk_wgmma_wait<1>(); /* dQ; dK still runs */
         tk_wgmma_pin(dq);
 
-        /* This warp's fragments into its 4 KiB of the warpgroup's block (consumer warp c = 4 w
-         * + warp: 4 KiB c of the dQ area), in the accumulator's order (512 contiguous bytes
-         * per store: no bank conflict), for the dQ writer. The thread index is hidden from
+        /* This warp's fragments (its 16 rows of the block) into its 4 KiB of the warpgroup's
+         * block (consumer warp c = 4 w + warp: 4 KiB c of the dQ area), in the accumulator's
+         * order (512 contiguous bytes per store: no bank conflict), for the dQ writer. The thread index is hidden from
          * ptxas here so that what derives from it is built beside its use: held through the
          * loop, it spilled at 232 registers. */
         int t = tid;
@@ -403,9 +443,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan::THREADS, 1)
 #endif
 }
 
-template <typename T, bool DET>
+template <typename T, int D, bool DET>
 cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *dev, cudaStream_t stream) {
-    using plan = bwd_sm90_plan;
+    using plan = bwd_sm90_plan<D>;
     const tk_attention_call *c = &bc->fwd;
     CUtensorMap map_q, map_k, map_v, map_do;
     cudaError_t err = attn_tensor_map(&map_q, c->dtype, c->q, plan::D, c->batch, c->seqlen_q, c->heads_q,
@@ -421,7 +461,7 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
                               plan::BN);
     if (err != cudaSuccess)
         return err;
-    constexpr auto kernel = attn_bwd_sm90<T, DET>;
+    constexpr auto kernel = attn_bwd_sm90<T, D, DET>;
     err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
@@ -434,12 +474,25 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
     });
 }
 
-/* Head dim 128 (the plan's); TMA's stride limit on the four tensors it loads; the shared memory. */
-bool bwd_sm90_supports(const tk_attention_bwd_call *c, const tk_device *dev) {
-    using plan = bwd_sm90_plan;
-    return c->fwd.head_dim == plan::D && attn_tma_strides(c->fwd.q_stride) && attn_tma_strides(c->fwd.k_stride) &&
-           attn_tma_strides(c->fwd.v_stride) && attn_tma_strides(c->do_stride) &&
+/* A planned head dim (64 or 128) and what its plan takes (softcap at 128 only); TMA's stride
+ * limit on the four tensors it loads; the shared memory. */
+template <int D> bool bwd_sm90_plan_takes(const tk_attention_bwd_call *c, const tk_device *dev) {
+    using plan = bwd_sm90_plan<D>;
+    return (plan::SOFTCAP || !(c->fwd.softcap > 0.0f)) &&
            plan::SMEM_BYTES + ATTN_BWD_STATIC_SMEM <= dev->max_smem_optin;
+}
+
+bool bwd_sm90_supports(const tk_attention_bwd_call *c, const tk_device *dev) {
+    const int d = c->fwd.head_dim;
+    return (d == 64 ? bwd_sm90_plan_takes<64>(c, dev) : d == 128 && bwd_sm90_plan_takes<128>(c, dev)) &&
+           attn_tma_strides(c->fwd.q_stride) && attn_tma_strides(c->fwd.k_stride) &&
+           attn_tma_strides(c->fwd.v_stride) && attn_tma_strides(c->do_stride);
+}
+
+template <typename T, int D>
+cudaError_t bwd_sm90_launch_det(const tk_attention_bwd_call *c, const tk_device *dev, cudaStream_t stream) {
+    return c->deterministic ? bwd_sm90_launch<T, D, true>(c, dev, stream)
+                            : bwd_sm90_launch<T, D, false>(c, dev, stream);
 }
 
 } // namespace
@@ -452,6 +505,8 @@ extern "C" cudaError_t tk_attention_bwd_launch_sm90(const void *call, const tk_d
     const tk_attention_bwd_call *c = static_cast<const tk_attention_bwd_call *>(call);
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return c->deterministic ? bwd_sm90_launch<T, true>(c, dev, stream) : bwd_sm90_launch<T, false>(c, dev, stream);
+        /* bwd_sm90_supports took 64 and 128 only. */
+        return c->fwd.head_dim == 64 ? bwd_sm90_launch_det<T, 64>(c, dev, stream)
+                                     : bwd_sm90_launch_det<T, 128>(c, dev, stream);
     });
 }

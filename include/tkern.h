@@ -914,7 +914,8 @@ TK_API tk_status tk_attention_bwd_workspace_size(const tk_attention_bwd_params *
  * Variants (tk_last_variant, tk_experimental_force_variant op "attention_bwd"), in selection
  * order: "wgmma_sm90" (FlashAttention-3 style: TMA, a producer and two consumer warpgroups,
  * wgmma, dq added from shared memory by bulk reductions; compute capability 9.0 with a build
- * that has sm_90a code; head dim 128; every mask and option),
+ * that has sm_90a code; head dims 64 and 128; every mask and option, softcap at head dim 128
+ * only),
  * "mma_sm80_bn128" (128 keys per CTA; compute capability 8.0 and newer where the shared
  * memory per block allows it: at head dims 80 and 128 not on 8.6 / 8.9; head dims 64, 80, 96 and
  * 128), "mma_sm80_d256" (head dim 256, 64 keys per CTA; where the shared memory per block allows

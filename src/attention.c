@@ -12,7 +12,7 @@
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
  * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
  * "wgmma_sm90" (FlashAttention-3 style on Hopper: TMA, warp specialisation, wgmma, dQ added by
- * bulk reductions from shared memory; arch-specific; head dim 128),
+ * bulk reductions from shared memory; arch-specific; head dims 64 and 128, softcap at 128 only),
  * "mma_sm80_bn128" (8 warps per 128 keys; devices whose shared memory per block holds its
  * tiles: at head dims 80 and 128 not sm_86 / sm_89), "mma_sm80_d256" (head dim 256: 8 warps
  * per 64 keys, two per key splitting dK and dV by columns; sm_80 and sm_90, whose shared

@@ -23,8 +23,11 @@
 static const char *const VARIANTS[] = {"wgmma_sm90", "mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
 enum { SM90, BN128, D256, MMA, VARIANT_COUNT };
 
-/* "wgmma_sm90" claims head dim 128 on a machine where the Hopper variants run. */
-static bool sm90_claims(int64_t head_dim) { return head_dim == 128 && tk_sm90_runs_here(); }
+/* "wgmma_sm90" claims head dim 128, and 64 without softcap, on a machine where the Hopper
+ * variants run. */
+static bool sm90_claims(int64_t head_dim, float softcap) {
+    return (head_dim == 128 || (head_dim == 64 && !(softcap > 0.0f))) && tk_sm90_runs_here();
+}
 
 /* ------------------------------------------------------------------ bad input (host) ---- */
 
@@ -636,7 +639,7 @@ static void run_case_runs(const bwd_case *c, uint64_t seed, int deterministic, i
     cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
     const bool d256 = c->head_dim == 256;
     const bool claims[VARIANT_COUNT] = {
-        [SM90] = sm90_claims(c->head_dim),
+        [SM90] = sm90_claims(c->head_dim, c->softcap),
         [BN128] = !d256 && tk_attention_bwd_bn128_smem(c->head_dim) <= info.max_smem_per_block,
         [D256] = d256 && tk_attention_bwd_d256_smem() <= info.max_smem_per_block, [MMA] = !d256};
     if (!claims[SM90] && !claims[BN128] && !claims[D256] && !claims[MMA]) {
@@ -791,6 +794,32 @@ Test(attention_bwd_gpu, specialised_masks, .timeout = 600) {
     RUN_CASES(SPECIALISED_CASES, 300);
 }
 
+/* Head dim 64 on Hopper ("wgmma_sm90": 128 keys per CTA, 128 query rows per step, each consumer
+ * warpgroup's dQ block 64 of those rows): lengths that cut the 128-row query tiles inside either
+ * warpgroup's half (rows 64 .. 127 past seqlen_q: that warpgroup adds nothing), fewer than 64
+ * rows, several query and key tiles, dense and causal either way round, GQA and MQA, windows,
+ * ALiBi, a strided layout, the specialised masks, and softcap (which the Hopper plan at 64 leaves
+ * to the portable kernel: declined there when forced). Off Hopper, the portable kernels run them. */
+static const bwd_case D64_CASES[] = {
+    {TK_BF16, 1, 200, 300, 4, 2, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 2, 45, 64, 2, 1, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 129, 129, 2, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 330, 250, 8, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 256, 384, 3, 1, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 300, 260, 2, 2, 64, false, 0, 40, 24, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 200, 400, 2, 1, 64, false, 1, 70, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 2, 190, 190, 4, 2, 64, true, 1, -1, -1, 0.0f, true, false, 0, 0, 0},
+    {TK_BF16, 1, 260, 260, 4, 2, 64, false, 1, -1, -1, 0.0f, false, true, 48, 0, 0},
+    {TK_BF16, 1, 230, 230, 2, 1, 64, false, 1, -1, -1, 0.0f, true, false, 0, 100, 0},
+    {TK_F16, 1, 270, 270, 2, 2, 64, false, 1, 50, -1, 0.0f, false, false, 0, 0, 90},
+    {TK_BF16, 1, 150, 150, 2, 1, 64, false, 1, -1, -1, 15.0f, false, false, 0, 0, 0},
+};
+
+Test(attention_bwd_gpu, head_dim_64, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    RUN_CASES(D64_CASES, 800);
+}
+
 /* Head dim 256 ("mma_sm80_d256": two warps per key, 64 keys per CTA): dense and causal with
  * lengths that cut the 64-key and 32-row tiles, seqlen_q above and below seqlen_k, fewer keys
  * than one key group's 16, GQA and MQA, windows, softcap, ALiBi, a strided layout, and the
@@ -840,14 +869,15 @@ Test(attention_bwd_gpu, head_dims_80_96, .timeout = 600) {
 /* deterministic = 1 on every shape above, by the same accuracy rule, each run twice. */
 Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[5] = {
+    const struct { const bwd_case *cases; size_t count; uint64_t seed; } lists[6] = {
         {MASK_CASES, sizeof MASK_CASES / sizeof MASK_CASES[0], 100},
         {GQA_CASES, sizeof GQA_CASES / sizeof GQA_CASES[0], 200},
         {SPECIALISED_CASES, sizeof SPECIALISED_CASES / sizeof SPECIALISED_CASES[0], 300},
         {D256_CASES, sizeof D256_CASES / sizeof D256_CASES[0], 500},
         {D80_96_CASES, sizeof D80_96_CASES / sizeof D80_96_CASES[0], 600},
+        {D64_CASES, sizeof D64_CASES / sizeof D64_CASES[0], 800},
     };
-    for (int l = 0; l < 5; l++)
+    for (int l = 0; l < 6; l++)
         for (size_t i = 0; i < lists[l].count; i++)
             run_case_runs(&lists[l].cases[i], lists[l].seed + i, 1, 2, 0);
 }
@@ -857,9 +887,11 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
  * that keep key tiles from some query tiles (windows on both sides with seqlen_q < seqlen_k; a
  * causal window over documents), so that the chains of adds start and end at different key
  * tiles; and grids of more CTAs than an H200 holds at once (192 or 384 at head dim 64, 160 at
- * 256, and 256 at head dim 128 for the Hopper variants, whose semaphores the consumers or the dQ
- * writer wait on, against 132 SMs of one CTA each for the 8-warp tiles and the Hopper kernel), so
- * that CTAs wait on the semaphores of CTAs that are not resident yet. */
+ * 256, and 256 at head dims 128 and 64 for the Hopper variant, whose semaphores the dQ writer
+ * waits on, against 132 SMs of one CTA each for the 8-warp tiles and the Hopper kernel), so that
+ * CTAs wait on the semaphores of CTAs that are not resident yet. At head dim 64 the Hopper
+ * kernel's chains run over 128-row query tiles: the causal GQA case has 16 key tiles adding to
+ * the last query tile of each head. */
 Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
@@ -871,6 +903,9 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
         {TK_BF16, 1, 384, 384, 64, 64, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
         {TK_BF16, 1, 1024, 1024, 32, 32, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 2048, 2048, 8, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 1024, 1024, 32, 32, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_F16, 1, 700, 900, 4, 2, 64, false, 0, 150, 60, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case_runs(&cases[i], 400 + i, 1, 3, 0);

@@ -1041,11 +1041,12 @@ Test(sweep_gpu, attention_fwd, .timeout = 300) {
 static const char *const ATTN_BWD_VARIANTS[] = {"wgmma_sm90", "mma_sm80_bn128", "mma_sm80_d256", "mma_sm80"};
 
 /* Whether `variant` (NULL: the automatic choice, i.e. any variant) takes a call of this head dim
- * on this device, by test_attention_bwd.c's claims: every variant takes every mask, option,
- * layout and the deterministic flag, so only the head dim and the device decide. "wgmma_sm90":
- * 128 where the Hopper variant runs; "mma_sm80_bn128": 64 to 128 where its tiles fit;
+ * (with softcap or not) on this device, by test_attention_bwd.c's claims: every variant takes
+ * every mask, layout and the deterministic flag, and every option but softcap at head dim 64 on
+ * Hopper, so only the head dim, softcap and the device decide. "wgmma_sm90": 128, and 64 without
+ * softcap, where the Hopper variant runs; "mma_sm80_bn128": 64 to 128 where its tiles fit;
  * "mma_sm80_d256": 256 where its tiles fit; "mma_sm80": 64 to 128. */
-static bool bwd_claims(const char *variant, int64_t head_dim) {
+static bool bwd_claims(const char *variant, int64_t head_dim, bool softcap) {
     static int smem = -1;
     if (smem < 0) {
         tk_device_info info = TK_DEVICE_INFO_INIT;
@@ -1056,7 +1057,7 @@ static bool bwd_claims(const char *variant, int64_t head_dim) {
     if (variant == NULL)
         return !d256 || tk_attention_bwd_d256_smem() <= smem;
     if (is_variant(variant, "wgmma_sm90"))
-        return head_dim == 128 && tk_sm90_runs_here();
+        return (head_dim == 128 || (head_dim == 64 && !softcap)) && tk_sm90_runs_here();
     if (is_variant(variant, "mma_sm80_bn128"))
         return !d256 && tk_attention_bwd_bn128_smem(head_dim) <= smem;
     if (is_variant(variant, "mma_sm80_d256"))
@@ -1066,9 +1067,9 @@ static bool bwd_claims(const char *variant, int64_t head_dim) {
 
 /* The variant the automatic choice runs: the first of the table (selection order) that claims
  * the call. */
-static const char *bwd_auto_variant(int64_t head_dim) {
+static const char *bwd_auto_variant(int64_t head_dim, bool softcap) {
     for (int v = 0; v < COUNT(ATTN_BWD_VARIANTS); v++)
-        if (bwd_claims(ATTN_BWD_VARIANTS[v], head_dim))
+        if (bwd_claims(ATTN_BWD_VARIANTS[v], head_dim, softcap))
             return ATTN_BWD_VARIANTS[v];
     return "";
 }
@@ -1184,7 +1185,7 @@ static void attention_bwd_case(sweep *s, tk_rng *r, bool backward) {
     int64_t dims[COUNT(ATTN_HEAD_DIMS)];
     int n_dims = 0;
     for (int i = 0; i < COUNT(ATTN_HEAD_DIMS); i++)
-        if (bwd_claims(variant, ATTN_HEAD_DIMS[i]))
+        if (bwd_claims(variant, ATTN_HEAD_DIMS[i], false))
             dims[n_dims++] = ATTN_HEAD_DIMS[i];
     /* a variant that claims nothing here (the Hopper ones elsewhere): head dim 128, which the
      * automatic choice takes everywhere and the variant then declines */
@@ -1307,7 +1308,7 @@ static void attention_bwd_case(sweep *s, tk_rng *r, bool backward) {
      * writes nothing) where not; then the automatic choice runs it, which must be the first
      * variant that claims it. Deterministic calls run a second time on fresh poison, and must
      * give the same bits. */
-    const bool claimed = variant == NULL || bwd_claims(variant, f.head_dim);
+    const bool claimed = variant == NULL || bwd_claims(variant, f.head_dim, f.softcap > 0.0f);
     const char *ran = NULL;
     for (int run = 0; run < 1 + deterministic; run++) {
         buf_output(&dq);
@@ -1327,7 +1328,7 @@ static void attention_bwd_case(sweep *s, tk_rng *r, bool backward) {
         cr_assert_eq(st, TK_SUCCESS, "%s: %s", s->what, tk_last_error());
         cr_assert(variant == NULL || claimed, "%s: %s ran a call it does not claim on this device", s->what,
                   variant);
-        const char *expected = variant ? variant : bwd_auto_variant(f.head_dim);
+        const char *expected = variant ? variant : bwd_auto_variant(f.head_dim, f.softcap > 0.0f);
         cr_assert_str_eq(tk_last_variant(), expected, "%s: ran %s, expected %s", s->what, tk_last_variant(),
                          expected);
         if (run == 0)
@@ -1395,7 +1396,7 @@ Test(sweep_gpu, attention_bwd, .timeout = 300) {
     for (int v = 0; v < COUNT(ATTN_BWD_VARIANTS); v++) {
         bool any = false;
         for (int i = 0; i < COUNT(ATTN_HEAD_DIMS); i++)
-            any = any || bwd_claims(ATTN_BWD_VARIANTS[v], ATTN_HEAD_DIMS[i]);
+            any = any || bwd_claims(ATTN_BWD_VARIANTS[v], ATTN_HEAD_DIMS[i], false);
         optional |= any ? 0u : 1u << v;
     }
     run_sweep("attention_bwd", ATTN_BWD_VARIANTS, COUNT(ATTN_BWD_VARIANTS), 13, 120, attention_bwd_case, true,
