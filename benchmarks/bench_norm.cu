@@ -5,8 +5,10 @@
  * The dw / db partial sums stay in L2 and are not counted. Rows: bf16 16384 x 4096
  * shapes, then f16 / f32 rows and wide rows (16384 columns: one 512-thread block for 16-bit
  * rows, an sm_90 cluster for f32; 65536: a cluster; wide_vec16 elsewhere; the cluster rows with
- * each op: the residual and LayerNorm's second reduction take their own paths), then decode-sized
- * calls (1 and 64 rows), timed against the launch floor instead (bench_memory_baseline).
+ * each op: the residual and LayerNorm's second reduction take their own paths), the backward at
+ * 16384 x 4096 (the ring kernel), 4096 x 16384 and 1024 x 65536 (the wide kernel), then
+ * decode-sized calls (1 and 64 rows), timed against the launch floor instead
+ * (bench_memory_baseline).
  */
 #include <stdio.h>
 
@@ -101,6 +103,9 @@ extern "C" void bench_norm(bench_ctx *ctx) {
     bench_one(ctx, "layernorm fwd", true, false, false, TK_BF16, TK_BF16, 1024, 65536);
     bench_one(ctx, "rmsnorm bwd", false, false, true, TK_BF16, TK_BF16, 16384, 4096);
     bench_one(ctx, "layernorm bwd", true, false, true, TK_BF16, TK_F32, 16384, 4096);
+    bench_one(ctx, "rmsnorm bwd", false, false, true, TK_BF16, TK_BF16, 4096, 16384);
+    bench_one(ctx, "layernorm bwd", true, false, true, TK_BF16, TK_F32, 4096, 16384);
+    bench_one(ctx, "rmsnorm bwd", false, false, true, TK_BF16, TK_BF16, 1024, 65536);
     /* Decode-sized: one token and a batch of 64, against the launch floor. */
     bench_one(ctx, "rmsnorm fwd", false, false, false, TK_BF16, TK_BF16, 1, 4096);
     bench_one(ctx, "add+rmsnorm fwd", false, true, false, TK_BF16, TK_BF16, 64, 4096);
