@@ -33,15 +33,17 @@ constexpr int BWD_SM_WARPS = 8;
 constexpr int BWD_WARPS = 8;
 constexpr int BWD_WARPS_SMALL = 4;
 
-/* The shared memory per block of the architecture of this device pass where it holds fewer than
- * some main kernels' tiles: 99 KB on sm_86 and sm_89 (sm_80 and sm_90 hold every shape here). A
- * main kernel whose tiles exceed it is never launched there (attn_bwd_fits) and compiles to an
- * empty body, so that ptxas neither builds nor allocates registers for code that cannot run
- * (the 8-warp kernel at D 128 spilled 20-28 bytes on sm_86 and sm_89 when built there). */
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
-constexpr int BWD_ARCH_SMEM = 99 * 1024;
+/* The shared memory per block of code compiled for `arch` (__CUDA_ARCH__ / 10 of its pass) where
+ * it holds fewer than some main kernels' tiles: 99 KB on sm_86 and sm_89 (sm_80 and sm_90 hold
+ * every shape here). A main kernel whose tiles exceed it compiles to a trap there, so that ptxas
+ * neither builds nor allocates registers for code that cannot run (the 8-warp kernel at D 128
+ * spilled 20-28 bytes on sm_86 and sm_89 when built there), and attn_bwd_fits, which asks which
+ * pass runs on the device, never launches it: an sm_87 device (163 KB) runs the sm_86 pass. */
+constexpr int attn_bwd_arch_smem(int arch) { return arch == 86 || arch == 89 ? 99 * 1024 : 1 << 30; }
+#ifdef __CUDA_ARCH__
+constexpr int BWD_ARCH_SMEM = attn_bwd_arch_smem(__CUDA_ARCH__ / 10);
 #else
-constexpr int BWD_ARCH_SMEM = 1 << 30;
+constexpr int BWD_ARCH_SMEM = attn_bwd_arch_smem(0); /* the host pass compiles no kernel body */
 #endif
 
 /* Per head dim and warps: BM query rows per streamed tile; KEY_ROWS, the keys of a warp's block
@@ -147,7 +149,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     constexpr int WDT = shape::DQ_COLS / 8; /* n8 tiles of this warp's dQ block */
     extern __shared__ __align__(128) unsigned char smem[];
     if constexpr (shape::SMEM_BYTES + ATTN_BWD_STATIC_SMEM > BWD_ARCH_SMEM) {
-        return; /* never launched on this architecture (BWD_ARCH_SMEM) */
+        __trap(); /* never launched where this pass runs (attn_bwd_fits): a launch is a dispatch bug */
+        return;
     }
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -466,7 +469,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
             /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32 in their place. The loop
              * is written out and the mask's inputs are read after it: through keys_by_queries, or
              * with those reads ahead of the loop, ptxas schedules every kernel differently, and
-             * D 64's (the automatic choice there) ran slower (the card's Tried table). */
+             * the D 64 kernel ran slower (the card's Tried table). */
 #pragma unroll
             for (int km = 0; km < KM; km++)
 #pragma unroll
@@ -505,8 +508,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 attn_bwd_probs<ATTN_BWD_P_DS>(p, sd[0][km], sd[1][km], m0, q_own + 2 * tq, key_base + 16 * km, rows,
                                               partial, slope_h, lse2, dsum);
             }
-            /* One warp per block of keys (D 64 to 96) holds all BM queries of P^T and dS^T: dV and
-             * dK with A straight from the accumulators (k = queries). */
+            /* One warp per block of keys (every shape but D 256 and D 128 on 8 warps) holds all BM
+             * queries of P^T and dS^T: dV and dK with A straight from the accumulators (k = queries). */
             if constexpr (CW == 1) {
 #pragma unroll
                 for (int qs = 0; qs < QS; qs++) {
@@ -652,7 +655,7 @@ cudaError_t attn_bwd_head(const tk_attention_bwd_call *c, const tk_device *dev, 
                             : attn_bwd_launch<T, D, WARPS, false>(c, dev, stream);
 }
 
-/* The one-warp-per-key shapes: head dims 64, 80, 96 and 128. */
+/* Head dims 64, 80, 96 and 128 on WARPS warps (head dim 256: tk_attention_bwd_launch_mma_d256). */
 template <int WARPS>
 cudaError_t attn_bwd_variant(const tk_attention_bwd_call *c, const tk_device *dev, cudaStream_t stream) {
     return tk_dispatch_dtype16(c->fwd.dtype, [&](auto type) {
@@ -671,10 +674,16 @@ cudaError_t attn_bwd_variant(const tk_attention_bwd_call *c, const tk_device *de
     });
 }
 
-/* Whether the device's shared memory per block holds shape <D, WARPS>, the deterministic
- * kernel's static ticket counted too. */
+/* Whether shape <D, WARPS> runs here: the device's shared memory per block and that of the pass
+ * whose code runs on it (attn_bwd_arch_smem) hold its tiles, the deterministic kernel's static
+ * ticket counted too. Every instantiation of the kernel comes from the same pass: one tells. */
 template <int D, int WARPS> bool attn_bwd_fits(const tk_device *dev) {
-    return attn_bwd_shape<D, WARPS>::SMEM_BYTES + ATTN_BWD_STATIC_SMEM <= dev->max_smem_optin;
+    int arch = 0;
+    if (tk_code_arch<attn_bwd_main<__nv_bfloat16, D, WARPS, false>>(dev, &arch) != cudaSuccess)
+        return false;
+    const int pass_smem = attn_bwd_arch_smem(arch);
+    const int limit = dev->max_smem_optin < pass_smem ? dev->max_smem_optin : pass_smem;
+    return attn_bwd_shape<D, WARPS>::SMEM_BYTES + ATTN_BWD_STATIC_SMEM <= limit;
 }
 
 } // namespace

@@ -123,17 +123,13 @@ template <auto Kernel> cudaError_t tk_set_kernel_attribute(CUfunction_attribute 
                                                                                          : cudaErrorInvalidValue;
 }
 
-/* Programmatic dependent launch: the attribute that lets Kernel be launched while the kernel
- * before it in the stream still runs (*count = 1), where Kernel's code waits for that kernel
- * (cudaGridDependencySynchronize, compiled in from sm_90), else *count = 0 (an ordinary launch).
- * The check is of the code that runs, not of the device: a build whose only code for an H100 is
- * compute_80 PTX has no wait there. The code's virtual architecture (__CUDA_ARCH__ / 10 of its
- * pass) comes through the driver's cuFuncGetAttribute (PTX_VERSION), for the reason given above;
- * where the driver does not say, the launch is ordinary. Cached per device. */
-template <auto Kernel> cudaError_t tk_early_launch(const tk_device *dev, cudaLaunchAttribute *attr, unsigned *count) {
+/* The virtual architecture of Kernel's code that runs on this device, __CUDA_ARCH__ / 10 of the
+ * pass it was compiled in: not always the device's (an sm_87 device runs sm_86 SASS; a build
+ * whose only code for an H100 is compute_80 PTX runs that). From the driver's cuFuncGetAttribute
+ * (PTX_VERSION); 0 where the driver does not say. Cached per device. */
+template <auto Kernel> cudaError_t tk_code_arch(const tk_device *dev, int *arch) {
     static tk_device_cache<1> cache;
-    int arch = 0;
-    const cudaError_t err = cache.get(dev, 0, &arch, [](int *v) {
+    return cache.get(dev, 0, arch, [](int *v) {
         static const PFN_cuFuncGetAttribute_v2020 get =
             tk_driver_function<PFN_cuFuncGetAttribute_v2020>("cuFuncGetAttribute", 2020);
         *v = 0;
@@ -147,6 +143,16 @@ template <auto Kernel> cudaError_t tk_early_launch(const tk_device *dev, cudaLau
             *v = 0;
         return cudaSuccess;
     });
+}
+
+/* Programmatic dependent launch: the attribute that lets Kernel be launched while the kernel
+ * before it in the stream still runs (*count = 1), where Kernel's code waits for that kernel
+ * (cudaGridDependencySynchronize, compiled in from sm_90), else *count = 0 (an ordinary launch).
+ * The check is of the code that runs (tk_code_arch), not of the device; where the driver does
+ * not say, the launch is ordinary. */
+template <auto Kernel> cudaError_t tk_early_launch(const tk_device *dev, cudaLaunchAttribute *attr, unsigned *count) {
+    int arch = 0;
+    const cudaError_t err = tk_code_arch<Kernel>(dev, &arch);
     attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr->val.programmaticStreamSerializationAllowed = 1;
     *count = arch >= 90 ? 1 : 0;
