@@ -298,10 +298,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan<HEAD_DIM>::THREADS, 1)
      * of row t, then D of row t - BM) from global memory. The loads of step it + 1 are issued
      * during step it and stored before its DS_READY, which orders them before every read of
      * step it + 1 and after every read of step it - 1 (the slot's previous step): the hand-off
-     * needs no barrier of its own. The lse
-     * is scaled where it is stored (stat_to_store), not where it is loaded: with the multiply
-     * beside the load, ptxas placed it, and so the wait for the load's round trip, ahead of the
-     * step's P on the warps that bring an lse. */
+     * needs no barrier of its own. The lse is scaled where it is stored (stat_to_store), not
+     * where it is loaded: with the multiply beside the load, ptxas placed it, and so the wait for
+     * the load's round trip, ahead of the step's P on the warps that bring an lse. */
     auto load_stat = [&](int at) {
         int head, m0;
         step_at(at, head, m0);

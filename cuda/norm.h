@@ -65,8 +65,8 @@ static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
 /* Forward rows wider than one block holds, up to this many blocks' worth, run split over the
  * blocks of a thread-block cluster (sm_90, the "cluster_vec16" variant): each block stages its
  * slice of the row (at most one rows block's worth, 32 KB) in shared memory, and the blocks add
- * their partial sums through distributed shared memory. 8 blocks is the portable cluster size: rows of up to
- * 131072 16-bit or 65536 f32 elements. */
+ * their partial sums through distributed shared memory. 8 blocks is the portable cluster size:
+ * rows of up to 131072 16-bit or 65536 f32 elements. */
 #define TK_NORM_CLUSTER_MAX_BLOCKS 8
 
 static inline bool tk_norm_cluster_fit(int64_t cols, int vec) {

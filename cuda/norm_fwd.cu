@@ -80,8 +80,9 @@ template <typename T, int VEC, int Threads> constexpr int rows_min_blocks() {
 }
 
 /* Sum over the threads of one row's group, with one barrier for groups wider than a warp (one
- * row per block; OneRow: known to be so at compile time): partial sums alternate between two scratch buffers by `parity`, so a
- * reduction never overwrites partials that a slower thread of the previous one still reads.
+ * row per block; OneRow: known to be so at compile time): partial sums alternate between two
+ * scratch buffers by `parity`, so a reduction never overwrites partials that a slower thread of
+ * the previous one still reads.
  * Fixed order: the same inputs give the same bits. */
 template <bool OneRow>
 __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[32], int &parity) {

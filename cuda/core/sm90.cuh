@@ -162,7 +162,6 @@ __device__ __forceinline__ void tk_bulk_load(uint32_t dst, const void *src, uint
                  : "memory");
 }
 
-
 /* prefetch.tensormap: bring the descriptor `map` (a __grid_constant__ kernel parameter) into the
  * TMA unit's cache, so that the first copy through it does not wait for that fetch. Issued at
  * kernel entry, it overlaps the block's set-up (barrier initialisation, a mask table's fill). */
