@@ -42,9 +42,12 @@ static bool norm_vec16_supports(tk_call_args call, const tk_device *dev) {
     return rows_vec16_fit(call, false);
 }
 
+/* 16-bit rows past 8192 columns run the ring kernel at 4 packs per thread, whose shared memory
+ * (up to 192 KB) not every device holds. */
 static bool norm_bwd_vec16_supports(tk_call_args call, const tk_device *dev) {
-    (void)dev;
-    return rows_vec16_fit(call, true);
+    const tk_norm_call *a = call;
+    return rows_vec16_fit(a, true) && (a->cols <= TK_NORM_ROWS_MAX_THREADS * TK_NORM_BWD_ELEMS_VEC ||
+                                       tk_norm_bwd_ring_fit(a->cols, dev->max_smem_optin));
 }
 
 /* Rows the forward rows kernel cannot hold on one block but a cluster can; one cluster per row,
