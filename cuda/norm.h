@@ -128,7 +128,8 @@ static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
 }
 
 /* Each direction's launchers, in cuda/norm_fwd.cu and cuda/norm_bwd.cu (ops "norm" and
- * "norm_bwd"). "vec16": 16-byte packs, row in registers. "cluster_vec16" (forward only): a row
+ * "norm_bwd"). "vec16": 16-byte packs, row in registers (the backward's 16-bit rows of a
+ * whole block: staged in shared memory, the ring kernel). "cluster_vec16" (forward only): a row
  * split over a cluster, staged in shared memory. "scalar": one element per access. "wide_vec16" /
  * "wide_scalar": a block per row, any width, the row read twice. */
 cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);

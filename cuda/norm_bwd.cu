@@ -19,21 +19,21 @@
  * partials (2 x 16 floats; ring kernel at 4 packs 2 x 32) in registers across all rows of its
  * group; they leave once per group, not once per row (16-byte stores). For the same reason w'
  * is loaded once, before the row loop.
- * - "ring" kernel (16-bit rows in 16-byte packs whose group is a whole block: 513 to 16384
- *   columns, i.e. the "vec16" variant's 16-bit rows except the narrow ones; the launcher chooses
- *   it on the host, and every other shape takes the rows kernel): up to 512 threads, one row
- *   per block at a time. The next row's x and dy go by cp.async into a per-thread 2-stage ring
+ * - "ring" kernel (16-bit rows in 16-byte packs whose group is a whole block: more than 512 and at
+ *   most 16384 columns, i.e. the "vec16" variant's 16-bit rows except the narrow ones; the launcher
+ *   chooses it on the host, and every other shape takes the rows kernel): up to 512 threads, one
+ *   row per block at a time. The next row's x and dy go by cp.async into a per-thread 2-stage ring
  *   in shared memory at the top of each iteration, before the wait for the current row, and its
  *   rstd / mean into registers: a block has a row's reads in flight through all of its current
  *   row's work, without holding them in registers. The op (LayerNorm, which of dw / db) is a
- *   template parameter: RMSNorm reduces one value and does no mean arithmetic. So is the pack
- *   count per thread and tensor, chosen on the host from the width (cuda/norm.h):
- *   - 2 packs (16 elements, up to 8192 columns; with 70-128 registers an SM holds 2 blocks of
- *     256 threads, 16 warps): pass 1 converts each element once and keeps xhat and g = dy w' in
- *     f32 registers across the row reduction (one barrier); w' is held as f32 with Gemma's 1
- *     added; dw / db are accumulated there; pass 2 is two FMAs and a pack per element. Loop: 243
- *     static SASS instructions per 16 elements for RMSNorm with dw (bf16 w), 318 for LayerNorm
- *     with dw and db (f32 w), where the rows kernel took 575 and 497 (sm_90a).
+ *   template parameter: RMSNorm reduces one value and does no mean arithmetic. So is the pack count
+ *   per thread and tensor, chosen on the host from the width (cuda/norm.h):
+ *   - 2 packs (16 elements, up to 8192 columns; with 103-128 registers, the ops that keep dw or db,
+ *     an SM holds 2 blocks of 256 threads, 16 warps; 3 at 70-78 without): pass 1 converts each
+ *     element once and keeps xhat and g = dy w' in f32 registers across the row reduction (one
+ *     barrier); w' is held as f32 with Gemma's 1 added; dw / db are accumulated there; pass 2 is
+ *     two FMAs and a pack per element. Loop: 243 static SASS instructions per 16 elements for
+ *     RMSNorm with dw (bf16 w), 318 for LayerNorm with dw and db (f32 w) (sm_90a).
  *   - 4 packs (32 elements, 8193 to 16384 columns): a 512-thread block may use 128 registers a
  *     thread, and the partials alone take 32 (RMSNorm with dw) to 64 (LayerNorm with dw and
  *     db), which leaves no room for 64 f32 values of xhat and g, nor for w' (32 more). So w' is
@@ -743,7 +743,7 @@ cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, i
 }
 
 /* The ring kernel of one op: `threads` per row, tk_norm_bwd_ring_bytes_per_thread(PACKS) each.
- * At 2 packs 32 KB for a 4096-wide row (with 113-128 registers, 2 blocks of 256 threads per SM
+ * At 2 packs 32 KB for a 4096-wide row (with 103-128 registers, 2 blocks of 256 threads per SM
  * by registers, 64 KB of ring, so shared memory does not lower occupancy), 64 KB for 8192 (512
  * threads); at 4 packs (384 bytes per thread) 108 KB for 8200 columns (288 threads) to 192 KB
  * for 16384 (512 threads, 1 block per SM). The grid is one occupancy wave or fewer (grid_for),
@@ -790,7 +790,8 @@ cudaError_t launch_ring(const tk_norm_call *a, const tk_device *dev, cudaStream_
 }
 
 /* Stage 1 (dx and the partials), then stage 2 (dw / db). 16-bit rows in packs whose group is a
- * whole block (513 to 16384 columns) take the ring kernel; the rest the rows kernel. */
+ * whole block (more than 512 columns, at most 16384) take the ring kernel; the rest the rows
+ * kernel. */
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
     int64_t blocks, groups;

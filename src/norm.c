@@ -3,10 +3,11 @@
  * cuda/norm_bwd.cu; the math is documented in docs/kernels/norm.md.
  *
  * Variants of op "norm" (forward) and of op "norm_bwd" (backward), best first: "vec16" (16-byte
- * packs, row in registers), "cluster_vec16" (forward only, sm_90: wider rows in the shared memory
- * of a thread-block cluster), "wide_vec16" (16-byte packs, any width), "scalar" (any element
- * alignment, row in registers), "wide_scalar" (anything). The "rows" kernels hold rows up to
- * tk_norm_rows_fit's limit (cuda/norm.h), which differs by direction.
+ * packs, row in registers; the backward's 16-bit rows of a whole block staged in shared memory),
+ * "cluster_vec16" (forward only, sm_90: wider rows in the shared memory of a thread-block cluster),
+ * "wide_vec16" (16-byte packs, any width), "scalar" (any element alignment, row in registers),
+ * "wide_scalar" (anything). The "rows" kernels hold rows up to tk_norm_rows_fit's limit
+ * (cuda/norm.h), which differs by direction.
  */
 #include <math.h>
 #include <stdint.h>
