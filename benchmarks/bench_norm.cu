@@ -6,7 +6,8 @@
  * shapes, then f16 / f32 rows and wide rows (16384 columns: one 512-thread block for 16-bit
  * rows, an sm_90 cluster for f32; 65536: a cluster; wide_vec16 elsewhere; the cluster rows with
  * each op: the residual and LayerNorm's second reduction take their own paths), the backward at
- * 16384 x 4096 (the ring kernel), 4096 x 16384 and 1024 x 65536 (the wide kernel), then
+ * 16384 x 4096 and at 4096 x 16384 (16-bit rows of 16384: the ring kernel at 4 packs per thread
+ * where the device's shared memory holds it) and 1024 x 65536 (the wide kernel), then
  * decode-sized calls (1 and 64 rows), timed against the launch floor instead
  * (bench_memory_baseline).
  */

@@ -41,25 +41,68 @@ typedef struct tk_norm_call {
 /* Row widths the "rows" kernels hold in registers: up to TK_NORM_ROWS_MAX_THREADS threads of
  * TK_NORM_FWD_PACKS 16-byte packs forward (a block holds 32 KB of a row: 16384 16-bit or 8192
  * f32 elements) or TK_NORM_FWD_ELEMS_SCALAR scalars (4096), TK_NORM_BWD_ELEMS_* elements
- * backward (8192 / 4096). */
+ * backward (8192 / 4096). Backward 16-bit rows in packs whose group is a whole block take the
+ * ring kernel instead, which stages x and dy in shared memory: TK_NORM_BWD_ELEMS_VEC / 8 packs
+ * per thread up to 8192 columns, TK_NORM_BWD_RING_MAX_PACKS past them (up to 16384). */
 #define TK_NORM_FWD_PACKS 4
 #define TK_NORM_FWD_ELEMS_SCALAR 8
 #define TK_NORM_BWD_ELEMS_VEC 16
 #define TK_NORM_BWD_ELEMS_SCALAR 8
+#define TK_NORM_BWD_RING_MAX_PACKS 4
 #define TK_NORM_ROWS_MAX_THREADS 512
 
-/* The widest row the "rows" kernels hold on one block, accessed in packs of `vec` elements. */
+/* The widest row the "rows" kernels (backward: and the ring kernel) hold on one block, accessed
+ * in packs of `vec` elements (8: 16-bit packs). */
 static inline int64_t tk_norm_rows_max_cols(int vec, bool backward) {
     if (backward)
-        return TK_NORM_ROWS_MAX_THREADS * (vec > 1 ? TK_NORM_BWD_ELEMS_VEC : TK_NORM_BWD_ELEMS_SCALAR);
+        return TK_NORM_ROWS_MAX_THREADS * (vec == 8   ? TK_NORM_BWD_RING_MAX_PACKS * vec
+                                           : vec > 1 ? TK_NORM_BWD_ELEMS_VEC
+                                                     : TK_NORM_BWD_ELEMS_SCALAR);
     return TK_NORM_ROWS_MAX_THREADS * (vec > 1 ? TK_NORM_FWD_PACKS * vec : TK_NORM_FWD_ELEMS_SCALAR);
 }
 
 /* Whether a row of `cols` elements, accessed in packs of `vec` elements, fits the registers of
  * the "rows" kernels (the "vec16" and "scalar" variants); wider rows take the "cluster" or the
- * "wide" ones. */
+ * "wide" ones. Backward 16-bit rows past 8192 also need the ring's shared memory
+ * (tk_norm_bwd_ring_fit). */
 static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
     return cols <= tk_norm_rows_max_cols(vec, backward);
+}
+
+/* The ring kernel's plan for a 16-bit row of `packs_row` 16-byte packs (more than 32 threads'
+ * worth; the launcher takes the rows kernel below that): packs per thread and tensor (2 while a
+ * block of TK_NORM_ROWS_MAX_THREADS threads holds the row at 2, else 4), threads (a multiple of
+ * 32), and the dynamic shared memory of a thread: a 2-stage ring of x and dy (16 bytes a pack
+ * of each), then at 4 packs w' as f32 (32 bytes a pack), which the thread's registers no longer
+ * hold; the block's static shared memory (the row sums) is at most TK_NORM_BWD_RING_STATIC_SMEM
+ * bytes. */
+#define TK_NORM_BWD_RING_STATIC_SMEM 256
+
+static inline int tk_norm_bwd_ring_packs(int64_t packs_row) {
+    const int packs = TK_NORM_BWD_ELEMS_VEC / 8;
+    return packs_row <= (int64_t)TK_NORM_ROWS_MAX_THREADS * packs ? packs : TK_NORM_BWD_RING_MAX_PACKS;
+}
+
+static inline int tk_norm_bwd_ring_threads(int64_t packs_row) {
+    const int packs = tk_norm_bwd_ring_packs(packs_row);
+    return (int)((packs_row + packs - 1) / packs + 31) / 32 * 32;
+}
+
+static inline int tk_norm_bwd_ring_bytes_per_thread(int packs) {
+    return 2 * 2 * packs * 16 + (packs > TK_NORM_BWD_ELEMS_VEC / 8 ? packs * 8 * 4 : 0);
+}
+
+/* Whether a device whose blocks may opt in to `max_smem_optin` bytes of shared memory holds the
+ * ring kernel's block for a backward 16-bit row of `cols` columns (a multiple of 8). At 2 packs
+ * (<= 8192 columns: <= 64 KB) every sm_80+ device does; at 4 (384 bytes a thread) a 16384-wide
+ * row takes 192 KB: an H100 / H200 holds it, an A100 rows of up to 13312 columns (416 threads),
+ * sm_86 / sm_89 (~99 KB) none. */
+static inline bool tk_norm_bwd_ring_fit(int64_t cols, int max_smem_optin) {
+    const int64_t packs_row = cols / 8;
+    return (int64_t)tk_norm_bwd_ring_threads(packs_row) *
+                   tk_norm_bwd_ring_bytes_per_thread(tk_norm_bwd_ring_packs(packs_row)) +
+               TK_NORM_BWD_RING_STATIC_SMEM <=
+           max_smem_optin;
 }
 
 /* Forward rows wider than one block holds, up to this many blocks' worth, run split over the
@@ -85,7 +128,8 @@ static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
 }
 
 /* Each direction's launchers, in cuda/norm_fwd.cu and cuda/norm_bwd.cu (ops "norm" and
- * "norm_bwd"). "vec16": 16-byte packs, row in registers. "cluster_vec16" (forward only): a row
+ * "norm_bwd"). "vec16": 16-byte packs, row in registers (the backward's 16-bit rows of a
+ * whole block: staged in shared memory, the ring kernel). "cluster_vec16" (forward only): a row
  * split over a cluster, staged in shared memory. "scalar": one element per access. "wide_vec16" /
  * "wide_scalar": a block per row, any width, the row read twice. */
 cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);

@@ -16,23 +16,34 @@
  * issue budget at the copy bandwidth of an H200), so the kernels count instructions too.
  * The ring and rows kernels stride over rows with a grid of at most one occupancy wave (capped
  * by the workspace slots), and a thread always owns the same columns, so it keeps its dw / db
- * partials (2 x 16 floats) in registers across all rows of its group; they leave once per
- * group, not once per row (16-byte stores). For the same reason w' is loaded once, before the
- * row loop.
- * - "ring" kernel (16-bit rows in 16-byte packs whose group is a whole block: 513 to 8192
- *   columns, i.e. the "vec16" variant's rows except the narrow ones; the launcher chooses it on
- *   the host, and every other shape takes the rows kernel): 16 elements per thread (2 packs per
- *   tensor), up to 512 threads, one row per block at a time. The next row's x and dy go by
- *   cp.async into a per-thread 2-stage ring in shared memory at the top of each iteration,
- *   before the wait for the current row, and its rstd / mean into registers: a block has a
- *   row's reads in flight through all of its current row's work, without holding them in
- *   registers (with 70-128 registers an SM holds 2 blocks of 256 threads, 16 warps). Pass 1
- *   converts each element once and keeps xhat and g = dy w' in f32 registers across the row
- *   reduction (one barrier); w' is held as f32 with Gemma's 1 added; dw / db are accumulated
- *   there; pass 2 is two FMAs and a pack per element. The op (LayerNorm, which of dw / db) is
- *   a template parameter: RMSNorm reduces one value and does no mean arithmetic. Loop: 243
- *   static SASS instructions per 16 elements for RMSNorm with dw (bf16 w), 318 for LayerNorm
- *   with dw and db (f32 w), where the rows kernel took 575 and 497 (sm_90a).
+ * partials (2 x 16 floats; ring kernel at 4 packs 2 x 32) in registers across all rows of its
+ * group; they leave once per group, not once per row (16-byte stores). For the same reason w'
+ * is loaded once, before the row loop.
+ * - "ring" kernel (16-bit rows in 16-byte packs whose group is a whole block: more than 512 and at
+ *   most 16384 columns, i.e. the "vec16" variant's 16-bit rows except the narrow ones; the launcher
+ *   chooses it on the host, and every other shape takes the rows kernel): up to 512 threads, one
+ *   row per block at a time. The next row's x and dy go by cp.async into a per-thread 2-stage ring
+ *   in shared memory at the top of each iteration, before the wait for the current row, and its
+ *   rstd / mean into registers: a block has a row's reads in flight through all of its current
+ *   row's work, without holding them in registers. The op (LayerNorm, which of dw / db) is a
+ *   template parameter: RMSNorm reduces one value and does no mean arithmetic. So is the pack count
+ *   per thread and tensor, chosen on the host from the width (cuda/norm.h):
+ *   - 2 packs (16 elements, up to 8192 columns; with 103-128 registers, the ops that keep dw or db,
+ *     an SM holds 2 blocks of 256 threads, 16 warps; 3 at 70-78 without): pass 1 converts each
+ *     element once and keeps xhat and g = dy w' in f32 registers across the row reduction (one
+ *     barrier); w' is held as f32 with Gemma's 1 added; dw / db are accumulated there; pass 2 is
+ *     two FMAs and a pack per element. Loop: 243 static SASS instructions per 16 elements for
+ *     RMSNorm with dw (bf16 w), 318 for LayerNorm with dw and db (f32 w) (sm_90a).
+ *   - 4 packs (32 elements, 8193 to 16384 columns): a 512-thread block may use 128 registers a
+ *     thread, and the partials alone take 32 (RMSNorm with dw) to 64 (LayerNorm with dw and
+ *     db), which leaves no room for 64 f32 values of xhat and g, nor for w' (32 more). So w' is
+ *     written once, as f32 with Gemma's 1 added, into the thread's slots of shared memory past
+ *     the ring, and pass 2 converts x and dy again from the stage that pass 1 read (it is
+ *     refilled only by the next iteration's copies), one pack at a time (a loop that is not
+ *     unrolled: unrolled, the scheduler holds several packs' temporaries beside the partials and
+ *     LayerNorm with dw and db spills). 384 bytes of shared memory a thread: 192 KB for a
+ *     16384-wide row, 1 block per SM (H100 / H200; the host checks the device's limit). A
+ *     candidate: compiled, not yet run on a GPU.
  * - "rows" kernel (the rest: f32 packs, scalars, narrow rows): a group of threads holds the
  *   row (norm.cuh), 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs) and 8 for
  *   scalars, groups of up to 512 threads (rows up to 8192 / 4096); several narrow groups share
@@ -43,7 +54,8 @@
  *   pass 2 (the op is a run-time value there).
  * - "wide" kernels (any width): a 512-thread block per row group; pass A reads the row for the
  *   two row sums, pass B reads it again (L2) for dx and adds into the group's workspace row
- *   (read-modify-write, overwritten on the group's first row: no memset needed).
+ *   (read-modify-write, overwritten on the group's first row: no memset needed), 16 bytes at a
+ *   time for 16-byte packs (the same f32 addition per element as one at a time).
  * - Stage 2 reads slots x cols floats (a few MB: ~2-5% of the dx traffic at 16384 x 4096, most
  *   of it from L2), a latency-bound pass unless every SM keeps tens of KB of loads in flight:
  *   lanes of 4 columns (16-byte loads; 1 column where cols is not a multiple of 4) and enough
@@ -57,9 +69,6 @@
 namespace {
 
 constexpr int WIDE_THREADS = 512;
-/* The ring kernel: 16-byte packs per tensor per thread (16 elements), rows in flight. */
-constexpr int RING_PACKS = TK_NORM_BWD_ELEMS_VEC / 8, RING_STAGES = 2;
-constexpr int RING_BYTES_PER_THREAD = RING_STAGES * 2 * RING_PACKS * 16;
 /* Stage 2: lanes of columns per block, loads in flight per lane, the largest block. */
 constexpr int REDUCE_COL_LANES = 8, REDUCE_UNROLL = 8, REDUCE_MAX_THREADS = 1024;
 
@@ -138,6 +147,30 @@ __device__ __forceinline__ void store_partials(float *ws, const float (&acc)[PAC
                 tk_store_pack<float, CHUNK>(ws + j * VEC + k, chunk);
             }
         }
+    }
+}
+
+/* A pack's dw or db parts into its columns `ws` of the wide kernel's running sums (the group's
+ * workspace row): overwritten on the group's first row, so no memset is needed, else added to.
+ * 16-byte loads and stores where the pack is whole groups of 4 floats (as in store_partials),
+ * each element the same addition as one at a time. */
+template <int VEC>
+__device__ __forceinline__ void add_running(float *ws, const float (&part)[VEC], bool first) {
+    constexpr int CHUNK = VEC % 4 == 0 ? 4 : 1;
+#pragma unroll
+    for (int k = 0; k < VEC; k += CHUNK) {
+        tk_pack<float, CHUNK> sum;
+        if (first) {
+#pragma unroll
+            for (int e = 0; e < CHUNK; e++)
+                sum.v[e] = part[k + e];
+        } else {
+            sum = tk_load_pack<float, CHUNK>(ws + k);
+#pragma unroll
+            for (int e = 0; e < CHUNK; e++)
+                sum.v[e] += part[k + e];
+        }
+        tk_store_pack<float, CHUNK>(ws + k, sum);
     }
 }
 
@@ -323,21 +356,64 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
         store_partials(a.workspace + (a.workspace_slots + slot) * a.cols, db_acc, lane, group, packs_row);
 }
 
-/* The ring kernel: 16-bit rows of one block (see the top of the file). Each thread's 2 packs
+/* The ring kernel's x and dy of one pack, from the thread's slots, as f32. */
+template <typename T>
+__device__ __forceinline__ void ring_unpack(const uint4 *x_slot, const uint4 *dy_slot, float (&xf)[8],
+                                            float (&df)[8]) {
+    tk_unpack(*reinterpret_cast<const tk_pack<T, 8> *>(x_slot), xf);
+    tk_unpack(*reinterpret_cast<const tk_pack<T, 8> *>(dy_slot), df);
+}
+
+/* xhat = (x - mean) rstd (RMSNorm: x rstd) and g = dy w' of one element. */
+template <bool LayerNorm>
+__device__ __forceinline__ void ring_element(float x, float dy, float scale, float mean, float rstd, float &xhat,
+                                             float &g) {
+    xhat = (LayerNorm ? x - mean : x) * rstd;
+    g = dy * scale;
+}
+
+/* The 4-pack ring kernel's w' of one pack, in its two shared-memory slots `threads` apart. */
+__device__ __forceinline__ void ring_scale_store(float4 *slot, int threads, const float (&scale)[8]) {
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        slot[k * threads] = make_float4(scale[4 * k], scale[4 * k + 1], scale[4 * k + 2], scale[4 * k + 3]);
+}
+
+__device__ __forceinline__ void ring_scale_load(const float4 *slot, int threads, float (&scale)[8]) {
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const float4 v = slot[k * threads];
+        scale[4 * k] = v.x;
+        scale[4 * k + 1] = v.y;
+        scale[4 * k + 2] = v.z;
+        scale[4 * k + 3] = v.w;
+    }
+}
+
+/* The ring kernel: 16-bit rows of one block (see the top of the file). Each thread's PACKS packs
  * of x and dy for the next row go into its own slots of a 2-stage ring in shared memory
- * (dynamic, RING_BYTES_PER_THREAD per thread), laid out [stage][tensor][pack][thread]: a thread
+ * (dynamic, laid out [stage][tensor][pack][thread]: tk_norm_bwd_ring_bytes_per_thread): a thread
  * reads back only what it copied itself, so its cp.async wait is the only synchronisation, and
  * consecutive threads' 16 bytes are adjacent (LDS.128 without bank conflicts). The op is
  * compile-time: LayerNorm (the mean and mean(g) terms, two row sums), Dw and Db (which partials
  * are kept). The grid has at most one block per row (grid_for), so every block has a first row;
- * its loop bound is uniform. */
-template <typename T, typename W, bool LayerNorm, bool Dw, bool Db>
+ * its loop bound is uniform.
+ * PACKS is 2 or 4 (the host's choice from the width; why 4 packs hold less in registers: the
+ * top of the file). At 4, w' is f32 in shared memory past the ring, [pack][half][thread] (two
+ * 16-byte slots a pack), written once and read in both passes, and pass 2 reads x and dy again
+ * from the stage pass 1 read: its next copies are issued in the next iteration, after pass 2's
+ * reads have been consumed by its stores. */
+template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db>
 __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_norm_call a) {
     static_assert(sizeof(T) == 2, "16-bit rows: 8 elements per pack");
     static_assert(LayerNorm || !Db, "db is LayerNorm's");
-    constexpr int VEC = 8, PACKS = RING_PACKS, SUMS = LayerNorm ? 2 : 1;
+    static_assert(PACKS == 2 || PACKS == TK_NORM_BWD_RING_MAX_PACKS, "the host's plan (tk_norm_bwd_ring_packs)");
+    constexpr int VEC = 8, SUMS = LayerNorm ? 2 : 1;
+    constexpr bool Hold = PACKS == 2; /* xhat, g and w' held in registers across the reduction */
+    constexpr int PASS2_UNROLL = Hold ? PACKS : 1;
     extern __shared__ uint4 ring[];
     __shared__ tk_pack<float, SUMS> scratch[2][MAX_WARPS];
+    static_assert(sizeof(scratch) <= TK_NORM_BWD_RING_STATIC_SMEM, "the host's shared-memory check");
     int parity = 0;
 #if __CUDA_ARCH__ >= 900
     if constexpr (Dw || Db)
@@ -346,7 +422,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
     const int threads = blockDim.x, packs_row = (int)(a.cols / VEC);
     const float inv_n = 1.0f / (float)a.cols;
     /* Running pointers to the thread's first pack in the row in flight (x, dy) and in the row
-     * being written (dx), each advanced by a row step; the second pack is `threads` packs on. */
+     * being written (dx), each advanced by a row step; pack p is p * threads packs on. */
     int64_t row = blockIdx.x;
     const int64_t x_step = (int64_t)gridDim.x * a.x_stride, y_step = (int64_t)gridDim.x * a.y_stride;
     const T *x_next = static_cast<const T *>(a.x) + row * a.x_stride + threadIdx.x * VEC;
@@ -355,11 +431,13 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
     /* The thread's slots of a stage: tensor t, pack p at [(t * PACKS + p) * threads]. The stage
      * being filled and the one being read swap every row. */
     uint4 *fill = ring + threadIdx.x, *held = fill + 2 * PACKS * threads;
+    /* At 4 packs, the thread's w' past the ring: pack p's 8 values in two 16-byte slots. */
+    float4 *const scale_slots = reinterpret_cast<float4 *>(ring + 2 * 2 * PACKS * threads) + threadIdx.x;
 
-    /* Packs past the row (the last threads' second pack, where the row is not a multiple of 16
-     * elements) are never copied: their slots hold zeros from here on, so they add nothing to
-     * the sums (g = 0) and need no test in pass 1. A thread's first pack is always inside:
-     * threads <= packs_row for every row this kernel takes (at least 65 packs). */
+    /* Packs past the row (the last threads' last packs, where the row is not a multiple of
+     * PACKS * threads packs) are never copied: their slots hold zeros from here on, so they add
+     * nothing to the sums (g = 0) and need no test in pass 1. A thread's first pack is always
+     * inside: threads <= packs_row for every row this kernel takes (at least 65 packs). */
     bool inside[PACKS];
 #pragma unroll
     for (int p = 0; p < PACKS; p++) {
@@ -388,14 +466,18 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
     };
 
     issue(true);
-    /* w' as f32, Gemma's 1 added once, held across the loop (16 registers: keep_f32), so the
-     * loop converts nothing but the row itself. */
+    /* w' as f32 with Gemma's 1 added, once: at 2 packs held across the loop (16 registers:
+     * keep_f32), at 4 in shared memory, read at each use; the loop converts nothing but the row
+     * itself. */
     const W *w = static_cast<const W *>(a.weight);
     const float w_add = w && a.gemma ? 1.0f : 0.0f;
     float scale[PACKS][VEC];
 #pragma unroll
-    for (int p = 0; p < PACKS; p++)
+    for (int p = 0; p < PACKS; p++) {
         scale_of(load_scale_raw<W, VEC>(w, w_add, threadIdx.x + p * threads, packs_row), w_add, scale[p]);
+        if constexpr (!Hold)
+            ring_scale_store(scale_slots + 2 * p * threads, threads, scale[p]);
+    }
     float dw_acc[PACKS][VEC] = {}, db_acc[PACKS][VEC] = {};
     float rstd = a.rstd_in[row], mean = LayerNorm ? a.mean_in[row] : 0.0f;
 
@@ -415,26 +497,30 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
                 next_mean = a.mean_in[next];
         }
         tk_cp_async_wait<1>();
+        if constexpr (Hold) {
 #pragma unroll
-        for (int p = 0; p < PACKS; p++)
-            keep_f32(scale[p]);
+            for (int p = 0; p < PACKS; p++)
+                keep_f32(scale[p]);
+        }
 
-        /* Pass 1 converts each element once; xhat and g stay f32 across the reduction. */
-        float xhat[PACKS][VEC], g[PACKS][VEC], sums[SUMS] = {}; /* of g xhat (, of g) */
+        /* Pass 1 converts each element (at 2 packs once: xhat and g stay f32 across the row
+         * reduction). */
+        float xhat[Hold ? PACKS : 1][VEC], g[Hold ? PACKS : 1][VEC], sums[SUMS] = {}; /* of g xhat (, of g) */
 #pragma unroll
         for (int p = 0; p < PACKS; p++) {
+            const int h = Hold ? p : 0;
             float xf[VEC], df[VEC];
-            tk_unpack(*reinterpret_cast<const tk_pack<T, VEC> *>(held + p * threads), xf);
-            tk_unpack(*reinterpret_cast<const tk_pack<T, VEC> *>(held + (PACKS + p) * threads), df);
+            ring_unpack<T>(held + p * threads, held + (PACKS + p) * threads, xf, df);
+            if constexpr (!Hold)
+                ring_scale_load(scale_slots + 2 * p * threads, threads, scale[h]);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
-                xhat[p][e] = (LayerNorm ? xf[e] - mean : xf[e]) * rstd;
-                g[p][e] = df[e] * scale[p][e];
-                sums[0] += g[p][e] * xhat[p][e];
+                ring_element<LayerNorm>(xf[e], df[e], scale[h][e], mean, rstd, xhat[h][e], g[h][e]);
+                sums[0] += g[h][e] * xhat[h][e];
                 if constexpr (LayerNorm)
-                    sums[1] += g[p][e];
+                    sums[1] += g[h][e];
                 if constexpr (Dw)
-                    dw_acc[p][e] += df[e] * xhat[p][e];
+                    dw_acc[p][e] += df[e] * xhat[h][e];
                 if constexpr (Db)
                     db_acc[p][e] += df[e];
             }
@@ -444,13 +530,23 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
         /* dx = rstd (g - mean(g) - xhat mean(g xhat)) as rstd g + k0 - xhat kx: two FMAs. */
         const float kx = rstd * (sums[0] * inv_n);
         const float k0 = LayerNorm ? -rstd * (sums[SUMS - 1] * inv_n) : 0.0f;
-#pragma unroll
+        /* At 4 packs a pack at a time, converted again (see above). */
+#pragma unroll PASS2_UNROLL
         for (int p = 0; p < PACKS; p++) {
-            if (inside[p]) {
+            if (Hold ? inside[p] : p == 0 || (int)threadIdx.x + p * threads < packs_row) {
+                const int h = Hold ? p : 0;
+                if constexpr (!Hold) {
+                    float xf[VEC], df[VEC];
+                    ring_unpack<T>(held + p * threads, held + (PACKS + p) * threads, xf, df);
+                    ring_scale_load(scale_slots + 2 * p * threads, threads, scale[h]);
+#pragma unroll
+                    for (int e = 0; e < VEC; e++)
+                        ring_element<LayerNorm>(xf[e], df[e], scale[h][e], mean, rstd, xhat[h][e], g[h][e]);
+                }
                 float out[VEC];
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
-                    out[e] = fmaf(-xhat[p][e], kx, fmaf(rstd, g[p][e], k0));
+                    out[e] = fmaf(-xhat[h][e], kx, fmaf(rstd, g[h][e], k0));
                 tk_store_pack<T, VEC>(dx_row + p * threads * VEC, tk_pack_of<T>(out));
             }
         }
@@ -519,14 +615,10 @@ __global__ void __launch_bounds__(WIDE_THREADS) norm_bwd_wide(tk_norm_call a) {
                 db_part[e] = d;
             }
             tk_store_pack<T, VEC>(dx + row * a.x_stride + j * VEC, out);
-            /* The group's running sums: overwritten on its first row, so no memset is needed. */
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                if (a.dw)
-                    ws_w[j * VEC + e] = first ? dw_part[e] : ws_w[j * VEC + e] + dw_part[e];
-                if (a.db)
-                    ws_b[j * VEC + e] = first ? db_part[e] : ws_b[j * VEC + e] + db_part[e];
-            }
+            if (a.dw)
+                add_running(ws_w + j * VEC, dw_part, first);
+            if (a.db)
+                add_running(ws_b + j * VEC, db_part, first);
         }
     }
 }
@@ -650,38 +742,56 @@ cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, i
     return cudaSuccess;
 }
 
-/* The ring kernel of one op: `threads` per row, RING_BYTES_PER_THREAD of ring each (32 KB for
- * a 4096-wide row: with 113-128 registers, 2 blocks of 256 threads per SM by registers, 64 KB
- * of ring, so shared memory does not lower occupancy; 64 KB for the widest, 512 threads). The
- * grid is one occupancy wave or fewer (grid_for), as for the rows kernel: each block's partials
- * cover rows b, b + grid, ... */
-template <auto Kernel>
+/* The ring kernel of one op: `threads` per row, tk_norm_bwd_ring_bytes_per_thread(PACKS) each.
+ * At 2 packs 32 KB for a 4096-wide row (with 103-128 registers, 2 blocks of 256 threads per SM
+ * by registers, 64 KB of ring, so shared memory does not lower occupancy), 64 KB for 8192 (512
+ * threads); at 4 packs (384 bytes per thread) 108 KB for 8200 columns (288 threads) to 192 KB
+ * for 16384 (512 threads, 1 block per SM). The grid is one occupancy wave or fewer (grid_for),
+ * as for the rows kernel: each block's partials cover rows b, b + grid, ... The opt-in, made
+ * once per device and kernel, is the most that the widest block or the device allows (the host
+ * checked this shape against the device: tk_norm_bwd_ring_fit). */
+template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db>
 cudaError_t launch_ring_op(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
                            int64_t *blocks) {
-    const int smem = threads * RING_BYTES_PER_THREAD;
+    constexpr auto kernel = norm_bwd_ring<T, W, PACKS, LayerNorm, Dw, Db>;
+    const int per_thread = tk_norm_bwd_ring_bytes_per_thread(PACKS), smem = threads * per_thread;
+    int opt_in = TK_NORM_ROWS_MAX_THREADS * per_thread;
+    if (opt_in > dev->max_smem_optin - TK_NORM_BWD_RING_STATIC_SMEM)
+        opt_in = dev->max_smem_optin - TK_NORM_BWD_RING_STATIC_SMEM;
     cudaError_t err;
-    if ((err = tk_opt_in_smem<Kernel>(dev, TK_NORM_ROWS_MAX_THREADS * RING_BYTES_PER_THREAD)) != cudaSuccess ||
-        (err = grid_for<Kernel>(a, dev, threads, 1, smem, blocks)) != cudaSuccess)
+    if ((err = tk_opt_in_smem<kernel>(dev, opt_in)) != cudaSuccess ||
+        (err = grid_for<kernel>(a, dev, threads, 1, smem, blocks)) != cudaSuccess)
         return err;
-    return tk_launch(Kernel, (unsigned)*blocks, threads, smem, stream, *a);
+    return tk_launch(kernel, (unsigned)*blocks, threads, smem, stream, *a);
 }
 
-template <typename T, typename W>
-cudaError_t launch_ring(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
-                        int64_t *blocks) {
+template <typename T, typename W, int PACKS>
+cudaError_t launch_ring_packs(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
+                              int64_t *blocks) {
     const bool dw = a->dw != nullptr, db = a->db != nullptr;
     if (!a->layernorm)
-        return dw ? launch_ring_op<norm_bwd_ring<T, W, false, true, false>>(a, threads, dev, stream, blocks)
-                  : launch_ring_op<norm_bwd_ring<T, W, false, false, false>>(a, threads, dev, stream, blocks);
+        return dw ? launch_ring_op<T, W, PACKS, false, true, false>(a, threads, dev, stream, blocks)
+                  : launch_ring_op<T, W, PACKS, false, false, false>(a, threads, dev, stream, blocks);
     if (db)
-        return dw ? launch_ring_op<norm_bwd_ring<T, W, true, true, true>>(a, threads, dev, stream, blocks)
-                  : launch_ring_op<norm_bwd_ring<T, W, true, false, true>>(a, threads, dev, stream, blocks);
-    return dw ? launch_ring_op<norm_bwd_ring<T, W, true, true, false>>(a, threads, dev, stream, blocks)
-              : launch_ring_op<norm_bwd_ring<T, W, true, false, false>>(a, threads, dev, stream, blocks);
+        return dw ? launch_ring_op<T, W, PACKS, true, true, true>(a, threads, dev, stream, blocks)
+                  : launch_ring_op<T, W, PACKS, true, false, true>(a, threads, dev, stream, blocks);
+    return dw ? launch_ring_op<T, W, PACKS, true, true, false>(a, threads, dev, stream, blocks)
+              : launch_ring_op<T, W, PACKS, true, false, false>(a, threads, dev, stream, blocks);
+}
+
+/* The pack count and block size of the row's plan (cuda/norm.h: 2 packs up to 8192 columns). */
+template <typename T, typename W>
+cudaError_t launch_ring(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream, int64_t *blocks) {
+    const int64_t packs_row = a->cols / 8;
+    const int threads = tk_norm_bwd_ring_threads(packs_row);
+    if (tk_norm_bwd_ring_packs(packs_row) == 2)
+        return launch_ring_packs<T, W, 2>(a, threads, dev, stream, blocks);
+    return launch_ring_packs<T, W, TK_NORM_BWD_RING_MAX_PACKS>(a, threads, dev, stream, blocks);
 }
 
 /* Stage 1 (dx and the partials), then stage 2 (dw / db). 16-bit rows in packs whose group is a
- * whole block (513 to 8192 columns) take the ring kernel; the rest the rows kernel. */
+ * whole block (more than 512 columns, at most 16384) take the ring kernel; the rest the rows
+ * kernel. */
 template <typename T, typename W, int VEC>
 cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
     int64_t blocks, groups;
@@ -697,7 +807,7 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
         const norm_rows_shape s = norm_shape_for((a->cols / VEC + packs - 1) / packs);
         if constexpr (sizeof(T) == 2 && VEC > 1) {
             if (s.group > 32) { /* blocks <= rows: one slot per block */
-                if ((err = launch_ring<T, W>(a, s.threads, dev, stream, &blocks)) != cudaSuccess)
+                if ((err = launch_ring<T, W>(a, dev, stream, &blocks)) != cudaSuccess)
                     return err;
                 return launch_reduce<W>(a, blocks, dev, stream);
             }

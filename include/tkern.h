@@ -251,7 +251,10 @@ TK_API tk_status tk_glu_bwd(const tk_glu_params *p, const void *dy, const void *
  * Variants (tk_last_variant; tk_experimental_force_variant op "norm" for the forward calls,
  * "norm_bwd" for the backward ones, each direction with all four), in selection order:
  * "vec16" (16-byte accesses, row held in registers: needs every row start 16-byte aligned, i.e.
- * 16-byte aligned pointers and cols and strides that are multiples of 16 bytes, and cols <= 8192),
+ * 16-byte aligned pointers and cols and strides that are multiples of 16 bytes, and cols <= 8192,
+ * or <= 16384 for f16 / bf16 rows; backward 16-bit rows of 8193 to 16384 only where the device's
+ * shared memory per block holds the block: all of them on an H100 / H200, up to 13312 columns on
+ * an A100, none on compute capability 8.6 / 8.9),
  * "wide_vec16" (the same alignment, any width: a block per row that reads the row twice),
  * "scalar" (any element alignment, cols <= 4096), "wide_scalar" (anything).
  * ------------------------------------------------------------------------------------------- */

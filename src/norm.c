@@ -3,10 +3,11 @@
  * cuda/norm_bwd.cu; the math is documented in docs/kernels/norm.md.
  *
  * Variants of op "norm" (forward) and of op "norm_bwd" (backward), best first: "vec16" (16-byte
- * packs, row in registers), "cluster_vec16" (forward only, sm_90: wider rows in the shared memory
- * of a thread-block cluster), "wide_vec16" (16-byte packs, any width), "scalar" (any element
- * alignment, row in registers), "wide_scalar" (anything). The "rows" kernels hold rows up to
- * tk_norm_rows_fit's limit (cuda/norm.h), which differs by direction.
+ * packs, row in registers; the backward's 16-bit rows of a whole block staged in shared memory),
+ * "cluster_vec16" (forward only, sm_90: wider rows in the shared memory of a thread-block cluster),
+ * "wide_vec16" (16-byte packs, any width), "scalar" (any element alignment, row in registers),
+ * "wide_scalar" (anything). The "rows" kernels hold rows up to tk_norm_rows_fit's limit
+ * (cuda/norm.h), which differs by direction.
  */
 #include <math.h>
 #include <stdint.h>
@@ -42,9 +43,12 @@ static bool norm_vec16_supports(tk_call_args call, const tk_device *dev) {
     return rows_vec16_fit(call, false);
 }
 
+/* 16-bit rows past 8192 columns run the ring kernel at 4 packs per thread, whose shared memory
+ * (up to 192 KB) not every device holds. */
 static bool norm_bwd_vec16_supports(tk_call_args call, const tk_device *dev) {
-    (void)dev;
-    return rows_vec16_fit(call, true);
+    const tk_norm_call *a = call;
+    return rows_vec16_fit(a, true) && (a->cols <= TK_NORM_ROWS_MAX_THREADS * TK_NORM_BWD_ELEMS_VEC ||
+                                       tk_norm_bwd_ring_fit(a->cols, dev->max_smem_optin));
 }
 
 /* Rows the forward rows kernel cannot hold on one block but a cluster can; one cluster per row,

@@ -238,17 +238,33 @@ static bool clusters_run_here(void) {
     return tk_build_runs_variant(900, info.compute_capability);
 }
 
+/* Whether this device holds the backward ring kernel's block for a 16-bit row of `cols` (a
+ * multiple of 8) columns: up to 8192, 2 packs of 16 bytes per thread and tensor, 128 bytes of
+ * ring per thread (at most 64 KB: every device); past it 4 packs and 384 bytes per thread (the
+ * ring and w' as f32) on ceil(cols / 32) threads rounded up to a warp, plus 256 bytes of static
+ * shared memory: a 16384-wide row takes 192 KB (H100 / H200: yes; A100: up to 13312 columns;
+ * sm_86 / sm_89: no). */
+static bool bwd_ring_fits(int64_t cols) {
+    if (cols <= 8192)
+        return true;
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+    const int64_t threads = ((cols / 8 + 3) / 4 + 31) / 32 * 32;
+    return threads * 384 + 256 <= info.max_smem_per_block;
+}
+
 /* Whether `variant` claims the case (the documented rule; cross-checked against the library). */
 static bool variant_claims(const norm_case *c, const char *variant) {
     const int64_t es = (int64_t)tk_test_dtype_size(c->dtype);
     const bool aligned = c->offset == 0 && (c->cols * es) % 16 == 0 && ((c->cols + c->x_pad) * es) % 16 == 0 &&
                          ((c->cols + c->r_pad) * es) % 16 == 0 && ((c->cols + c->y_pad) * es) % 16 == 0;
-    /* Forward 16-bit rows of up to 16384 elements on one block (32 KB); the rest 8192 forward
-     * and backward; scalars 4096 both ways. A cluster: 8 blocks (the portable size) forward. */
-    const int64_t vec_limit = !c->backward && es == 2 ? 16384 : 8192, scalar_limit = 4096;
+    /* 16-bit rows of up to 16384 elements (forward on one block, 32 KB; backward on the ring
+     * kernel where the device's shared memory holds it); the rest 8192 forward and backward;
+     * scalars 4096 both ways. A cluster: 8 blocks (the portable size) forward. */
+    const int64_t vec_limit = es == 2 ? 16384 : 8192, scalar_limit = 4096;
     const int64_t cluster_limit = 8 * vec_limit;
     if (!strcmp(variant, "vec16"))
-        return aligned && c->cols <= vec_limit;
+        return aligned && c->cols <= vec_limit && (!c->backward || es != 2 || bwd_ring_fits(c->cols));
     if (!strcmp(variant, "cluster_vec16"))
         return !c->backward && aligned && c->cols > vec_limit && c->cols <= cluster_limit && clusters_run_here();
     if (!strcmp(variant, "wide_vec16"))
@@ -573,6 +589,19 @@ static const struct {
     {3, 114680, 8, 0, 16, 0, true, true, true, false, true, false},
     {400, 16392, 8, 16, 24, 0, true, true, true, false, true, false},
     {3, 65544, 8, 0, 8, 0, true, true, true, true, true, false},
+    /* The backward's ring kernel at 4 packs per thread (16-bit rows of 8193 to 16384), w' in
+     * shared memory, with more rows than a wave of blocks (on an H100 / H200) and a row count
+     * that the grid does not divide, so that some blocks take one row fewer than others (both
+     * stages refilled): its narrowest row (8200: 1025 packs on 288 threads, 1152 slots, so the
+     * fourth slots of the last 127 threads lie past the row and stay zero), 12288 (384 threads,
+     * every pack inside) with strided rows, the widest (16384, 512 threads) with dw and db, 16376
+     * (the last thread's fourth pack past the row) with gemma, and 10240 with gemma, neither dw
+     * nor db, dx over dy. */
+    {401, 8200, 0, 0, 0, 0, false, true, true, false, true, false},
+    {333, 12288, 8, 16, 24, 0, false, true, true, false, true, false},
+    {263, 16384, 0, 0, 0, 0, false, true, true, false, true, false},
+    {135, 16376, 0, 0, 0, 0, false, true, true, true, true, false},
+    {139, 10240, 8, 0, 8, 0, false, true, false, true, false, true},
 };
 
 static void run_all(bool backward) {
@@ -671,9 +700,13 @@ Test(norm_gpu, automatic_choice) {
     TK_REQUIRE_GPU();
     tk_rng rng = tk_rng_seeded(33);
     const char *wide_fwd = clusters_run_here() ? "cluster_vec16" : "wide_vec16";
+    const char *ring_8200 = bwd_ring_fits(8200) ? "vec16" : "wide_vec16";
+    const char *ring_16384 = bwd_ring_fits(16384) ? "vec16" : "wide_vec16";
     const struct { int64_t rows, cols; int offset; bool backward; const char *expect; } cases[] = {
         {64, 4096, 0, false, "vec16"},       {64, 4096, 0, true, "vec16"},
-        {4, 16384, 0, false, "vec16"},       {4, 16384, 0, true, "wide_vec16"},
+        {4, 16384, 0, false, "vec16"},       {4, 16384, 0, true, ring_16384},
+        {4, 8192, 0, true, "vec16"},         {4, 8200, 0, true, ring_8200},
+        {4, 16392, 0, true, "wide_vec16"},   {2, 65536, 0, true, "wide_vec16"},
         {4, 16392, 0, false, wide_fwd},      {2, 131080, 0, false, "wide_vec16"},
         {8, 4000, 1, false, "scalar"},       {8, 4000, 1, true, "scalar"},
         {3, 4097, 0, false, "wide_scalar"},  {3, 4097, 0, true, "wide_scalar"},
@@ -702,6 +735,15 @@ Test(norm_gpu, large_tensors, .timeout = 600) {
     norm_case ln_bwd = {true, true, TK_BF16, TK_F32, 16384, 4096, 0, 0, 0, 0,
                         false, true, true, false, true, false, NULL, "vec16"};
     run_bwd_case(&ln_bwd, &rng);
+    /* The benchmark's wide backward rows: 4096 x 16384 bf16 (the ring kernel at 4 packs where
+     * the device holds it), RMSNorm with dw and LayerNorm (f32 w) with dw and db. */
+    const char *ring = bwd_ring_fits(16384) ? "vec16" : "wide_vec16";
+    const norm_case wide_bwd[] = {
+        {false, true, TK_BF16, TK_BF16, 4096, 16384, 0, 0, 0, 0, false, true, false, false, true, false, NULL, ring},
+        {true, true, TK_BF16, TK_F32, 4096, 16384, 0, 0, 0, 0, false, true, true, false, true, false, NULL, ring},
+    };
+    for (size_t i = 0; i < sizeof wide_bwd / sizeof wide_bwd[0]; i++)
+        run_bwd_case(&wide_bwd[i], &rng);
     /* The benchmark's wide rows (one cluster per row, many waves of clusters), automatic choice:
      * RMSNorm, add+RMSNorm and LayerNorm bf16 1024 x 65536, both ops f32 4096 x 16384, and the
      * widest 16-bit rows (8 slices) with f16 and f32 weights, the residual, gemma, 64 rows. */
