@@ -10,6 +10,7 @@
 
 #include "attention.cuh"
 #include "attention_bwd.h"
+#include "attention_sections.cuh"
 
 namespace {
 
@@ -91,6 +92,7 @@ struct attn_bwd_params {
     float *dsinks; /* [heads_q], with sinks */
     int transform;
     float scale, softcap, softcap_in, exp_scale;
+    int section; /* (batch, key/value head) pairs per section of the grid order (attn_bwd_keys_of) */
 };
 
 /* Row r = (b * heads_q + h) * seqlen_q + i of the accumulator and of D. */
@@ -194,9 +196,10 @@ __global__ void __launch_bounds__(ROW_THREADS) attn_bwd_dq(const attn_bwd_params
  * chain: a tile that the mask keeps away from a query tile neither waits for nor holds it.
  *
  * No deadlock: a CTA takes its (key tile, batch, key/value head) from a ticket, a counter that
- * each CTA bumps as it starts, in the block order (key tiles slowest), so it only ever waits for
- * a CTA with an earlier ticket, which is resident or done; a chain of waits descends in tickets
- * and ends at a CTA that computes. Each CTA walks its query tiles from the last down, the
+ * each CTA bumps as it starts, decoded as the block order is (attn_bwd_keys_of: a pair's key
+ * tile n - 1 before its tile n in every section size), so it only ever waits for a CTA with an
+ * earlier ticket, which is resident or done; a chain of waits descends in tickets and ends at a
+ * CTA that computes. Each CTA walks its query tiles from the last down, the
  * group's heads fastest: tile n - 1's query tiles end no later than n's, so it reaches each tile
  * they share no later in its walk than n does, and the waits mostly find the semaphore set. */
 constexpr int ORDER_HEADER = 4; /* ints before the semaphores: the ticket counter, 16 bytes */
@@ -225,41 +228,35 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
 }
 
 /* A main kernel's key tile: block blockIdx.x (deterministic: the CTA's ticket, which must be
- * taken by every thread) as (key tile of BN keys, batch, key/value head), heads fastest, and the
- * mask its keys are seen through. With KEYS_FASTEST (the Hopper kernel's; the portable kernels
- * measured no gain with it), a call without a mask (every query row sees every key) takes key
- * tiles fastest instead: a wave then holds every key tile of a few (batch, key/value head) pairs,
- * which walk the same query tiles together, so that each Q / dO tile and dQ accumulator line
- * serves all of them while in L2 (docs/kernels/attention_bwd.md, "Grid order"). The
- * deterministic order holds in either layout: a key tile's predecessor (n - 1, same batch and
- * head) comes before it in both, so it has the earlier ticket and never waits on a CTA that has
- * not started. Under masks the heads-fastest order stays: its key tiles slowest are the longest
- * first under causal. */
+ * taken by every thread) as (key tile of BN keys, batch, key/value head), and the mask its keys
+ * are seen through. The (batch, key/value head) pairs run in sections of p.section
+ * (attention_sections.cuh): within a section the key tiles slowest (under causal the longest
+ * CTAs, the first keys, first) and the section's pairs fastest. The launcher picks the size
+ * (docs/kernels/attention_bwd.md, "Grid order"): the portable kernels one section of every pair
+ * (the heads fastest over the whole grid); the Hopper kernel one pair a section without a mask
+ * (key tiles fastest: a wave holds every key tile of a few pairs, which walk the same query
+ * tiles together, so that each Q / dO tile and dQ accumulator line serves all of them while in
+ * L2), and under a mask sections whose Q, dO and dQ accumulator fit half the L2
+ * (bwd_sm90_section). The deterministic order holds for every size: key tile n - 1 of a pair is
+ * in n's section and comes before it there (the key tiles slowest), and a section comes before
+ * the next, so n - 1 has the earlier ticket and n never waits on a CTA that has not started. */
 struct attn_bwd_keys {
     int head_kv, n0, k_rows; /* first key, keys in the tile */
     int64_t batch;
     attn_mask mask;
 };
 
-template <int D, int BN, bool DET, bool KEYS_FASTEST = false>
+template <int D, int BN, bool DET>
 __device__ __forceinline__ attn_bwd_keys attn_bwd_keys_of(const attn_bwd_params &p) {
     unsigned block = blockIdx.x;
     if constexpr (DET)
         block = attn_bwd_ticket(attn_bwd_order_words<D>(p));
+    const attn_section_item item = attn_section_walk(block, (unsigned)p.batch * (unsigned)p.heads_kv,
+                                                     (unsigned)p.section, (unsigned)((p.seqlen_k + BN - 1) / BN));
     attn_bwd_keys t;
-    const bool every_key = p.window_left < 0 && p.window_right < 0 && p.chunk == 0 && p.prefix == 0 && !p.doc_ids;
-    if (KEYS_FASTEST && every_key) {
-        const unsigned key_tiles = (unsigned)((p.seqlen_k + BN - 1) / BN);
-        t.n0 = (int)(block % key_tiles) * BN;
-        block /= key_tiles;
-        t.head_kv = (int)(block % (unsigned)p.heads_kv);
-        t.batch = block / (unsigned)p.heads_kv;
-    } else {
-        t.head_kv = (int)(block % (unsigned)p.heads_kv);
-        block /= (unsigned)p.heads_kv;
-        t.batch = block % (unsigned)p.batch;
-        t.n0 = (int)(block / (unsigned)p.batch) * BN;
-    }
+    t.head_kv = (int)(item.unit % (unsigned)p.heads_kv);
+    t.batch = item.unit / (unsigned)p.heads_kv;
+    t.n0 = (int)item.place * BN;
     t.k_rows = min(BN, p.seqlen_k - t.n0);
     t.mask = {p.seqlen_k - p.seqlen_q, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, p.chunk, p.prefix,
               p.doc_ids ? p.doc_ids + t.batch * p.seqlen_k : nullptr};
@@ -437,11 +434,12 @@ __device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, i
     }
 }
 
-/* One backward call around its main kernel: the parameters from the call, then attn_bwd_pre (D
+/* One backward call around its main kernel: the parameters from the call (the grid order in
+ * sections of `section` (batch, key/value head) pairs, attn_bwd_keys_of), then attn_bwd_pre (D
  * and the zeroed accumulator), attn_bwd_dsinks (with sinks), attn_bwd_order_clear (DET), the
  * main kernel by launch_main(p), and attn_bwd_dq. */
 template <typename T, int D, bool DET, typename LaunchMain>
-cudaError_t attn_bwd_run(const tk_attention_bwd_call *bc, cudaStream_t stream, LaunchMain launch_main) {
+cudaError_t attn_bwd_run(const tk_attention_bwd_call *bc, int section, cudaStream_t stream, LaunchMain launch_main) {
     const tk_attention_call *c = &bc->fwd;
     attn_bwd_params p;
     attn_set_tensors(p, c); /* the forward's q, k, v, o, lse, slopes and strides */
@@ -463,6 +461,7 @@ cudaError_t attn_bwd_run(const tk_attention_bwd_call *bc, cudaStream_t stream, L
     attn_set_mask(p, c);
     p.dsinks = bc->dsinks;
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
+    p.section = section;
     const unsigned row_blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
     cudaError_t err = tk_launch(attn_bwd_pre<T, D>, row_blocks, ROW_THREADS, 0, stream, p, rows);
     if (err == cudaSuccess && c->sinks)

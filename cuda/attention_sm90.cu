@@ -63,6 +63,7 @@
  */
 #include "attention.h"
 
+#include "attention_sections.cuh"
 #include "attention_sm90.cuh"
 #include "attention_softmax.cuh"
 #include "common.cuh"
@@ -147,27 +148,24 @@ struct sm90_params {
 
 /* Work tile `tile` of the grid: (query head, batch, query tile). The (batch, query head) pairs,
  * heads fastest, are cut into sections of p.section pairs whose K and V fit a quarter of the L2
- * (launch_sm90); the grid runs section after section, within one the query tiles last to first
- * (the longest first under a causal mask, as attention.cuh) and the section's pairs fastest. A
- * wave of CTAs then reads the K / V of one section's heads, which stay in L2 through its query
- * tiles. With the pairs fastest over the whole grid, a wave read those of 132 pairs, evicted
- * before the next query tile came back to them: at head dim 64, B8 H16 S2048, by estimate about
+ * (launch_sm90); the grid runs section after section (attention_sections.cuh), within one the
+ * query tiles last to first (the longest first under a causal mask, as attention.cuh) and the
+ * section's pairs fastest. A wave of CTAs then reads the K / V of one section's heads, which
+ * stay in L2 through its query tiles. With the pairs fastest over the whole grid, a wave read
+ * those of 132 pairs, evicted before the next query tile came back to them: at head dim 64, B8
+ * H16 S2048, by estimate about
  * 1 GiB of K / V from HBM per call (~3 TB/s at the rate measured there). */
 struct sm90_work {
     int head, batch, m0, q_rows;
 };
 
 template <int BM> __device__ __forceinline__ sm90_work sm90_work_of(const sm90_params &p, unsigned tile) {
-    const unsigned pairs = (unsigned)p.heads_q * (unsigned)p.batch;
-    const unsigned section_tiles = (unsigned)p.section * (unsigned)p.m_blocks; /* a full section's */
-    const unsigned first = tile / section_tiles * (unsigned)p.section;          /* the section's first pair */
-    const unsigned size = min((unsigned)p.section, pairs - first);              /* the last one may be short */
-    const unsigned in_section = tile % section_tiles;
-    const unsigned pair = first + in_section % size;
+    const attn_section_item item = attn_section_walk(tile, (unsigned)p.heads_q * (unsigned)p.batch,
+                                                     (unsigned)p.section, (unsigned)p.m_blocks);
     sm90_work w;
-    w.head = (int)(pair % (unsigned)p.heads_q);
-    w.batch = (int)(pair / (unsigned)p.heads_q);
-    w.m0 = (p.m_blocks - 1 - (int)(in_section / size)) * BM;
+    w.head = (int)(item.unit % (unsigned)p.heads_q);
+    w.batch = (int)(item.unit / (unsigned)p.heads_q);
+    w.m0 = (p.m_blocks - 1 - (int)item.place) * BM;
     w.q_rows = min(BM, p.seqlen_q - w.m0);
     return w;
 }
@@ -593,21 +591,9 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
     p.batch = c->batch;
     /* The work order's sections (sm90_work_of): the query heads of at most as many K / V heads as
      * a quarter of the L2 holds (K and V of one (batch, head): 2 seqlen_k D 16-bit values each),
-     * at least one K / V head's: of the sizes from half that bound to the bound, the one whose
-     * last section is the fullest (a divisor of the K / V heads fills it; the larger size on a
-     * tie). A short last section starts its longest tiles when the machine is draining: 128
-     * pairs in sections of 25 left 3 to the end of the grid. */
-    const int64_t kv_bytes = (int64_t)4 * c->seqlen_k * D;
-    const int64_t kv_total = (int64_t)c->heads_kv * c->batch;
-    int64_t most = dev->l2_bytes / 4 / kv_bytes > 1 ? dev->l2_bytes / 4 / kv_bytes : 1;
-    most = most < kv_total ? most : kv_total;
-    int64_t kv_heads = most, fill = kv_total % most ? kv_total % most : most; /* of kv_heads */
-    /* Host work on every launch: stop at the first full last section, which no smaller size beats. */
-    for (int64_t k = most - 1; fill < kv_heads && 2 * k >= most && k > 0; k--) {
-        const int64_t f = kv_total % k ? kv_total % k : k;
-        if (f * kv_heads > fill * k)
-            kv_heads = k, fill = f;
-    }
+     * at least one K / V head's (attn_section_size). */
+    const int64_t kv_heads =
+        attn_section_size((int64_t)c->heads_kv * c->batch, (int64_t)4 * c->seqlen_k * D, dev->l2_bytes / 4, 1);
     p.section = (int)(kv_heads * p.group);
     attn_set_mask(p, c);
     attn_set_score(p, c->scale, c->softcap, c->alibi_slopes != NULL);
