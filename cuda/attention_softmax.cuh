@@ -286,6 +286,35 @@ __device__ __forceinline__ void attn_fill_table(const attn_mask &m, int2 *table,
     }
 }
 
+/* attn_fill_table's entries r0 .. r0 + count - 1 (keys = false) of the band of rows first..last, for
+ * a party of nthreads threads (tid among them) that fills only its own rows of a table, and the
+ * keys of the band's first and last rows (its entries 0 and last - first) in front and back, from
+ * the same document search: each party then has the whole band's key range without reading the
+ * others' rows. Every lane of the calling warps must call (the document search). */
+template <int PROBES = ATTN_DOC_PROBES>
+__device__ __forceinline__ void attn_fill_table_rows(const attn_mask &m, int2 *table, int first, int last, int r0,
+                                                     int count, int tid, int nthreads, int2 &front, int2 &back) {
+    attn_docs d;
+    if (m.doc_ids)
+        d = attn_doc_band<PROBES>(m, first + m.shift, last + m.shift);
+    for (int r = r0 + tid; r < r0 + count; r += nthreads)
+        table[r] = attn_row_keys(m, d, min(first + r, last) + m.shift);
+    front = attn_row_keys(m, d, first + m.shift);
+    back = attn_row_keys(m, d, last + m.shift);
+}
+
+/* The keys of the first and last rows of the band first..last (attn_fill_table_rows's front and
+ * back) with no table: closed form, or through one document search by the calling warp (every
+ * lane must call then). */
+template <int PROBES = ATTN_DOC_PROBES>
+__device__ __forceinline__ void attn_band_ends(const attn_mask &m, int first, int last, int2 &front, int2 &back) {
+    attn_docs d;
+    if (m.doc_ids)
+        d = attn_doc_band<PROBES>(m, first + m.shift, last + m.shift);
+    front = attn_row_keys(m, d, first + m.shift);
+    back = attn_row_keys(m, d, last + m.shift);
+}
+
 /* Whether the band whose first and last rows see keys `front` and `back` (table entries) holds
  * an invisible pair in keys n0 .. n0 + cols - 1: only such tiles need attn_mask_scores. */
 __device__ __forceinline__ bool attn_tile_partial(int n0, int cols, int2 front, int2 back) {
