@@ -264,9 +264,10 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
             tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
         }
-        if constexpr (PERSISTENT)
+        if constexpr (PERSISTENT) {
             for (int b = 0; b < plan::Q_BUFFERS; b++)
                 tk_mbarrier_init(q_empty + 8 * b, CONSUMERS); /* one arrival per consumer warpgroup */
+        }
         tk_fence_mbarrier_init();
         /* Q does not depend on the mask: without PERSISTENT its load overlaps the table's fill
          * below (for documents, a search of dependent loads). */
@@ -568,9 +569,10 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         }
         k++;
     } while (next_work());
-    if constexpr (PERSISTENT)
+    if constexpr (PERSISTENT) {
         if (threadIdx.x % 128 == 0)
             tk_bulk_wait_read<0>(); /* the last work tile's store, before the block exits */
+    }
 #endif
 }
 
