@@ -126,17 +126,17 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     /* Per Q buffer q_full and q_empty (q_empty used by PERSISTENT, reserved in every plan so that
      * no barrier address falls on the table), and the stages' four. */
     static constexpr int barrier_bytes(int stages) { return (2 * Q_BUFFERS + 4 * stages) * 8; }
+    static constexpr int pipe_bytes(int stages) { return Q_BUFFERS * Q_BYTES + stages * STAGE_BYTES; }
     static constexpr int smem_bytes(int stages) {
-        return Q_BUFFERS * Q_BYTES + stages * STAGE_BYTES + barrier_bytes(stages) + TABLE_BYTES + UNREAD_BYTES +
-               1024; /* + alignment to 1024 */
+        return pipe_bytes(stages) + barrier_bytes(stages) + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment */
     }
     /* 3 stages where they fit (BN = 128 with one Q buffer, or two at head dim 64), else 2: the
      * persistent plan at head dim 128 (2 x 32 + 2 x 64 KiB, FlashAttention-3's two stages there)
      * and head dim 256. */
     static constexpr int STAGES = BN == 128 && smem_bytes(3) <= 227 * 1024 ? 3 : 2;
     static constexpr int BARRIER_BYTES = barrier_bytes(STAGES);
-    static constexpr int PIPE_BYTES = Q_BUFFERS * Q_BYTES + STAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = smem_bytes(STAGES);
+    static constexpr int PIPE_BYTES = pipe_bytes(STAGES);
+    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment */
     static_assert(SMEM_BYTES <= 227 * 1024, "one block of the plan fits an sm_90 SM's opt-in shared memory");
     static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 };
