@@ -365,8 +365,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         const uint32_t q_wg = s_q + q_buffer * Q_BYTES + HALVES * warpgroup * Q_HALF_BYTES;
         const int head = w.head, batch = w.batch, m0 = w.m0;
         /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table).
-         * PERSISTENT: each warpgroup fills its own 64 rows of the table (after its last read of
-         * the previous tile's, before O_READY) and finds the whole tile's range from the band's
+         * PERSISTENT: each warpgroup fills its own 64 rows of the table at the tile's start
+         * (after the previous tile's O_READY, which follows its last read of them) and finds the whole tile's range from the band's
          * ends itself, so that no other party's rows are read. */
         int2 range;
         if constexpr (PERSISTENT) {

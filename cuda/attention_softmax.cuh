@@ -120,7 +120,7 @@ struct attn_docs {
 /* The probes of one search round: each lane probes PROBES positions, so that a round narrows a
  * range 32 PROBES-fold. ATTN_DOC_PROBES = 4: two rounds for up to 16384 ids, where probes of one
  * at a time took three, each waiting for its loads; a warp short of registers (the persistent
- * Hopper forward's producer, at 40) takes 1. */
+ * Hopper forward's producer, at 24) takes 1. */
 constexpr int ATTN_DOC_PROBES = 4;
 
 /* The probes of one round by the calling warp over [lo, hi): probe k (= 32 j + lane, j <

@@ -744,6 +744,10 @@ Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
         {TK_F16, 2, 640, 640, 48, 8, 64, true, 0, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 100},
         /* 384 tiles, dense: 2 or 3 per CTA */
         {TK_BF16, 1, 400, 400, 96, 8, 128, false, 0, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        /* head dim 128 (2 stages): 256 tiles, rows that see no key after rows that do */
+        {TK_F16, 1, 400, 100, 64, 64, 128, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        /* head dim 128, causal documents: 480 tiles, 3 or 4 per CTA */
+        {TK_BF16, 2, 640, 640, 48, 8, 128, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 100},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case_all_variants(&cases[i], 900 + i);
