@@ -10,12 +10,12 @@
  * dim 256; in the wide variant, head dim 64 only, 3 consumers, BM = 192, 512 threads;
  * sm90_plan):
  * - Producer (warpgroup CONSUMERS, one thread, 24 registers after setmaxnreg; in the persistent
- *   variant one warp at 40, which fills the mask table): the Q tile once onto q_full, then
+ *   variant one warp, which finds each work tile's key range): the Q tile once onto q_full, then
  *   per key tile: waits for the stage's k_empty and issues the TMA copies of the K tile (counted
  *   on k_full), then its v_empty and the V tile's (v_full) into the stage. Tensor maps are 4D
  *   (head dim, position, head, batch) with the call's strides, so any strided layout loads
  *   with the same copies, and TMA zero-fills positions past seqlen_q / seqlen_k.
- * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers; 232 persistent, 160 with 3):
+ * - Consumers (warpgroups 0 .. CONSUMERS - 1, 240 registers, 160 with 3):
  *   warpgroup c owns query rows 64c .. 64c + 63.
  *   S = Q K^T is D / 16 wgmma m64nBNk16 (both operands K-major from shared memory, 128-byte swizzle
  *   as TMA writes it); transform, mask and online softmax run in registers (BN / 2 S accumulators
@@ -48,13 +48,16 @@
  * Persistent (variant "wgmma_sm90_persistent", head dims 64 and 128): one CTA per SM, CTA c
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
- * to the next. A CTA's fixed costs (the Q load, the first K/V loads, the epilogue) then overlap
- * its previous or next tile. The producer is a warp (the document search takes a whole warp; 40
- * registers, the consumers 232): it fills each work tile's mask table as soon as the consumers
- * have read the previous tile's (TABLE_EMPTY, a named barrier: after their last softmax of it),
- * loads the tile's Q once their last Q K^T of the previous tile is done (q_empty) and its first
- * K / V tiles as the ring frees stages, all during their last P V and epilogue, then hands them
- * the table (TABLE_FULL) and loads the rest.
+ * to the next (FlashAttention-3's persistent kernel). A CTA's fixed costs (the Q load, the first
+ * K/V loads, the O store) then overlap its previous or next tile. Q is double-buffered (two
+ * stages instead of three at head dim 128: 2 x 32 + 2 x 64 KiB): work tile k's Q goes into
+ * buffer k % 2, and its epilogue stages O in its own rows of that buffer for the TMA store, as
+ * above; one thread per warpgroup waits for the store to have read them, a tile later, and
+ * frees the buffer (q_empty) for tile k + 2. The producer warp finds each tile's key range from
+ * the band's two ends (closed form; a warp search for documents) and issues its Q and K / V
+ * tiles as soon as the buffer and the ring's stages are free, so during the previous tile's last
+ * key tiles and epilogue. Each consumer warpgroup fills its own 64 rows of the mask table per
+ * tile (nothing is handed between parties).
  *
  * Wide (variant "wgmma_sm90_wide", head dim 64): FlashAttention-3's and -4's taller tiles there,
  * one CTA per work tile: three consumer warpgroups (BM = 192) taking turns, so that each softmax
@@ -97,11 +100,10 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     static constexpr int TABLE_BYTES = BM * 8; /* each row's keys (int2, attention_softmax.cuh's mask) */
     /* Registers per thread after setmaxnreg, within what the launch holds (65536 / THREADS,
-     * rounded down to 8: 168 x 384 = 64512, or 128 x 512): 2 x 128 x 240 + 128 x 24; PERSISTENT,
-     * whose producer warp fills each work tile's mask table (a document search, which spills in
-     * 24): 2 x 128 x 232 + 128 x 40; three consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
-    static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : PERSISTENT ? 232 : 240;
-    static constexpr int PRODUCER_REGS = PERSISTENT ? 40 : 24;
+     * rounded down to 8: 168 x 384 = 64512, or 128 x 512): 2 x 128 x 240 + 128 x 24; three
+     * consumers: 3 x 128 x 160 + 128 x 24 = 64512. */
+    static constexpr int CONSUMER_REGS = CONSUMERS == 3 ? 160 : 240;
+    static constexpr int PRODUCER_REGS = 24;
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8; /* per thread, as ptxas allots them */
     static_assert(CONSUMERS * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
                   "the warpgroups' registers fit what the launch holds");
@@ -115,16 +117,27 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int PV_N = D == 64 ? 64 : 128;
     static_assert(D % PV_N == 0, "O is whole P V instructions wide");
     static constexpr int BN = D <= 128 ? 128 : 80;
-    static constexpr int STAGES = BN == 128 ? 3 : 2;
     static constexpr int KV_HALF_BYTES = BN * HALF * 2; /* 16 or 10 KiB */
-    /* q_full, the stages' four, then q_empty (used by PERSISTENT, reserved in every plan so that
-     * no barrier address falls on the table) */
-    static constexpr int BARRIER_BYTES = (1 + 4 * STAGES + 1) * 8;
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
-    static constexpr int PIPE_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment to 1024 */
+    /* PERSISTENT: two Q buffers, so that the next work tile's Q loads while this one's O is
+     * stored from the other (its rows). */
+    static constexpr int Q_BUFFERS = PERSISTENT ? 2 : 1;
+    /* Per Q buffer q_full and q_empty (q_empty used by PERSISTENT, reserved in every plan so that
+     * no barrier address falls on the table), and the stages' four. */
+    static constexpr int barrier_bytes(int stages) { return (2 * Q_BUFFERS + 4 * stages) * 8; }
+    static constexpr int pipe_bytes(int stages) { return Q_BUFFERS * Q_BYTES + stages * STAGE_BYTES; }
+    static constexpr int smem_bytes(int stages) {
+        return pipe_bytes(stages) + barrier_bytes(stages) + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment */
+    }
+    /* 3 stages where they fit (BN = 128 with one Q buffer, or two at head dim 64), else 2: the
+     * persistent plan at head dim 128 (2 x 32 + 2 x 64 KiB, FlashAttention-3's two stages there)
+     * and head dim 256. */
+    static constexpr int STAGES = BN == 128 && smem_bytes(3) <= 227 * 1024 ? 3 : 2;
+    static constexpr int BARRIER_BYTES = barrier_bytes(STAGES);
+    static constexpr int PIPE_BYTES = pipe_bytes(STAGES);
+    static constexpr int SMEM_BYTES = PIPE_BYTES + BARRIER_BYTES + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment */
     static_assert(SMEM_BYTES <= 227 * 1024, "one block of the plan fits an sm_90 SM's opt-in shared memory");
     static_assert(Q_HALF_BYTES % 1024 == 0 && KV_HALF_BYTES % 1024 == 0, "swizzle-aligned boxes");
 };
@@ -198,11 +211,13 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                   STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
-    const uint32_t s_kv = s_q + Q_BYTES; /* stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
-    const uint32_t q_full = s_q + plan::PIPE_BYTES;
-    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * STAGES;
+    /* Q buffer b at s_q + b Q_BYTES; stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
+    const uint32_t s_kv = s_q + plan::Q_BUFFERS * Q_BYTES;
+    const uint32_t q_full = s_q + plan::PIPE_BYTES; /* Q buffer b's at q_full + 8 b */
+    const uint32_t k_full = q_full + 8 * plan::Q_BUFFERS, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    /* PERSISTENT: Q is free for the next work tile. */
+    /* PERSISTENT: Q buffer b (q_empty + 8 b) is free for a next work tile: both consumer
+     * warpgroups' O stores out of it have read it. */
     const uint32_t q_empty = v_empty + 8 * STAGES;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
@@ -221,17 +236,15 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         w = sm90_work_of<BM>(p, tile);
         return true;
     };
-    auto more_work = [&]() { /* whether next_work will find another tile */
-        return PERSISTENT && tile + gridDim.x < (unsigned)p.m_blocks * (unsigned)p.heads_q * (unsigned)p.batch;
-    };
 
-    /* Work tile w's Q, by the producer's loading thread. */
-    auto load_q = [&]() {
-        tk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
+    /* Work tile w's Q into Q buffer b, by the producer's loading thread. */
+    auto load_q = [&](int b) {
+        const uint32_t full = q_full + 8 * b, dst = s_q + b * Q_BYTES;
+        tk_mbarrier_arrive_expect_tx(full, Q_BYTES);
         for (int c = 0; c < CONSUMERS; c++)
             for (int h = 0; h < HALVES; h++)
-                tk_tma_load_4d(s_q + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
-                               w.batch, q_full);
+                tk_tma_load_4d(dst + (HALVES * c + h) * Q_HALF_BYTES, &map_q, h * HALF, w.m0 + 64 * c, w.head,
+                               w.batch, full);
     };
     const bool loads = threadIdx.x == CONSUMERS * 128; /* the producer's loading thread */
     if (loads) {
@@ -240,24 +253,26 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         tk_tma_prefetch_map(&map_q);
         tk_tma_prefetch_map(&map_k);
         tk_tma_prefetch_map(&map_v);
-        if constexpr (!PERSISTENT)
-            tk_tma_prefetch_map(&map_o);
-        tk_mbarrier_init(q_full, 1);
+        tk_tma_prefetch_map(&map_o);
+        for (int b = 0; b < plan::Q_BUFFERS; b++)
+            tk_mbarrier_init(q_full + 8 * b, 1);
         for (int s = 0; s < STAGES; s++) {
             tk_mbarrier_init(k_full + 8 * s, 1);              /* the producer's expect_tx */
             tk_mbarrier_init(v_full + 8 * s, 1);
             tk_mbarrier_init(k_empty + 8 * s, 4 * CONSUMERS); /* one arrival per consumer warp */
             tk_mbarrier_init(v_empty + 8 * s, 4 * CONSUMERS);
         }
-        if constexpr (PERSISTENT)
-            tk_mbarrier_init(q_empty, 4 * CONSUMERS);
+        if constexpr (PERSISTENT) {
+            for (int b = 0; b < plan::Q_BUFFERS; b++)
+                tk_mbarrier_init(q_empty + 8 * b, CONSUMERS); /* one arrival per consumer warpgroup */
+        }
         tk_fence_mbarrier_init();
         /* Q does not depend on the mask: without PERSISTENT its load overlaps the table's fill
          * below (for documents, a search of dependent loads). */
         if constexpr (!PERSISTENT)
-            load_q();
+            load_q(0);
     }
-    if constexpr (!PERSISTENT) /* PERSISTENT: the producer warp fills one per work tile */
+    if constexpr (!PERSISTENT) /* PERSISTENT: each consumer warpgroup fills its rows per work tile */
         attn_fill_table(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, threadIdx.x, THREADS);
     __syncthreads(); /* the barriers (and without PERSISTENT the table) */
 
@@ -267,18 +282,12 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
      * dim 256, where ptxas then spilled 8 bytes. */
     const int warpgroup = D <= 128 ? __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0) : (int)(threadIdx.x / 128);
     constexpr int TURN = 1; /* named barriers TURN .. TURN + CONSUMERS - 1: the consumers' turns (0: __syncthreads) */
-    /* PERSISTENT: the mask table's hand-off between the producer warp and the consumers, two named
-     * barriers on which every party syncs: the table holds the current work tile's entries
-     * (TABLE_FULL) or the consumers are done reading it (TABLE_EMPTY). A sync on both sides,
-     * the form compute-sanitizer's racecheck orders (it reported the same hand-off through
-     * mbarriers, and through bar.arrive on one side, as races), in its unaligned form: every party
-     * reaches it after a branch that its lane 0 took alone (tk_named_barrier_sync_lanes_apart).
-     * The consumers sync on TABLE_EMPTY only when another work tile follows, as the producer does
-     * before each fill but the first. */
-    constexpr int TABLE_FULL = TURN + CONSUMERS, TABLE_EMPTY = TABLE_FULL + 1;
-    constexpr int TABLE_THREADS = 128 * CONSUMERS + 32; /* the consumers and the producer warp */
-    /* Named barriers O_READY + c: consumer warpgroup c's O tile is in shared memory (one tile per CTA). */
-    constexpr int O_READY = TABLE_EMPTY + 1;
+    /* PERSISTENT: named barriers TABLE_READY + c, consumer warpgroup c's rows of the mask table
+     * are filled for the work tile (its 128 threads sync; no other party writes or reads them). */
+    constexpr int TABLE_READY = TURN + CONSUMERS;
+    static_assert(!PERSISTENT || CONSUMERS == 2, "TABLE_READY's ids end below O_READY");
+    /* Named barriers O_READY + c: consumer warpgroup c's O tile is in shared memory. */
+    constexpr int O_READY = TABLE_READY + 2;
     static_assert(O_READY + CONSUMERS <= 16, "named barriers 0 .. 15");
     if (warpgroup == CONSUMERS) {
         tk_setmaxnreg_dec<plan::PRODUCER_REGS>();
@@ -305,37 +314,32 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             }
         };
         if constexpr (PERSISTENT) {
-            /* One warp, running ahead of the consumers. For work tile k it fills the table once
-             * the consumers have read tile k - 1's (TABLE_EMPTY; the document search takes a whole
-             * warp, one probe per lane in its 40 registers), and its lane 0 reads the tile's key
-             * tiles from it, loads its Q as soon as the
-             * consumers are done with tile k - 1's Q K^T (q_empty) and its first STAGES K / V tiles
-             * as tile k - 1 frees the stages: all during the consumers' last P V and epilogue of
-             * tile k - 1. Only then does the warp publish the table (TABLE_FULL), which waits for
-             * the consumers to start tile k; the rest of its key tiles follow as the ring frees
-             * stages. By the consumers' last softmax of tile k - 1 (their TABLE_EMPTY), lane 0 has
-             * issued every load of that tile: the last K was needed for that Q K^T and the last V
-             * followed it. (Two tables, so that the fill need not wait for the last softmax, do not
-             * fit beside the head dim 128 ring.) */
+            /* One warp, running ahead of the consumers as far as the ring and the Q buffers let
+             * it: for work tile k its key tiles from the band's two ends (closed form, or the
+             * whole warp's document search), then by lane 0 its Q into buffer k % 2 once both
+             * consumer warpgroups' O stores of tile k - 2 have read that buffer (q_empty), and its
+             * K / V tiles as the ring frees stages. Tile k's Q and first K / V tiles thus load
+             * during the consumers' last key tiles, P V and epilogue of tile k - 1. */
             if (threadIdx.x / 32 != 4 * CONSUMERS)
                 return;
-            const int lane = threadIdx.x % 32;
             int k = 0;
             do {
-                if (k > 0) /* the first work tile finds the table free */
-                    tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_EMPTY);
-                attn_fill_table<1>(sm90_mask(p, w.batch), table, w.m0, w.m0 + w.q_rows - 1, BM, false, lane, 32);
-                __syncwarp(); /* the warp's table entries, before lane 0 reads two of them */
-                const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
-                const int early = min(range.y, range.x + STAGES); /* the tiles that need only tile k - 1's stages */
-                if (lane == 0) {
-                    tk_mbarrier_wait(q_empty, (k & 1) ^ 1); /* the first work tile finds Q free */
-                    load_q();
-                    load_tiles(range.x, early);
+                /* The mask's bounds read afresh for each tile: hoisted out of the loop, the
+                 * values derived from them spilled in the warp's 24 registers. */
+                attn_mask m = sm90_mask(p, w.batch);
+                tk_no_hoist(m.window_left);
+                tk_no_hoist(m.window_right);
+                tk_no_hoist(m.chunk);
+                tk_no_hoist(m.prefix);
+                int2 front, back;
+                attn_band_ends<1>(m, w.m0, w.m0 + w.q_rows - 1, front, back);
+                const int2 range = sm90_key_tiles<BN>(front, back);
+                if (threadIdx.x % 32 == 0) {
+                    tk_mbarrier_wait(q_empty + 8 * (k & 1), ((k >> 1) & 1) ^ 1); /* the first use finds it free */
+                    load_q(k & 1);
+                    load_tiles(range.x, range.y);
                 }
-                tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_FULL);
-                if (lane == 0)
-                    load_tiles(early, range.y);
+                __syncwarp(); /* the next tile's document search takes the whole warp */
                 k++;
             } while (next_work());
         } else if (loads) {
@@ -348,15 +352,35 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     tk_setmaxnreg_inc<plan::CONSUMER_REGS>();
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, tq = lane % 4;
-    const uint32_t q_wg = s_q + HALVES * warpgroup * Q_HALF_BYTES;
     tk_stage_ring<STAGES> ring = {0, 0};
-    int k = 0; /* the work tiles done: Q's barriers are in phase k */
+    /* The work tiles done: tile k's Q is in buffer k % 2 (PERSISTENT), whose barriers are in
+     * phase k / 2. */
+    int k = 0;
     do {
-        if constexpr (PERSISTENT)
-            tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_FULL);
+        /* Through a shuffle (as warpgroup): from k & 1 alone ptxas rebuilt the Q descriptor in
+         * every key tile (11 more uniform instructions per tile at head dim 128). */
+        const int q_buffer = PERSISTENT ? __shfl_sync(0xffffffffu, k & 1, 0) : 0;
+        const uint32_t q_wg = s_q + q_buffer * Q_BYTES + HALVES * warpgroup * Q_HALF_BYTES;
         const int head = w.head, batch = w.batch, m0 = w.m0;
-        /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table). */
-        const int2 range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+        /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table).
+         * PERSISTENT: each warpgroup fills its own 64 rows of the table at the tile's start
+         * (after the previous tile's O_READY, which follows its last read of them) and finds the whole tile's range from the band's
+         * ends itself, so that no other party's rows are read. */
+        int2 range;
+        if constexpr (PERSISTENT) {
+            int2 first_keys, last_keys;
+            attn_fill_table_rows(sm90_mask(p, batch), table, m0, m0 + w.q_rows - 1, 64 * warpgroup, 64,
+                                 threadIdx.x % 128, 128, first_keys, last_keys);
+            tk_named_barrier_sync<128>(TABLE_READY + warpgroup);
+            /* The same in every lane; through a shuffle from lane 0 so that ptxas knows it (as
+             * warpgroup's): from the band's ends alone it did not, and kept the key loop's ring
+             * and descriptors out of the uniform registers (33 R2UR per key tile at head dim 128). */
+            range = sm90_key_tiles<BN>(first_keys, last_keys);
+            range.x = __shfl_sync(0xffffffffu, range.x, 0);
+            range.y = __shfl_sync(0xffffffffu, range.y, 0);
+        } else {
+            range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
+        }
         const int tile_begin = range.x, tile_end = range.y;
         const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
         const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
@@ -427,22 +451,24 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
         };
         /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
-         * (after the wait for its P V), or (PERSISTENT) on q_empty after the tile's last Q K^T
-         * and softmax, and then every thread's sync on TABLE_EMPTY (the softmax read the table). */
+         * (after the wait for its P V). */
         auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
             if (lane == 0)
                 tk_mbarrier_arrive(at.barrier(empty));
         };
-        auto release_q = [&]() {
+        /* PERSISTENT: the previous work tile's Q buffer, whose rows held this warpgroup's O for
+         * its TMA store: the thread that issued the store waits for it to have read them (a tile's
+         * Q K^T and softmax after the issue, so in practice at once) and arrives on the buffer's
+         * q_empty for the warpgroup. The warpgroup's other threads do not wait for the store. */
+        auto release_stored_q = [&]() {
             if constexpr (PERSISTENT) {
-                __syncwarp(); /* every lane's wait for the Q K^T, before lane 0's release */
-                if (lane == 0)
-                    tk_mbarrier_arrive(q_empty);
-                if (more_work())
-                    tk_named_barrier_sync_lanes_apart<TABLE_THREADS>(TABLE_EMPTY);
+                if (k > 0 && threadIdx.x % 128 == 0) {
+                    tk_bulk_wait_read<0>();
+                    tk_mbarrier_arrive(q_empty + 8 * (q_buffer ^ 1));
+                }
+                __syncwarp();
             }
         };
-
         /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
          * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
          * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
@@ -455,7 +481,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
          * the tensor cores (issued together, the first softmaxes ran together with the tensor
          * cores idle, a cost of every work tile). Warpgroup 0 takes the last one's last arrival
          * after the loop. */
-        tk_mbarrier_wait(q_full, k & 1);
+        tk_mbarrier_wait(q_full + 8 * q_buffer, PERSISTENT ? (k >> 1) & 1 : 0);
         if (tile_begin < tile_end) {
             if (warpgroup > 0)
                 tk_named_barrier_sync<256>(TURN + warpgroup);
@@ -466,6 +492,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             release(k_empty, ring);
             softmax(tile_begin); /* O is still zero: no rescale */
             pack_p();
+            release_stored_q();
             for (int t = tile_begin + 1; t < tile_end; t++) {
                 const tk_stage_ring<STAGES> prev = ring;
                 ring.next();
@@ -486,7 +513,6 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                     attn_rescale_o(o, alpha);
                 pack_p();
             }
-            release_q(); /* every Q K^T of the work tile is done */
             if (warpgroup == 0)
                 tk_named_barrier_sync<256>(TURN);
             issue_pv(ring);
@@ -495,16 +521,16 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             release(v_empty, ring);
             ring.next();
         } else {
-            release_q();
+            release_stored_q();
         }
 
-        /* Epilogue: normalise, store O, write lse. With one work tile per CTA, O goes through
-         * this warpgroup's Q rows in shared memory, dead after its last Q K^T (no other
-         * warpgroup reads them), in the 128-byte swizzle of the Q box, so that one TMA store
-         * per 64 columns writes them (rows past seqlen_q fall outside the tensor and are not
-         * written): 32 conflict-free shared stores per thread at head dim 128 in place of 32
-         * 4-byte global stores that each touched 8 rows' lines. PERSISTENT loads the next work
-         * tile's Q there, so its O goes from the registers. */
+        /* Epilogue: normalise, store O, write lse. O goes through this warpgroup's Q rows in
+         * shared memory, dead after its last Q K^T (no other warpgroup reads them), in the
+         * 128-byte swizzle of the Q box, so that one TMA store per 64 columns writes them (rows
+         * past seqlen_q fall outside the tensor and are not written): 32 conflict-free shared
+         * stores per thread at head dim 128 in place of 32 4-byte global stores that each
+         * touched 8 rows' lines. PERSISTENT loads the next work tile's Q into the other buffer;
+         * this one is reloaded only after the store has read it (release_stored_q). */
         const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
         const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
 #pragma unroll
@@ -515,45 +541,36 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             float inv, lse;
             attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
             const int i = row0 + 8 * r;
-            if constexpr (PERSISTENT) {
-                if (i >= p.seqlen_q)
-                    continue;
-                T *out = static_cast<T *>(p.o) + batch * p.o_sb + head * p.o_sh + i * p.o_ss;
+            /* Row 16 warp + g + 8 r of the warpgroup's 64, 16-byte chunk j of each half's
+             * 128-byte row, swizzled by the row (its low three bits: g). */
+            unsigned char *const row_at =
+                smem_raw + (q_wg - tk_smem_address(smem_raw)) + (16 * warp + g + 8 * r) * 128 + 4 * tq;
 #pragma unroll
-                for (int h = 0; h < HALVES; h++)
+            for (int h = 0; h < HALVES; h++)
 #pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        *reinterpret_cast<uint32_t *>(out + h * HALF + 8 * j + 2 * tq) =
-                            tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
-            } else {
-                /* Row 16 warp + g + 8 r of the warpgroup's 64, 16-byte chunk j of each half's
-                 * 128-byte row, swizzled by the row (its low three bits: g). */
-                unsigned char *const row_at =
-                    smem_raw + (q_wg - tk_smem_address(smem_raw)) + (16 * warp + g + 8 * r) * 128 + 4 * tq;
-#pragma unroll
-                for (int h = 0; h < HALVES; h++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        *reinterpret_cast<uint32_t *>(row_at + h * Q_HALF_BYTES + ((j ^ g) << 4)) =
-                            tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
-                if (i >= p.seqlen_q)
-                    continue;
-            }
+                for (int j = 0; j < 8; j++)
+                    *reinterpret_cast<uint32_t *>(row_at + h * Q_HALF_BYTES + ((j ^ g) << 4)) =
+                        tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+            if (i >= p.seqlen_q)
+                continue;
             if (p.lse && tq == 0)
                 p.lse[lse_row0 + i] = lse;
         }
-        if constexpr (!PERSISTENT) {
-            tk_fence_proxy_async_shared();
-            tk_named_barrier_sync<128>(O_READY + warpgroup);
-            if (threadIdx.x % 128 == 0 && wm0 < p.seqlen_q) {
-                for (int h = 0; h < HALVES; h++)
-                    tk_tma_store_4d(&map_o, q_wg + h * Q_HALF_BYTES, h * HALF, wm0, head, batch);
-                tk_bulk_commit();
+        tk_fence_proxy_async_shared();
+        tk_named_barrier_sync<128>(O_READY + warpgroup);
+        if (threadIdx.x % 128 == 0 && wm0 < p.seqlen_q) {
+            for (int h = 0; h < HALVES; h++)
+                tk_tma_store_4d(&map_o, q_wg + h * Q_HALF_BYTES, h * HALF, wm0, head, batch);
+            tk_bulk_commit();
+            if constexpr (!PERSISTENT)
                 tk_bulk_wait_read<0>(); /* before the block exits */
-            }
         }
         k++;
     } while (next_work());
+    if constexpr (PERSISTENT) {
+        if (threadIdx.x % 128 == 0)
+            tk_bulk_wait_read<0>(); /* the last work tile's store, before the block exits */
+    }
 #endif
 }
 
@@ -562,11 +579,10 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
 template <typename T, int D, sm90_kind KIND>
 cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaStream_t stream) {
     using plan = sm90_plan<D, KIND>;
-    CUtensorMap map_q, map_k, map_v, map_o = {};
+    CUtensorMap map_q, map_k, map_v, map_o;
     cudaError_t err = attn_tensor_map(&map_q, c->dtype, c->q, D, c->batch, c->seqlen_q, c->heads_q, c->q_stride, 64);
-    /* O has Q's shape and boxes (the epilogue stores it from Q's place); PERSISTENT stores O from
-     * the registers, so its call encodes no map for it (one driver call less per launch). */
-    if (err == cudaSuccess && !plan::PERSISTENT)
+    /* O has Q's shape and boxes (the epilogue stores it from Q's place). */
+    if (err == cudaSuccess)
         err = attn_tensor_map(&map_o, c->dtype, c->o, D, c->batch, c->seqlen_q, c->heads_q, c->o_stride, 64);
     if (err == cudaSuccess)
         err = attn_tensor_map(&map_k, c->dtype, c->k, D, c->batch, c->seqlen_k, c->heads_kv, c->k_stride, plan::BN);
@@ -605,7 +621,8 @@ cudaError_t launch_sm90(const tk_attention_call *c, const tk_device *dev, cudaSt
 }
 
 /* The head dims a schedule takes: all three with one CTA per work tile, 64 and 128 persistent (at
- * 256 the consumers' 232 registers spill), 64 wide. A plan outside this is never instantiated. */
+ * 256 two Q buffers of 64 KiB and two stages of 80 KiB do not fit), 64 wide. A plan outside this
+ * is never instantiated. */
 template <int D, sm90_kind KIND>
 constexpr bool sm90_has_plan = KIND == SM90_ONE_TILE || (KIND == SM90_PERSISTENT && D <= 128) || D == 64;
 

@@ -120,7 +120,7 @@ struct attn_docs {
 /* The probes of one search round: each lane probes PROBES positions, so that a round narrows a
  * range 32 PROBES-fold. ATTN_DOC_PROBES = 4: two rounds for up to 16384 ids, where probes of one
  * at a time took three, each waiting for its loads; a warp short of registers (the persistent
- * Hopper forward's producer, at 40) takes 1. */
+ * Hopper forward's producer, at 24) takes 1. */
 constexpr int ATTN_DOC_PROBES = 4;
 
 /* The probes of one round by the calling warp over [lo, hi): probe k (= 32 j + lane, j <
@@ -284,6 +284,35 @@ __device__ __forceinline__ void attn_fill_table(const attn_mask &m, int2 *table,
         table[r] = keys ? (x <= last ? attn_key_rows(m, d, x) : make_int2(1, 0))
                         : attn_row_keys(m, d, min(x, last) + off);
     }
+}
+
+/* attn_fill_table's entries r0 .. r0 + count - 1 (keys = false) of the band of rows first..last, for
+ * a party of nthreads threads (tid among them) that fills only its own rows of a table, and the
+ * keys of the band's first and last rows (its entries 0 and last - first) in front and back, from
+ * the same document search: each party then has the whole band's key range without reading the
+ * others' rows. Every lane of the calling warps must call (the document search). */
+template <int PROBES = ATTN_DOC_PROBES>
+__device__ __forceinline__ void attn_fill_table_rows(const attn_mask &m, int2 *table, int first, int last, int r0,
+                                                     int count, int tid, int nthreads, int2 &front, int2 &back) {
+    attn_docs d;
+    if (m.doc_ids)
+        d = attn_doc_band<PROBES>(m, first + m.shift, last + m.shift);
+    for (int r = r0 + tid; r < r0 + count; r += nthreads)
+        table[r] = attn_row_keys(m, d, min(first + r, last) + m.shift);
+    front = attn_row_keys(m, d, first + m.shift);
+    back = attn_row_keys(m, d, last + m.shift);
+}
+
+/* The keys of the first and last rows of the band first..last (attn_fill_table_rows's front and
+ * back) with no table: closed form, or through one document search by the calling warp (every
+ * lane must call then). */
+template <int PROBES = ATTN_DOC_PROBES>
+__device__ __forceinline__ void attn_band_ends(const attn_mask &m, int first, int last, int2 &front, int2 &back) {
+    attn_docs d;
+    if (m.doc_ids)
+        d = attn_doc_band<PROBES>(m, first + m.shift, last + m.shift);
+    front = attn_row_keys(m, d, first + m.shift);
+    back = attn_row_keys(m, d, last + m.shift);
 }
 
 /* Whether the band whose first and last rows see keys `front` and `back` (table entries) holds

@@ -524,7 +524,9 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
  * CTA visits hold none of those rows' visible keys, which leaves their state unchanged. */
 static void run_case_all_variants(const attn_case *c, uint64_t seed) {
     uint16_t *o[VARIANT_COUNT];
-    for (int v = 0; v < VARIANT_COUNT; v++) /* the persistent one's mask table: tk_test_under_racecheck */
+    /* The persistent one is left out under racecheck until a racecheck run of it is clean (each
+     * consumer warpgroup's own mask-table rows, behind a 128-thread named barrier). */
+    for (int v = 0; v < VARIANT_COUNT; v++)
         o[v] = v == PERSISTENT && tk_test_under_racecheck() ? NULL : run_case(c, VARIANTS[v], seed);
     int64_t st[4];
     const size_t bytes = (size_t)layout_strides(c, c->seqlen_q, c->heads_q, st) *
@@ -719,12 +721,14 @@ Test(attention_gpu, head_dims_layouts_gqa, .timeout = 600) {
                 }
 }
 
-/* "wgmma_sm90_persistent" with more work tiles (query tiles x heads x batch) than an H200 has SMs
- * (132), so that its CTAs take two or three tiles each, one after the other through the same
- * rings (three: Q's barriers back in phase parity 0): causal GQA, documents, a window with
- * seqlen_q < seqlen_k, one query per sequence, and rows that see no key (seqlen_q > seqlen_k:
- * tiles that load Q and no key tile, after tiles that do, since the longest come first). Every
- * variant runs each case; the persistent one must match "wgmma_sm90" bit for bit. */
+/* "wgmma_sm90_persistent" with more work tiles (query tiles x heads x batch) than an H100 or H200
+ * has SMs (132), so that its CTAs take two to six tiles each, one after the other through the
+ * same rings and its two Q buffers (tile k in buffer k % 2; from five tiles on a buffer's
+ * barriers come back to a phase parity they had), the last wave partial: causal GQA, documents
+ * (causal and bidirectional), windows (one with seqlen_q < seqlen_k), dense, one query per
+ * sequence, and rows that see no key (seqlen_q > seqlen_k: tiles that load Q and no key tile,
+ * after tiles that do, since the longest come first). Every variant runs each case; the
+ * persistent one must match "wgmma_sm90" bit for bit. */
 Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
     TK_REQUIRE_GPU();
     const attn_case cases[] = {
@@ -734,6 +738,16 @@ Test(attention_gpu, persistent_many_tiles_per_cta, .timeout = 600) {
         {TK_BF16, 1, 150, 400, 96, 8, 128, true, 1, 64, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
         {TK_BF16, 4, 1, 500, 64, 8, 128, false, 0, -1, -1, false, 20.0f, true, true, 4.0, false, 0, 0, 0},
         {TK_F16, 1, 400, 100, 64, 64, 64, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        /* 768 tiles: 5 or 6 per CTA */
+        {TK_BF16, 2, 700, 700, 64, 8, 128, false, 1, 100, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        /* 480 tiles: 3 or 4 per CTA */
+        {TK_F16, 2, 640, 640, 48, 8, 64, true, 0, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 100},
+        /* 384 tiles, dense: 2 or 3 per CTA */
+        {TK_BF16, 1, 400, 400, 96, 8, 128, false, 0, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        /* head dim 128 (2 stages): 256 tiles, rows that see no key after rows that do */
+        {TK_F16, 1, 400, 100, 64, 64, 128, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 0},
+        /* head dim 128, causal documents: 480 tiles, 3 or 4 per CTA */
+        {TK_BF16, 2, 640, 640, 48, 8, 128, false, 1, -1, -1, false, 0.0f, false, true, 2.0, false, 0, 0, 100},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case_all_variants(&cases[i], 900 + i);

@@ -401,6 +401,11 @@ template <int N> __device__ __forceinline__ void tk_wgmma_pin(float (&d)[N]) {
         asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/* Hides x's value from the optimiser at this point: what is derived from it is computed after it,
+ * not hoisted out of the loop it sits in and kept live across the loop, which a warp with few
+ * registers (a producer after tk_setmaxnreg_dec) may have to spill. Emits nothing. */
+__device__ __forceinline__ void tk_no_hoist(int &x) { asm volatile("" : "+r"(x)); }
+
 /* ptxas may move register-only math past a wgmma wait: nothing in the wait names those
  * registers. Left alone it put the attention kernel's whole softmax after the wait for the P V
  * it was written to overlap, and the tensor cores idled through the exponentials. A store is
