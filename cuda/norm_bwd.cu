@@ -42,8 +42,7 @@
  *     refilled only by the next iteration's copies), one pack at a time (a loop that is not
  *     unrolled: unrolled, the scheduler holds several packs' temporaries beside the partials and
  *     LayerNorm with dw and db spills). 384 bytes of shared memory a thread: 192 KB for a
- *     16384-wide row, 1 block per SM (H100 / H200; the host checks the device's limit). A
- *     candidate: compiled, not yet run on a GPU.
+ *     16384-wide row, 1 block per SM (H100 / H200; the host checks the device's limit).
  * - "rows" kernel (the rest: f32 packs, scalars, narrow rows): a group of threads holds the
  *   row (norm.cuh), 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs) and 8 for
  *   scalars, groups of up to 512 threads (rows up to 8192 / 4096); several narrow groups share

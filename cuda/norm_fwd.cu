@@ -32,8 +32,8 @@
  *   blocks of a thread-block cluster (a 65536-wide bf16 row is 4 blocks), so the row is still
  *   read once. Each slice is staged in shared memory by one bulk copy (TMA, cp.async.bulk) per
  *   tensor, not held in registers: the bytes in flight per SM are then bounded by shared memory
- *   (6 blocks of 32 KB, 192 KB; 3 with the residual) rather than by the registers the slice and
- *   its addressing take (2 blocks of 512 threads, 64 KB, in the register design this replaced).
+ *   (6 blocks of 32 KB, 192 KB; 3 with the residual) rather than by the registers a slice and
+ *   its addressing would take (2 blocks of 512 threads, 64 KB, if it were held in registers).
  *   A row has fixed costs that a block of the cluster cannot overlap with its own loads (the
  *   blocks' start, one or two exchanges, the weight's L2 round trips); other rows' blocks on the
  *   same SM keep their loads in flight meanwhile. 128 threads a block, 16 packs each per pass
