@@ -28,19 +28,19 @@
 #include "../cuda/attention_bwd.h"
 
 static const tk_variant attention_variants[] = {
-    {"wgmma_sm90_wide", TK_CC_HOPPER, true, tk_attention_supports_sm90_wide, tk_attention_launch_sm90_wide},
-    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90},
-    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent, tk_attention_launch_sm90_persistent},
-    {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
-    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
+    {"wgmma_sm90_wide", TK_CC_HOPPER, true, tk_attention_supports_sm90_wide, tk_attention_launch_sm90_wide, NULL},
+    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90, NULL},
+    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent, tk_attention_launch_sm90_persistent, NULL},
+    {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed, NULL},
+    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma, NULL},
 };
 const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT(attention_variants)};
 
 static const tk_variant attention_bwd_variants[] = {
-    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90, tk_attention_bwd_launch_sm90},
-    {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128},
-    {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256},
-    {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma},
+    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90, tk_attention_bwd_launch_sm90, NULL},
+    {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128, NULL},
+    {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256, NULL},
+    {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma, NULL},
 };
 const tk_op tk_op_attention_bwd = {"attention_bwd", attention_bwd_variants,
                                    TK_VARIANT_COUNT(attention_bwd_variants)};
