@@ -46,6 +46,11 @@ bool tk_test_under_sanitizer(void);
  * racecheck alone, the variants whose correctness rests on such a hand-off, nor the persistent
  * attention until a racecheck run of it is clean, and say so. */
 bool tk_test_under_racecheck(void);
+/* tk_attention_fwd(p) (sliding_left < 0) or tk_attention_sliding_fwd(p, sliding_left), for tests
+ * that run the forward's automatic choice only to feed another check (the backward, concurrency):
+ * under racecheck, where that choice is "wgmma_sm90_persistent" (above), the call runs
+ * "wgmma_sm90" instead, forced on the calling thread and released after a success. */
+tk_status tk_test_attention_fwd(const tk_attention_params *p, int64_t sliding_left, tk_stream_t stream);
 
 /* NULL when a supported GPU is present, else why not (static string). */
 const char *tk_test_gpu_missing_reason(void);
