@@ -52,7 +52,7 @@ def compute_capability(token):
     return int(names[token])
 
 
-ROW = re.compile(r'\{\s*"(\w+)"\s*,\s*(\w+)\s*,\s*(true|false)\s*,\s*(\w+)\s*,\s*(\w+)\s*\}')
+ROW = re.compile(r'\{\s*"(\w+)"\s*,\s*(\w+)\s*,\s*(true|false)\s*,\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\}')
 TABLE = re.compile(r"static\s+const\s+tk_variant\s+(\w+)\s*\[\s*\]\s*=\s*\{(.*?)\};", re.S)
 OP = re.compile(r'const\s+tk_op\s+\w+\s*=\s*\{\s*"(\w+)"\s*,\s*(\w+)\s*,\s*([^}]*)\}')
 

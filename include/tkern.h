@@ -622,10 +622,13 @@ TK_API tk_status tk_attention_sliding_fwd(const tk_attention_params *p, int64_t 
  * kernel variant it would use ("" for a call with nothing to do, NULL on failure).
  * Variants (tk_last_variant, tk_experimental_force_variant op "attention"), in selection order:
  * "wgmma_sm90_wide" (192 query rows per block on three consumer warpgroups: head_dim 64, every
- * mask, on compute capability 9.0 with the library's sm_90a code), "wgmma_sm90" (head_dim 64, 128 or 256 there; every
- * mask and option; the same results as the wide one to rounding), "wgmma_sm90_persistent" (the
- * same kernel with one CTA per SM looping over the work tiles, head_dim 64 or 128; the same bits
- * as "wgmma_sm90"; never chosen automatically, since "wgmma_sm90" claims every call it does),
+ * mask, on compute capability 9.0 with the library's sm_90a code), "wgmma_sm90_persistent" (the
+ * next one's kernel with one CTA per SM looping over the work tiles, head_dim 64 or 128; the
+ * same bits as "wgmma_sm90"; chosen automatically only at head_dim 128 for a short key band:
+ * a window bounded on both sides, causal counting as window_right = 0, with window_left +
+ * window_right <= 2048 (a side that reaches every key counts as unbounded), or document_ids;
+ * forced, it runs every call it supports), "wgmma_sm90" (head_dim 64, 128 or 256 there; every mask and option; the
+ * same results as the wide one to rounding),
  * "mma_sm80_packed" (a window bounded on both sides: window_left >= 0, and window_right >= 0 or
  * causal, where a side that reaches every key counts as unbounded; and heads_q / heads_kv even)
  * and "mma_sm80" (every supported call); the last

@@ -26,8 +26,8 @@ static bool activation_vec16_supports(tk_call_args call, const tk_device *dev) {
 }
 
 static const tk_variant activation_variants[] = {
-    {"vec16", TK_CC_AMPERE, false, activation_vec16_supports, tk_launch_activation_vec16},
-    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_activation_scalar},
+    {"vec16", TK_CC_AMPERE, false, activation_vec16_supports, tk_launch_activation_vec16, NULL},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_activation_scalar, NULL},
 };
 const tk_op tk_op_activation = {"activation", activation_variants, TK_VARIANT_COUNT(activation_variants)};
 const tk_op tk_op_activation_bwd = {"activation_bwd", activation_variants,
@@ -148,8 +148,8 @@ static bool glu_vec16_supports(tk_call_args call, const tk_device *dev) {
 }
 
 static const tk_variant glu_variants[] = {
-    {"vec16", TK_CC_AMPERE, false, glu_vec16_supports, tk_launch_glu_vec16},
-    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_glu_scalar},
+    {"vec16", TK_CC_AMPERE, false, glu_vec16_supports, tk_launch_glu_vec16, NULL},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_glu_scalar, NULL},
 };
 const tk_op tk_op_glu = {"glu", glu_variants, TK_VARIANT_COUNT(glu_variants)};
 const tk_op tk_op_glu_bwd = {"glu_bwd", glu_variants, TK_VARIANT_COUNT(glu_variants)};

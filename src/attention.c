@@ -4,10 +4,10 @@
  * docs/kernels/attention.md.
  *
  * Variants, best first: "wgmma_sm90_wide" (the Hopper kernel with 192 query rows on three
- * consumer warpgroups; head dim 64), "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation, wgmma;
- * arch-specific, only cc 9.0 devices with an sm_90a binary; head dims 64, 128 and 256),
- * "wgmma_sm90_persistent" (the same kernel, one CTA per SM looping over the work tiles; head
- * dims 64 and 128; run only when forced: docs/kernels/attention.md says why),
+ * consumer warpgroups; head dim 64), "wgmma_sm90_persistent" (the next one's kernel, one CTA per
+ * SM looping over the work tiles; head dims 64 and 128; chosen automatically only for short key
+ * bands: persistent_prefers), "wgmma_sm90" (FlashAttention-3 style: TMA, warp specialisation,
+ * wgmma; arch-specific, only cc 9.0 devices with an sm_90a binary; head dims 64, 128 and 256),
  * "mma_sm80_packed" (calls with a window bounded on both sides and an even GQA group: 2 or 4
  * query heads of one group share a CTA), then "mma_sm80" (FlashAttention-2 style, ldmatrix +
  * mma.sync, sm_80 and newer; every call). Backward (docs/kernels/attention_bwd.md):
@@ -27,20 +27,48 @@
 #include "../cuda/attention.h"
 #include "../cuda/attention_bwd.h"
 
+/* The longest key band (window_left + window_right) on which the automatic choice takes the
+ * persistent Hopper kernel. */
+#define PERSISTENT_MAX_WINDOW 2048
+
+/* Whether the automatic choice takes "wgmma_sm90_persistent" for a call it supports (head dims
+ * 64 and 128; at 64 "wgmma_sm90_wide", above it, takes every call it supports): calls whose
+ * query tiles each meet a short key band, where the per-tile costs it overlaps (the start:
+ * table, Q and first K/V loads; the end: the last P V and the O store) weigh most. That is a
+ * window bounded on both sides (causal is window_right 0) of at most PERSISTENT_MAX_WINDOW keys,
+ * or a document mask; another mask on top (chunk, a window beside documents) only shortens the
+ * band. Measured on an H100 (2026-12-06, tkbench, one build on one machine, TFLOP/s at D128
+ * Hq32/Hkv8, B1 S16384 unless named, automatic "wgmma_sm90" against this variant forced):
+ * window 1024 (right 0) 517.9 against 573.0 (1.11x), documents 16 x 1024 391.5 / 392.8 against
+ * 447.8 / 442.1 (1.14x), window 4096 689.0 against 695.1 (even). Long bands tie or lose, so
+ * they stay on "wgmma_sm90": causal 739.2 against 693.1 (0.94x), prefix-LM 1024 708-737 against
+ * 681, chunk 8192 707 against 698, dense and causal B4 S4096 720.2 / 658.8 against 718.9 /
+ * 666.8. The device does not enter: the variant runs only on cc 9.0. Document masks are taken
+ * whatever their lengths (the ids are on the device), so one long document runs here at down
+ * to causal's 0.94x. */
+static bool persistent_prefers(tk_call_args args, const tk_device *dev) {
+    (void)dev;
+    const tk_attention_call *c = args;
+    const bool short_window = c->window_left >= 0 && c->window_right >= 0 &&
+                              (int64_t)c->window_left + c->window_right <= PERSISTENT_MAX_WINDOW;
+    return short_window || c->doc_ids != NULL;
+}
+
 static const tk_variant attention_variants[] = {
-    {"wgmma_sm90_wide", TK_CC_HOPPER, true, tk_attention_supports_sm90_wide, tk_attention_launch_sm90_wide},
-    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90},
-    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent, tk_attention_launch_sm90_persistent},
-    {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed},
-    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma},
+    {"wgmma_sm90_wide", TK_CC_HOPPER, true, tk_attention_supports_sm90_wide, tk_attention_launch_sm90_wide, NULL},
+    {"wgmma_sm90_persistent", TK_CC_HOPPER, true, tk_attention_supports_sm90_persistent, tk_attention_launch_sm90_persistent,
+     persistent_prefers},
+    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_supports_sm90, tk_attention_launch_sm90, NULL},
+    {"mma_sm80_packed", TK_CC_AMPERE, false, tk_attention_supports_packed, tk_attention_launch_mma_packed, NULL},
+    {"mma_sm80", TK_CC_AMPERE, false, NULL, tk_attention_launch_mma, NULL},
 };
 const tk_op tk_op_attention = {"attention", attention_variants, TK_VARIANT_COUNT(attention_variants)};
 
 static const tk_variant attention_bwd_variants[] = {
-    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90, tk_attention_bwd_launch_sm90},
-    {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128},
-    {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256},
-    {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma},
+    {"wgmma_sm90", TK_CC_HOPPER, true, tk_attention_bwd_supports_sm90, tk_attention_bwd_launch_sm90, NULL},
+    {"mma_sm80_bn128", TK_CC_AMPERE, false, tk_attention_bwd_supports_bn128, tk_attention_bwd_launch_mma_bn128, NULL},
+    {"mma_sm80_d256", TK_CC_AMPERE, false, tk_attention_bwd_supports_d256, tk_attention_bwd_launch_mma_d256, NULL},
+    {"mma_sm80", TK_CC_AMPERE, false, tk_attention_bwd_supports_mma, tk_attention_bwd_launch_mma, NULL},
 };
 const tk_op tk_op_attention_bwd = {"attention_bwd", attention_bwd_variants,
                                    TK_VARIANT_COUNT(attention_bwd_variants)};

@@ -37,8 +37,8 @@ static bool prefill_by_choice(const tk_attention_kvcache_call *c, const tk_devic
 }
 
 static const tk_variant kvcache_variants[] = {
-    {"prefill_sm80", TK_CC_AMPERE, false, prefill_supports, tk_attention_kvcache_launch_prefill},
-    {"decode_sm80", TK_CC_AMPERE, false, NULL, tk_attention_kvcache_launch_decode},
+    {"prefill_sm80", TK_CC_AMPERE, false, prefill_supports, tk_attention_kvcache_launch_prefill, NULL},
+    {"decode_sm80", TK_CC_AMPERE, false, NULL, tk_attention_kvcache_launch_decode, NULL},
 };
 const tk_op tk_op_attention_kvcache = {"attention_kvcache", kvcache_variants,
                                        TK_VARIANT_COUNT(kvcache_variants)};

@@ -9,10 +9,10 @@
 
 /* Best first. wgmma_128x256 is arch-specific: only cc 9.0 devices with an sm_90a binary. */
 static const tk_variant gemm_variants[] = {
-    {"wgmma_128x256", TK_CC_HOPPER, true, tk_gemm_supports_wgmma_128x256, tk_launch_gemm_wgmma_128x256},
-    {"mma_128x256", TK_CC_AMPERE, false, tk_gemm_supports_mma_128x256, tk_launch_gemm_mma_128x256},
-    {"mma_128x128", TK_CC_AMPERE, false, tk_gemm_supports_mma_128x128, tk_launch_gemm_mma_128x128},
-    {"mma_unaligned", TK_CC_AMPERE, false, tk_gemm_supports_mma_unaligned, tk_launch_gemm_mma_unaligned},
+    {"wgmma_128x256", TK_CC_HOPPER, true, tk_gemm_supports_wgmma_128x256, tk_launch_gemm_wgmma_128x256, NULL},
+    {"mma_128x256", TK_CC_AMPERE, false, tk_gemm_supports_mma_128x256, tk_launch_gemm_mma_128x256, NULL},
+    {"mma_128x128", TK_CC_AMPERE, false, tk_gemm_supports_mma_128x128, tk_launch_gemm_mma_128x128, NULL},
+    {"mma_unaligned", TK_CC_AMPERE, false, tk_gemm_supports_mma_unaligned, tk_launch_gemm_mma_unaligned, NULL},
 };
 const tk_op tk_op_gemm = {"gemm", gemm_variants, TK_VARIANT_COUNT(gemm_variants)};
 

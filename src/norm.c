@@ -79,19 +79,19 @@ static bool norm_bwd_scalar_supports(tk_call_args call, const tk_device *dev) {
 }
 
 static const tk_variant norm_variants[] = {
-    {"vec16", TK_CC_AMPERE, false, norm_vec16_supports, tk_launch_norm_fwd_vec16},
-    {"cluster_vec16", TK_CC_HOPPER, false, norm_cluster_vec16_supports, tk_launch_norm_fwd_cluster_vec16},
-    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_fwd_wide_vec16},
-    {"scalar", TK_CC_AMPERE, false, norm_scalar_supports, tk_launch_norm_fwd_scalar},
-    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_fwd_wide_scalar},
+    {"vec16", TK_CC_AMPERE, false, norm_vec16_supports, tk_launch_norm_fwd_vec16, NULL},
+    {"cluster_vec16", TK_CC_HOPPER, false, norm_cluster_vec16_supports, tk_launch_norm_fwd_cluster_vec16, NULL},
+    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_fwd_wide_vec16, NULL},
+    {"scalar", TK_CC_AMPERE, false, norm_scalar_supports, tk_launch_norm_fwd_scalar, NULL},
+    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_fwd_wide_scalar, NULL},
 };
 const tk_op tk_op_norm = {"norm", norm_variants, TK_VARIANT_COUNT(norm_variants)};
 
 static const tk_variant norm_bwd_variants[] = {
-    {"vec16", TK_CC_AMPERE, false, norm_bwd_vec16_supports, tk_launch_norm_bwd_vec16},
-    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_bwd_wide_vec16},
-    {"scalar", TK_CC_AMPERE, false, norm_bwd_scalar_supports, tk_launch_norm_bwd_scalar},
-    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_bwd_wide_scalar},
+    {"vec16", TK_CC_AMPERE, false, norm_bwd_vec16_supports, tk_launch_norm_bwd_vec16, NULL},
+    {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_bwd_wide_vec16, NULL},
+    {"scalar", TK_CC_AMPERE, false, norm_bwd_scalar_supports, tk_launch_norm_bwd_scalar, NULL},
+    {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_bwd_wide_scalar, NULL},
 };
 const tk_op tk_op_norm_bwd = {"norm_bwd", norm_bwd_variants, TK_VARIANT_COUNT(norm_bwd_variants)};
 

@@ -30,8 +30,8 @@ static bool vec16_supports(tk_call_args call, const tk_device *dev) {
 }
 
 static const tk_variant rope_variants[] = {
-    {"vec16", TK_CC_AMPERE, false, vec16_supports, tk_launch_rope_vec16},
-    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_rope_scalar},
+    {"vec16", TK_CC_AMPERE, false, vec16_supports, tk_launch_rope_vec16, NULL},
+    {"scalar", TK_CC_AMPERE, false, NULL, tk_launch_rope_scalar, NULL},
 };
 const tk_op tk_op_rope = {"rope", rope_variants, TK_VARIANT_COUNT(rope_variants)};
 const tk_op tk_op_rope_bwd = {"rope_bwd", rope_variants, TK_VARIANT_COUNT(rope_variants)};

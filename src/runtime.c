@@ -551,9 +551,11 @@ const tk_variant *tk_find_variant(const tk_op *op, const tk_device *dev, tk_call
     int forced = forced_index(op);
     if (forced >= 0)
         return variant_fits(&op->variants[forced], dev, call) ? &op->variants[forced] : NULL;
-    for (int i = 0; i < op->count; i++)
-        if (variant_fits(&op->variants[i], dev, call))
-            return &op->variants[i];
+    for (int i = 0; i < op->count; i++) {
+        const tk_variant *v = &op->variants[i];
+        if (variant_fits(v, dev, call) && (v->prefers == NULL || v->prefers(call, dev)))
+            return v;
+    }
     return NULL;
 }
 

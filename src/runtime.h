@@ -151,9 +151,14 @@ typedef struct tk_variant {
      * SM count); NULL = any call. Calls carry no device facts: they come from dev. */
     bool (*supports)(tk_call_args call, const tk_device *dev);
     cudaError_t (*launch)(tk_call_args call, const tk_device *dev, cudaStream_t stream);
+    /* For the automatic choice only: whether this variant is the best for a call it supports,
+     * ahead of the rows after it; NULL = every such call. Lets a variant that wins on some calls
+     * sit above a general one without taking the rest; forcing never asks it. */
+    bool (*prefers)(tk_call_args call, const tk_device *dev);
 } tk_variant;
 
-/* One operation's variants, best first. Forward and backward are separate ops ("norm" and
+/* One operation's variants, best first (a row with `prefers`: best on the calls it prefers).
+ * Forward and backward are separate ops ("norm" and
  * "norm_bwd"), each listing only the variants that serve its direction; when both directions run
  * the same variants, the two ops share one table and are still forced separately. Each variant
  * has one row: its name is unique in the table. */
@@ -166,8 +171,9 @@ typedef struct tk_op {
 /* The number of variants of a table, for tk_op's count. */
 #define TK_VARIANT_COUNT(table) ((int)(sizeof(table) / sizeof((table)[0])))
 
-/* The first variant of `op` that the device, the compiled architectures and the call allow, or
- * the variant forced for this op (TK_ERROR_NOT_SUPPORTED if it cannot run the call). */
+/* The first variant of `op` that the device, the compiled architectures and the call allow and
+ * that prefers the call, or the variant forced for this op (TK_ERROR_NOT_SUPPORTED if it cannot
+ * run the call). */
 tk_status tk_select_variant(const char *fn, const tk_op *op, const tk_device *dev,
                             tk_call_args call, const tk_variant **chosen);
 

@@ -61,20 +61,20 @@ static bool scalar_regs_bwd_supports(tk_call_args call, const tk_device *dev) {
 }
 
 static const tk_variant softmax_variants[] = {
-    {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
-    {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_supports, tk_launch_softmax_vec16_regs},
-    {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
-    {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_supports, tk_launch_softmax_scalar_regs},
-    {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream},
+    {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined, NULL},
+    {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_supports, tk_launch_softmax_vec16_regs, NULL},
+    {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream, NULL},
+    {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_supports, tk_launch_softmax_scalar_regs, NULL},
+    {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream, NULL},
 };
 const tk_op tk_op_softmax = {"softmax", softmax_variants, TK_VARIANT_COUNT(softmax_variants)};
 
 static const tk_variant softmax_bwd_variants[] = {
-    {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined},
-    {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_bwd_supports, tk_launch_softmax_vec16_regs},
-    {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream},
-    {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_bwd_supports, tk_launch_softmax_scalar_regs},
-    {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream},
+    {"vec16_pipelined", TK_CC_HOPPER, false, vec16_pipelined_supports, tk_launch_softmax_vec16_pipelined, NULL},
+    {"vec16_regs", TK_CC_AMPERE, false, vec16_regs_bwd_supports, tk_launch_softmax_vec16_regs, NULL},
+    {"vec16_stream", TK_CC_AMPERE, false, vec16_stream_supports, tk_launch_softmax_vec16_stream, NULL},
+    {"scalar_regs", TK_CC_AMPERE, false, scalar_regs_bwd_supports, tk_launch_softmax_scalar_regs, NULL},
+    {"scalar_stream", TK_CC_AMPERE, false, NULL, tk_launch_softmax_scalar_stream, NULL},
 };
 const tk_op tk_op_softmax_bwd = {"softmax_bwd", softmax_bwd_variants, TK_VARIANT_COUNT(softmax_bwd_variants)};
 

@@ -307,6 +307,16 @@ static bool sm90_wide_claims(const attn_case *c) {
     return c->head_dim == 64 && tk_sm90_runs_here();
 }
 
+/* Whether the automatic choice is "wgmma_sm90_persistent" where it claims the case (and the wide
+ * one does not): a key band of at most 2048 keys per query, from a window bounded on both sides
+ * once resolved (as packed_claims), or documents (src/attention.c, persistent_prefers). */
+static bool sm90_persistent_preferred(const attn_case *c) {
+    const int64_t right = c->sliding || c->causal ? 0 : c->window_right;
+    const bool left_bounded = c->window_left >= 0 && c->window_left < c->seqlen_k - 1;
+    const bool right_bounded = right >= 0 && right < c->seqlen_q - 1;
+    return (left_bounded && right_bounded && c->window_left + right <= 2048) || c->doc_len > 0;
+}
+
 /* The fp64 reference (exact and naive rows, exact lse) of the last case run_case checked: every
  * variant of a case runs the same inputs (drawn from the same seed), so it is computed once per
  * case, not once per variant. */
@@ -424,6 +434,9 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     p.lse = dlse;
     p.alibi_slopes = c->alibi ? dslopes : NULL;
 
+    const bool persistent = sm90_persistent_claims(c) && sm90_persistent_preferred(c);
+    if (variant == NULL && persistent && !sm90_wide_claims(c) && tk_test_under_racecheck())
+        variant = "wgmma_sm90"; /* the automatic choice there is the persistent one (tk_test.h) */
     cr_assert_eq(tk_experimental_force_variant("attention", variant), TK_SUCCESS);
     const bool packed = packed_claims(c), sm90 = sm90_claims(c);
     const bool claimed = variant == NULL || strcmp(variant, "mma_sm80") == 0 ||
@@ -447,6 +460,7 @@ static uint16_t *run_case(const attn_case *c, const char *variant, uint64_t seed
     }
     const char *expected = variant                 ? variant
                            : sm90_wide_claims(c) ? "wgmma_sm90_wide"
+                           : persistent          ? "wgmma_sm90_persistent"
                            : sm90                ? "wgmma_sm90"
                            : packed              ? "mma_sm80_packed"
                                                  : "mma_sm80";
@@ -893,15 +907,15 @@ Test(attention_gpu, supported_names_the_variant) {
     tk_attention_params d128 = window; /* 8 positions: o [1, 8, 2, 128] stays clear of lse */
     d128.head_dim = 128;
     d128.seqlen_q = d128.seqlen_k = 8;
-    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_SUCCESS, "");
-    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90" : "mma_sm80_packed");
+    TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), TK_SUCCESS, ""); /* a short window */
+    cr_assert_str_eq(name, tk_sm90_runs_here() ? "wgmma_sm90_persistent" : "mma_sm80_packed");
     tk_attention_params d256 = d128; /* 4 positions: o [1, 4, 2, 256] ends where lse starts */
     d256.head_dim = 256;
     d256.seqlen_q = d256.seqlen_k = 4;
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_SUCCESS, "");
     if (tk_sm90_runs_here())
         cr_assert_str_eq(name, "wgmma_sm90");
-    /* The persistent variant: head dims 64 and 128, where wgmma_sm90 runs, and only when forced. */
+    /* The persistent variant, forced: head dims 64 and 128, where wgmma_sm90 runs. */
     cr_assert_eq(tk_experimental_force_variant("attention", "wgmma_sm90_persistent"), TK_SUCCESS);
     TK_EXPECT_STATUS(tk_attention_supported(&d128, &name), tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED,
                      tk_sm90_runs_here() ? "" : "forced variant \"wgmma_sm90_persistent\"");
@@ -926,4 +940,81 @@ Test(attention_gpu, supported_names_the_variant) {
     TK_EXPECT_STATUS(tk_attention_supported(&d256, &name), TK_ERROR_NOT_SUPPORTED,
                      "forced variant \"wgmma_sm90_wide\"");
     tk_experimental_force_variant("attention", NULL);
+}
+
+/* The automatic choice names `sm90_name` where the Hopper variants run, else "mma_sm80" (a GQA
+ * group of 1 leaves the packed variant out). */
+static void expect_choice(const tk_attention_params *p, const char *sm90_name, const char *what) {
+    const char *name = NULL;
+    TK_EXPECT_STATUS(tk_attention_supported(p, &name), TK_SUCCESS, "");
+    const char *expected = tk_sm90_runs_here() ? sm90_name : "mma_sm80";
+    cr_assert_str_eq(name, expected, "%s: the automatic choice is %s, expected %s", what, name, expected);
+}
+
+/* Which Hopper variant the automatic choice takes at head dim 128 (src/attention.c,
+ * persistent_prefers): "wgmma_sm90_persistent" where each query tile meets a short key band (a
+ * window bounded on both sides of at most 2048 keys, or documents), "wgmma_sm90" on long bands
+ * (dense, causal, one-sided or wider windows, chunks, prefix-LM) and at head dim 256, which the
+ * persistent one does not take; "wgmma_sm90_wide" at head dim 64. Forcing either head dim 128
+ * variant still runs every call. Never launched: host buffers (S4096, one head, head dim up to
+ * 256), so that a window of 1024 or more is bounded. */
+Test(attention_gpu, automatic_persistent_for_short_bands) {
+    TK_REQUIRE_GPU();
+    const int64_t seqlen = 4096;
+    const size_t bytes = (size_t)(seqlen * 256) * 2;
+    void *q = malloc(bytes), *k = malloc(bytes), *v = malloc(bytes), *o = malloc(bytes);
+    int32_t *ids = malloc((size_t)seqlen * sizeof(int32_t));
+    cr_assert(q && k && v && o && ids);
+    tk_attention_params dense = TK_ATTENTION_PARAMS_INIT;
+    dense.dtype = TK_BF16;
+    dense.batch = 1;
+    dense.seqlen_q = dense.seqlen_k = seqlen;
+    dense.heads_q = dense.heads_kv = 1;
+    dense.head_dim = 128;
+    dense.q = q, dense.k = k, dense.v = v, dense.o = o;
+    tk_attention_params causal = dense;
+    causal.causal = 1;
+
+    /* short bands: sliding 1024, 1024 on each side, causal and bidirectional documents, sliding
+     * 1024 within chunks of 2048 */
+    tk_attention_params calls[12];
+    const int short_count = 5, call_count = 12;
+    calls[0] = causal, calls[0].window_left = 1024;
+    calls[1] = dense, calls[1].window_left = 1024, calls[1].window_right = 1024;
+    calls[2] = causal, calls[2].document_ids = ids;
+    calls[3] = dense, calls[3].document_ids = ids;
+    calls[4] = causal, calls[4].window_left = 1024, calls[4].chunk_size = 2048;
+    /* long bands: dense, causal, sliding 3000, 2048 + 1, a window on the left only, chunks of
+     * 1024 alone, prefix-LM */
+    calls[5] = dense;
+    calls[6] = causal;
+    calls[7] = causal, calls[7].window_left = 3000;
+    calls[8] = dense, calls[8].window_left = 2048, calls[8].window_right = 1;
+    calls[9] = dense, calls[9].window_left = 1024;
+    calls[10] = causal, calls[10].chunk_size = 1024;
+    calls[11] = causal, calls[11].prefix_len = 1024;
+    for (int i = 0; i < call_count; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "call %d (a %s band)", i, i < short_count ? "short" : "long");
+        expect_choice(&calls[i], i < short_count ? "wgmma_sm90_persistent" : "wgmma_sm90", what);
+    }
+    tk_attention_params d256 = calls[0], d64 = calls[0];
+    d256.head_dim = 256;
+    d64.head_dim = 64;
+    expect_choice(&d256, "wgmma_sm90", "head dim 256, sliding 1024");
+    expect_choice(&d64, "wgmma_sm90_wide", "head dim 64, sliding 1024");
+
+    static const char *const forced[2] = {"wgmma_sm90", "wgmma_sm90_persistent"};
+    for (int f = 0; f < 2; f++) {
+        cr_assert_eq(tk_experimental_force_variant("attention", forced[f]), TK_SUCCESS);
+        for (int i = 0; i < call_count; i++) {
+            const char *name = NULL;
+            TK_EXPECT_STATUS(tk_attention_supported(&calls[i], &name),
+                             tk_sm90_runs_here() ? TK_SUCCESS : TK_ERROR_NOT_SUPPORTED, "forced variant");
+            if (tk_sm90_runs_here())
+                cr_assert_str_eq(name, forced[f], "call %d forced to %s named %s", i, forced[f], name);
+        }
+    }
+    cr_assert_eq(tk_experimental_force_variant("attention", NULL), TK_SUCCESS);
+    free(q); free(k); free(v); free(o); free(ids);
 }

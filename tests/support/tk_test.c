@@ -34,6 +34,23 @@ bool tk_test_under_racecheck(void) {
     return v != NULL && strcmp(v, "racecheck") == 0;
 }
 
+tk_status tk_test_attention_fwd(const tk_attention_params *p, int64_t sliding_left, tk_stream_t stream) {
+    bool swapped = false;
+    if (tk_test_under_racecheck() && p != NULL) {
+        tk_attention_params query = *p;
+        if (sliding_left >= 0)
+            query.causal = 1, query.window_left = sliding_left, query.window_right = 0;
+        const char *name = NULL;
+        swapped = tk_attention_supported(&query, &name) == TK_SUCCESS && strcmp(name, "wgmma_sm90_persistent") == 0 &&
+                  tk_experimental_force_variant("attention", "wgmma_sm90") == TK_SUCCESS;
+    }
+    const tk_status s =
+        sliding_left >= 0 ? tk_attention_sliding_fwd(p, sliding_left, stream) : tk_attention_fwd(p, stream);
+    if (swapped && s == TK_SUCCESS) /* on failure the caller reports tk_last_error() first */
+        tk_experimental_force_variant("attention", NULL);
+    return s;
+}
+
 bool tk_test_have_device(void) {
     int count = 0;
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;

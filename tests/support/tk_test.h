@@ -40,11 +40,17 @@ bool tk_test_under_sanitizer(void);
 /* Whether the sanitizer is racecheck (`make sanitize` sets the variable to the tool's name). Its
  * shared-memory race detection does not model mbarrier arrive (release) / wait (acquire): a
  * hand-off of ordinary shared-memory stores and loads through an mbarrier is reported as a race
- * (a one-mbarrier probe: 2 hazards on the H200, CUDA 13.0). It also reports the persistent
- * attention's mask-table hand-off through named barriers of part of the CTA, on which every party
- * syncs (docs/kernels/attention.md, Persistent). Tests do not force, under racecheck alone, the
- * variants whose correctness rests on such a hand-off, and say so. */
+ * (a one-mbarrier probe: 2 hazards on the H200, CUDA 13.0). The persistent attention's earlier
+ * form was reported for its mask-table hand-off through named barriers; its present form has not
+ * run under racecheck yet (docs/kernels/attention.md, Persistent). Tests do not run, under
+ * racecheck alone, the variants whose correctness rests on such a hand-off, nor the persistent
+ * attention until a racecheck run of it is clean, and say so. */
 bool tk_test_under_racecheck(void);
+/* tk_attention_fwd(p) (sliding_left < 0) or tk_attention_sliding_fwd(p, sliding_left), for tests
+ * that run the forward's automatic choice only to feed another check (the backward, concurrency):
+ * under racecheck, where that choice is "wgmma_sm90_persistent" (above), the call runs
+ * "wgmma_sm90" instead, forced on the calling thread and released after a success. */
+tk_status tk_test_attention_fwd(const tk_attention_params *p, int64_t sliding_left, tk_stream_t stream);
 
 /* NULL when a supported GPU is present, else why not (static string). */
 const char *tk_test_gpu_missing_reason(void);
