@@ -111,7 +111,7 @@ __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[
  * 32 KB slice and ~0.3 KB of statics take 6 blocks per SM (3 with the residual's 64 KB), so
  * the registers are capped for 6: 65536 / (6 x 128) -> 80 a thread. */
 constexpr int CLUSTER_THREADS = 128;
-constexpr int CLUSTER_SLICE_PACKS = TK_NORM_ROWS_MAX_THREADS * TK_NORM_FWD_PACKS;
+constexpr int CLUSTER_SLICE_PACKS = TK_NORM_CLUSTER_SLICE_PACKS;
 constexpr int CLUSTER_MIN_BLOCKS = 6;
 static_assert(CLUSTER_SLICE_PACKS % CLUSTER_THREADS == 0, "whole packs per thread");
 static_assert(TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32 <= 32, "a lane per exchanged slot");
