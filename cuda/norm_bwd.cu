@@ -935,28 +935,12 @@ cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, i
 
 /* Clusters of `blocks` blocks of Kernel, `threads` and `smem` each (the call's plan; the shared
  * memory follows from the block size in one instantiation), resident on the device at once, 0 for
- * none: the occupancy query, host work that a launch need not repeat, cached per instantiation,
- * device, cluster size and block size (the cache holds the count + 1, so that 0 is kept too). A
- * query the device refuses counts as none, and its error is taken back from the runtime's last
- * error, which it would otherwise leave set for the caller of a call that then runs on another
- * variant. */
+ * none (tk_clusters_resident), cached per instantiation, device, cluster size and block size. */
 template <auto Kernel>
 cudaError_t clusters_resident(const tk_device *dev, int blocks, int threads, size_t smem, int *clusters) {
     static tk_device_cache<(TK_NORM_CLUSTER_MAX_BLOCKS - 1) * MAX_WARPS> cache; /* (blocks - 2, warps - 1) */
-    int count_plus_one = 1;
-    const cudaError_t err = cache.get(dev, (blocks - 2) * MAX_WARPS + threads / 32 - 1, &count_plus_one, [&](int *v) {
-        cudaLaunchAttribute attr = tk_cluster_attribute(blocks);
-        const cudaLaunchConfig_t query = tk_launch_config(dim3((unsigned)blocks), threads, smem, nullptr, &attr, 1);
-        int fit = 0;
-        if (cudaOccupancyMaxActiveClusters(&fit, Kernel, &query) != cudaSuccess) {
-            (void)cudaGetLastError();
-            fit = 0;
-        }
-        *v = fit + 1;
-        return cudaSuccess;
-    });
-    *clusters = count_plus_one - 1;
-    return err;
+    return tk_clusters_resident<Kernel>(dev, cache, (blocks - 2) * MAX_WARPS + threads / 32 - 1,
+                                        tk_launch_config(dim3(), threads, smem, nullptr), blocks, clusters);
 }
 
 /* The ring kernel of one op: `threads` per row (or per slice of a cluster's row),
