@@ -111,7 +111,7 @@ __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[
  * 32 KB slice and ~0.3 KB of statics take 6 blocks per SM (3 with the residual's 64 KB), so
  * the registers are capped for 6: 65536 / (6 x 128) -> 80 a thread. */
 constexpr int CLUSTER_THREADS = 128;
-constexpr int CLUSTER_SLICE_PACKS = TK_NORM_ROWS_MAX_THREADS * TK_NORM_FWD_PACKS;
+constexpr int CLUSTER_SLICE_PACKS = TK_NORM_CLUSTER_SLICE_PACKS;
 constexpr int CLUSTER_MIN_BLOCKS = 6;
 static_assert(CLUSTER_SLICE_PACKS % CLUSTER_THREADS == 0, "whole packs per thread");
 static_assert(TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32 <= 32, "a lane per exchanged slot");
@@ -121,7 +121,7 @@ static_assert(TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32 <= 32, "a lane p
  * reduction of the row (a block takes one row: at most two reductions, LayerNorm's), the
  * barriers on which they land, and the barrier of the slice's bulk copies. */
 struct cluster_shared_state {
-    float sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32];
+    tk_pack<float, 1> sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32];
     uint64_t landed[2]; /* landed[k] completes its phase 0 when all of sums[k] has arrived */
     uint64_t loaded;    /* completes its phase 0 when the slice (and the residual's) is in */
 };
@@ -132,27 +132,16 @@ __device__ __forceinline__ cluster_shared_state &cluster_shared() {
 }
 
 /* Sum over the blocks of the cluster that holds the row, returned to all of them; reduction k
- * (0, or 1 for LayerNorm's second) of the block's row. Every warp sends its sum with st.async
- * into slot rank * warps + warp of every block, where its 4 bytes complete on that block's
- * barrier of reduction k (armed by the block's thread 0 with the bytes of all the slots; a slot
- * may land before the arming: the count of bytes still to land goes negative for a while); each
- * warp waits on its own block's barrier and adds all the slots in one fixed order: every block
- * gets the same bits. Unlike the release of a cluster barrier, a send does not wait for the
- * thread's earlier global stores (the residual's), and only the receiver waits, for one one-way
- * trip. Each buffer and barrier is used once. No cluster barrier at the end: a block's last wait
- * returns only once everything sent to it has landed, and nothing is sent after it. */
+ * (0, or 1 for LayerNorm's second) of the block's row, through buffer and barrier k, each used
+ * once (norm_cluster_sum, norm.cuh). No cluster barrier at the end: a block's last wait returns
+ * only once everything sent to it has landed, and nothing is sent after it. */
 __device__ __forceinline__ float cluster_sum(float v, int k) {
-    v = tk_warp_sum(v);
     cluster_shared_state &st = cluster_shared();
-    const int lane = threadIdx.x & 31, warps = CLUSTER_THREADS / 32, blocks = (int)__clusterSizeInBlocks();
-    const uint32_t landed = tk_smem_address(&st.landed[k]);
-    if (threadIdx.x == 0)
-        tk_mbarrier_arrive_expect_tx(landed, (uint32_t)(blocks * warps * sizeof(float)));
-    if (lane < blocks)
-        tk_cluster_send_f32(tk_smem_address(&st.sums[k][(int)__clusterRelativeBlockRank() * warps + (threadIdx.x >> 5)]),
-                            landed, lane, v);
-    tk_mbarrier_wait(landed, 0);
-    return tk_warp_sum(lane < blocks * warps ? st.sums[k][lane] : 0.0f);
+    float sums[1] = {v};
+    norm_cluster_sum<1, TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32>(sums, st.sums[k],
+                                                                         tk_smem_address(&st.landed[k]), 0,
+                                                                         CLUSTER_THREADS / 32);
+    return sums[0];
 }
 #endif
 
