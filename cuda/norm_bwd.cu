@@ -529,7 +529,7 @@ template <int SUMS> __device__ __forceinline__ void ring_cluster_release(ring_cl
  * tk_norm_bwd_ring_bytes_per_thread), consecutive threads' 16 bytes adjacent (LDS.128 without
  * bank conflicts). The op is compile-time: LayerNorm (the mean and mean(g) terms, two row sums),
  * Dw and Db (which partials are kept). The grid has at most one block (cluster) per row
- * (grid_for, launch_cluster_op), so every block has a first row; its loop bound is uniform.
+ * (grid_for, launch_ring_op), so every block has a first row; its loop bound is uniform.
  * PACKS is 2 or 4 (the host's choice from the width; why 4 packs hold less in registers: the
  * top of the file). At 4, w' is f32 in shared memory past the ring, [pack][slot][thread] (VEC / 4
  * 16-byte slots a pack), written once and read in both passes, and pass 2 reads x and dy again
