@@ -602,6 +602,9 @@ static const struct {
     {3, 114680, 8, 0, 16, 0, true, true, true, false, true, false},
     {400, 16392, 8, 16, 24, 0, true, true, true, false, true, false},
     {3, 65544, 8, 0, 8, 0, true, true, true, true, true, false},
+    /* A wide row one element off 16-byte alignment: the forced cluster_vec16 (both directions)
+     * must decline it, and the element-wise kernels take it. */
+    {2, 40000, 0, 0, 0, 1, false, true, true, false, true, false},
     /* The backward's ring kernel at 4 packs per thread (16-bit rows of 8193 to 16384), w' in
      * shared memory, with more rows than a wave of blocks (on an H100 / H200) and a row count
      * that the grid does not divide, so that some blocks take one row fewer than others (both
