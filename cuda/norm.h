@@ -176,6 +176,10 @@ cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *
 cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
+/* Whether the device holds at least one cluster of the forward cluster kernel for this call (the
+ * occupancy query at the largest slices, cached per device and cluster size); the call passed
+ * tk_norm_cluster_fit. */
+bool tk_norm_fwd_cluster_resident(const void *call, const tk_device *dev);
 cudaError_t tk_launch_norm_bwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_bwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 /* Whether the device holds at least one cluster of the backward cluster kernel for this call

@@ -621,15 +621,26 @@ cudaError_t launch_whole_or_not(const tk_norm_call *a, bool whole, dim3 grid, no
 
 /* The cluster kernel of one op: a grid of one cluster per row (the host checked that rows x
  * blocks fits the grid), each block with its slice (and the residual's) as dynamic shared
- * memory, opted in once for the largest (2 x 32 KB). */
+ * memory, opted in once for the largest (2 x 32 KB).
+ * With `resident`, nothing is launched: *resident is how many clusters of this shape the device
+ * holds at once with the largest slices (tk_clusters_resident), which the variant's supports
+ * asks, since a part with few SMs per GPC (a MIG slice) may hold none, where the launch would
+ * fail; any smaller slice fits where the largest does. */
 template <typename T, typename W, bool LayerNorm, bool Residual>
 cudaError_t launch_cluster_op(const tk_norm_call *a, const tk_device *dev, int blocks_per_row, int slice_packs,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, int *resident) {
     constexpr auto kernel = norm_fwd_cluster<T, W, LayerNorm, Residual>;
     constexpr int tensors = Residual ? 2 : 1;
-    cudaError_t err = tk_opt_in_smem<kernel>(dev, tensors * CLUSTER_SLICE_PACKS * 16);
+    constexpr size_t largest_smem = (size_t)tensors * CLUSTER_SLICE_PACKS * 16;
+    cudaError_t err = tk_opt_in_smem<kernel>(dev, (int)largest_smem);
     if (err != cudaSuccess)
         return err;
+    if (resident) {
+        static tk_device_cache<TK_NORM_CLUSTER_MAX_BLOCKS - 1> cache; /* slot blocks_per_row - 2 */
+        return tk_clusters_resident<kernel>(dev, cache, blocks_per_row - 2,
+                                            tk_launch_config(dim3(), CLUSTER_THREADS, largest_smem, nullptr),
+                                            blocks_per_row, resident);
+    }
     cudaLaunchAttribute cluster = tk_cluster_attribute(blocks_per_row);
     const cudaLaunchConfig_t cfg = tk_launch_config(dim3((unsigned)(a->rows * blocks_per_row)), CLUSTER_THREADS,
                                                     (size_t)tensors * slice_packs * 16, stream, &cluster, 1);
@@ -640,21 +651,23 @@ cudaError_t launch_cluster_op(const tk_norm_call *a, const tk_device *dev, int b
  * the host checked), as even as whole packs allow: a 65536-wide bf16 row is 4 slices of 2048
  * packs, 40000 f32 5 of 2000, 65544 bf16 (8193 packs) 5 of 1639, the last 1637. */
 template <typename T, typename W>
-cudaError_t launch_cluster(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch_cluster(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream, int *resident) {
     const int64_t packs_row = a->cols / (16 / (int64_t)sizeof(T));
     const int blocks_per_row = (int)((packs_row + CLUSTER_SLICE_PACKS - 1) / CLUSTER_SLICE_PACKS);
     const int slice_packs = (int)((packs_row + blocks_per_row - 1) / blocks_per_row);
+    const int b = blocks_per_row, s = slice_packs;
     if (a->layernorm)
-        return a->residual ? launch_cluster_op<T, W, true, true>(a, dev, blocks_per_row, slice_packs, stream)
-                           : launch_cluster_op<T, W, true, false>(a, dev, blocks_per_row, slice_packs, stream);
-    return a->residual ? launch_cluster_op<T, W, false, true>(a, dev, blocks_per_row, slice_packs, stream)
-                       : launch_cluster_op<T, W, false, false>(a, dev, blocks_per_row, slice_packs, stream);
+        return a->residual ? launch_cluster_op<T, W, true, true>(a, dev, b, s, stream, resident)
+                           : launch_cluster_op<T, W, true, false>(a, dev, b, s, stream, resident);
+    return a->residual ? launch_cluster_op<T, W, false, true>(a, dev, b, s, stream, resident)
+                       : launch_cluster_op<T, W, false, false>(a, dev, b, s, stream, resident);
 }
 
 enum fwd_kernel { ROWS, CLUSTER, WIDE };
 
 template <typename T, typename W, int VEC>
-cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                   int *resident) {
     if (which == WIDE) {
         constexpr auto kernel = norm_fwd_wide<T, W, VEC>;
         int64_t wave;
@@ -665,7 +678,7 @@ cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev
     }
     if constexpr (VEC > 1) {
         if (which == CLUSTER)
-            return launch_cluster<T, W>(a, dev, stream);
+            return launch_cluster<T, W>(a, dev, stream, resident);
     }
     constexpr int packs = fwd_packs<VEC>(), small = rows_small_threads<T, VEC>(), big = TK_NORM_ROWS_MAX_THREADS;
     const int64_t packs_row = a->cols / VEC;
@@ -689,19 +702,22 @@ cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev
 }
 
 template <typename T, int VEC>
-cudaError_t launch_weight(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch_weight(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                          int *resident) {
     if (a->weight_dtype == TK_F32)
-        return launch<T, float, VEC>(a, which, dev, stream);
-    return launch<T, T, VEC>(a, which, dev, stream);
+        return launch<T, float, VEC>(a, which, dev, stream, resident);
+    return launch<T, T, VEC>(a, which, dev, stream, resident);
 }
 
-/* 16-byte packs (vec) or elements; the rows kernel (on one block or a cluster) or the wide one. */
-cudaError_t launch_variant(const void *call, bool vec, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
+/* 16-byte packs (vec) or elements; the rows kernel (on one block or a cluster) or the wide one.
+ * With `resident` (the cluster kernel only), the residency query of launch_cluster_op. */
+cudaError_t launch_variant(const void *call, bool vec, fwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                           int *resident = nullptr) {
     const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, which, dev, stream)
-                   : launch_weight<T, 1>(a, which, dev, stream);
+        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, which, dev, stream, resident)
+                   : launch_weight<T, 1>(a, which, dev, stream, resident);
     });
 }
 
@@ -713,6 +729,11 @@ extern "C" cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_devic
 
 extern "C" cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
     return launch_variant(call, true, CLUSTER, dev, stream);
+}
+
+extern "C" bool tk_norm_fwd_cluster_resident(const void *call, const tk_device *dev) {
+    int resident = 0;
+    return launch_variant(call, true, CLUSTER, dev, nullptr, &resident) == cudaSuccess && resident > 0;
 }
 
 extern "C" cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {

@@ -52,13 +52,13 @@ static bool norm_bwd_vec16_supports(tk_call_args call, const tk_device *dev) {
 }
 
 /* Rows the forward rows kernel cannot hold on one block but a cluster can; one cluster per row,
- * so rows x blocks must fit the grid (2^31 - 1 blocks: far past any tensor of such rows). */
+ * so rows x blocks must fit the grid (2^31 - 1 blocks: far past any tensor of such rows); and
+ * the device holds such a cluster (a MIG slice may not: the wide kernel takes the call). */
 static bool norm_cluster_vec16_supports(tk_call_args call, const tk_device *dev) {
-    (void)dev;
     const tk_norm_call *a = call;
     return norm_aligned16(a) && !tk_norm_rows_fit(a->cols, pack_elems(a->dtype), false) &&
            tk_norm_cluster_fit(a->cols, pack_elems(a->dtype)) &&
-           a->rows <= INT32_MAX / TK_NORM_CLUSTER_MAX_BLOCKS;
+           a->rows <= INT32_MAX / TK_NORM_CLUSTER_MAX_BLOCKS && tk_norm_fwd_cluster_resident(a, dev);
 }
 
 /* Backward rows past the ring / rows kernels' reach, up to 8 slices, whose block's shared memory
