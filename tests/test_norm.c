@@ -272,7 +272,9 @@ static bool variant_claims(const norm_case *c, const char *variant) {
     /* 16-bit rows of up to 16384 elements (forward on one block, 32 KB; backward on the ring
      * kernel where the device's shared memory holds it); the rest 8192 forward and backward;
      * scalars 4096 both ways. A cluster: 8 blocks (the portable size), backward where the
-     * device's shared memory holds the block. */
+     * device's shared memory holds the block; the device is taken to hold at least one such
+     * cluster (every whole H100 / H200 does; a small MIG slice may not, and there the library
+     * declines the variant while these expectations do not). */
     const int64_t vec_limit = es == 2 ? 16384 : 8192, scalar_limit = 4096;
     const int64_t cluster_limit = 8 * vec_limit;
     if (!strcmp(variant, "vec16"))
@@ -603,7 +605,8 @@ static const struct {
     {400, 16392, 8, 16, 24, 0, true, true, true, false, true, false},
     {3, 65544, 8, 0, 8, 0, true, true, true, true, true, false},
     /* A wide row one element off 16-byte alignment: the forced cluster_vec16 (both directions)
-     * must decline it, and the element-wise kernels take it. */
+     * must decline it (as must vec16, wide_vec16 and, at 40000 > 4096, scalar): wide_scalar
+     * takes it. */
     {2, 40000, 0, 0, 0, 1, false, true, true, false, true, false},
     /* The backward's ring kernel at 4 packs per thread (16-bit rows of 8193 to 16384), w' in
      * shared memory, with more rows than a wave of blocks (on an H100 / H200) and a row count

@@ -5,7 +5,9 @@
  *
  * Every helper returns the CUDA error of its own runtime call and none reads the thread's last
  * error: that would also return, and clear, an earlier unrelated error of the caller's (a failed
- * cudaMalloc is not sticky), failing a launch that ran and losing the caller's error.
+ * cudaMalloc is not sticky), failing a launch that ran and losing the caller's error. The
+ * exception is tk_clusters_resident: a query the device refuses has already replaced such an
+ * error, and the helper clears its own.
  */
 #ifndef TK_CORE_LAUNCH_CUH
 #define TK_CORE_LAUNCH_CUH
