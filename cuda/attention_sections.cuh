@@ -30,19 +30,23 @@ __device__ __forceinline__ attn_section_item attn_section_walk(unsigned item, un
 
 /* The section size, in units whose shared data take unit_bytes each: at most as many as
  * `budget` bytes hold (at least one: `most`), and at least `least`. Of the sizes from half of
- * most (and from least) up to most, the one whose last section is the fullest (a divisor of
- * units fills it; the larger size on a tie): a short last section starts its longest work when
- * the machine is draining (the forward's 128 pairs in sections of 25 left 3 to the end of the
- * grid). Where most < least no size fits both: one section of every unit. Host work on every
- * launch: the search stops at the first size whose last section is full, which no smaller size
- * beats. */
+ * most (and from least, and at most ATTN_SECTION_TRIES below most) up to most, the one whose
+ * last section is the fullest (a divisor of units fills it; the larger size on a tie): a short
+ * last section starts its longest work when the machine is draining (the forward's 128 pairs in
+ * sections of 25 left 3 to the end of the grid). Where most < least no size fits both: one
+ * section of every unit. Host work on every launch, so bounded: the search stops at the first
+ * size whose last section is full, which no smaller size beats, and after ATTN_SECTION_TRIES
+ * sizes, a bound that only a `most` past 128 reaches (tiny pairs, e.g. a few keys each, make it
+ * tens of thousands: an unbounded search then took that many divisions per launch). */
+constexpr int64_t ATTN_SECTION_TRIES = 64;
+
 inline int64_t attn_section_size(int64_t units, int64_t unit_bytes, int64_t budget, int64_t least) {
     int64_t most = budget / unit_bytes > 1 ? budget / unit_bytes : 1;
     most = most < units ? most : units;
     if (most < least)
         return units;
     int64_t size = most, fill = units % most ? units % most : most; /* of size */
-    for (int64_t k = most - 1; fill < size && 2 * k >= most && k >= least; k--) {
+    for (int64_t k = most - 1; fill < size && 2 * k >= most && k >= least && most - k <= ATTN_SECTION_TRIES; k--) {
         const int64_t f = units % k ? units % k : k;
         if (f * size > fill * k)
             size = k, fill = f;
