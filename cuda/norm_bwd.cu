@@ -512,11 +512,20 @@ __device__ __forceinline__ void ring_cluster_sum(ring_cluster_state<SUMS> &st, f
 #endif
 }
 
-/* Every warp, after its last read of the row's stage: one arrival on `freed`. */
-template <int SUMS> __device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &st) {
+/* Every warp, after its last read of the row's stage, where a later copy refills the stage
+ * (`refilled`): one arrival on `freed`. Each thread first fences its reads (generic proxy) against
+ * the bulk copy's writes (async proxy) that the arrival lets thread 0 issue. Without a refill
+ * nothing waits for the phase, so nothing arrives: every phase of `freed` is then waited for
+ * before the next one starts (compute-sanitizer's synccheck reports arrivals on a barrier whose
+ * completed phase no thread waited for). */
+template <int SUMS>
+__device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &st, bool refilled) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
+    if (!refilled)
+        return;
+    tk_fence_proxy_async_shared();
     __syncwarp();
     if ((threadIdx.x & 31) == 0)
         tk_mbarrier_arrive(tk_smem_address(&st.freed));
@@ -736,7 +745,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
             }
         }
         if constexpr (Cluster)
-            ring_cluster_release(cluster);
+            ring_cluster_release(cluster, row + 2 * row_step < a.rows); /* the copy of the row after next */
         dx_row += x_step;
         rstd = next_rstd;
         mean = next_mean;
