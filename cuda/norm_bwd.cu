@@ -53,8 +53,8 @@
  *   1024 x 65536 bf16 on an H100). The slice of x and of dy lands in the ring's stage as one bulk
  *   copy (cp.async.bulk) each, issued by thread 0 a row ahead, so a block keeps 64 KB of reads in
  *   flight through its whole current row, counted on the stage's mbarrier; thread 0 refills a
- *   stage only once every warp has arrived on a `freed` mbarrier after its last read of it (no
- *   block barrier: only warp 0 waits, and only for the slowest warp's previous row). The row sums
+ *   stage only once every thread has arrived on a `freed` mbarrier after its last read of it (no
+ *   block barrier: only thread 0 waits, and only for the slowest warp's previous row). The row sums
  *   (one for RMSNorm, two for LayerNorm, sent together) go to every block of the cluster by
  *   st.async (norm_cluster_sum, shared with the forward), double-buffered by row, each block adding
  *   the same slots in the same order: every block gets the same bits. The grid is persistent: as
@@ -420,7 +420,7 @@ __device__ __forceinline__ void ring_scale_load(const float4 *slot, int threads,
 /* The cluster mode's shared state beside the dynamic ring: the row sums the cluster's blocks
  * exchange (norm_cluster_sum), two buffers used by alternate rows, each warp of each block a slot;
  * the barriers on which they land; the stages' barriers, on which each stage's two bulk copies
- * land; and `freed`, on which every warp arrives once it has read the row's stage for the last
+ * land; and `freed`, on which every thread arrives once it has read the row's stage for the last
  * time (pass 2), so that thread 0 refills it only then. */
 template <int SUMS> struct ring_cluster_state {
     tk_pack<float, SUMS> sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * MAX_WARPS];
@@ -441,7 +441,7 @@ __device__ __forceinline__ int2 ring_cluster_place() {
 
 /* Thread 0: the barriers, before the first copy (the fence makes the initialisation visible to
  * the copies' and the other blocks' complete_tx). */
-template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_cluster_state<SUMS> &st, int warps) {
+template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_cluster_state<SUMS> &st, int threads) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
@@ -449,7 +449,7 @@ template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_clust
         tk_mbarrier_init(tk_smem_address(&st.landed[k]), 1);
         tk_mbarrier_init(tk_smem_address(&st.loaded[k]), 1);
     }
-    tk_mbarrier_init(tk_smem_address(&st.freed), (uint32_t)warps);
+    tk_mbarrier_init(tk_smem_address(&st.freed), (uint32_t)threads);
     tk_fence_mbarrier_init();
     tk_fence_proxy_async_shared();
 #endif
@@ -512,12 +512,14 @@ __device__ __forceinline__ void ring_cluster_sum(ring_cluster_state<SUMS> &st, f
 #endif
 }
 
-/* Every warp, after its last read of the row's stage, where a later copy refills the stage
- * (`refilled`): one arrival on `freed`. Each thread first fences its reads (generic proxy) against
- * the bulk copy's writes (async proxy) that the arrival lets thread 0 issue. Without a refill
+/* Every thread, after its last read of the row's stage, where a later copy refills the stage
+ * (`refilled`): a fence of its reads (generic proxy) against the bulk copy's writes (async proxy),
+ * then its arrival on `freed`, which lets thread 0 issue that copy. Each thread releases its own
+ * reads: with one arrival per warp after __syncwarp, which orders its lanes' reads as well,
+ * racecheck reported the copy's writes against the reads. Without a refill
  * nothing waits for the phase, so nothing arrives: every phase of `freed` is then waited for
- * before the next one starts (compute-sanitizer's synccheck reports arrivals on a barrier whose
- * completed phase no thread waited for). */
+ * before the next one starts (synccheck reports arrivals on a barrier whose completed phase no
+ * thread waited for). */
 template <int SUMS>
 __device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &st, bool refilled) {
 #ifdef NORM_NO_CLUSTERS
@@ -526,9 +528,7 @@ __device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &s
     if (!refilled)
         return;
     tk_fence_proxy_async_shared();
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0)
-        tk_mbarrier_arrive(tk_smem_address(&st.freed));
+    tk_mbarrier_arrive(tk_smem_address(&st.freed));
 #endif
 }
 
@@ -550,7 +550,7 @@ __device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &s
  * the cluster's rows (the last block fewer), rows first_row, + clusters, ...; a row's pack
  * j = p * threads + thread is then also the j-th pack of the slice, so that the slice of each
  * tensor lands in its stage as one contiguous bulk copy (thread 0 issues both, counted on the
- * stage's barrier, once every warp has released the stage: `freed`), and the row sums go over
+ * stage's barrier, once every thread has released the stage: `freed`), and the row sums go over
  * the cluster (ring_cluster_sum) instead of the block step. */
 template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster>
 __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_norm_call a, int slice_packs) {
@@ -644,7 +644,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
 
     if constexpr (Cluster) {
         if (threadIdx.x == 0)
-            ring_cluster_init(cluster, warps);
+            ring_cluster_init(cluster, threads);
     }
     issue(true, -1);
     if constexpr (Cluster)
