@@ -512,23 +512,28 @@ __device__ __forceinline__ void ring_cluster_sum(ring_cluster_state<SUMS> &st, f
 #endif
 }
 
-/* Every thread, after its last read of the row's stage, where a later copy refills the stage
- * (`refilled`): a fence of its reads (generic proxy) against the bulk copy's writes (async proxy),
- * then its arrival on `freed`, which lets thread 0 issue that copy. Each thread releases its own
- * reads: with one arrival per warp after __syncwarp, which orders its lanes' reads as well,
- * racecheck reported the copy's writes against the reads. Without a refill
- * nothing waits for the phase, so nothing arrives: every phase of `freed` is then waited for
- * before the next one starts (synccheck reports arrivals on a barrier whose completed phase no
- * thread waited for). */
+/* Every thread, after its last read of the row's stage in `iteration`, where a later copy refills
+ * the stage (`refilled`): a fence of its reads (generic proxy) against the bulk copy's writes
+ * (async proxy), then its arrival on `freed` (phase `iteration`), which lets thread 0 issue that
+ * copy. Each thread releases its own reads: with one arrival per warp after __syncwarp, which
+ * orders its lanes' reads as well, racecheck reported the copy's writes against the reads.
+ * synccheck reported the arrivals ("missing wait") of a form in which only thread 0 waited, and
+ * only for the phases before its copies; here each thread first waits for the phase of its own
+ * previous arrival. That phase has completed by now (every thread arrives on it before it sends
+ * its sums of this row, which this thread has received), so the wait returns at once. Without a
+ * refill nothing arrives: no thread waits for that phase. */
 template <int SUMS>
-__device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &st, bool refilled) {
+__device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &st, int iteration, bool refilled) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
     if (!refilled)
         return;
+    const uint32_t freed = tk_smem_address(&st.freed);
+    if (iteration > 0)
+        tk_mbarrier_wait(freed, (uint32_t)(iteration - 1) & 1);
     tk_fence_proxy_async_shared();
-    tk_mbarrier_arrive(tk_smem_address(&st.freed));
+    tk_mbarrier_arrive(freed);
 #endif
 }
 
@@ -745,7 +750,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
             }
         }
         if constexpr (Cluster)
-            ring_cluster_release(cluster, row + 2 * row_step < a.rows); /* the copy of the row after next */
+            ring_cluster_release(cluster, iteration, row + 2 * row_step < a.rows); /* refilled by the row after next */
         dx_row += x_step;
         rstd = next_rstd;
         mean = next_mean;
