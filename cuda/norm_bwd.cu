@@ -53,15 +53,15 @@
  *   1024 x 65536 bf16 on an H100). The slice of x and of dy lands in the ring's stage as one bulk
  *   copy (cp.async.bulk) each, issued by thread 0 a row ahead, so a block keeps 64 KB of reads in
  *   flight through its whole current row, counted on the stage's mbarrier; thread 0 refills a
- *   stage only once every thread has arrived on a `freed` mbarrier after its last read of it (no
- *   block barrier: only thread 0 waits, and only for the slowest warp's previous row). The row sums
+ *   stage only after a block barrier that follows every thread's last read of it (the end of the
+ *   row's pass 2; the row sums already hold the warps together once a row). The row sums
  *   (one for RMSNorm, two for LayerNorm, sent together) go to every block of the cluster by
  *   st.async (norm_cluster_sum, shared with the forward), double-buffered by row, each block adding
  *   the same slots in the same order: every block gets the same bits. The grid is persistent: as
  *   many clusters as are resident (the occupancy query), at most one per row and, with dw / db,
  *   at most the workspace's slots; a cluster takes rows c, c + clusters, ..., and each block keeps
  *   the dw / db partials of its slice's columns in registers across them and leaves them once, in
- *   the cluster's slot, for the same stage 2. A candidate: compiled, not yet run on a GPU.
+ *   the cluster's slot, for the same stage 2. A candidate (docs/kernels/norm.md, Cluster mode).
  * - "rows" kernel (the rest: f32 packs, scalars, narrow rows): a group of threads holds the
  *   row (norm.cuh), 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs) and 8 for
  *   scalars, groups of up to 512 threads (rows up to 8192 / 4096); several narrow groups share
@@ -419,12 +419,11 @@ __device__ __forceinline__ void ring_scale_load(const float4 *slot, int threads,
 
 /* The cluster mode's shared state beside the dynamic ring: the row sums the cluster's blocks
  * exchange (norm_cluster_sum), two buffers used by alternate rows, each warp of each block a slot;
- * the barriers on which they land; the stages' barriers, on which each stage's two bulk copies
- * land; and `freed`, on which every thread arrives once it has read the row's stage for the last
- * time (pass 2), so that thread 0 refills it only then. */
+ * the barriers on which they land; and the stages' barriers, on which each stage's two bulk
+ * copies land. */
 template <int SUMS> struct ring_cluster_state {
     tk_pack<float, SUMS> sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * MAX_WARPS];
-    uint64_t landed[2], loaded[2], freed;
+    uint64_t landed[2], loaded[2];
 };
 
 struct no_cluster_state {};
@@ -441,7 +440,7 @@ __device__ __forceinline__ int2 ring_cluster_place() {
 
 /* Thread 0: the barriers, before the first copy (the fence makes the initialisation visible to
  * the copies' and the other blocks' complete_tx). */
-template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_cluster_state<SUMS> &st, int threads) {
+template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_cluster_state<SUMS> &st) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
@@ -449,7 +448,6 @@ template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_clust
         tk_mbarrier_init(tk_smem_address(&st.landed[k]), 1);
         tk_mbarrier_init(tk_smem_address(&st.loaded[k]), 1);
     }
-    tk_mbarrier_init(tk_smem_address(&st.freed), (uint32_t)threads);
     tk_fence_mbarrier_init();
     tk_fence_proxy_async_shared();
 #endif
@@ -468,17 +466,14 @@ __device__ __forceinline__ void ring_cluster_start() {
 #endif
 }
 
-/* Thread 0: a row's slice of x and dy (`bytes` each) into a stage, counted on its barrier; first
- * the wait for the stage's readers of `freed_parity`'s phase (none for the first refill: < 0). */
+/* Thread 0: a row's slice of x and dy (`bytes` each) into a stage, counted on its barrier (once
+ * the stage's readers are done with it: ring_cluster_release). */
 template <int SUMS>
-__device__ __forceinline__ void ring_cluster_copy(ring_cluster_state<SUMS> &st, int stage, int freed_parity,
-                                                  uint32_t x_dst, uint32_t dy_dst, const void *x, const void *dy,
-                                                  uint32_t bytes) {
+__device__ __forceinline__ void ring_cluster_copy(ring_cluster_state<SUMS> &st, int stage, uint32_t x_dst,
+                                                  uint32_t dy_dst, const void *x, const void *dy, uint32_t bytes) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
-    if (freed_parity >= 0)
-        tk_mbarrier_wait(tk_smem_address(&st.freed), (uint32_t)freed_parity);
     const uint32_t loaded = tk_smem_address(&st.loaded[stage]);
     tk_mbarrier_arrive_expect_tx(loaded, 2 * bytes);
     tk_bulk_load(x_dst, x, bytes, loaded);
@@ -512,28 +507,21 @@ __device__ __forceinline__ void ring_cluster_sum(ring_cluster_state<SUMS> &st, f
 #endif
 }
 
-/* Every thread, after its last read of the row's stage in `iteration`, where a later copy refills
- * the stage (`refilled`): a fence of its reads (generic proxy) against the bulk copy's writes
- * (async proxy), then its arrival on `freed` (phase `iteration`), which lets thread 0 issue that
- * copy. Each thread releases its own reads: with one arrival per warp after __syncwarp, which
- * orders its lanes' reads as well, racecheck reported the copy's writes against the reads.
- * synccheck reported the arrivals ("missing wait") of a form in which only thread 0 waited, and
- * only for the phases before its copies; here each thread first waits for the phase of its own
- * previous arrival. That phase has completed by now (every thread arrives on it before it sends
- * its sums of this row, which this thread has received), so the wait returns at once. Without a
- * refill nothing arrives: no thread waits for that phase. */
-template <int SUMS>
-__device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &st, int iteration, bool refilled) {
+/* Every thread, after its last read of the row's stage, where a later copy refills the stage
+ * (`refilled`, uniform): a fence of its reads (generic proxy) against that copy's writes (async
+ * proxy), then a block barrier, after which thread 0 issues the copy. A block barrier rather than
+ * an mbarrier that the readers arrive on and thread 0 waits for: racecheck does not order
+ * shared-memory accesses through mbarrier arrive / wait (tests/support/tk_test.h), and reported
+ * the copies' writes against these reads in that form; the row sums already hold the block's
+ * warps within a row of each other, so the barrier costs little waiting. */
+__device__ __forceinline__ void ring_cluster_release(bool refilled) {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
     if (!refilled)
         return;
-    const uint32_t freed = tk_smem_address(&st.freed);
-    if (iteration > 0)
-        tk_mbarrier_wait(freed, (uint32_t)(iteration - 1) & 1);
     tk_fence_proxy_async_shared();
-    tk_mbarrier_arrive(freed);
+    __syncthreads();
 #endif
 }
 
@@ -555,7 +543,7 @@ __device__ __forceinline__ void ring_cluster_release(ring_cluster_state<SUMS> &s
  * the cluster's rows (the last block fewer), rows first_row, + clusters, ...; a row's pack
  * j = p * threads + thread is then also the j-th pack of the slice, so that the slice of each
  * tensor lands in its stage as one contiguous bulk copy (thread 0 issues both, counted on the
- * stage's barrier, once every thread has released the stage: `freed`), and the row sums go over
+ * stage's barrier, after the block barrier that ends the stage's last reads), and the row sums go over
  * the cluster (ring_cluster_sum) instead of the block step. */
 template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster>
 __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_norm_call a, int slice_packs) {
@@ -622,15 +610,14 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
     }
     /* x and dy of the next row into `fill`: per thread, one commit group per row (an empty one
      * past the last row, so that the wait below always leaves exactly the newest group in
-     * flight); in a cluster, thread 0's two bulk copies into stage `iteration + 1` (mod 2), once
-     * every warp has released it in the iteration before (none before iteration 1). */
+     * flight); in a cluster, thread 0's two bulk copies into stage `iteration + 1` (mod 2), which
+     * the iteration before released (ring_cluster_release; nothing read it before iteration 1). */
     auto issue = [&](bool any, int iteration) {
         if constexpr (Cluster) {
             const uint4 *stage = fill - threadIdx.x;
             if (any && threadIdx.x == 0)
-                ring_cluster_copy(cluster, (iteration + 1) & 1, iteration >= 1 ? (iteration - 1) & 1 : -1,
-                                  tk_smem_address(stage), tk_smem_address(stage + PACKS * threads), x_next, dy_next,
-                                  bytes);
+                ring_cluster_copy(cluster, (iteration + 1) & 1, tk_smem_address(stage),
+                                  tk_smem_address(stage + PACKS * threads), x_next, dy_next, bytes);
         } else {
             if (any) {
 #pragma unroll
@@ -649,7 +636,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
 
     if constexpr (Cluster) {
         if (threadIdx.x == 0)
-            ring_cluster_init(cluster, threads);
+            ring_cluster_init(cluster);
     }
     issue(true, -1);
     if constexpr (Cluster)
@@ -750,7 +737,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
             }
         }
         if constexpr (Cluster)
-            ring_cluster_release(cluster, iteration, row + 2 * row_step < a.rows); /* refilled by the row after next */
+            ring_cluster_release(row + 2 * row_step < a.rows); /* refilled by the row after next */
         dx_row += x_step;
         rstd = next_rstd;
         mean = next_mean;
