@@ -7,7 +7,8 @@
  * rows, an sm_90 cluster for f32; 65536: a cluster; wide_vec16 elsewhere; the cluster rows with
  * each op: the residual and LayerNorm's second reduction take their own paths), the backward at
  * 16384 x 4096 and at 4096 x 16384 (16-bit rows of 16384: the ring kernel at 4 packs per thread
- * where the device's shared memory holds it) and 1024 x 65536 (the wide kernel), then
+ * where the device's shared memory holds it) and 1024 x 65536 (sm_90: the backward cluster
+ * kernel, 4 slices of 32 KB; wide_vec16 elsewhere; RMSNorm and LayerNorm with f32 w), then
  * decode-sized calls (1 and 64 rows), timed against the launch floor instead
  * (bench_memory_baseline).
  */
@@ -107,6 +108,7 @@ extern "C" void bench_norm(bench_ctx *ctx) {
     bench_one(ctx, "rmsnorm bwd", false, false, true, TK_BF16, TK_BF16, 4096, 16384);
     bench_one(ctx, "layernorm bwd", true, false, true, TK_BF16, TK_F32, 4096, 16384);
     bench_one(ctx, "rmsnorm bwd", false, false, true, TK_BF16, TK_BF16, 1024, 65536);
+    bench_one(ctx, "layernorm bwd", true, false, true, TK_BF16, TK_F32, 1024, 65536);
     /* Decode-sized: one token and a batch of 64, against the launch floor. */
     bench_one(ctx, "rmsnorm fwd", false, false, false, TK_BF16, TK_BF16, 1, 4096);
     bench_one(ctx, "add+rmsnorm fwd", false, true, false, TK_BF16, TK_BF16, 64, 4096);

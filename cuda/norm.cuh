@@ -16,6 +16,7 @@
 #define TK_NORM_CUH
 
 #include "common.cuh"
+#include "core/sm90.cuh"
 #include "norm.h"
 #include "tkern.h"
 
@@ -74,6 +75,58 @@ __device__ __forceinline__ float norm_group_sum(float v, int group, float *scrat
     }
     return tk_block_sum(v, scratch);
 }
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+/* N row sums over the blocks of the thread-block cluster that holds the row (the cluster
+ * kernels, both directions), returned to every thread of every block. Each warp adds its lanes,
+ * then sends its N sums with st.async into slot rank * warps + warp of `slots` in every block of
+ * the cluster, where they complete on that block's mbarrier `landed` (armed by the block's thread
+ * 0 with the bytes of all blocks x warps slots; a slot may land before the arming: the count of
+ * bytes still to land goes negative for a while); each warp waits for the phase of `landed` of
+ * the given parity and adds all the slots in one fixed order, so every block gets the same bits.
+ * Unlike the release of a cluster barrier, a send does not wait for the thread's earlier global
+ * stores, and only the receiver waits, for one one-way trip. MaxSlots bounds blocks x warps: up
+ * to 32, a lane takes one slot. The caller owns the buffer's reuse: `slots` and `landed` may be
+ * used again only once every block of the cluster has passed this wait (the forward uses each
+ * once; the backward alternates two by row, see norm_bwd.cu). Clusters of two blocks or more
+ * (st.async). */
+template <int N, int MaxSlots>
+__device__ __forceinline__ void norm_cluster_sum(float (&v)[N], tk_pack<float, N> *slots, uint32_t landed,
+                                                 uint32_t parity, int warps) {
+    static_assert(N == 1 || N == 2, "one st.async of 4 or 8 bytes per slot");
+    const int lane = threadIdx.x & 31, blocks = tk_cluster_blocks();
+    tk_pack<float, N> mine;
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        mine.v[n] = tk_warp_sum(v[n]);
+    if (threadIdx.x == 0)
+        tk_mbarrier_arrive_expect_tx(landed, (uint32_t)(blocks * warps * sizeof(mine)));
+    if (lane < blocks) {
+        const uint32_t slot = tk_smem_address(&slots[tk_cluster_rank() * warps + (int)(threadIdx.x >> 5)]);
+        if constexpr (N == 1)
+            tk_cluster_send_f32(slot, landed, lane, mine.v[0]);
+        else
+            tk_cluster_send_f32x2(slot, landed, lane, mine.v[0], mine.v[1]);
+    }
+    tk_mbarrier_wait(landed, parity);
+    const int used = blocks * warps;
+    tk_pack<float, N> total;
+    if constexpr (MaxSlots <= 32) {
+        total = lane < used ? slots[lane] : tk_pack<float, N>{};
+    } else {
+        total = tk_pack<float, N>{};
+        for (int i = lane; i < used; i += 32) {
+            const tk_pack<float, N> s = slots[i];
+#pragma unroll
+            for (int n = 0; n < N; n++)
+                total.v[n] += s.v[n];
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        v[n] = tk_warp_sum(total.v[n]);
+}
+#endif
 
 /* Threads per row group and per block for a row that needs `need` threads (see the mapping). */
 struct norm_rows_shape {

@@ -88,8 +88,8 @@ static inline int tk_norm_bwd_ring_threads(int64_t packs_row) {
     return (int)((packs_row + packs - 1) / packs + 31) / 32 * 32;
 }
 
-static inline int tk_norm_bwd_ring_bytes_per_thread(int packs) {
-    return 2 * 2 * packs * 16 + (packs > TK_NORM_BWD_ELEMS_VEC / 8 ? packs * 8 * 4 : 0);
+static inline int tk_norm_bwd_ring_bytes_per_thread(int packs, int vec) {
+    return 2 * 2 * packs * 16 + (packs > TK_NORM_BWD_ELEMS_VEC / 8 ? packs * vec * 4 : 0);
 }
 
 /* Whether a device whose blocks may opt in to `max_smem_optin` bytes of shared memory holds the
@@ -100,7 +100,7 @@ static inline int tk_norm_bwd_ring_bytes_per_thread(int packs) {
 static inline bool tk_norm_bwd_ring_fit(int64_t cols, int max_smem_optin) {
     const int64_t packs_row = cols / 8;
     return (int64_t)tk_norm_bwd_ring_threads(packs_row) *
-                   tk_norm_bwd_ring_bytes_per_thread(tk_norm_bwd_ring_packs(packs_row)) +
+                   tk_norm_bwd_ring_bytes_per_thread(tk_norm_bwd_ring_packs(packs_row), 8) +
                TK_NORM_BWD_RING_STATIC_SMEM <=
            max_smem_optin;
 }
@@ -116,6 +116,45 @@ static inline bool tk_norm_cluster_fit(int64_t cols, int vec) {
     return cols <= TK_NORM_CLUSTER_MAX_BLOCKS * tk_norm_rows_max_cols(vec, false);
 }
 
+/* Backward rows wider than the ring and rows kernels hold (16-bit past 16384 columns, f32 past
+ * 8192), up to the same TK_NORM_CLUSTER_MAX_BLOCKS slices of at most TK_NORM_CLUSTER_SLICE_PACKS
+ * 16-byte packs (32 KB) as the forward's, run on the backward cluster kernel (sm_90,
+ * "cluster_vec16"): the slices are as even as whole packs allow, and a block takes its slice on
+ * the ring kernel's 4-pack plan (TK_NORM_BWD_RING_MAX_PACKS packs per thread and tensor, a warp
+ * multiple of threads, at most 512), with tk_norm_bwd_ring_bytes_per_thread of dynamic shared
+ * memory a thread (a 2-stage ring of x and dy, and w' as f32: a 32 KB bf16 slice takes 192 KB,
+ * an f32 one 160 KB) and at most TK_NORM_BWD_CLUSTER_STATIC_SMEM bytes of static shared memory
+ * (the row sums the cluster's blocks exchange, and the barriers). */
+#define TK_NORM_CLUSTER_SLICE_PACKS (TK_NORM_ROWS_MAX_THREADS * TK_NORM_FWD_PACKS)
+#define TK_NORM_BWD_CLUSTER_STATIC_SMEM 2304
+
+static inline int tk_norm_cluster_blocks(int64_t packs_row) {
+    return (int)((packs_row + TK_NORM_CLUSTER_SLICE_PACKS - 1) / TK_NORM_CLUSTER_SLICE_PACKS);
+}
+
+static inline int tk_norm_cluster_slice_packs(int64_t packs_row) {
+    const int blocks = tk_norm_cluster_blocks(packs_row);
+    return (int)((packs_row + blocks - 1) / blocks);
+}
+
+static inline int tk_norm_bwd_cluster_threads(int64_t packs_row) {
+    const int per_thread = TK_NORM_BWD_RING_MAX_PACKS;
+    return ((tk_norm_cluster_slice_packs(packs_row) + per_thread - 1) / per_thread + 31) / 32 * 32;
+}
+
+/* Whether the backward cluster kernel takes a row of `cols` elements in packs of `vec` (16-byte
+ * packs: 8 or 4) on a device whose blocks may opt in to `max_smem_optin` bytes: rows past the
+ * ring / rows kernels' reach, within 8 slices, whose block's shared memory the device holds
+ * (H100 / H200: all of them). */
+static inline bool tk_norm_bwd_cluster_fit(int64_t cols, int vec, int max_smem_optin) {
+    const int64_t packs_row = cols / vec;
+    return vec > 1 && !tk_norm_rows_fit(cols, vec, true) && tk_norm_cluster_fit(cols, vec) &&
+           (int64_t)tk_norm_bwd_cluster_threads(packs_row) *
+                   tk_norm_bwd_ring_bytes_per_thread(TK_NORM_BWD_RING_MAX_PACKS, vec) +
+               TK_NORM_BWD_CLUSTER_STATIC_SMEM <=
+           max_smem_optin;
+}
+
 /* Partial-sum slots of the backward dw / db reduction for a shape: a function of the shape
  * only, so that the workspace size does not depend on the device. The launchers use at most
  * this many (fewer on a smaller GPU). About 2^22 floats (16 MiB) per reduced tensor: >= 2048
@@ -129,15 +168,24 @@ static inline int64_t tk_norm_workspace_slots(int64_t rows, int64_t cols) {
 
 /* Each direction's launchers, in cuda/norm_fwd.cu and cuda/norm_bwd.cu (ops "norm" and
  * "norm_bwd"). "vec16": 16-byte packs, row in registers (the backward's 16-bit rows of a
- * whole block: staged in shared memory, the ring kernel). "cluster_vec16" (forward only): a row
- * split over a cluster, staged in shared memory. "scalar": one element per access. "wide_vec16" /
+ * whole block: staged in shared memory, the ring kernel). "cluster_vec16" (sm_90): a row split
+ * over a cluster, staged in shared memory. "scalar": one element per access. "wide_vec16" /
  * "wide_scalar": a block per row, any width, the row read twice. */
 cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_fwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
+/* Whether the device holds at least one cluster of the forward cluster kernel for this call (the
+ * occupancy query at the largest slices, cached per device and cluster size); the call passed
+ * tk_norm_cluster_fit. */
+bool tk_norm_fwd_cluster_resident(const void *call, const tk_device *dev);
 cudaError_t tk_launch_norm_bwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+cudaError_t tk_launch_norm_bwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
+/* Whether the device holds at least one cluster of the backward cluster kernel for this call
+ * (the occupancy query, cached per device and block shape); the call passed
+ * tk_norm_bwd_cluster_fit. */
+bool tk_norm_bwd_cluster_resident(const void *call, const tk_device *dev);
 cudaError_t tk_launch_norm_bwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_bwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream);
 cudaError_t tk_launch_norm_bwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream);

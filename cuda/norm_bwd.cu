@@ -43,6 +43,25 @@
  *     unrolled: unrolled, the scheduler holds several packs' temporaries beside the partials and
  *     LayerNorm with dw and db spills). 384 bytes of shared memory a thread: 192 KB for a
  *     16384-wide row, 1 block per SM (H100 / H200; the host checks the device's limit).
+ * - "cluster" mode of the ring kernel (sm_90, the "cluster_vec16" variant: 16-bit rows of 16385
+ *   to 131072 columns, f32 rows of 8193 to 65536): a row split into the forward cluster kernel's
+ *   slices of at most 32 KB per tensor over the 2 to 8 blocks of a thread-block cluster (a
+ *   65536-wide bf16 row on 4), each slice run on the 4-pack plan above (the slice of a block is
+ *   at most a 16384-wide 16-bit row: up to 512 threads, 192 KB of shared memory for 16-bit
+ *   slices, 160 KB for f32 ones; 1 block of 16 warps per SM), so the row is read from DRAM once,
+ *   where the wide kernel reads it twice (the second time mostly from DRAM as well: 0.24x copy at
+ *   1024 x 65536 bf16 on an H100). The slice of x and of dy lands in the ring's stage as one bulk
+ *   copy (cp.async.bulk) each, issued by thread 0 a row ahead, so a block keeps 64 KB of reads in
+ *   flight through its whole current row, counted on the stage's mbarrier; thread 0 refills a
+ *   stage only after a block barrier that follows every thread's last read of it (the end of the
+ *   row's pass 2; the row sums already hold the warps together once a row). The row sums
+ *   (one for RMSNorm, two for LayerNorm, sent together) go to every block of the cluster by
+ *   st.async (norm_cluster_sum, shared with the forward), double-buffered by row, each block adding
+ *   the same slots in the same order: every block gets the same bits. The grid is persistent: as
+ *   many clusters as are resident (the occupancy query), at most one per row and, with dw / db,
+ *   at most the workspace's slots; a cluster takes rows c, c + clusters, ..., and each block keeps
+ *   the dw / db partials of its slice's columns in registers across them and leaves them once, in
+ *   the cluster's slot, for the same stage 2. A candidate (docs/kernels/norm.md, Cluster mode).
  * - "rows" kernel (the rest: f32 packs, scalars, narrow rows): a group of threads holds the
  *   row (norm.cuh), 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs) and 8 for
  *   scalars, groups of up to 512 threads (rows up to 8192 / 4096); several narrow groups share
@@ -62,7 +81,7 @@
  *   past 1024 slots). On sm_90 it is launched as a programmatic dependent of stage 1, so that
  *   its launch overlaps stage 1's last blocks instead of following its end.
  */
-#include "core/sm80.cuh"
+#include "core/sm90.cuh"
 #include "norm.cuh"
 
 namespace {
@@ -356,11 +375,11 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_rows(tk_nor
 }
 
 /* The ring kernel's x and dy of one pack, from the thread's slots, as f32. */
-template <typename T>
-__device__ __forceinline__ void ring_unpack(const uint4 *x_slot, const uint4 *dy_slot, float (&xf)[8],
-                                            float (&df)[8]) {
-    tk_unpack(*reinterpret_cast<const tk_pack<T, 8> *>(x_slot), xf);
-    tk_unpack(*reinterpret_cast<const tk_pack<T, 8> *>(dy_slot), df);
+template <typename T, int VEC>
+__device__ __forceinline__ void ring_unpack(const uint4 *x_slot, const uint4 *dy_slot, float (&xf)[VEC],
+                                            float (&df)[VEC]) {
+    tk_unpack(*reinterpret_cast<const tk_pack<T, VEC> *>(x_slot), xf);
+    tk_unpack(*reinterpret_cast<const tk_pack<T, VEC> *>(dy_slot), df);
 }
 
 /* xhat = (x - mean) rstd (RMSNorm: x rstd) and g = dy w' of one element. */
@@ -371,16 +390,18 @@ __device__ __forceinline__ void ring_element(float x, float dy, float scale, flo
     g = dy * scale;
 }
 
-/* The 4-pack ring kernel's w' of one pack, in its two shared-memory slots `threads` apart. */
-__device__ __forceinline__ void ring_scale_store(float4 *slot, int threads, const float (&scale)[8]) {
+/* The 4-pack ring kernel's w' of one pack, in its VEC / 4 shared-memory slots `threads` apart. */
+template <int VEC>
+__device__ __forceinline__ void ring_scale_store(float4 *slot, int threads, const float (&scale)[VEC]) {
 #pragma unroll
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < VEC / 4; k++)
         slot[k * threads] = make_float4(scale[4 * k], scale[4 * k + 1], scale[4 * k + 2], scale[4 * k + 3]);
 }
 
-__device__ __forceinline__ void ring_scale_load(const float4 *slot, int threads, float (&scale)[8]) {
+template <int VEC>
+__device__ __forceinline__ void ring_scale_load(const float4 *slot, int threads, float (&scale)[VEC]) {
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < VEC / 4; k++) {
         const float4 v = slot[k * threads];
         scale[4 * k] = v.x;
         scale[4 * k + 1] = v.y;
@@ -389,113 +410,275 @@ __device__ __forceinline__ void ring_scale_load(const float4 *slot, int threads,
     }
 }
 
-/* The ring kernel: 16-bit rows of one block (see the top of the file). Each thread's PACKS packs
- * of x and dy for the next row go into its own slots of a 2-stage ring in shared memory
- * (dynamic, laid out [stage][tensor][pack][thread]: tk_norm_bwd_ring_bytes_per_thread): a thread
- * reads back only what it copied itself, so its cp.async wait is the only synchronisation, and
- * consecutive threads' 16 bytes are adjacent (LDS.128 without bank conflicts). The op is
- * compile-time: LayerNorm (the mean and mean(g) terms, two row sums), Dw and Db (which partials
- * are kept). The grid has at most one block per row (grid_for), so every block has a first row;
- * its loop bound is uniform.
+/* The cluster mode of the ring kernel (norm_bwd_ring<..., Cluster = true>) runs only on sm_90
+ * and later ("cluster_vec16" needs cc 9.0): compiled for an older target, its pieces below trap,
+ * so that the kernel body has no #if. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define NORM_NO_CLUSTERS
+#endif
+
+/* The cluster mode's shared state beside the dynamic ring: the row sums the cluster's blocks
+ * exchange (norm_cluster_sum), two buffers used by alternate rows, each warp of each block a slot;
+ * the barriers on which they land; and the stages' barriers, on which each stage's two bulk
+ * copies land. */
+template <int SUMS> struct ring_cluster_state {
+    tk_pack<float, SUMS> sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * MAX_WARPS];
+    uint64_t landed[2], loaded[2];
+};
+
+struct no_cluster_state {};
+
+/* The blocks of the cluster (x) and this block's rank in it (y). */
+__device__ __forceinline__ int2 ring_cluster_place() {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+    return make_int2(1, 0);
+#else
+    return make_int2(tk_cluster_blocks(), tk_cluster_rank());
+#endif
+}
+
+/* Thread 0: the barriers, before the first copy (the fence makes the initialisation visible to
+ * the copies' and the other blocks' complete_tx). */
+template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_cluster_state<SUMS> &st) {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    for (int k = 0; k < 2; k++) {
+        tk_mbarrier_init(tk_smem_address(&st.landed[k]), 1);
+        tk_mbarrier_init(tk_smem_address(&st.loaded[k]), 1);
+    }
+    tk_fence_mbarrier_init();
+    tk_fence_proxy_async_shared();
+#endif
+}
+
+/* Every thread: a block may send into another's shared memory only once that block runs and has
+ * initialised its barriers. Arrive relaxed (the fence published the initialisation) and wait,
+ * with the first copies in flight; the wait also publishes the initialisation to this block's
+ * threads. */
+__device__ __forceinline__ void ring_cluster_start() {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    __cluster_barrier_arrive_relaxed();
+    __cluster_barrier_wait();
+#endif
+}
+
+/* Thread 0: a row's slice of x and dy (`bytes` each) into a stage, counted on its barrier (once
+ * the stage's readers are done with it: ring_cluster_release). */
+template <int SUMS>
+__device__ __forceinline__ void ring_cluster_copy(ring_cluster_state<SUMS> &st, int stage, uint32_t x_dst,
+                                                  uint32_t dy_dst, const void *x, const void *dy, uint32_t bytes) {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    const uint32_t loaded = tk_smem_address(&st.loaded[stage]);
+    tk_mbarrier_arrive_expect_tx(loaded, 2 * bytes);
+    tk_bulk_load(x_dst, x, bytes, loaded);
+    tk_bulk_load(dy_dst, dy, bytes, loaded);
+#endif
+}
+
+template <int SUMS>
+__device__ __forceinline__ void ring_cluster_wait_loaded(ring_cluster_state<SUMS> &st, int stage, uint32_t parity) {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    tk_mbarrier_wait(tk_smem_address(&st.loaded[stage]), parity);
+#endif
+}
+
+/* The row sums over the cluster, row `iteration` of the block's: buffer and barrier iteration %
+ * 2, phase parity iteration / 2 % 2. A buffer is written again two rows later, by blocks that
+ * have received this block's sums of the row between, which each of its warps sends only after
+ * it has read this row's: so no block overwrites sums that another still reads, and the phase
+ * in which they land is the next one (the receiver's thread 0 armed this one before its wait). */
+template <int SUMS>
+__device__ __forceinline__ void ring_cluster_sum(ring_cluster_state<SUMS> &st, float (&sums)[SUMS], int iteration,
+                                                 int warps) {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    const int k = iteration & 1;
+    norm_cluster_sum<SUMS, TK_NORM_CLUSTER_MAX_BLOCKS * MAX_WARPS>(sums, st.sums[k], tk_smem_address(&st.landed[k]),
+                                                                   (uint32_t)(iteration >> 1) & 1, warps);
+#endif
+}
+
+/* Every thread, after its last read of the row's stage, where a later copy refills the stage
+ * (`refilled`, uniform): a fence of its reads (generic proxy) against that copy's writes (async
+ * proxy), then a block barrier, after which thread 0 issues the copy. A block barrier rather than
+ * an mbarrier that the readers arrive on and thread 0 waits for: racecheck does not order
+ * shared-memory accesses through mbarrier arrive / wait (tests/support/tk_test.h), and reported
+ * the copies' writes against these reads in that form; the row sums already hold the block's
+ * warps within a row of each other, so the barrier costs little waiting. */
+__device__ __forceinline__ void ring_cluster_release(bool refilled) {
+#ifdef NORM_NO_CLUSTERS
+    __trap();
+#else
+    if (!refilled)
+        return;
+    tk_fence_proxy_async_shared();
+    __syncthreads();
+#endif
+}
+
+/* The ring kernel: rows of one block (see the top of the file), or (Cluster) slices of a row of
+ * one thread-block cluster. Each thread's PACKS packs of x and dy for the next row go into its
+ * own slots of a 2-stage ring in shared memory (dynamic, laid out [stage][tensor][pack][thread]:
+ * tk_norm_bwd_ring_bytes_per_thread), consecutive threads' 16 bytes adjacent (LDS.128 without
+ * bank conflicts). The op is compile-time: LayerNorm (the mean and mean(g) terms, two row sums),
+ * Dw and Db (which partials are kept). The grid has at most one block (cluster) per row
+ * (grid_for, launch_ring_op), so every block has a first row; its loop bound is uniform.
  * PACKS is 2 or 4 (the host's choice from the width; why 4 packs hold less in registers: the
- * top of the file). At 4, w' is f32 in shared memory past the ring, [pack][half][thread] (two
+ * top of the file). At 4, w' is f32 in shared memory past the ring, [pack][slot][thread] (VEC / 4
  * 16-byte slots a pack), written once and read in both passes, and pass 2 reads x and dy again
  * from the stage pass 1 read: its next copies are issued in the next iteration, after pass 2's
- * reads have been consumed by its stores. */
-template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db>
-__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_norm_call a) {
-    static_assert(sizeof(T) == 2, "16-bit rows: 8 elements per pack");
+ * reads have been consumed by its stores.
+ * Rows of one block: a thread copies its own slots with cp.async and reads back only what it
+ * copied, so its cp.async wait is the only synchronisation; the row sums meet in one block step.
+ * Cluster (sm_90, 4 packs): the block of rank r takes packs [r slice_packs, + slice_packs) of
+ * the cluster's rows (the last block fewer), rows first_row, + clusters, ...; a row's pack
+ * j = p * threads + thread is then also the j-th pack of the slice, so that the slice of each
+ * tensor lands in its stage as one contiguous bulk copy (thread 0 issues both, counted on the
+ * stage's barrier, after the block barrier that ends the stage's last reads), and the row sums go over
+ * the cluster (ring_cluster_sum) instead of the block step. */
+template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster>
+__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_norm_call a, int slice_packs) {
+    constexpr int VEC = 16 / (int)sizeof(T), SUMS = LayerNorm ? 2 : 1;
+    static_assert(Cluster || sizeof(T) == 2, "rows of one block: 16-bit rows, 8 elements per pack");
     static_assert(LayerNorm || !Db, "db is LayerNorm's");
     static_assert(PACKS == 2 || PACKS == TK_NORM_BWD_RING_MAX_PACKS, "the host's plan (tk_norm_bwd_ring_packs)");
-    constexpr int VEC = 8, SUMS = LayerNorm ? 2 : 1;
+    static_assert(!Cluster || PACKS == TK_NORM_BWD_RING_MAX_PACKS, "a cluster's slices: the 4-pack plan");
     constexpr bool Hold = PACKS == 2; /* xhat, g and w' held in registers across the reduction */
     constexpr int PASS2_UNROLL = Hold ? PACKS : 1;
     extern __shared__ uint4 ring[];
-    __shared__ tk_pack<float, SUMS> scratch[2][MAX_WARPS];
-    static_assert(sizeof(scratch) <= TK_NORM_BWD_RING_STATIC_SMEM, "the host's shared-memory check");
+    __shared__ tk_pack<float, SUMS> scratch[Cluster ? 1 : 2][MAX_WARPS];
+    __shared__ std::conditional_t<Cluster, ring_cluster_state<SUMS>, no_cluster_state> cluster;
+    static_assert(Cluster ? sizeof(scratch) + sizeof(cluster) <= TK_NORM_BWD_CLUSTER_STATIC_SMEM
+                          : sizeof(scratch) <= TK_NORM_BWD_RING_STATIC_SMEM,
+                  "the host's shared-memory check");
     int parity = 0;
 #if __CUDA_ARCH__ >= 900
     if constexpr (Dw || Db)
         cudaTriggerProgrammaticLaunchCompletion(); /* as in norm_bwd_rows */
 #endif
-    const int threads = blockDim.x, packs_row = (int)(a.cols / VEC);
+    const int threads = blockDim.x, warps = threads / 32;
+    /* The block's columns: [col0, col0 + packs * VEC) of every row it takes. */
+    int blocks = 1, col0 = 0, packs = (int)(a.cols / VEC);
+    if constexpr (Cluster) {
+        const int2 place = ring_cluster_place();
+        blocks = place.x;
+        col0 = place.y * slice_packs * VEC;
+        packs = min(slice_packs, packs - col0 / VEC);
+    }
     const float inv_n = 1.0f / (float)a.cols;
-    /* Running pointers to the thread's first pack in the row in flight (x, dy) and in the row
-     * being written (dx), each advanced by a row step; pack p is p * threads packs on. */
-    int64_t row = blockIdx.x;
-    const int64_t x_step = (int64_t)gridDim.x * a.x_stride, y_step = (int64_t)gridDim.x * a.y_stride;
-    const T *x_next = static_cast<const T *>(a.x) + row * a.x_stride + threadIdx.x * VEC;
-    const T *dy_next = static_cast<const T *>(a.dy) + row * a.y_stride + threadIdx.x * VEC;
-    T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride + threadIdx.x * VEC;
+    /* Rows first_row, first_row + row_step, ...; the block (cluster) leaves its partials in slot
+     * first_row. Running pointers to the thread's first pack (in a cluster: to the slice) in the
+     * row in flight (x, dy) and to the thread's first pack in the row being written (dx), each
+     * advanced by a row step; pack p is p * threads packs on. */
+    const int64_t first_row = blockIdx.x / blocks, row_step = gridDim.x / blocks;
+    int64_t row = first_row;
+    const int64_t x_step = row_step * a.x_stride, y_step = row_step * a.y_stride;
+    const unsigned thread_col = Cluster ? 0u : threadIdx.x * VEC;
+    const T *x_next = static_cast<const T *>(a.x) + row * a.x_stride + col0 + thread_col;
+    const T *dy_next = static_cast<const T *>(a.dy) + row * a.y_stride + col0 + thread_col;
+    T *dx_row = static_cast<T *>(a.dx) + row * a.x_stride + col0 + threadIdx.x * VEC;
     /* The thread's slots of a stage: tensor t, pack p at [(t * PACKS + p) * threads]. The stage
      * being filled and the one being read swap every row. */
     uint4 *fill = ring + threadIdx.x, *held = fill + 2 * PACKS * threads;
-    /* At 4 packs, the thread's w' past the ring: pack p's 8 values in two 16-byte slots. */
+    /* At 4 packs, the thread's w' past the ring: pack p's VEC values in VEC / 4 16-byte slots. */
     float4 *const scale_slots = reinterpret_cast<float4 *>(ring + 2 * 2 * PACKS * threads) + threadIdx.x;
+    const uint32_t bytes = (uint32_t)packs * 16;
 
-    /* Packs past the row (the last threads' last packs, where the row is not a multiple of
-     * PACKS * threads packs) are never copied: their slots hold zeros from here on, so they add
+    /* Packs past the block's columns (the last threads' last packs, where they are not a multiple
+     * of PACKS * threads packs) are never copied: their slots hold zeros from here on, so they add
      * nothing to the sums (g = 0) and need no test in pass 1. A thread's first pack is always
-     * inside: threads <= packs_row for every row this kernel takes (at least 65 packs). */
+     * inside: threads <= packs for every row (slice) this kernel takes (at least 65 packs; a
+     * cluster's slices over 1000). */
     bool inside[PACKS];
 #pragma unroll
     for (int p = 0; p < PACKS; p++) {
-        inside[p] = p == 0 || (int)threadIdx.x + p * threads < packs_row;
+        inside[p] = p == 0 || (int)threadIdx.x + p * threads < packs;
         if (!inside[p]) {
 #pragma unroll
             for (int t = 0; t < 2; t++)
                 fill[(t * PACKS + p) * threads] = held[(t * PACKS + p) * threads] = make_uint4(0, 0, 0, 0);
         }
     }
-    /* x and dy of the next row into `fill`, one commit group per row (an empty one past the
-     * last row, so that the wait below always leaves exactly the newest group in flight). */
-    auto issue = [&](bool any) {
-        if (any) {
+    /* x and dy of the next row into `fill`: per thread, one commit group per row (an empty one
+     * past the last row, so that the wait below always leaves exactly the newest group in
+     * flight); in a cluster, thread 0's two bulk copies into stage `iteration + 1` (mod 2), which
+     * the iteration before released (ring_cluster_release; nothing read it before iteration 1). */
+    auto issue = [&](bool any, int iteration) {
+        if constexpr (Cluster) {
+            const uint4 *stage = fill - threadIdx.x;
+            if (any && threadIdx.x == 0)
+                ring_cluster_copy(cluster, (iteration + 1) & 1, tk_smem_address(stage),
+                                  tk_smem_address(stage + PACKS * threads), x_next, dy_next, bytes);
+        } else {
+            if (any) {
 #pragma unroll
-            for (int p = 0; p < PACKS; p++) {
-                if (inside[p]) {
-                    tk_cp_async_16(tk_smem_address(fill + p * threads), x_next + p * threads * VEC);
-                    tk_cp_async_16(tk_smem_address(fill + (PACKS + p) * threads), dy_next + p * threads * VEC);
+                for (int p = 0; p < PACKS; p++) {
+                    if (inside[p]) {
+                        tk_cp_async_16(tk_smem_address(fill + p * threads), x_next + p * threads * VEC);
+                        tk_cp_async_16(tk_smem_address(fill + (PACKS + p) * threads), dy_next + p * threads * VEC);
+                    }
                 }
             }
+            tk_cp_async_commit();
         }
-        tk_cp_async_commit();
         x_next += x_step;
         dy_next += y_step;
     };
 
-    issue(true);
+    if constexpr (Cluster) {
+        if (threadIdx.x == 0)
+            ring_cluster_init(cluster);
+    }
+    issue(true, -1);
+    if constexpr (Cluster)
+        ring_cluster_start();
     /* w' as f32 with Gemma's 1 added, once: at 2 packs held across the loop (16 registers:
      * keep_f32), at 4 in shared memory, read at each use; the loop converts nothing but the row
      * itself. */
     const W *w = static_cast<const W *>(a.weight);
+    if constexpr (Cluster) {
+        if (w)
+            w += col0;
+    }
     const float w_add = w && a.gemma ? 1.0f : 0.0f;
     float scale[PACKS][VEC];
 #pragma unroll
     for (int p = 0; p < PACKS; p++) {
-        scale_of(load_scale_raw<W, VEC>(w, w_add, threadIdx.x + p * threads, packs_row), w_add, scale[p]);
+        scale_of(load_scale_raw<W, VEC>(w, w_add, threadIdx.x + p * threads, packs), w_add, scale[p]);
         if constexpr (!Hold)
-            ring_scale_store(scale_slots + 2 * p * threads, threads, scale[p]);
+            ring_scale_store(scale_slots + VEC / 4 * p * threads, threads, scale[p]);
     }
     float dw_acc[PACKS][VEC] = {}, db_acc[PACKS][VEC] = {};
     float rstd = a.rstd_in[row], mean = LayerNorm ? a.mean_in[row] : 0.0f;
 
-    for (; row < a.rows; row += gridDim.x) {
+    for (int iteration = 0; row < a.rows; row += row_step, iteration++) {
         /* The next row's copies go out before this row is waited for (the stage they fill was
-         * last read in the previous iteration, by this thread), and its stats with them: a
-         * block keeps a row of reads in flight through all of this row's work. */
-        const int64_t next = row + gridDim.x;
+         * last read in the previous iteration), and its stats with them: a block keeps a row of
+         * reads in flight through all of this row's work. */
+        const int64_t next = row + row_step;
         uint4 *const swap = fill;
         fill = held;
         held = swap;
-        issue(next < a.rows);
+        issue(next < a.rows, iteration);
         float next_rstd = 0.0f, next_mean = 0.0f;
         if (next < a.rows) {
             next_rstd = a.rstd_in[next];
             if constexpr (LayerNorm)
                 next_mean = a.mean_in[next];
         }
-        tk_cp_async_wait<1>();
+        if constexpr (Cluster)
+            ring_cluster_wait_loaded(cluster, iteration & 1, (uint32_t)(iteration >> 1) & 1);
+        else
+            tk_cp_async_wait<1>();
         if constexpr (Hold) {
 #pragma unroll
             for (int p = 0; p < PACKS; p++)
@@ -511,7 +694,7 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
             float xf[VEC], df[VEC];
             ring_unpack<T>(held + p * threads, held + (PACKS + p) * threads, xf, df);
             if constexpr (!Hold)
-                ring_scale_load(scale_slots + 2 * p * threads, threads, scale[h]);
+                ring_scale_load(scale_slots + VEC / 4 * p * threads, threads, scale[h]);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 ring_element<LayerNorm>(xf[e], df[e], scale[h][e], mean, rstd, xhat[h][e], g[h][e]);
@@ -524,20 +707,24 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
                     db_acc[p][e] += df[e];
             }
         }
-        shuffle_sum(sums, 32);
-        block_sum(sums, scratch, parity);
+        if constexpr (Cluster) {
+            ring_cluster_sum(cluster, sums, iteration, warps);
+        } else {
+            shuffle_sum(sums, 32);
+            block_sum(sums, scratch, parity);
+        }
         /* dx = rstd (g - mean(g) - xhat mean(g xhat)) as rstd g + k0 - xhat kx: two FMAs. */
         const float kx = rstd * (sums[0] * inv_n);
         const float k0 = LayerNorm ? -rstd * (sums[SUMS - 1] * inv_n) : 0.0f;
         /* At 4 packs a pack at a time, converted again (see above). */
 #pragma unroll PASS2_UNROLL
         for (int p = 0; p < PACKS; p++) {
-            if (Hold ? inside[p] : p == 0 || (int)threadIdx.x + p * threads < packs_row) {
+            if (Hold ? inside[p] : p == 0 || (int)threadIdx.x + p * threads < packs) {
                 const int h = Hold ? p : 0;
                 if constexpr (!Hold) {
                     float xf[VEC], df[VEC];
                     ring_unpack<T>(held + p * threads, held + (PACKS + p) * threads, xf, df);
-                    ring_scale_load(scale_slots + 2 * p * threads, threads, scale[h]);
+                    ring_scale_load(scale_slots + VEC / 4 * p * threads, threads, scale[h]);
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
                         ring_element<LayerNorm>(xf[e], df[e], scale[h][e], mean, rstd, xhat[h][e], g[h][e]);
@@ -549,16 +736,21 @@ __global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_nor
                 tk_store_pack<T, VEC>(dx_row + p * threads * VEC, tk_pack_of<T>(out));
             }
         }
+        if constexpr (Cluster)
+            ring_cluster_release(row + 2 * row_step < a.rows); /* refilled by the row after next */
         dx_row += x_step;
         rstd = next_rstd;
         mean = next_mean;
     }
 
+    /* The partials of the block's columns, in slot first_row (one per block, or per cluster).
+     * No cluster barrier before the exit: a block's last wait (ring_cluster_sum) returns only
+     * once everything the other blocks send it has landed, and nothing is sent after it. */
     if constexpr (Dw)
-        store_partials(a.workspace + blockIdx.x * a.cols, dw_acc, threadIdx.x, threads, packs_row);
+        store_partials(a.workspace + first_row * a.cols + col0, dw_acc, threadIdx.x, threads, packs);
     if constexpr (Db)
-        store_partials(a.workspace + (a.workspace_slots + blockIdx.x) * a.cols, db_acc, threadIdx.x, threads,
-                       packs_row);
+        store_partials(a.workspace + (a.workspace_slots + first_row) * a.cols + col0, db_acc, threadIdx.x, threads,
+                       packs);
 }
 
 template <typename T, typename W, int VEC>
@@ -741,61 +933,115 @@ cudaError_t grid_for(const tk_norm_call *a, const tk_device *dev, int threads, i
     return cudaSuccess;
 }
 
-/* The ring kernel of one op: `threads` per row, tk_norm_bwd_ring_bytes_per_thread(PACKS) each.
- * At 2 packs 32 KB for a 4096-wide row (with 103-128 registers, 2 blocks of 256 threads per SM
- * by registers, 64 KB of ring, so shared memory does not lower occupancy), 64 KB for 8192 (512
- * threads); at 4 packs (384 bytes per thread) 108 KB for 8200 columns (288 threads) to 192 KB
- * for 16384 (512 threads, 1 block per SM). The grid is one occupancy wave or fewer (grid_for),
- * as for the rows kernel: each block's partials cover rows b, b + grid, ... The opt-in, made
- * once per device and kernel, is the most that the widest block or the device allows (the host
- * checked this shape against the device: tk_norm_bwd_ring_fit). */
-template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db>
-cudaError_t launch_ring_op(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
-                           int64_t *blocks) {
-    constexpr auto kernel = norm_bwd_ring<T, W, PACKS, LayerNorm, Dw, Db>;
-    const int per_thread = tk_norm_bwd_ring_bytes_per_thread(PACKS), smem = threads * per_thread;
-    int opt_in = TK_NORM_ROWS_MAX_THREADS * per_thread;
-    if (opt_in > dev->max_smem_optin - TK_NORM_BWD_RING_STATIC_SMEM)
-        opt_in = dev->max_smem_optin - TK_NORM_BWD_RING_STATIC_SMEM;
-    cudaError_t err;
-    if ((err = tk_opt_in_smem<kernel>(dev, opt_in)) != cudaSuccess ||
-        (err = grid_for<kernel>(a, dev, threads, 1, smem, blocks)) != cudaSuccess)
-        return err;
-    return tk_launch(kernel, (unsigned)*blocks, threads, smem, stream, *a);
+/* Clusters of `blocks` blocks of Kernel, `threads` and `smem` each (the call's plan; the shared
+ * memory follows from the block size in one instantiation), resident on the device at once, 0 for
+ * none (tk_clusters_resident), cached per instantiation, device, cluster size and block size. */
+template <auto Kernel>
+cudaError_t clusters_resident(const tk_device *dev, int blocks, int threads, size_t smem, int *clusters) {
+    static tk_device_cache<(TK_NORM_CLUSTER_MAX_BLOCKS - 1) * MAX_WARPS> cache; /* (blocks - 2, warps - 1) */
+    return tk_clusters_resident<Kernel>(dev, cache, (blocks - 2) * MAX_WARPS + threads / 32 - 1,
+                                        tk_launch_config(dim3(), threads, smem, nullptr), blocks, clusters);
 }
 
-template <typename T, typename W, int PACKS>
+/* The ring kernel of one op: `threads` per row (or per slice of a cluster's row),
+ * tk_norm_bwd_ring_bytes_per_thread each. At 2 packs 32 KB for a 4096-wide row (with 103-128
+ * registers, 2 blocks of 256 threads per SM by registers, 64 KB of ring, so shared memory does
+ * not lower occupancy), 64 KB for 8192 (512 threads); at 4 packs (384 bytes per thread for
+ * 16-bit rows) 108 KB for 8200 columns (288 threads) to 192 KB for 16384 (512 threads, 1 block
+ * per SM). The opt-in, made once per device and kernel, is the most that the widest block or the
+ * device allows (the host checked this shape against the device: tk_norm_bwd_ring_fit,
+ * tk_norm_bwd_cluster_fit). *slots: the dw / db slots the grid fills.
+ * Rows of one block: the grid is one occupancy wave or fewer (grid_for), as for the rows kernel:
+ * each block's partials cover rows b, b + grid, ...
+ * Cluster: as many clusters as are resident at once (a persistent grid: a cluster takes rows c,
+ * c + clusters, ... and keeps its slice's partials across them), at most one per row, and with dw
+ * or db at most the workspace's slots (a 65536-wide row has 64: an H100 holds 33 clusters of 4
+ * blocks of 192 KB, one block per SM). With `resident`, nothing is launched: it receives the
+ * clusters that fit (the variant's check that the device holds one). */
+template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster>
+cudaError_t launch_ring_op(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
+                           int64_t *slots, int *resident) {
+    constexpr auto kernel = norm_bwd_ring<T, W, PACKS, LayerNorm, Dw, Db, Cluster>;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    const int per_thread = tk_norm_bwd_ring_bytes_per_thread(PACKS, VEC), smem = threads * per_thread;
+    const int static_smem = Cluster ? TK_NORM_BWD_CLUSTER_STATIC_SMEM : TK_NORM_BWD_RING_STATIC_SMEM;
+    int opt_in = TK_NORM_ROWS_MAX_THREADS * per_thread;
+    if (opt_in > dev->max_smem_optin - static_smem)
+        opt_in = dev->max_smem_optin - static_smem;
+    const int64_t packs_row = a->cols / VEC;
+    cudaError_t err;
+    if ((err = tk_opt_in_smem<kernel>(dev, opt_in)) != cudaSuccess)
+        return err;
+    if constexpr (!Cluster) {
+        if ((err = grid_for<kernel>(a, dev, threads, 1, smem, slots)) != cudaSuccess)
+            return err;
+        return tk_launch(kernel, (unsigned)*slots, threads, smem, stream, *a, (int)packs_row);
+    } else {
+        const int blocks = tk_norm_cluster_blocks(packs_row);
+        int fit;
+        if ((err = clusters_resident<kernel>(dev, blocks, threads, (size_t)smem, &fit)) != cudaSuccess)
+            return err;
+        if (resident) {
+            *resident = fit;
+            return cudaSuccess;
+        }
+        int64_t clusters = fit < a->rows ? fit : a->rows;
+        if ((a->dw || a->db) && clusters > a->workspace_slots)
+            clusters = a->workspace_slots;
+        *slots = clusters < 1 ? 1 : clusters; /* none resident: the launch fails, with that error */
+        cudaLaunchAttribute cluster = tk_cluster_attribute(blocks);
+        const cudaLaunchConfig_t cfg =
+            tk_launch_config(dim3((unsigned)(*slots * blocks)), threads, (size_t)smem, stream, &cluster, 1);
+        return tk_launch(cfg, kernel, *a, tk_norm_cluster_slice_packs(packs_row));
+    }
+}
+
+template <typename T, typename W, int PACKS, bool Cluster>
 cudaError_t launch_ring_packs(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
-                              int64_t *blocks) {
+                              int64_t *slots, int *resident) {
     const bool dw = a->dw != nullptr, db = a->db != nullptr;
     if (!a->layernorm)
-        return dw ? launch_ring_op<T, W, PACKS, false, true, false>(a, threads, dev, stream, blocks)
-                  : launch_ring_op<T, W, PACKS, false, false, false>(a, threads, dev, stream, blocks);
+        return dw ? launch_ring_op<T, W, PACKS, false, true, false, Cluster>(a, threads, dev, stream, slots, resident)
+                  : launch_ring_op<T, W, PACKS, false, false, false, Cluster>(a, threads, dev, stream, slots, resident);
     if (db)
-        return dw ? launch_ring_op<T, W, PACKS, true, true, true>(a, threads, dev, stream, blocks)
-                  : launch_ring_op<T, W, PACKS, true, false, true>(a, threads, dev, stream, blocks);
-    return dw ? launch_ring_op<T, W, PACKS, true, true, false>(a, threads, dev, stream, blocks)
-              : launch_ring_op<T, W, PACKS, true, false, false>(a, threads, dev, stream, blocks);
+        return dw ? launch_ring_op<T, W, PACKS, true, true, true, Cluster>(a, threads, dev, stream, slots, resident)
+                  : launch_ring_op<T, W, PACKS, true, false, true, Cluster>(a, threads, dev, stream, slots, resident);
+    return dw ? launch_ring_op<T, W, PACKS, true, true, false, Cluster>(a, threads, dev, stream, slots, resident)
+              : launch_ring_op<T, W, PACKS, true, false, false, Cluster>(a, threads, dev, stream, slots, resident);
 }
 
 /* The pack count and block size of the row's plan (cuda/norm.h: 2 packs up to 8192 columns). */
 template <typename T, typename W>
-cudaError_t launch_ring(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream, int64_t *blocks) {
+cudaError_t launch_ring(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream, int64_t *slots) {
     const int64_t packs_row = a->cols / 8;
     const int threads = tk_norm_bwd_ring_threads(packs_row);
     if (tk_norm_bwd_ring_packs(packs_row) == 2)
-        return launch_ring_packs<T, W, 2>(a, threads, dev, stream, blocks);
-    return launch_ring_packs<T, W, TK_NORM_BWD_RING_MAX_PACKS>(a, threads, dev, stream, blocks);
+        return launch_ring_packs<T, W, 2, false>(a, threads, dev, stream, slots, nullptr);
+    return launch_ring_packs<T, W, TK_NORM_BWD_RING_MAX_PACKS, false>(a, threads, dev, stream, slots, nullptr);
 }
 
-/* Stage 1 (dx and the partials), then stage 2 (dw / db). 16-bit rows in packs whose group is a
- * whole block (more than 512 columns, at most 16384) take the ring kernel; the rest the rows
- * kernel. */
+enum bwd_kernel { ROWS, CLUSTER, WIDE };
+
+/* Stage 1 (dx and the partials), then stage 2 (dw / db). "rows": 16-bit rows in packs whose group
+ * is a whole block (more than 512 columns, at most 16384) take the ring kernel, the rest the rows
+ * kernel. "cluster" (16-byte packs): the ring kernel in cluster mode; with `resident`, only the
+ * count of clusters that fit. */
 template <typename T, typename W, int VEC>
-cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch(const tk_norm_call *a, bwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                   int *resident) {
     int64_t blocks, groups;
     cudaError_t err;
-    if (wide) {
+    if constexpr (VEC > 1) {
+        if (which == CLUSTER) {
+            const int threads = tk_norm_bwd_cluster_threads(a->cols / VEC);
+            if ((err = launch_ring_packs<T, W, TK_NORM_BWD_RING_MAX_PACKS, true>(a, threads, dev, stream, &blocks,
+                                                                                 resident)) != cudaSuccess ||
+                resident)
+                return err;
+            return launch_reduce<W>(a, blocks, dev, stream);
+        }
+    }
+    if (which == WIDE) {
         constexpr auto kernel = norm_bwd_wide<T, W, VEC>;
         if ((err = grid_for<kernel>(a, dev, WIDE_THREADS, 1, 0, &blocks)) != cudaSuccess ||
             (err = tk_launch(kernel, (unsigned)blocks, WIDE_THREADS, 0, stream, *a)) != cudaSuccess)
@@ -822,36 +1068,47 @@ cudaError_t launch(const tk_norm_call *a, bool wide, const tk_device *dev, cudaS
 }
 
 template <typename T, int VEC>
-cudaError_t launch_weight(const tk_norm_call *a, bool wide, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch_weight(const tk_norm_call *a, bwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                          int *resident) {
     if (a->weight_dtype == TK_F32)
-        return launch<T, float, VEC>(a, wide, dev, stream);
-    return launch<T, T, VEC>(a, wide, dev, stream);
+        return launch<T, float, VEC>(a, which, dev, stream, resident);
+    return launch<T, T, VEC>(a, which, dev, stream, resident);
 }
 
-/* 16-byte packs (vec) or elements; the rows kernel or the wide one. */
-cudaError_t launch_variant(const void *call, bool vec, bool wide, const tk_device *dev, cudaStream_t stream) {
+/* 16-byte packs (vec) or elements; the rows, cluster or wide kernel. */
+cudaError_t launch_variant(const void *call, bool vec, bwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                           int *resident = nullptr) {
     const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, wide, dev, stream)
-                   : launch_weight<T, 1>(a, wide, dev, stream);
+        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, which, dev, stream, resident)
+                   : launch_weight<T, 1>(a, which, dev, stream, resident);
     });
 }
 
 } // namespace
 
 extern "C" cudaError_t tk_launch_norm_bwd_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, true, false, dev, stream);
+    return launch_variant(call, true, ROWS, dev, stream);
+}
+
+extern "C" cudaError_t tk_launch_norm_bwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
+    return launch_variant(call, true, CLUSTER, dev, stream);
+}
+
+extern "C" bool tk_norm_bwd_cluster_resident(const void *call, const tk_device *dev) {
+    int resident = 0;
+    return launch_variant(call, true, CLUSTER, dev, nullptr, &resident) == cudaSuccess && resident > 0;
 }
 
 extern "C" cudaError_t tk_launch_norm_bwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, false, false, dev, stream);
+    return launch_variant(call, false, ROWS, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_norm_bwd_wide_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, true, true, dev, stream);
+    return launch_variant(call, true, WIDE, dev, stream);
 }
 
 extern "C" cudaError_t tk_launch_norm_bwd_wide_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {
-    return launch_variant(call, false, true, dev, stream);
+    return launch_variant(call, false, WIDE, dev, stream);
 }

@@ -111,7 +111,7 @@ __device__ __forceinline__ float group_sum(float v, int group, float (*scratch)[
  * 32 KB slice and ~0.3 KB of statics take 6 blocks per SM (3 with the residual's 64 KB), so
  * the registers are capped for 6: 65536 / (6 x 128) -> 80 a thread. */
 constexpr int CLUSTER_THREADS = 128;
-constexpr int CLUSTER_SLICE_PACKS = TK_NORM_ROWS_MAX_THREADS * TK_NORM_FWD_PACKS;
+constexpr int CLUSTER_SLICE_PACKS = TK_NORM_CLUSTER_SLICE_PACKS;
 constexpr int CLUSTER_MIN_BLOCKS = 6;
 static_assert(CLUSTER_SLICE_PACKS % CLUSTER_THREADS == 0, "whole packs per thread");
 static_assert(TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32 <= 32, "a lane per exchanged slot");
@@ -121,7 +121,7 @@ static_assert(TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32 <= 32, "a lane p
  * reduction of the row (a block takes one row: at most two reductions, LayerNorm's), the
  * barriers on which they land, and the barrier of the slice's bulk copies. */
 struct cluster_shared_state {
-    float sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32];
+    tk_pack<float, 1> sums[2][TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32];
     uint64_t landed[2]; /* landed[k] completes its phase 0 when all of sums[k] has arrived */
     uint64_t loaded;    /* completes its phase 0 when the slice (and the residual's) is in */
 };
@@ -132,27 +132,16 @@ __device__ __forceinline__ cluster_shared_state &cluster_shared() {
 }
 
 /* Sum over the blocks of the cluster that holds the row, returned to all of them; reduction k
- * (0, or 1 for LayerNorm's second) of the block's row. Every warp sends its sum with st.async
- * into slot rank * warps + warp of every block, where its 4 bytes complete on that block's
- * barrier of reduction k (armed by the block's thread 0 with the bytes of all the slots; a slot
- * may land before the arming: the count of bytes still to land goes negative for a while); each
- * warp waits on its own block's barrier and adds all the slots in one fixed order: every block
- * gets the same bits. Unlike the release of a cluster barrier, a send does not wait for the
- * thread's earlier global stores (the residual's), and only the receiver waits, for one one-way
- * trip. Each buffer and barrier is used once. No cluster barrier at the end: a block's last wait
- * returns only once everything sent to it has landed, and nothing is sent after it. */
+ * (0, or 1 for LayerNorm's second) of the block's row, through buffer and barrier k, each used
+ * once (norm_cluster_sum, norm.cuh). No cluster barrier at the end: a block's last wait returns
+ * only once everything sent to it has landed, and nothing is sent after it. */
 __device__ __forceinline__ float cluster_sum(float v, int k) {
-    v = tk_warp_sum(v);
     cluster_shared_state &st = cluster_shared();
-    const int lane = threadIdx.x & 31, warps = CLUSTER_THREADS / 32, blocks = (int)__clusterSizeInBlocks();
-    const uint32_t landed = tk_smem_address(&st.landed[k]);
-    if (threadIdx.x == 0)
-        tk_mbarrier_arrive_expect_tx(landed, (uint32_t)(blocks * warps * sizeof(float)));
-    if (lane < blocks)
-        tk_cluster_send_f32(tk_smem_address(&st.sums[k][(int)__clusterRelativeBlockRank() * warps + (threadIdx.x >> 5)]),
-                            landed, lane, v);
-    tk_mbarrier_wait(landed, 0);
-    return tk_warp_sum(lane < blocks * warps ? st.sums[k][lane] : 0.0f);
+    float sums[1] = {v};
+    norm_cluster_sum<1, TK_NORM_CLUSTER_MAX_BLOCKS * CLUSTER_THREADS / 32>(sums, st.sums[k],
+                                                                         tk_smem_address(&st.landed[k]), 0,
+                                                                         CLUSTER_THREADS / 32);
+    return sums[0];
 }
 #endif
 
@@ -632,15 +621,26 @@ cudaError_t launch_whole_or_not(const tk_norm_call *a, bool whole, dim3 grid, no
 
 /* The cluster kernel of one op: a grid of one cluster per row (the host checked that rows x
  * blocks fits the grid), each block with its slice (and the residual's) as dynamic shared
- * memory, opted in once for the largest (2 x 32 KB). */
+ * memory, opted in once for the largest (2 x 32 KB).
+ * With `resident`, nothing is launched: *resident is how many clusters of this shape the device
+ * holds at once with the largest slices (tk_clusters_resident), which the variant's supports
+ * asks, since a part with few SMs per GPC (a MIG slice) may hold none, where the launch would
+ * fail; any smaller slice fits where the largest does. */
 template <typename T, typename W, bool LayerNorm, bool Residual>
 cudaError_t launch_cluster_op(const tk_norm_call *a, const tk_device *dev, int blocks_per_row, int slice_packs,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, int *resident) {
     constexpr auto kernel = norm_fwd_cluster<T, W, LayerNorm, Residual>;
     constexpr int tensors = Residual ? 2 : 1;
-    cudaError_t err = tk_opt_in_smem<kernel>(dev, tensors * CLUSTER_SLICE_PACKS * 16);
+    constexpr size_t largest_smem = (size_t)tensors * CLUSTER_SLICE_PACKS * 16;
+    cudaError_t err = tk_opt_in_smem<kernel>(dev, (int)largest_smem);
     if (err != cudaSuccess)
         return err;
+    if (resident) {
+        static tk_device_cache<TK_NORM_CLUSTER_MAX_BLOCKS - 1> cache; /* slot blocks_per_row - 2 */
+        return tk_clusters_resident<kernel>(dev, cache, blocks_per_row - 2,
+                                            tk_launch_config(dim3(), CLUSTER_THREADS, largest_smem, nullptr),
+                                            blocks_per_row, resident);
+    }
     cudaLaunchAttribute cluster = tk_cluster_attribute(blocks_per_row);
     const cudaLaunchConfig_t cfg = tk_launch_config(dim3((unsigned)(a->rows * blocks_per_row)), CLUSTER_THREADS,
                                                     (size_t)tensors * slice_packs * 16, stream, &cluster, 1);
@@ -651,21 +651,23 @@ cudaError_t launch_cluster_op(const tk_norm_call *a, const tk_device *dev, int b
  * the host checked), as even as whole packs allow: a 65536-wide bf16 row is 4 slices of 2048
  * packs, 40000 f32 5 of 2000, 65544 bf16 (8193 packs) 5 of 1639, the last 1637. */
 template <typename T, typename W>
-cudaError_t launch_cluster(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch_cluster(const tk_norm_call *a, const tk_device *dev, cudaStream_t stream, int *resident) {
     const int64_t packs_row = a->cols / (16 / (int64_t)sizeof(T));
     const int blocks_per_row = (int)((packs_row + CLUSTER_SLICE_PACKS - 1) / CLUSTER_SLICE_PACKS);
     const int slice_packs = (int)((packs_row + blocks_per_row - 1) / blocks_per_row);
+    const int b = blocks_per_row, s = slice_packs;
     if (a->layernorm)
-        return a->residual ? launch_cluster_op<T, W, true, true>(a, dev, blocks_per_row, slice_packs, stream)
-                           : launch_cluster_op<T, W, true, false>(a, dev, blocks_per_row, slice_packs, stream);
-    return a->residual ? launch_cluster_op<T, W, false, true>(a, dev, blocks_per_row, slice_packs, stream)
-                       : launch_cluster_op<T, W, false, false>(a, dev, blocks_per_row, slice_packs, stream);
+        return a->residual ? launch_cluster_op<T, W, true, true>(a, dev, b, s, stream, resident)
+                           : launch_cluster_op<T, W, true, false>(a, dev, b, s, stream, resident);
+    return a->residual ? launch_cluster_op<T, W, false, true>(a, dev, b, s, stream, resident)
+                       : launch_cluster_op<T, W, false, false>(a, dev, b, s, stream, resident);
 }
 
 enum fwd_kernel { ROWS, CLUSTER, WIDE };
 
 template <typename T, typename W, int VEC>
-cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                   int *resident) {
     if (which == WIDE) {
         constexpr auto kernel = norm_fwd_wide<T, W, VEC>;
         int64_t wave;
@@ -676,7 +678,7 @@ cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev
     }
     if constexpr (VEC > 1) {
         if (which == CLUSTER)
-            return launch_cluster<T, W>(a, dev, stream);
+            return launch_cluster<T, W>(a, dev, stream, resident);
     }
     constexpr int packs = fwd_packs<VEC>(), small = rows_small_threads<T, VEC>(), big = TK_NORM_ROWS_MAX_THREADS;
     const int64_t packs_row = a->cols / VEC;
@@ -700,19 +702,22 @@ cudaError_t launch(const tk_norm_call *a, fwd_kernel which, const tk_device *dev
 }
 
 template <typename T, int VEC>
-cudaError_t launch_weight(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
+cudaError_t launch_weight(const tk_norm_call *a, fwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                          int *resident) {
     if (a->weight_dtype == TK_F32)
-        return launch<T, float, VEC>(a, which, dev, stream);
-    return launch<T, T, VEC>(a, which, dev, stream);
+        return launch<T, float, VEC>(a, which, dev, stream, resident);
+    return launch<T, T, VEC>(a, which, dev, stream, resident);
 }
 
-/* 16-byte packs (vec) or elements; the rows kernel (on one block or a cluster) or the wide one. */
-cudaError_t launch_variant(const void *call, bool vec, fwd_kernel which, const tk_device *dev, cudaStream_t stream) {
+/* 16-byte packs (vec) or elements; the rows kernel (on one block or a cluster) or the wide one.
+ * With `resident` (the cluster kernel only), the residency query of launch_cluster_op. */
+cudaError_t launch_variant(const void *call, bool vec, fwd_kernel which, const tk_device *dev, cudaStream_t stream,
+                           int *resident = nullptr) {
     const tk_norm_call *a = static_cast<const tk_norm_call *>(call);
     return tk_dispatch_dtype(a->dtype, [&](auto type) {
         using T = typename decltype(type)::type;
-        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, which, dev, stream)
-                   : launch_weight<T, 1>(a, which, dev, stream);
+        return vec ? launch_weight<T, tk_pack_width<T>(true)>(a, which, dev, stream, resident)
+                   : launch_weight<T, 1>(a, which, dev, stream, resident);
     });
 }
 
@@ -724,6 +729,11 @@ extern "C" cudaError_t tk_launch_norm_fwd_vec16(const void *call, const tk_devic
 
 extern "C" cudaError_t tk_launch_norm_fwd_cluster_vec16(const void *call, const tk_device *dev, cudaStream_t stream) {
     return launch_variant(call, true, CLUSTER, dev, stream);
+}
+
+extern "C" bool tk_norm_fwd_cluster_resident(const void *call, const tk_device *dev) {
+    int resident = 0;
+    return launch_variant(call, true, CLUSTER, dev, nullptr, &resident) == cudaSuccess && resident > 0;
 }
 
 extern "C" cudaError_t tk_launch_norm_fwd_scalar(const void *call, const tk_device *dev, cudaStream_t stream) {

@@ -951,30 +951,12 @@ int pipelined_blocks(const tk_softmax_call *a, int elem_bytes) {
     return blocks;
 }
 
-/* Clusters of `blocks` (2 to 16) that are resident on the device at once, 0 for none, per
- * instantiation, device and cluster size (the occupancy query is host work that a launch need
- * not repeat; the cache holds the count + 1, so that 0 is kept too). A query the device refuses
- * counts as none, and its error is taken back from the runtime's last error, which it would
- * otherwise leave set for the caller of a call that then runs on another variant. */
+/* Clusters of `blocks` (2 to 16) resident on the device at once, 0 for none
+ * (tk_clusters_resident), cached per instantiation, device and cluster size. */
 template <auto Kernel>
 cudaError_t clusters_that_fit(const tk_device *dev, const cudaLaunchConfig_t &cfg, int blocks, int *clusters) {
     static tk_device_cache<PIPE_MAX_BLOCKS - 1> cache; /* slot blocks - 2 */
-    int count_plus_one = 1; /* a failed query: none */
-    const cudaError_t err = cache.get(dev, blocks - 2, &count_plus_one, [&](int *v) {
-        cudaLaunchAttribute attr = tk_cluster_attribute(blocks);
-        cudaLaunchConfig_t query = cfg;
-        query.attrs = &attr, query.numAttrs = 1;
-        query.gridDim = dim3((unsigned)blocks);
-        int fit = 0;
-        if (cudaOccupancyMaxActiveClusters(&fit, Kernel, &query) != cudaSuccess) {
-            (void)cudaGetLastError();
-            fit = 0;
-        }
-        *v = fit + 1;
-        return cudaSuccess;
-    });
-    *clusters = count_plus_one - 1;
-    return err;
+    return tk_clusters_resident<Kernel>(dev, cache, blocks - 2, cfg, blocks, clusters);
 }
 
 /* Few rows (a decode step's sampling distribution over a vocabulary) on the L2 budget's blocks

@@ -131,7 +131,7 @@ TK_API const char *tk_last_variant(void);
  * families), "activation_bwd", "glu_bwd", "norm_bwd", "softmax_bwd" and "rope_bwd" (their *_bwd
  * calls), "attention", "attention_bwd", "attention_kvcache" and "gemm". Forward and backward are
  * forced separately: forcing "norm" leaves tk_rmsnorm_bwd's choice alone, and a forward-only
- * variant ("cluster_vec16") is not a variant of "norm_bwd". A forced variant that cannot run a call makes that call fail with
+ * variant ("mma_sm80_packed") is not a variant of "attention_bwd". A forced variant that cannot run a call makes that call fail with
  * TK_ERROR_NOT_SUPPORTED instead of falling back. The environment variable
  * TKERN_FORCE_VARIANT="op=variant[,op=variant...]", read once at first use, does the same for
  * every thread; `variant` NULL also undoes it for the calling thread. An unknown op or variant

@@ -4,7 +4,7 @@
  *
  * Variants of op "norm" (forward) and of op "norm_bwd" (backward), best first: "vec16" (16-byte
  * packs, row in registers; the backward's 16-bit rows of a whole block staged in shared memory),
- * "cluster_vec16" (forward only, sm_90: wider rows in the shared memory of a thread-block cluster),
+ * "cluster_vec16" (sm_90: wider rows in the shared memory of a thread-block cluster),
  * "wide_vec16" (16-byte packs, any width), "scalar" (any element alignment, row in registers),
  * "wide_scalar" (anything). The "rows" kernels hold rows up to tk_norm_rows_fit's limit
  * (cuda/norm.h), which differs by direction.
@@ -52,13 +52,23 @@ static bool norm_bwd_vec16_supports(tk_call_args call, const tk_device *dev) {
 }
 
 /* Rows the forward rows kernel cannot hold on one block but a cluster can; one cluster per row,
- * so rows x blocks must fit the grid (2^31 - 1 blocks: far past any tensor of such rows). */
+ * so rows x blocks must fit the grid (2^31 - 1 blocks: far past any tensor of such rows); and
+ * the device holds such a cluster (a MIG slice may not: the wide kernel takes the call). */
 static bool norm_cluster_vec16_supports(tk_call_args call, const tk_device *dev) {
-    (void)dev;
     const tk_norm_call *a = call;
     return norm_aligned16(a) && !tk_norm_rows_fit(a->cols, pack_elems(a->dtype), false) &&
            tk_norm_cluster_fit(a->cols, pack_elems(a->dtype)) &&
-           a->rows <= INT32_MAX / TK_NORM_CLUSTER_MAX_BLOCKS;
+           a->rows <= INT32_MAX / TK_NORM_CLUSTER_MAX_BLOCKS && tk_norm_fwd_cluster_resident(a, dev);
+}
+
+/* Backward rows past the ring / rows kernels' reach, up to 8 slices, whose block's shared memory
+ * the device holds (tk_norm_bwd_cluster_fit) and of whose clusters it holds at least one (the
+ * occupancy query: a device's partition may hold none). The grid is persistent (one cluster per
+ * resident cluster, at most one per row), so any row count fits it. */
+static bool norm_bwd_cluster_vec16_supports(tk_call_args call, const tk_device *dev) {
+    const tk_norm_call *a = call;
+    return norm_aligned16(a) && tk_norm_bwd_cluster_fit(a->cols, pack_elems(a->dtype), dev->max_smem_optin) &&
+           tk_norm_bwd_cluster_resident(a, dev);
 }
 
 static bool norm_wide_vec16_supports(tk_call_args call, const tk_device *dev) {
@@ -89,6 +99,7 @@ const tk_op tk_op_norm = {"norm", norm_variants, TK_VARIANT_COUNT(norm_variants)
 
 static const tk_variant norm_bwd_variants[] = {
     {"vec16", TK_CC_AMPERE, false, norm_bwd_vec16_supports, tk_launch_norm_bwd_vec16, NULL},
+    {"cluster_vec16", TK_CC_HOPPER, false, norm_bwd_cluster_vec16_supports, tk_launch_norm_bwd_cluster_vec16, NULL},
     {"wide_vec16", TK_CC_AMPERE, false, norm_wide_vec16_supports, tk_launch_norm_bwd_wide_vec16, NULL},
     {"scalar", TK_CC_AMPERE, false, norm_bwd_scalar_supports, tk_launch_norm_bwd_scalar, NULL},
     {"wide_scalar", TK_CC_AMPERE, false, NULL, tk_launch_norm_bwd_wide_scalar, NULL},

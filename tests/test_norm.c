@@ -9,9 +9,9 @@
 #include "support/tk_test.h"
 #include "ref/norm_ref.h"
 
-/* Each direction's variants; "cluster_vec16" is forward only. */
+/* Each direction's variants (the same names both ways). */
 static const char *const FWD_VARIANTS[] = {"vec16", "cluster_vec16", "wide_vec16", "scalar", "wide_scalar"};
-static const char *const BWD_VARIANTS[] = {"vec16", "wide_vec16", "scalar", "wide_scalar"};
+static const char *const BWD_VARIANTS[] = {"vec16", "cluster_vec16", "wide_vec16", "scalar", "wide_scalar"};
 #define FWD_VARIANT_COUNT (sizeof FWD_VARIANTS / sizeof FWD_VARIANTS[0])
 #define BWD_VARIANT_COUNT (sizeof BWD_VARIANTS / sizeof BWD_VARIANTS[0])
 static const struct { tk_dtype dtype, weight_dtype; } DTYPES[] = {
@@ -185,8 +185,6 @@ Test(norm_args, force_variant_names) {
         TK_EXPECT_STATUS(tk_experimental_force_variant("norm", FWD_VARIANTS[v]), TK_SUCCESS, "");
     for (size_t v = 0; v < BWD_VARIANT_COUNT; v++)
         TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", BWD_VARIANTS[v]), TK_SUCCESS, "");
-    TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", "cluster_vec16"), TK_ERROR_INVALID_VALUE,
-                     "\"cluster_vec16\" is not a variant of \"norm_bwd\"");
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm_bwd", NULL), TK_SUCCESS, "");
     TK_EXPECT_STATUS(tk_experimental_force_variant("norm", "fast"), TK_ERROR_INVALID_VALUE, "\"wide_scalar\"");
@@ -253,6 +251,19 @@ static bool bwd_ring_fits(int64_t cols) {
     return threads * 384 + 256 <= info.max_smem_per_block;
 }
 
+/* Whether this device holds the backward cluster kernel's block for a row of `cols` elements of
+ * `es` bytes (past the ring / rows kernels' reach, within 8 slices of 2048 16-byte packs): the
+ * slices as even as whole packs allow, a thread per 4 packs rounded up to a warp, 384 bytes a
+ * thread for 16-bit rows and 320 for f32 (the 2-stage ring of x and dy, and w' as f32), plus 2304
+ * bytes of static shared memory: a 32 KB slice takes 192 / 160 KB (H100 / H200: every such row). */
+static bool bwd_cluster_fits(int64_t cols, int64_t es) {
+    tk_device_info info = TK_DEVICE_INFO_INIT;
+    cr_assert_eq(tk_device_query(&info), TK_SUCCESS, "%s", tk_last_error());
+    const int64_t packs = cols * es / 16, blocks = (packs + 2047) / 2048, slice = (packs + blocks - 1) / blocks;
+    const int64_t threads = ((slice + 3) / 4 + 31) / 32 * 32;
+    return threads * (256 + 4 * (16 / es) * 4) + 2304 <= info.max_smem_per_block;
+}
+
 /* Whether `variant` claims the case (the documented rule; cross-checked against the library). */
 static bool variant_claims(const norm_case *c, const char *variant) {
     const int64_t es = (int64_t)tk_test_dtype_size(c->dtype);
@@ -260,13 +271,17 @@ static bool variant_claims(const norm_case *c, const char *variant) {
                          ((c->cols + c->r_pad) * es) % 16 == 0 && ((c->cols + c->y_pad) * es) % 16 == 0;
     /* 16-bit rows of up to 16384 elements (forward on one block, 32 KB; backward on the ring
      * kernel where the device's shared memory holds it); the rest 8192 forward and backward;
-     * scalars 4096 both ways. A cluster: 8 blocks (the portable size) forward. */
+     * scalars 4096 both ways. A cluster: 8 blocks (the portable size), backward where the
+     * device's shared memory holds the block; the device is taken to hold at least one such
+     * cluster (every whole H100 / H200 does; a small MIG slice may not, and there the library
+     * declines the variant while these expectations do not). */
     const int64_t vec_limit = es == 2 ? 16384 : 8192, scalar_limit = 4096;
     const int64_t cluster_limit = 8 * vec_limit;
     if (!strcmp(variant, "vec16"))
         return aligned && c->cols <= vec_limit && (!c->backward || es != 2 || bwd_ring_fits(c->cols));
     if (!strcmp(variant, "cluster_vec16"))
-        return !c->backward && aligned && c->cols > vec_limit && c->cols <= cluster_limit && clusters_run_here();
+        return aligned && c->cols > vec_limit && c->cols <= cluster_limit && clusters_run_here() &&
+               (!c->backward || bwd_cluster_fits(c->cols, es));
     if (!strcmp(variant, "wide_vec16"))
         return aligned;
     if (!strcmp(variant, "scalar"))
@@ -589,6 +604,10 @@ static const struct {
     {3, 114680, 8, 0, 16, 0, true, true, true, false, true, false},
     {400, 16392, 8, 16, 24, 0, true, true, true, false, true, false},
     {3, 65544, 8, 0, 8, 0, true, true, true, true, true, false},
+    /* A wide row one element off 16-byte alignment: the forced cluster_vec16 (both directions)
+     * must decline it (as must vec16, wide_vec16 and, at 40000 > 4096, scalar): wide_scalar
+     * takes it. */
+    {2, 40000, 0, 0, 0, 1, false, true, true, false, true, false},
     /* The backward's ring kernel at 4 packs per thread (16-bit rows of 8193 to 16384), w' in
      * shared memory, with more rows than a wave of blocks (on an H100 / H200) and a row count
      * that the grid does not divide, so that some blocks take one row fewer than others (both
@@ -702,11 +721,14 @@ Test(norm_gpu, automatic_choice) {
     const char *wide_fwd = clusters_run_here() ? "cluster_vec16" : "wide_vec16";
     const char *ring_8200 = bwd_ring_fits(8200) ? "vec16" : "wide_vec16";
     const char *ring_16384 = bwd_ring_fits(16384) ? "vec16" : "wide_vec16";
+    const bool bwd_clusters = clusters_run_here() && bwd_cluster_fits(65536, 2) && bwd_cluster_fits(16392, 2);
+    const char *wide_bwd = bwd_clusters ? "cluster_vec16" : "wide_vec16";
     const struct { int64_t rows, cols; int offset; bool backward; const char *expect; } cases[] = {
         {64, 4096, 0, false, "vec16"},       {64, 4096, 0, true, "vec16"},
         {4, 16384, 0, false, "vec16"},       {4, 16384, 0, true, ring_16384},
         {4, 8192, 0, true, "vec16"},         {4, 8200, 0, true, ring_8200},
-        {4, 16392, 0, true, "wide_vec16"},   {2, 65536, 0, true, "wide_vec16"},
+        {4, 16392, 0, true, wide_bwd},       {2, 65536, 0, true, wide_bwd},
+        {2, 131080, 0, true, "wide_vec16"},
         {4, 16392, 0, false, wide_fwd},      {2, 131080, 0, false, "wide_vec16"},
         {8, 4000, 1, false, "scalar"},       {8, 4000, 1, true, "scalar"},
         {3, 4097, 0, false, "wide_scalar"},  {3, 4097, 0, true, "wide_scalar"},
@@ -719,6 +741,40 @@ Test(norm_gpu, automatic_choice) {
         else
             run_fwd_case(&c, &rng);
     }
+}
+
+/* The backward cluster kernel, forced, on rows in several waves of clusters (a cluster takes
+ * rows c, c + clusters, ..., so both stages of its ring are refilled and both exchange buffers
+ * reused, and the row count is not a multiple of the clusters: some take a row fewer), with each
+ * cluster's dw / db partials kept across its rows: 16-bit rows on 2 uneven slices (16392), 3
+ * (40000, strided, gemma, f16 with f32 w), 4 (65536, the benchmark's width) and 8 (131072,
+ * gemma without dw, dx over dy); f32 rows on 2 (8200: 1025 packs a slice on 288 threads, so the
+ * last threads' fourth slots lie past the slice and stay zero), 5 (40000) and 8 (65536).
+ * RMSNorm and LayerNorm each; run_bwd_case checks against the fp64 reference and runs twice for
+ * the same bits. */
+Test(norm_gpu, backward_cluster_rows_in_waves, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(36);
+    const struct {
+        tk_dtype dtype, weight_dtype;
+        int64_t rows, cols, pad;
+        bool weight, db, gemma, dw, in_place;
+    } cases[] = {
+        {TK_BF16, TK_BF16, 301, 16392, 0, true, true, false, true, false},
+        {TK_F16, TK_F32, 203, 40000, 8, true, true, true, true, false},
+        {TK_BF16, TK_F32, 151, 65536, 0, true, true, false, true, false},
+        {TK_BF16, TK_BF16, 67, 131072, 0, true, false, true, false, true},
+        {TK_F32, TK_F32, 205, 8200, 4, true, true, false, true, false},
+        {TK_F32, TK_F32, 101, 40000, 0, false, true, true, true, false},
+        {TK_F32, TK_F32, 37, 65536, 0, true, true, false, true, false},
+    };
+    for (int layernorm = 0; layernorm < 2; layernorm++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            norm_case c = {layernorm, true, cases[i].dtype, cases[i].weight_dtype, cases[i].rows, cases[i].cols,
+                           cases[i].pad, 0, cases[i].pad, 0, false, cases[i].weight, cases[i].db, cases[i].gemma,
+                           cases[i].dw, cases[i].in_place, "cluster_vec16", NULL};
+            run_bwd_case(&c, &rng);
+        }
 }
 
 /* A few hundred MB through the fully checked path: the benchmark shapes. */
@@ -744,6 +800,18 @@ Test(norm_gpu, large_tensors, .timeout = 600) {
     };
     for (size_t i = 0; i < sizeof wide_bwd / sizeof wide_bwd[0]; i++)
         run_bwd_case(&wide_bwd[i], &rng);
+    /* The benchmark's widest backward rows, automatic choice: 1024 x 65536 bf16 on the backward
+     * cluster kernel where it runs (sm_90: 4 slices of 32 KB), RMSNorm with dw and LayerNorm (f32
+     * w) with dw and db. */
+    const char *cluster_bwd = clusters_run_here() && bwd_cluster_fits(65536, 2) ? "cluster_vec16" : "wide_vec16";
+    const norm_case widest_bwd[] = {
+        {false, true, TK_BF16, TK_BF16, 1024, 65536, 0, 0, 0, 0, false, true, false, false, true, false, NULL,
+         cluster_bwd},
+        {true, true, TK_BF16, TK_F32, 1024, 65536, 0, 0, 0, 0, false, true, true, false, true, false, NULL,
+         cluster_bwd},
+    };
+    for (size_t i = 0; i < sizeof widest_bwd / sizeof widest_bwd[0]; i++)
+        run_bwd_case(&widest_bwd[i], &rng);
     /* The benchmark's wide rows (one cluster per row, many waves of clusters), automatic choice:
      * RMSNorm, add+RMSNorm and LayerNorm bf16 1024 x 65536, both ops f32 4096 x 16384, and the
      * widest 16-bit rows (8 slices) with f16 and f32 weights, the residual, gemma, 64 rows. */
@@ -813,8 +881,6 @@ Test(norm_gpu, in_place_matches_out_of_place, .timeout = 600) {
                     for (int mode = 0; mode < 4; mode++) { /* y = x; y = x with residual; dx = dy; dx = x */
                         const char *variant = FWD_VARIANTS[v];
                         const bool backward = mode >= 2;
-                        if (backward && !strcmp(variant, "cluster_vec16"))
-                            continue;
                         tk_norm_params p = norm_params(DTYPES[d].dtype, DTYPES[d].weight_dtype, shapes[s][0], shapes[s][1]);
                         norm_inputs in = norm_inputs_random(&rng, &p);
                         const size_t bytes = in.bytes[IN_X], pbytes = in.bytes[IN_WEIGHT], stat_bytes = (size_t)p.rows * 4;

@@ -156,7 +156,8 @@ Test(force_variant_env, unknown_backward_variant_fails_loudly) {
 }
 
 Test(force_variant_env, forward_only_variant_of_a_backward_op_fails_loudly) {
-    expect_env_rejected("norm=cluster_vec16,norm_bwd=cluster_vec16", "\"cluster_vec16\" of \"norm_bwd\"");
+    expect_env_rejected("attention=mma_sm80_packed,attention_bwd=mma_sm80_packed",
+                        "\"mma_sm80_packed\" of \"attention_bwd\"");
 }
 
 Test(force_variant_env, unknown_op_fails_loudly) {

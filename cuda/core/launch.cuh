@@ -5,7 +5,9 @@
  *
  * Every helper returns the CUDA error of its own runtime call and none reads the thread's last
  * error: that would also return, and clear, an earlier unrelated error of the caller's (a failed
- * cudaMalloc is not sticky), failing a launch that ran and losing the caller's error.
+ * cudaMalloc is not sticky), failing a launch that ran and losing the caller's error. The
+ * exception is tk_clusters_resident: a query the device refuses has already replaced such an
+ * error, and the helper clears its own.
  */
 #ifndef TK_CORE_LAUNCH_CUH
 #define TK_CORE_LAUNCH_CUH
@@ -187,6 +189,33 @@ template <auto Kernel> cudaError_t tk_max_cluster_blocks(const tk_device *dev, c
         *v = size > 1 ? size : 1;
         return err;
     });
+}
+
+/* Clusters of `blocks` blocks of Kernel (cfg's block size and dynamic shared memory) that are
+ * resident on the device at once, 0 for none: the occupancy query, host work that a launch need
+ * not repeat, kept in slot `slot` of the caller's cache (one cache per instantiation, a slot per
+ * cluster and block size it queries; the cache holds the count + 1, so that 0 is kept too). A
+ * query the device refuses counts as none, and its error is taken back from the runtime's last
+ * error, which it would otherwise leave set for the caller of a call that then runs on another
+ * variant. */
+template <auto Kernel, int Slots>
+cudaError_t tk_clusters_resident(const tk_device *dev, tk_device_cache<Slots> &cache, int slot, cudaLaunchConfig_t cfg,
+                                 int blocks, int *clusters) {
+    int count_plus_one = 1; /* a failed query: none */
+    const cudaError_t err = cache.get(dev, slot, &count_plus_one, [&](int *v) {
+        cudaLaunchAttribute attr = tk_cluster_attribute(blocks);
+        cfg.attrs = &attr, cfg.numAttrs = 1;
+        cfg.gridDim = dim3((unsigned)blocks);
+        int fit = 0;
+        if (cudaOccupancyMaxActiveClusters(&fit, Kernel, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            fit = 0;
+        }
+        *v = fit + 1;
+        return cudaSuccess;
+    });
+    *clusters = count_plus_one - 1;
+    return err;
 }
 
 /* ---- launch shape ---- */
