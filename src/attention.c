@@ -37,15 +37,11 @@
  * table, Q and first K/V loads; the end: the last P V and the O store) weigh most. That is a
  * window bounded on both sides (causal is window_right 0) of at most PERSISTENT_MAX_WINDOW keys,
  * or a document mask; another mask on top (chunk, a window beside documents) only shortens the
- * band. Measured on an H100 (2026-12-06, tkbench, one build on one machine, TFLOP/s at D128
- * Hq32/Hkv8, B1 S16384 unless named, automatic "wgmma_sm90" against this variant forced):
- * window 1024 (right 0) 517.9 against 573.0 (1.11x), documents 16 x 1024 391.5 / 392.8 against
- * 447.8 / 442.1 (1.14x), window 4096 689.0 against 695.1 (even). Long bands tie or lose, so
- * they stay on "wgmma_sm90": causal 739.2 against 693.1 (0.94x), prefix-LM 1024 708-737 against
- * 681, chunk 8192 707 against 698, dense and causal B4 S4096 720.2 / 658.8 against 718.9 /
- * 666.8. The device does not enter: the variant runs only on cc 9.0. Document masks are taken
- * whatever their lengths (the ids are on the device), so one long document runs here at down
- * to causal's 0.94x. */
+ * band. Long bands tie or lose on it, so they stay on "wgmma_sm90"; the bound lies between a
+ * measured gain (1024 keys) and a tie (4096): docs/kernels/attention.md, "Which Hopper variant
+ * runs". The device does not enter: the variant runs only on cc 9.0. Document masks are taken
+ * whatever their lengths (the ids are on the device), so one long document runs here at
+ * causal's speed on this kernel, slightly below "wgmma_sm90"'s. */
 static bool persistent_prefers(tk_call_args args, const tk_device *dev) {
     (void)dev;
     const tk_attention_call *c = args;

@@ -553,7 +553,7 @@ const tk_variant *tk_find_variant(const tk_op *op, const tk_device *dev, tk_call
         return variant_fits(&op->variants[forced], dev, call) ? &op->variants[forced] : NULL;
     for (int i = 0; i < op->count; i++) {
         const tk_variant *v = &op->variants[i];
-        if (variant_fits(v, dev, call) && (v->prefers == NULL || v->prefers(call, dev)))
+        if ((v->prefers == NULL || v->prefers(call, dev)) && variant_fits(v, dev, call)) /* the cheap test first */
             return v;
     }
     return NULL;
