@@ -61,7 +61,7 @@
  *   many clusters as are resident (the occupancy query), at most one per row and, with dw / db,
  *   at most the workspace's slots; a cluster takes rows c, c + clusters, ..., and each block keeps
  *   the dw / db partials of its slice's columns in registers across them and leaves them once, in
- *   the cluster's slot, for the same stage 2. A candidate (docs/kernels/norm.md, Cluster mode).
+ *   the cluster's slot, for the same stage 2 (docs/kernels/norm.md, Cluster mode).
  * - "rows" kernel (the rest: f32 packs, scalars, narrow rows): a group of threads holds the
  *   row (norm.cuh), 16 elements per thread for 16-byte packs (2 bf16 / 4 f32 packs) and 8 for
  *   scalars, groups of up to 512 threads (rows up to 8192 / 4096); several narrow groups share
