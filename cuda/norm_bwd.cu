@@ -49,8 +49,8 @@
  *   65536-wide bf16 row on 4), each slice run on the 4-pack plan above (the slice of a block is
  *   at most a 16384-wide 16-bit row: up to 512 threads, 192 KB of shared memory for 16-bit
  *   slices, 160 KB for f32 ones; 1 block of 16 warps per SM), so the row is read from DRAM once,
- *   where the wide kernel reads it twice (the second time mostly from DRAM as well: 0.24x copy at
- *   1024 x 65536 bf16 on an H100). The slice of x and of dy lands in the ring's stage as one bulk
+ *   where the wide kernel reads it twice (the second time mostly from DRAM as well: the card's
+ *   Numbers). The slice of x and of dy lands in the ring's stage as one bulk
  *   copy (cp.async.bulk) each, issued by thread 0 a row ahead, so a block keeps 64 KB of reads in
  *   flight through its whole current row, counted on the stage's mbarrier; thread 0 refills a
  *   stage only after a block barrier that follows every thread's last read of it (the end of the
