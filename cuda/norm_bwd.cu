@@ -453,16 +453,12 @@ template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_clust
 #endif
 }
 
-/* Every thread: a block may send into another's shared memory only once that block runs and has
- * initialised its barriers. Arrive relaxed (the fence published the initialisation) and wait,
- * with the first copies in flight; the wait also publishes the initialisation to this block's
- * threads. */
+/* Every thread, with the first copies in flight: tk_cluster_start. */
 __device__ __forceinline__ void ring_cluster_start() {
 #ifdef NORM_NO_CLUSTERS
     __trap();
 #else
-    __cluster_barrier_arrive_relaxed();
-    __cluster_barrier_wait();
+    tk_cluster_start();
 #endif
 }
 

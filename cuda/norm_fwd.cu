@@ -381,12 +381,7 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, CLUSTER_MIN_BLOCKS)
         if constexpr (Residual)
             tk_bulk_load(tk_smem_address(rs), res_row, bytes, loaded);
     }
-    /* A block may send into another's shared memory only once that block runs and has initialised
-     * its barriers: every thread arrives (relaxed: the fence publishes the initialisation) and
-     * waits, with the copies in flight. The wait also publishes the initialisation to this
-     * block's threads before they wait on `loaded`. */
-    __cluster_barrier_arrive_relaxed();
-    __cluster_barrier_wait();
+    tk_cluster_start(); /* with the copies in flight; publishes `loaded`'s initialisation too */
     tk_mbarrier_wait(loaded, 0);
 
     float first = 0.0f; /* LayerNorm: sum of h; RMSNorm: sum of h^2 */

@@ -783,7 +783,7 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
             tk_mbarrier_init(tk_smem_address(&partials_in[1]), 1);
             tk_fence_mbarrier_init();
         }
-        tk_cluster_sync(); /* barriers initialised, every block of the cluster running */
+        tk_cluster_start(); /* with the first chunk's loads in flight */
     }
     for (int iteration = 0;; iteration++) {
         const pipe_row after = row_at(nxt.row < 0 ? a.rows : nxt.row + clusters);
@@ -884,8 +884,6 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         if (nxt.row >= 0)
             nxt_tail = tail_of(nxt);
     }
-    if constexpr (Cluster)
-        tk_cluster_sync(); /* no block exits while its parts may still be on their way */
 #endif
 }
 

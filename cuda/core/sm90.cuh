@@ -108,7 +108,7 @@ template <int Stages> struct tk_stage_ring {
  * with complete_tx). Then the next phase starts with the same count. */
 
 /* mbarrier.init: one thread, before any use. Follow it with tk_fence_mbarrier_init and a
- * barrier (__syncthreads, or tk_cluster_sync when other blocks use it). */
+ * barrier (__syncthreads, or tk_cluster_start when other blocks use it). */
 __device__ __forceinline__ void tk_mbarrier_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -284,13 +284,16 @@ __device__ __forceinline__ int tk_cluster_blocks() {
     return r;
 }
 
-/* barrier.cluster.arrive.release + wait.acquire: every thread of every block of the cluster
- * arrives and waits for all the others. The release waits for this thread's outstanding
- * writes, global stores included, which makes it slow on a hot path: use it where the cluster
- * must be running or done as a whole (after mbarrier.init, before a block exits while others
- * may still write into its shared memory). */
-__device__ __forceinline__ void tk_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+/* The start of a kernel whose blocks write into each other's shared memory: a block may send
+ * into another only once that block runs and has initialised its barriers. Every thread arrives
+ * relaxed (tk_fence_mbarrier_init already published the initialisation to the cluster) and waits
+ * for all the others; the wait also publishes the initialisation to this block's own threads.
+ * Relaxed, not release: a release arrive waits for this thread's outstanding memory operations
+ * (a MEMBAR.GPU in the SASS), so loads issued before the barrier would have to land first instead
+ * of overlapping its round trip. No barrier is needed at the exit of a kernel whose blocks each
+ * wait, on their own mbarriers, for everything sent to them. */
+__device__ __forceinline__ void tk_cluster_start() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
 
 /* mapa: the shared-state-space address, in the cluster's block `rank`, of the variable at the
