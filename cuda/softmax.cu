@@ -55,8 +55,10 @@
  * the same registers. A row of more than one slice runs on a thread-block cluster whose blocks
  * send each other their parts of the row's statistic with st.async into shared memory, counted
  * on the receiver's mbarrier, which does not wait for the sender's global stores as the release
- * of barrier.cluster does; a row of one slice runs on one block without a cluster. A chunk is
- * held as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what
+ * of barrier.cluster does; a row of one slice runs on one block without a cluster. The
+ * cluster's blocks meet once, at the start, in a relaxed barrier that the first chunk's loads
+ * overlap (tk_cluster_start), and not at the exit: each block has waited on its own mbarrier for
+ * every part sent to it. A chunk is held as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what
  * was tried: docs/kernels/softmax.md.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
