@@ -453,7 +453,8 @@ template <int SUMS> __device__ __forceinline__ void ring_cluster_init(ring_clust
 #endif
 }
 
-/* Every thread, with the first copies in flight: tk_cluster_start. */
+/* Every thread, with the first copies in flight: tk_cluster_start (a trap where clusters do not
+ * compile, so that the kernel body has no #if). */
 __device__ __forceinline__ void ring_cluster_start() {
 #ifdef NORM_NO_CLUSTERS
     __trap();

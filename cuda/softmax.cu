@@ -58,8 +58,8 @@
  * of barrier.cluster does; a row of one slice runs on one block without a cluster. The
  * cluster's blocks meet once, at the start, in a relaxed barrier that the first chunk's loads
  * overlap (tk_cluster_start), and not at the exit: each block has waited on its own mbarrier for
- * every part sent to it. A chunk is held as raw 32-bit words, not as packs of 16-bit elements (pack_words). Measurements and what
- * was tried: docs/kernels/softmax.md.
+ * every part sent to it. A chunk is held as raw 32-bit words, not as packs of 16-bit elements
+ * (pack_words). Measurements and what was tried: docs/kernels/softmax.md.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec

@@ -289,8 +289,8 @@ __device__ __forceinline__ int tk_cluster_blocks() {
  * relaxed (tk_fence_mbarrier_init already published the initialisation to the cluster) and waits
  * for all the others; the wait also publishes the initialisation to this block's own threads.
  * Relaxed, not release: a release arrive waits for this thread's outstanding memory operations
- * (a MEMBAR.GPU in the SASS), so loads issued before the barrier would have to land first instead
- * of overlapping its round trip. No barrier is needed at the exit of a kernel whose blocks each
+ * (MEMBAR.ALL.CTA and MEMBAR.ALL.GPU in the SASS), so loads issued before the barrier would have
+ * to land first instead of overlapping its round trip. No barrier is needed at the exit of a kernel whose blocks each
  * wait, on their own mbarriers, for everything sent to them. */
 __device__ __forceinline__ void tk_cluster_start() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
