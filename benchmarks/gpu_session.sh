@@ -5,8 +5,8 @@
 # Stages, run in the order given:
 #   build     make clean, then the library (ARCHS, warnings as errors)
 #   test      make test: the Criterion suites, pytest, the decoder example
-#   sanitize  make sanitize: compute-sanitizer's four tools over the GPU suites (about 10 minutes
-#             on an H100 with 16 cores, past one call: SANITIZE_TOOLS=racecheck in one call and
+#   sanitize  make sanitize: compute-sanitizer's four tools over the GPU suites (past one call on
+#             an H100 with 16 cores: SANITIZE_TOOLS=racecheck in one call and
 #             SANITIZE_TOOLS="memcheck synccheck initcheck" in the next split it)
 #   bench     make bench (BENCH_ARGS passes through, e.g. BENCH_ARGS="--only norm --reps 10")
 #   python    bench_vs_torch.py (peers where importable; VS_TORCH_ARGS passes through, e.g.
