@@ -125,8 +125,9 @@ test-python: lib
 # On the GPU machine: every test binary with GPU tests (its source uses TK_REQUIRE_GPU) under
 # compute-sanitizer's memcheck, racecheck, synccheck and initcheck, one (tool, test) run per job,
 # SANITIZE_JOBS jobs at a time. One PASS/FAIL line per tool and binary, logs in
-# $(BUILD)/sanitize/, a non-zero exit on any finding and on a machine without a GPU. Tests with buffers of hundreds of MB or more skip
-# themselves there (TK_SKIP_UNDER_SANITIZER, tests/support/tk_test.h).
+# $(BUILD)/sanitize/, a non-zero exit on any finding and on a machine without a GPU. Tests with
+# buffers of hundreds of MB or more skip themselves there (TK_SKIP_UNDER_SANITIZER,
+# tests/support/tk_test.h).
 SANITIZE_TOOLS    ?= memcheck racecheck synccheck initcheck
 SANITIZE_JOBS     ?= $(shell nproc)
 COMPUTE_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer \
