@@ -20,7 +20,9 @@
 # of that child process, so each log is judged here: every summary line the tool printed (one per
 # process) must report zero, Criterion's synthesis no failure or crash, the test must have run
 # and passed or skipped (a filter that matched nothing checked nothing), and the exit status must
-# be 0.
+# be 0. A test that never calls CUDA (argument checks, the CPU references) gives the tool nothing
+# to check: compute-sanitizer then says so, exits 255 and prints no summary line; such a run
+# (outcome no-cuda) is judged by Criterion alone.
 set -uo pipefail
 
 sanitizer_clean() { # tool log: prints the findings, or nothing when every process was clean
@@ -31,6 +33,9 @@ sanitizer_clean() { # tool log: prints the findings, or nothing when every proce
         | sed 's/.*: //' | sort | uniq -c \
         | awk '{printf "%s%s process%s: %s %s", sep, $1, ($1 > 1 ? "es" : ""), $2, $3; sep = ", "} END {if (NR) print ""}'
 }
+
+# What compute-sanitizer prints when the program it ran never called CUDA.
+NO_CUDA_CALL='Target application terminated before first instrumented API call'
 
 criterion_clean() { # log test: prints what went wrong, or nothing when the test passed or skipped
     local synthesis name=${2/\//::}
@@ -52,9 +57,9 @@ pair_line() { # logdir tool binary
     mine=$(awk -v tool="$2" -v bin="$3" '$2 == tool && $3 == bin' "$1/results")
     [ "$(wc -l <<<"$mine")" -eq "$tests" ] || return 0
     awk -v tool="$2" -v bin="$3" '
-        { failed += ($1 == "FAIL"); skipped += ($5 == "skipped"); if ($6 > longest) longest = $6 }
-        END { printf "%s  %-9s  %-22s %3d tests, %d failed, %d skipped; the longest %d s\n",
-                     (failed ? "FAIL" : "PASS"), tool, bin, NR, failed, skipped, longest }' <<<"$mine"
+        { failed += ($1 == "FAIL"); skipped += ($5 == "skipped"); host += ($5 == "no-cuda"); if ($6 > longest) longest = $6 }
+        END { printf "%s  %-9s  %-22s %3d tests, %d failed, %d skipped, %d without CUDA calls; the longest %d s\n",
+                     (failed ? "FAIL" : "PASS"), tool, bin, NR, failed, skipped, host, longest }' <<<"$mine"
 }
 
 if [ "${1-}" = --one ]; then # one (tool, binary, test) job, run by the xargs below
@@ -66,11 +71,16 @@ if [ "${1-}" = --one ]; then # one (tool, binary, test) job, run by the xargs be
     TKERN_TEST_UNDER_SANITIZER=$tool "$COMPUTE_SANITIZER" --tool "$tool" --target-processes all \
         --print-limit 20 "$binary" --filter "$test" --jobs 1 --short-filename --verbose >"$log" 2>&1
     rc=$?
-    problems=$(sanitizer_clean "$tool" "$log"; criterion_clean "$log" "$test")
-    [ $rc -eq 0 ] || problems="exit status $rc${problems:+; $problems}"
-    verdict=PASS outcome=passed
+    if grep -qF "$NO_CUDA_CALL" "$log"; then
+        problems=$(criterion_clean "$log" "$test") outcome=no-cuda
+    else
+        problems=$(sanitizer_clean "$tool" "$log"; criterion_clean "$log" "$test")
+        [ $rc -eq 0 ] || problems="exit status $rc${problems:+; $problems}"
+        outcome=passed
+    fi
+    verdict=PASS
     [ -z "$problems" ] || verdict=FAIL outcome=failed
-    [ $verdict = PASS ] && grep -q "^\[SKIP\] ${test/\//::}:" "$log" && outcome=skipped
+    [ $outcome = passed ] && grep -q "^\[SKIP\] ${test/\//::}:" "$log" && outcome=skipped
     line=$(printf '%s  %-9s  %-22s %-60s %-7s %5d s%s' "$verdict" "$tool" "$name" "$test" "$outcome" \
            $((SECONDS - start)) "${problems:+  ${problems//$'\n'/; }  ($log)}")
     {
