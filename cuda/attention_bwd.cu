@@ -640,9 +640,8 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     const cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
-    /* One section of every (batch, key/value head) pair: the heads fastest over the grid, key
-     * tiles slowest (under causal the longest CTAs first; attn_bwd_keys_of). */
-    return attn_bwd_run<T, D, DET>(bc, bc->fwd.batch * bc->fwd.heads_kv, stream, [&](const attn_bwd_params &p) {
+    /* The grid in sections of (batch, key/value head) pairs (attn_bwd_section). */
+    return attn_bwd_run<T, D, DET>(bc, attn_bwd_section<D, shape::BN>(&bc->fwd, dev), stream, [&](const attn_bwd_params &p) {
         /* One CTA per (key tile, batch, key/value head); MIN_CTAS of them per SM, 8 warps. */
         const tk_attention_call *c = &bc->fwd;
         const unsigned blocks =

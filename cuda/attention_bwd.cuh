@@ -232,12 +232,10 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
  * are seen through. The (batch, key/value head) pairs run in sections of p.section
  * (attention_sections.cuh): within a section the key tiles slowest (under causal the longest
  * CTAs, the first keys, first) and the section's pairs fastest. The launcher picks the size
- * (docs/kernels/attention_bwd.md, "Grid order"): the portable kernels one section of every pair
- * (the heads fastest over the whole grid); the Hopper kernel one pair a section without a mask
+ * (attn_bwd_section, the same rule for every main kernel): one pair a section without a mask
  * (key tiles fastest: a wave holds every key tile of a few pairs, which walk the same query
  * tiles together, so that each Q / dO tile and dQ accumulator line serves all of them while in
- * L2), and under a mask sections whose Q, dO and dQ accumulator fit half the L2
- * (bwd_sm90_section). The deterministic order holds for every size: key tile n - 1 of a pair is
+ * L2), and under a mask sections whose Q, dO and dQ accumulator fit half the L2. The deterministic order holds for every size: key tile n - 1 of a pair is
  * in n's section and comes before it there (the key tiles slowest), and a section comes before
  * the next, so n - 1 has the earlier ticket and n never waits on a CTA that has not started. */
 struct attn_bwd_keys {
@@ -432,6 +430,31 @@ __device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, i
                 *reinterpret_cast<uint32_t *>(dvg + j * p.dv_ss + col) = tk_pack2<T>(dv[c][2 * hh], dv[c][2 * hh + 1]);
             }
     }
+}
+
+/* The grid's sections (attn_bwd_keys_of), in (batch, key/value head) pairs, for call c on dev
+ * with BN keys per CTA, for every main kernel (docs/kernels/attention_bwd.md, "Grid order"):
+ * - Without a mask, one pair: the key tiles fastest. Every CTA has the same steps, so the order
+ *   leaves the tail as it is, and a wave that holds every key tile of a few pairs reads each of
+ *   their Q / dO tiles, and adds into each of their dQ accumulator lines, while it is in L2
+ *   (FlashAttention-2's and -4's grids).
+ * - Under a mask a pair's CTAs differ in length (under causal key tile n walks the query tiles
+ *   from n on), and the key tiles slowest within a section start the longest first. What the
+ *   CTAs of a pair share is its Q and dO (16-bit) and dQ accumulator (f32): group x seqlen_q x
+ *   D x 8 bytes. A section holds at most as many pairs as half the L2 holds of those (most),
+ *   and at least a wave of CTAs (least: smaller sections take the key-tiles-fastest order's
+ *   tail, a section's longest CTAs starting beside the previous sections' last ones); of the
+ *   sizes between, attn_section_size's. Where a wave's section does not fit (most < least), one
+ *   section of every pair: the heads fastest over the grid, the order before sections (at head
+ *   dim 128 B4 Hkv8 S4096, 16 MiB a pair, a wave of it holds ~4 key tiles of each of the 32
+ *   pairs). */
+template <int D, int BN> int attn_bwd_section(const tk_attention_call *c, const tk_device *dev) {
+    if (c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 && !c->doc_ids)
+        return 1;
+    const int64_t key_tiles = (c->seqlen_k + BN - 1) / BN;
+    return (int)attn_section_size((int64_t)c->batch * c->heads_kv,
+                                  (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D, dev->l2_bytes / 2,
+                                  (dev->sm_count + key_tiles - 1) / key_tiles);
 }
 
 /* One backward call around its main kernel: the parameters from the call (the grid order in

@@ -13,7 +13,7 @@
  *
  * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), in the grid key tiles
  * fastest without a mask and in L2-sized sections of (batch, key/value head) pairs under one
- * (bwd_sm90_section), 3 warpgroups of 128 threads, one CTA per SM (195 KiB of shared memory at
+ * (attn_bwd_section), 3 warpgroups of 128 threads, one CTA per SM (195 KiB of shared memory at
  * head dim 128, 196 KiB at 64):
  * - Consumers 0 and 1 (232 registers after setmaxnreg): warpgroup w owns keys 64 w .. 64 w + 63
  *   of the tile and keeps their dK and dV (64 x D each: D f32 per thread) in registers for the
@@ -444,30 +444,6 @@ __global__ void __launch_bounds__(bwd_sm90_plan<HEAD_DIM>::THREADS, 1)
 #endif
 }
 
-/* The grid's sections (attn_bwd_keys_of), in (batch, key/value head) pairs, for call c on dev
- * with the plan's BN keys per CTA (docs/kernels/attention_bwd.md, "Grid order"):
- * - Without a mask, one pair: the key tiles fastest. Every CTA has the same steps, so the order
- *   leaves the tail as it is, and a wave that holds every key tile of a few pairs reads each of
- *   their Q / dO tiles, and adds into each of their dQ accumulator lines, while it is in L2.
- * - Under a mask a pair's CTAs differ in length (under causal key tile n walks the query tiles
- *   from n on), and the key tiles slowest within a section start the longest first. What the
- *   CTAs of a pair share is its Q and dO (16-bit) and dQ accumulator (f32): group x seqlen_q x
- *   D x 8 bytes. A section holds at most as many pairs as half the L2 holds of those (most),
- *   and at least a wave of CTAs (least: smaller sections take the key-tiles-fastest order's
- *   tail, a section's longest CTAs starting beside the previous sections' last ones); of the
- *   sizes between, attn_section_size's. Where a wave's section does not fit (most < least), one
- *   section of every pair: the heads fastest over the grid, the order before sections (at head
- *   dim 128 B4 Hkv8 S4096, 16 MiB a pair, a wave of it holds ~4 key tiles of each of the 32
- *   pairs). */
-template <int D, int BN> int bwd_sm90_section(const tk_attention_call *c, const tk_device *dev) {
-    if (c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 && !c->doc_ids)
-        return 1;
-    const int64_t key_tiles = (c->seqlen_k + BN - 1) / BN;
-    return (int)attn_section_size((int64_t)c->batch * c->heads_kv,
-                                  (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D, dev->l2_bytes / 2,
-                                  (dev->sm_count + key_tiles - 1) / key_tiles);
-}
-
 template <typename T, int D, bool DET>
 cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *dev, cudaStream_t stream) {
     using plan = bwd_sm90_plan<D>;
@@ -490,9 +466,9 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
     err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
-    const int section = bwd_sm90_section<plan::D, plan::BN>(c, dev);
+    const int section = attn_bwd_section<plan::D, plan::BN>(c, dev);
     return attn_bwd_run<T, plan::D, DET>(bc, section, stream, [&](const attn_bwd_params &p) {
-        /* One CTA per (key tile, batch, key/value head), in sections of pairs (bwd_sm90_section). */
+        /* One CTA per (key tile, batch, key/value head), in sections of pairs (attn_bwd_section). */
         const unsigned blocks = (unsigned)((int64_t)(c->seqlen_k + plan::BN - 1) / plan::BN * c->batch * c->heads_kv);
         return tk_launch(kernel, blocks, plan::THREADS, plan::SMEM_BYTES, stream, p, map_q, map_k, map_v, map_do);
     });
