@@ -911,17 +911,18 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
         run_case_runs(&cases[i], 400 + i, 1, 3, 0);
 }
 
-/* The Hopper kernel's grid order under a mask, in L2-sized sections of (batch, key/value head)
- * pairs (docs/kernels/attention_bwd.md, "Grid order"): shapes whose pairs take several
- * sections, the last one short, so that the sections' boundaries (inside a batch) and the short
- * last section's decode run, atomic and deterministic (whose tickets follow the same order).
+/* The grid order under a mask, in L2-sized sections of (batch, key/value head) pairs, which
+ * every main kernel takes (docs/kernels/attention_bwd.md, "Grid order"): shapes whose pairs take
+ * several sections, the last one short, so that the sections' boundaries (inside a batch) and the
+ * short last section's decode run, atomic and deterministic (whose tickets follow the same
+ * order).
  * With 128-key tiles, 512 keys make 4 key tiles, so a section holds at least ceil(SMs / 4)
  * pairs (33 on 132 SMs), and at most as many as half the L2 holds of a pair's Q, dO and dQ
  * accumulator (8 group 512 D bytes). On an H100 (50 MiB of L2, 132 SMs): causal 131 heads at
  * head dim 64 in sections of 66 (66 + 65), a window over 5 x 23 GQA pairs in sections of 39
  * (39 + 39 + 37), causal 67 heads at head dim 128 in sections of 34 (34 + 33); with 60 MiB of
- * L2 the window's sections are 58 (58 + 57) and the others the same. The portable kernels run
- * the same shapes in their one section. */
+ * L2 the window's sections are 58 (58 + 57) and the others the same. The 4-warp portable
+ * kernel's 64-key tiles (8 a pair) lower the least to ceil(SMs / 8) and take the same sizes. */
 Test(attention_bwd_gpu, l2_sections, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
