@@ -232,12 +232,14 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
  * are seen through. The (batch, key/value head) pairs run in sections of p.section
  * (attention_sections.cuh): within a section the key tiles slowest (under causal the longest
  * CTAs, the first keys, first) and the section's pairs fastest. The launcher picks the size
- * (attn_bwd_section, the same rule for every main kernel): one pair a section without a mask
- * (key tiles fastest: a wave holds every key tile of a few pairs, which walk the same query
- * tiles together, so that each Q / dO tile and dQ accumulator line serves all of them while in
- * L2), and under a mask sections whose Q, dO and dQ accumulator fit half the L2. The deterministic order holds for every size: key tile n - 1 of a pair is
- * in n's section and comes before it there (the key tiles slowest), and a section comes before
- * the next, so n - 1 has the earlier ticket and n never waits on a CTA that has not started. */
+ * (attn_bwd_section): without a mask one pair a section for the Hopper kernel (key tiles
+ * fastest: a wave holds every key tile of a few pairs, which walk the same query tiles together,
+ * so that each Q / dO tile and dQ accumulator line serves all of them while in L2) and one
+ * section of every pair for the portable kernels (the heads fastest), and under a mask, for
+ * every main kernel, sections whose Q, dO and dQ accumulator fit half the L2. The deterministic
+ * order holds for every size: key tile n - 1 of a pair is in n's section and comes before it
+ * there (the key tiles slowest), and a section comes before the next, so n - 1 has the earlier
+ * ticket and n never waits on a CTA that has not started. */
 struct attn_bwd_keys {
     int head_kv, n0, k_rows; /* first key, keys in the tile */
     int64_t batch;
@@ -432,12 +434,17 @@ __device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, i
     }
 }
 
+/* How a main kernel orders its grid without a mask (attn_bwd_section). */
+enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST };
+
 /* The grid's sections (attn_bwd_keys_of), in (batch, key/value head) pairs, for call c on dev
- * with BN keys per CTA, for every main kernel (docs/kernels/attention_bwd.md, "Grid order"):
- * - Without a mask, one pair: the key tiles fastest. Every CTA has the same steps, so the order
- *   leaves the tail as it is, and a wave that holds every key tile of a few pairs reads each of
- *   their Q / dO tiles, and adds into each of their dQ accumulator lines, while it is in L2
- *   (FlashAttention-2's and -4's grids).
+ * with BN keys per CTA (docs/kernels/attention_bwd.md, "Grid order"):
+ * - Without a mask every CTA has the same steps, so the order leaves the tail as it is.
+ *   BWD_KEY_TILES_FASTEST, one pair a section (the Hopper kernel): a wave that holds every key
+ *   tile of a few pairs reads each of their Q / dO tiles, and adds into each of their dQ
+ *   accumulator lines, while it is in L2 (FlashAttention-2's and -4's grids). BWD_HEADS_FASTEST,
+ *   one section of every pair (the portable kernels, where the key tiles fastest left the atomic
+ *   rows as they were and cost the deterministic ones up to 0.85x).
  * - Under a mask a pair's CTAs differ in length (under causal key tile n walks the query tiles
  *   from n on), and the key tiles slowest within a section start the longest first. What the
  *   CTAs of a pair share is its Q and dO (16-bit) and dQ accumulator (f32): group x seqlen_q x
@@ -448,9 +455,10 @@ __device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, i
  *   section of every pair: the heads fastest over the grid, the order before sections (at head
  *   dim 128 B4 Hkv8 S4096, 16 MiB a pair, a wave of it holds ~4 key tiles of each of the 32
  *   pairs). */
-template <int D, int BN> int attn_bwd_section(const tk_attention_call *c, const tk_device *dev) {
+template <int D, int BN>
+int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_dense_order dense) {
     if (c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 && !c->doc_ids)
-        return 1;
+        return dense == BWD_KEY_TILES_FASTEST ? 1 : (int)((int64_t)c->batch * c->heads_kv);
     const int64_t key_tiles = (c->seqlen_k + BN - 1) / BN;
     return (int)attn_section_size((int64_t)c->batch * c->heads_kv,
                                   (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D, dev->l2_bytes / 2,
