@@ -435,7 +435,7 @@ __device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, i
 }
 
 /* How a main kernel orders its grid without a mask (attn_bwd_section). */
-enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST };
+enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST, BWD_L2_SIZED };
 
 /* The grid's sections (attn_bwd_keys_of), in (batch, key/value head) pairs, for call c on dev
  * with BN keys per CTA (docs/kernels/attention_bwd.md, "Grid order"):
@@ -444,7 +444,11 @@ enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST };
  *   tile of a few pairs reads each of their Q / dO tiles, and adds into each of their dQ
  *   accumulator lines, while it is in L2 (FlashAttention-2's and -4's grids). BWD_HEADS_FASTEST,
  *   one section of every pair (the portable kernels, where the key tiles fastest left the atomic
- *   rows as they were and cost the deterministic ones up to 0.85x).
+ *   rows as they were and cost the deterministic ones up to 0.85x). BWD_L2_SIZED, the sections
+ *   below where they fit the L2, else one pair a section (the deterministic Hopper kernel): with
+ *   one pair a section a wave starts every key tile of a pair together, and each of its turns
+ *   waits on the one before, so a wave's chains are as long as a pair has key tiles (16 at head
+ *   dim 64 S2048); in sections of several pairs a wave holds fewer key tiles of each.
  * - Under a mask a pair's CTAs differ in length (under causal key tile n walks the query tiles
  *   from n on), and the key tiles slowest within a section start the longest first. What the
  *   CTAs of a pair share is its Q and dO (16-bit) and dQ accumulator (f32): group x seqlen_q x
@@ -457,12 +461,16 @@ enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST };
  *   pairs). */
 template <int D, int BN>
 int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_dense_order dense) {
-    if (c->window_left < 0 && c->window_right < 0 && c->chunk == 0 && c->prefix == 0 && !c->doc_ids)
-        return dense == BWD_KEY_TILES_FASTEST ? 1 : (int)((int64_t)c->batch * c->heads_kv);
+    const int64_t pairs = (int64_t)c->batch * c->heads_kv;
+    const bool masked = c->window_left >= 0 || c->window_right >= 0 || c->chunk > 0 || c->prefix > 0 || c->doc_ids;
+    if (!masked && dense != BWD_L2_SIZED)
+        return dense == BWD_KEY_TILES_FASTEST ? 1 : (int)pairs;
     const int64_t key_tiles = (c->seqlen_k + BN - 1) / BN;
-    return (int)attn_section_size((int64_t)c->batch * c->heads_kv,
-                                  (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D, dev->l2_bytes / 2,
-                                  (dev->sm_count + key_tiles - 1) / key_tiles);
+    const int64_t pair_bytes = (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D;
+    const int64_t section = attn_section_size(pairs, pair_bytes, dev->l2_bytes / 2,
+                                              (dev->sm_count + key_tiles - 1) / key_tiles);
+    /* Without a mask, sections that do not fit the L2 would be the heads fastest: one pair. */
+    return (int)(!masked && section * pair_bytes > dev->l2_bytes / 2 ? 1 : section);
 }
 
 /* One backward call around its main kernel: the parameters from the call (the grid order in

@@ -466,7 +466,7 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
     err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
-    const int section = attn_bwd_section<plan::D, plan::BN>(c, dev, BWD_KEY_TILES_FASTEST);
+    const int section = attn_bwd_section<plan::D, plan::BN>(c, dev, DET ? BWD_L2_SIZED : BWD_KEY_TILES_FASTEST);
     return attn_bwd_run<T, plan::D, DET>(bc, section, stream, [&](const attn_bwd_params &p) {
         /* One CTA per (key tile, batch, key/value head), in sections of pairs (attn_bwd_section). */
         const unsigned blocks = (unsigned)((int64_t)(c->seqlen_k + plan::BN - 1) / plan::BN * c->batch * c->heads_kv);
