@@ -467,10 +467,17 @@ int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_
         return dense == BWD_KEY_TILES_FASTEST ? 1 : (int)pairs;
     const int64_t key_tiles = (c->seqlen_k + BN - 1) / BN;
     const int64_t pair_bytes = (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D;
-    const int64_t section = attn_section_size(pairs, pair_bytes, dev->l2_bytes / 2,
-                                              (dev->sm_count + key_tiles - 1) / key_tiles);
-    /* Without a mask, sections that do not fit the L2 would be the heads fastest: one pair. */
-    return (int)(!masked && section * pair_bytes > dev->l2_bytes / 2 ? 1 : section);
+    const int64_t least = (dev->sm_count + key_tiles - 1) / key_tiles, budget = dev->l2_bytes / 2;
+    const int64_t section = attn_section_size(pairs, pair_bytes, budget, least);
+    if (section * pair_bytes <= budget || dense != BWD_L2_SIZED)
+        return (int)section;
+    /* The deterministic Hopper kernel where no section that holds a wave fits: without a mask one
+     * pair a section (above); under one, sections of one to two waves of CTAs (the fullest last
+     * section of the sizes least .. 2 least) rather than one of every pair. Its walk (the heads
+     * fastest, from the last query tile down) touches a few query tiles of each pair at a time,
+     * and the fewer waves a pair's key tiles are spread over, the fewer times each of its Q / dO
+     * tiles and accumulator lines comes from HBM. */
+    return masked ? (int)attn_section_size(pairs, 1, 2 * least, least) : 1;
 }
 
 /* One backward call around its main kernel: the parameters from the call (the grid order in
