@@ -455,10 +455,11 @@ enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST, BWD_L2_SIZ
  *   D x 8 bytes. A section holds at most as many pairs as half the L2 holds of those (most),
  *   and at least a wave of CTAs (least: smaller sections take the key-tiles-fastest order's
  *   tail, a section's longest CTAs starting beside the previous sections' last ones); of the
- *   sizes between, attn_section_size's. Where a wave's section does not fit (most < least), one
- *   section of every pair: the heads fastest over the grid, the order before sections (at head
- *   dim 128 B4 Hkv8 S4096, 16 MiB a pair, a wave of it holds ~4 key tiles of each of the 32
- *   pairs). */
+ *   sizes between, attn_section_size's. Where a wave's section does not fit (most < least):
+ *   the portable kernels (BWD_HEADS_FASTEST) one section of every pair, the heads fastest over
+ *   the grid; the Hopper kernels sections of one to two waves of CTAs (the fullest last section
+ *   of the sizes least .. 2 least; 8 pairs at head dim 128 B4 Hkv8 S4096, 16 MiB a pair, where
+ *   one section of the 32 spreads each pair's key tiles over ~8 waves). */
 template <int D, int BN>
 int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_dense_order dense) {
     const int64_t pairs = (int64_t)c->batch * c->heads_kv;
@@ -469,14 +470,13 @@ int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_
     const int64_t pair_bytes = (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D;
     const int64_t least = (dev->sm_count + key_tiles - 1) / key_tiles, budget = dev->l2_bytes / 2;
     const int64_t section = attn_section_size(pairs, pair_bytes, budget, least);
-    if (section * pair_bytes <= budget || dense != BWD_L2_SIZED)
+    if (section * pair_bytes <= budget || dense == BWD_HEADS_FASTEST)
         return (int)section;
-    /* The deterministic Hopper kernel where no section that holds a wave fits: without a mask one
-     * pair a section (above); under one, sections of one to two waves of CTAs (the fullest last
-     * section of the sizes least .. 2 least) rather than one of every pair. Its walk (the heads
-     * fastest, from the last query tile down) touches a few query tiles of each pair at a time,
-     * and the fewer waves a pair's key tiles are spread over, the fewer times each of its Q / dO
-     * tiles and accumulator lines comes from HBM. */
+    /* The Hopper kernels where no section that holds a wave fits: without a mask (the
+     * deterministic one) one pair a section, as above; under one, sections of one to two waves.
+     * The fewer waves a pair's key tiles are spread over, the more of its CTAs share each of its
+     * Q / dO tiles and accumulator lines while that is in L2 (measured for both kernels in
+     * docs/kernels/attention_bwd.md, "Grid order"). */
     return masked ? (int)attn_section_size(pairs, 1, 2 * least, least) : 1;
 }
 

@@ -924,7 +924,10 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
  * L2 the window's sections are 58 (58 + 57) and the others the same. The 4-warp portable
  * kernel's 64-key tiles (8 a pair) lower the least to ceil(SMs / 8) and take the same sizes.
  * Without a mask only the deterministic Hopper kernel takes them (131 heads at head dim 64: the
- * causal case's 66 + 65); the others run it in their dense orders. */
+ * causal case's 66 + 65); the others run it in their dense orders. Causal 134 query heads over
+ * 67 at head dim 128 (1 MiB a pair) do not fit a wave's 33 pairs in half of either L2: the
+ * portable kernels run one section of the 67, the Hopper kernel sections of one to two waves
+ * (34 + 33). */
 Test(attention_bwd_gpu, l2_sections, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
@@ -932,6 +935,7 @@ Test(attention_bwd_gpu, l2_sections, .timeout = 600) {
         {TK_BF16, 1, 512, 512, 131, 131, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
         {TK_F16, 5, 512, 512, 46, 23, 64, false, 0, 100, 30, 0.0f, false, false, 0, 0, 0},
         {TK_BF16, 1, 512, 512, 67, 67, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+        {TK_BF16, 1, 512, 512, 134, 67, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case_runs(&cases[i], 1000 + i, 0, 1, 0);
