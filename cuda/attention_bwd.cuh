@@ -232,11 +232,13 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
  * are seen through. The (batch, key/value head) pairs run in sections of p.section
  * (attention_sections.cuh): within a section the key tiles slowest (under causal the longest
  * CTAs, the first keys, first) and the section's pairs fastest. The launcher picks the size
- * (attn_bwd_section): without a mask one pair a section for the Hopper kernel (key tiles
+ * (attn_bwd_section): without a mask one pair a section for the atomic Hopper kernel (key tiles
  * fastest: a wave holds every key tile of a few pairs, which walk the same query tiles together,
- * so that each Q / dO tile and dQ accumulator line serves all of them while in L2) and one
- * section of every pair for the portable kernels (the heads fastest), and under a mask, for
- * every main kernel, sections whose Q, dO and dQ accumulator fit half the L2. The deterministic
+ * so that each Q / dO tile and dQ accumulator line serves all of them while in L2), sections
+ * whose Q, dO and dQ accumulator fit half the L2 for the deterministic one, and one section of
+ * every pair for the portable kernels (the heads fastest); under a mask, for every main kernel,
+ * sections that fit half the L2, or where none that holds a wave does, sections of one to two
+ * waves for the Hopper kernel and one section for the portable kernels. The deterministic
  * order holds for every size: key tile n - 1 of a pair is in n's section and comes before it
  * there (the key tiles slowest), and a section comes before the next, so n - 1 has the earlier
  * ticket and n never waits on a CTA that has not started. */
