@@ -436,15 +436,16 @@ __device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, i
     }
 }
 
-/* How a main kernel orders its grid without a mask (attn_bwd_section). */
-enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST, BWD_L2_SIZED };
+/* Which main kernel's grid order attn_bwd_section picks: the order without a mask, and whether
+ * the sections of waves replace one section where no L2-sized section holds a wave. */
+enum attn_bwd_grid_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST, BWD_L2_SIZED };
 
 /* The grid's sections (attn_bwd_keys_of), in (batch, key/value head) pairs, for call c on dev
  * with BN keys per CTA (docs/kernels/attention_bwd.md, "Grid order"):
  * - Without a mask every CTA has the same steps, so the order leaves the tail as it is.
- *   BWD_KEY_TILES_FASTEST, one pair a section (the Hopper kernel): a wave that holds every key
- *   tile of a few pairs reads each of their Q / dO tiles, and adds into each of their dQ
- *   accumulator lines, while it is in L2 (FlashAttention-2's and -4's grids). BWD_HEADS_FASTEST,
+ *   BWD_KEY_TILES_FASTEST, one pair a section (the atomic Hopper kernel): a wave that holds
+ *   every key tile of a few pairs reads each of their Q / dO tiles, and adds into each of their
+ *   dQ accumulator lines, while it is in L2 (FlashAttention-2's and -4's grids). BWD_HEADS_FASTEST,
  *   one section of every pair (the portable kernels, where the key tiles fastest left the atomic
  *   rows as they were and cost the deterministic ones up to 0.85x). BWD_L2_SIZED, the sections
  *   below where they fit the L2, else one pair a section (the deterministic Hopper kernel): with
@@ -463,16 +464,16 @@ enum attn_bwd_dense_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST, BWD_L2_SIZ
  *   of the sizes least .. 2 least; 8 pairs at head dim 128 B4 Hkv8 S4096, 16 MiB a pair, where
  *   one section of the 32 spreads each pair's key tiles over ~8 waves). */
 template <int D, int BN>
-int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_dense_order dense) {
+int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_grid_order order) {
     const int64_t pairs = (int64_t)c->batch * c->heads_kv;
     const bool masked = c->window_left >= 0 || c->window_right >= 0 || c->chunk > 0 || c->prefix > 0 || c->doc_ids;
-    if (!masked && dense != BWD_L2_SIZED)
-        return dense == BWD_KEY_TILES_FASTEST ? 1 : (int)pairs;
+    if (!masked && order != BWD_L2_SIZED)
+        return order == BWD_KEY_TILES_FASTEST ? 1 : (int)pairs;
     const int64_t key_tiles = (c->seqlen_k + BN - 1) / BN;
     const int64_t pair_bytes = (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D;
     const int64_t least = (dev->sm_count + key_tiles - 1) / key_tiles, budget = dev->l2_bytes / 2;
     const int64_t section = attn_section_size(pairs, pair_bytes, budget, least);
-    if (section * pair_bytes <= budget || dense == BWD_HEADS_FASTEST)
+    if (section * pair_bytes <= budget || order == BWD_HEADS_FASTEST)
         return (int)section;
     /* The Hopper kernels where no section that holds a wave fits: without a mask (the
      * deterministic one) one pair a section, as above; under one, sections of one to two waves.

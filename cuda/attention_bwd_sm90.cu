@@ -11,10 +11,11 @@
  *   dV = P^T dO,   dP = dO V^T,   dS = P o (dP - D),   dQ = scale dS K,   dK = scale dS^T Q,
  * dK and dV summed over the query heads of a GQA group.
  *
- * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), in the grid key tiles
- * fastest without a mask and in L2-sized sections of (batch, key/value head) pairs under one
- * (attn_bwd_section), 3 warpgroups of 128 threads, one CTA per SM (195 KiB of shared memory at
- * head dim 128, 196 KiB at 64):
+ * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), in sections of (batch,
+ * key/value head) pairs (attn_bwd_section: without a mask one pair a section, the key tiles
+ * fastest, for the atomic kernel and L2-sized sections for the deterministic one; under a mask
+ * L2-sized sections, or sections of one to two waves where none holds a wave), 3 warpgroups of
+ * 128 threads, one CTA per SM (195 KiB of shared memory at head dim 128, 196 KiB at 64):
  * - Consumers 0 and 1 (232 registers after setmaxnreg): warpgroup w owns keys 64 w .. 64 w + 63
  *   of the tile and keeps their dK and dV (64 x D each: D f32 per thread) in registers for the
  *   whole CTA.
