@@ -640,9 +640,9 @@ cudaError_t attn_bwd_launch(const tk_attention_bwd_call *bc, const tk_device *de
     const cudaError_t err = tk_opt_in_smem<kernel>(dev, shape::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
-    /* The grid in sections of (batch, key/value head) pairs, the heads fastest without a mask
-     * (attn_bwd_section). */
-    const int section = attn_bwd_section<D, shape::BN>(&bc->fwd, dev, BWD_HEADS_FASTEST);
+    /* The grid in sections of (batch, key/value head) pairs (attn_bwd_section). */
+    const int section =
+        attn_bwd_section<D, shape::BN>(&bc->fwd, dev, DET ? BWD_PORTABLE_DETERMINISTIC : BWD_PORTABLE_ATOMIC);
     return attn_bwd_run<T, D, DET>(bc, section, stream, [&](const attn_bwd_params &p) {
         /* One CTA per (key tile, batch, key/value head); MIN_CTAS of them per SM, 8 warps. */
         const tk_attention_call *c = &bc->fwd;

@@ -232,13 +232,12 @@ __device__ __forceinline__ unsigned attn_bwd_ticket(int *counter) {
  * are seen through. The (batch, key/value head) pairs run in sections of p.section
  * (attention_sections.cuh): within a section the key tiles slowest (under causal the longest
  * CTAs, the first keys, first) and the section's pairs fastest. The launcher picks the size
- * (attn_bwd_section): without a mask one pair a section for the atomic Hopper kernel (key tiles
- * fastest: a wave holds every key tile of a few pairs, which walk the same query tiles together,
- * so that each Q / dO tile and dQ accumulator line serves all of them while in L2), sections
- * whose Q, dO and dQ accumulator fit half the L2 for the deterministic one, and one section of
- * every pair for the portable kernels (the heads fastest); under a mask, for every main kernel,
- * sections that fit half the L2, or where none that holds a wave does, sections of one to two
- * waves for the Hopper kernel and one section for the portable kernels. The deterministic
+ * (attn_bwd_section): for the atomic kernels without a mask one pair a section (Hopper: key
+ * tiles fastest, a wave holds every key tile of a few pairs, which walk the same query tiles
+ * together, so that each Q / dO tile and dQ accumulator line serves all of them while in L2) or
+ * one section of every pair (portable: the heads fastest); for every other call sections whose
+ * Q, dO and dQ accumulator fit half the L2, or where none that holds a wave does, sections of
+ * one to two waves (the portable kernels under a mask: one section). The deterministic
  * order holds for every size: key tile n - 1 of a pair is in n's section and comes before it
  * there (the key tiles slowest), and a section comes before the next, so n - 1 has the earlier
  * ticket and n never waits on a CTA that has not started. */
@@ -436,51 +435,50 @@ __device__ __forceinline__ void attn_bwd_store_dk_dv(const attn_bwd_params &p, i
     }
 }
 
-/* Which main kernel's grid order attn_bwd_section picks: the order without a mask, and whether
- * the sections of waves replace one section where no L2-sized section holds a wave. */
-enum attn_bwd_grid_order { BWD_KEY_TILES_FASTEST, BWD_HEADS_FASTEST, BWD_L2_SIZED };
+/* The main kernels, whose grid orders attn_bwd_section picks. */
+enum attn_bwd_main_kind { BWD_SM90_ATOMIC, BWD_SM90_DETERMINISTIC, BWD_PORTABLE_ATOMIC, BWD_PORTABLE_DETERMINISTIC };
 
-/* The grid's sections (attn_bwd_keys_of), in (batch, key/value head) pairs, for call c on dev
- * with BN keys per CTA (docs/kernels/attention_bwd.md, "Grid order"):
- * - Without a mask every CTA has the same steps, so the order leaves the tail as it is.
- *   BWD_KEY_TILES_FASTEST, one pair a section (the atomic Hopper kernel): a wave that holds
- *   every key tile of a few pairs reads each of their Q / dO tiles, and adds into each of their
- *   dQ accumulator lines, while it is in L2 (FlashAttention-2's and -4's grids). BWD_HEADS_FASTEST,
- *   one section of every pair (the portable kernels, where the key tiles fastest left the atomic
- *   rows as they were and cost the deterministic ones up to 0.85x). BWD_L2_SIZED, the sections
- *   below where they fit the L2, else one pair a section (the deterministic Hopper kernel): with
- *   one pair a section a wave starts every key tile of a pair together, and each of its turns
- *   waits on the one before, so a wave's chains are as long as a pair has key tiles (16 at head
- *   dim 64 S2048); in sections of several pairs a wave holds fewer key tiles of each.
- * - Under a mask a pair's CTAs differ in length (under causal key tile n walks the query tiles
- *   from n on), and the key tiles slowest within a section start the longest first. What the
- *   CTAs of a pair share is its Q and dO (16-bit) and dQ accumulator (f32): group x seqlen_q x
- *   D x 8 bytes. A section holds at most as many pairs as half the L2 holds of those (most),
- *   and at least a wave of CTAs (least: smaller sections take the key-tiles-fastest order's
- *   tail, a section's longest CTAs starting beside the previous sections' last ones); of the
- *   sizes between, attn_section_size's. Where a wave's section does not fit (most < least):
- *   the portable kernels (BWD_HEADS_FASTEST) one section of every pair, the heads fastest over
- *   the grid; the Hopper kernels sections of one to two waves of CTAs (the fullest last section
- *   of the sizes least .. 2 least; 8 pairs at head dim 128 B4 Hkv8 S4096, 16 MiB a pair, where
- *   one section of the 32 spreads each pair's key tiles over ~8 waves). */
+/* The grid's sections (attn_bwd_keys_of), in (batch, key/value head) pairs, for main kernel
+ * `kind` running call c on dev with BN keys per CTA (docs/kernels/attention_bwd.md, "Grid order").
+ * - L2-sized sections: what the CTAs of a pair share is its Q and dO (16-bit) and dQ accumulator
+ *   (f32): group x seqlen_q x D x 8 bytes. A section holds at most as many pairs as half the L2
+ *   holds of those (most), and at least a wave of CTAs (least: smaller sections take the key
+ *   tiles fastest order's tail, a section's longest CTAs starting beside the previous sections'
+ *   last ones); of the sizes between, attn_section_size's.
+ * - Sections of waves, where no L2-sized section holds a wave (most < least): one to two waves of
+ *   CTAs (the fullest last section of the sizes least .. 2 least; 8 pairs at head dim 128 B4 Hkv8
+ *   S4096, 16 MiB a pair, where one section of the 32 spreads each pair's key tiles over ~8
+ *   waves). The fewer waves a pair's key tiles are spread over, the more of its CTAs share each
+ *   of its Q / dO tiles and accumulator lines while that is in L2.
+ * Each kernel's choice:
+ * - The atomic kernels without a mask, where every CTA has the same steps and the order leaves
+ *   the tail as it is: the Hopper kernel one pair a section (the key tiles fastest: a wave that
+ *   holds every key tile of a few pairs reads each of their Q / dO tiles, and adds into each of
+ *   their dQ accumulator lines, while it is in L2, FlashAttention-2's and -4's grids), the
+ *   portable kernels one section of every pair (the key tiles fastest left them as they were).
+ * - Every other call: L2-sized sections, else sections of waves, but for the portable kernels
+ *   under a mask, whose deterministic rows sections of waves cost 1-3 %: one section of every
+ *   pair, the heads fastest over the grid. Under a mask a pair's CTAs differ in length (under
+ *   causal key tile n walks the query tiles from n on), and the key tiles slowest within a
+ *   section start the longest first. The deterministic kernels' walk keeps a pair's key tiles on
+ *   the same query tiles at the same time (each turn waits on the one before), so with or without
+ *   a mask its traffic grows with the waves a pair's key tiles are spread over. */
 template <int D, int BN>
-int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_grid_order order) {
+int attn_bwd_section(const tk_attention_call *c, const tk_device *dev, attn_bwd_main_kind kind) {
     const int64_t pairs = (int64_t)c->batch * c->heads_kv;
     const bool masked = c->window_left >= 0 || c->window_right >= 0 || c->chunk > 0 || c->prefix > 0 || c->doc_ids;
-    if (!masked && order != BWD_L2_SIZED)
-        return order == BWD_KEY_TILES_FASTEST ? 1 : (int)pairs;
+    const bool portable = kind == BWD_PORTABLE_ATOMIC || kind == BWD_PORTABLE_DETERMINISTIC;
+    if (!masked && kind == BWD_SM90_ATOMIC)
+        return 1;
+    if (!masked && kind == BWD_PORTABLE_ATOMIC)
+        return (int)pairs;
     const int64_t key_tiles = (c->seqlen_k + BN - 1) / BN;
     const int64_t pair_bytes = (int64_t)8 * (c->heads_q / c->heads_kv) * c->seqlen_q * D;
     const int64_t least = (dev->sm_count + key_tiles - 1) / key_tiles, budget = dev->l2_bytes / 2;
     const int64_t section = attn_section_size(pairs, pair_bytes, budget, least);
-    if (section * pair_bytes <= budget || order == BWD_HEADS_FASTEST)
-        return (int)section;
-    /* The Hopper kernels where no section that holds a wave fits: without a mask (the
-     * deterministic one) one pair a section, as above; under one, sections of one to two waves.
-     * The fewer waves a pair's key tiles are spread over, the more of its CTAs share each of its
-     * Q / dO tiles and accumulator lines while that is in L2 (measured for both kernels in
-     * docs/kernels/attention_bwd.md, "Grid order"). */
-    return masked ? (int)attn_section_size(pairs, 1, 2 * least, least) : 1;
+    if (section * pair_bytes <= budget || (masked && portable))
+        return (int)section; /* attn_section_size gives one section where none holds a wave */
+    return (int)attn_section_size(pairs, 1, 2 * least, least);
 }
 
 /* One backward call around its main kernel: the parameters from the call (the grid order in

@@ -12,9 +12,9 @@
  * dK and dV summed over the query heads of a GQA group.
  *
  * Block: one CTA per (key tile of BN = 128 keys, batch, key/value head), in sections of (batch,
- * key/value head) pairs (attn_bwd_section: without a mask one pair a section, the key tiles
- * fastest, for the atomic kernel and L2-sized sections for the deterministic one; under a mask
- * L2-sized sections, or sections of one to two waves where none holds a wave), 3 warpgroups of
+ * key/value head) pairs (attn_bwd_section: for the atomic kernel without a mask one pair a
+ * section, the key tiles fastest; otherwise L2-sized sections, or sections of one to two waves
+ * where none holds a wave), 3 warpgroups of
  * 128 threads, one CTA per SM (195 KiB of shared memory at head dim 128, 196 KiB at 64):
  * - Consumers 0 and 1 (232 registers after setmaxnreg): warpgroup w owns keys 64 w .. 64 w + 63
  *   of the tile and keeps their dK and dV (64 x D each: D f32 per thread) in registers for the
@@ -467,7 +467,7 @@ cudaError_t bwd_sm90_launch(const tk_attention_bwd_call *bc, const tk_device *de
     err = tk_opt_in_smem<kernel>(dev, plan::SMEM_BYTES);
     if (err != cudaSuccess)
         return err;
-    const int section = attn_bwd_section<plan::D, plan::BN>(c, dev, DET ? BWD_L2_SIZED : BWD_KEY_TILES_FASTEST);
+    const int section = attn_bwd_section<plan::D, plan::BN>(c, dev, DET ? BWD_SM90_DETERMINISTIC : BWD_SM90_ATOMIC);
     return attn_bwd_run<T, plan::D, DET>(bc, section, stream, [&](const attn_bwd_params &p) {
         /* One CTA per (key tile, batch, key/value head), in sections of pairs (attn_bwd_section). */
         const unsigned blocks = (unsigned)((int64_t)(c->seqlen_k + plan::BN - 1) / plan::BN * c->batch * c->heads_kv);

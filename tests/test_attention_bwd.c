@@ -923,11 +923,13 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
  * (39 + 39 + 37), causal 67 heads at head dim 128 in sections of 34 (34 + 33); with 60 MiB of
  * L2 the window's sections are 58 (58 + 57) and the others the same. The 4-warp portable
  * kernel's 64-key tiles (8 a pair) lower the least to ceil(SMs / 8) and take the same sizes.
- * Without a mask only the deterministic Hopper kernel takes them (131 heads at head dim 64: the
- * causal case's 66 + 65); the others run it in their dense orders. Causal 134 query heads over
- * 67 at head dim 128 (1 MiB a pair) do not fit a wave's 33 pairs in half of either L2: the
- * portable kernels run one section of the 67, the Hopper kernel sections of one to two waves
- * (34 + 33). */
+ * Without a mask the deterministic kernels take them (131 heads at head dim 64: the causal
+ * case's 66 + 65); the atomic ones run it in their dense orders. Causal 134 query heads over 67
+ * at head dim 128 (1 MiB a pair) do not fit a wave's 33 pairs in half of either L2: the portable
+ * kernels run one section of the 67, the Hopper kernels sections of one to two waves (34 + 33).
+ * The deterministic kernels take such sections of waves without a mask too, through the same
+ * decode as the dense case's L2-sized sections (a dense case of that size would double this
+ * test's CPU reference time). */
 Test(attention_bwd_gpu, l2_sections, .timeout = 600) {
     TK_REQUIRE_GPU();
     const bwd_case cases[] = {
