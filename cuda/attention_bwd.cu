@@ -78,6 +78,7 @@ template <> struct attn_bwd_tile<128, BWD_WARPS> {
     static constexpr int BM = 64, KEY_ROWS = 32, COL_WARPS = 2;
     static constexpr bool SPLIT = true;
 };
+template <> struct attn_bwd_tile<96, BWD_WARPS> : attn_bwd_tile<128, BWD_WARPS> {};
 
 /* The column blocks of dQ (BM x D) over `warps` warps, the remaining warps splitting the rows:
  * of the splits in which the warps, D's n8 tiles and BM's m16 rows all divide evenly (down to 16
