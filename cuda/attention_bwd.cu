@@ -69,7 +69,9 @@ constexpr int BWD_ARCH_SMEM = attn_bwd_arch_smem(0); /* the host pass compiles n
  * registers for dK and dV alone, so two warps share each 16: 128 + 2 x 8 (BM 64 there would need
  * 217.5 KB of shared memory, sm_90 only). D 80 takes BM = 64 (80 + 64): with 32 rows its dQ
  * (32 x 80: two m16 by ten n8) has no even split over 8 warps (attn_bwd_dq_col_warps). D 96 takes
- * BM = 32 (96 + 32): with 64 the 8-warp kernel spills at sm_90a. */
+ * BM = 32 with 4 warps (96 + 32: the fused order at 64 spilled) and with 8 warps D 128's split
+ * plan (BM 64, 48 columns a warp): a step then covers 64 query rows, so the deterministic kernel
+ * waits for its turn and fences half as often per unit of work. */
 template <int D, int WARPS> struct attn_bwd_tile {
     static constexpr int BM = D <= 80 ? 64 : 32, KEY_ROWS = 16, COL_WARPS = D == 256 ? 2 : 1;
     static constexpr bool SPLIT = false;
@@ -108,7 +110,7 @@ constexpr int attn_bwd_dq_col_warps(int d, int warps, int bm) {
  * warp loads DQ_ROWS / 16 A fragments (dS) and DQ_COLS / 8 B fragments (K, by transposed
  * ldmatrix: .x4 per two n8 tiles, .x2 for an odd last one) for DQ_ROWS / 16 x DQ_COLS / 8 MMAs:
  * 4 warps 32 x 32 (D 64 and 128), 32 x 40 (D 80), 32 x 24 (D 96); 8 warps 32 x 16 at D 64,
- * 16 x 40 at D 80, 16 x 24 at D 96, 32 x 32 at D 128 and 256. */
+ * 16 x 40 at D 80, 32 x 24 at D 96, 32 x 32 at D 128 and 256. */
 template <int D, int WARPS> struct attn_bwd_shape {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int MIN_CTAS = BWD_SM_WARPS / WARPS;
@@ -702,8 +704,8 @@ extern "C" size_t tk_attention_bwd_workspace_bytes(const tk_attention_call *c, i
            (ATTN_BWD_ACC_ALIGN - 16);
 }
 
-/* The 8-warp tiles need 92 KB (D 64), 108 KB (D 80), 89.5 KB (D 96) or 156 KB (D 128, BM 64) per
- * block: D 80 and 128 are beyond the 99 KB of sm_86 and sm_89; D 128 fits sm_80's 163 KB. */
+/* The 8-warp tiles need 92 KB (D 64), 108 KB (D 80), 124 KB (D 96, BM 64) or 156 KB (D 128, BM 64)
+ * per block: D 80 to 128 are beyond the 99 KB of sm_86 and sm_89; all fit sm_80's 163 KB. */
 extern "C" bool tk_attention_bwd_supports_bn128(const void *call, const tk_device *dev) {
     switch (static_cast<const tk_attention_bwd_call *>(call)->fwd.head_dim) {
     case 64: return attn_bwd_fits<64, BWD_WARPS>(dev);
