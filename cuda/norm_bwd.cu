@@ -96,6 +96,13 @@ template <int VEC> constexpr int bwd_packs() {
 
 /* Warps in the widest block: the slots of block_sum's shared-memory step. */
 constexpr int MAX_WARPS = TK_NORM_ROWS_MAX_THREADS / 32;
+/* The ring kernel's narrow plan, LayerNorm's: 2 packs on blocks of at most NARROW_THREADS (16-bit
+ * rows of up to 4096 columns), NARROW_BLOCKS of them per SM under the launch bounds (80 registers),
+ * with w' in shared memory and xhat, g converted again in pass 2, as at 4 packs: 24 warps per SM
+ * where LayerNorm's held form (128 registers) allows 16. RMSNorm keeps its held form (106
+ * registers, also 16 warps): it has one row sum, not two, and gains nothing from more warps (H100,
+ * 16384 x 4096: 0.96x copy held, 0.92x narrow; LayerNorm 0.88x held, 0.91x narrow). */
+constexpr int NARROW_THREADS = 256, NARROW_BLOCKS = 3;
 
 /* N row sums over `width` lanes (a power of two <= 32), returned to each of them. Fixed order. */
 template <int N> __device__ __forceinline__ void shuffle_sum(float (&v)[N], int width) {
@@ -542,14 +549,16 @@ __device__ __forceinline__ void ring_cluster_release(bool refilled) {
  * tensor lands in its stage as one contiguous bulk copy (thread 0 issues both, counted on the
  * stage's barrier, after the block barrier that ends the stage's last reads), and the row sums go over
  * the cluster (ring_cluster_sum) instead of the block step. */
-template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster>
-__global__ void __launch_bounds__(TK_NORM_ROWS_MAX_THREADS) norm_bwd_ring(tk_norm_call a, int slice_packs) {
+template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster, bool Narrow>
+__global__ void __launch_bounds__(Narrow ? NARROW_THREADS : TK_NORM_ROWS_MAX_THREADS, Narrow ? NARROW_BLOCKS : 1)
+    norm_bwd_ring(tk_norm_call a, int slice_packs) {
     constexpr int VEC = 16 / (int)sizeof(T), SUMS = LayerNorm ? 2 : 1;
     static_assert(Cluster || sizeof(T) == 2, "rows of one block: 16-bit rows, 8 elements per pack");
     static_assert(LayerNorm || !Db, "db is LayerNorm's");
     static_assert(PACKS == 2 || PACKS == TK_NORM_BWD_RING_MAX_PACKS, "the host's plan (tk_norm_bwd_ring_packs)");
     static_assert(!Cluster || PACKS == TK_NORM_BWD_RING_MAX_PACKS, "a cluster's slices: the 4-pack plan");
-    constexpr bool Hold = PACKS == 2; /* xhat, g and w' held in registers across the reduction */
+    static_assert(!Narrow || (PACKS == 2 && !Cluster), "the narrow plan: 2 packs, rows of one block");
+    constexpr bool Hold = PACKS == 2 && !Narrow; /* xhat, g and w' held in registers across the reduction */
     constexpr int PASS2_UNROLL = Hold ? PACKS : 1;
     extern __shared__ uint4 ring[];
     __shared__ tk_pack<float, SUMS> scratch[Cluster ? 1 : 2][MAX_WARPS];
@@ -955,12 +964,14 @@ cudaError_t clusters_resident(const tk_device *dev, int blocks, int threads, siz
  * or db at most the workspace's slots (a 65536-wide row has 64: an H100 holds 33 clusters of 4
  * blocks of 192 KB, one block per SM). With `resident`, nothing is launched: it receives the
  * clusters that fit (the variant's check that the device holds one). */
-template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster>
+template <typename T, typename W, int PACKS, bool LayerNorm, bool Dw, bool Db, bool Cluster, bool Narrow>
 cudaError_t launch_ring_op(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
                            int64_t *slots, int *resident) {
-    constexpr auto kernel = norm_bwd_ring<T, W, PACKS, LayerNorm, Dw, Db, Cluster>;
+    constexpr auto kernel = norm_bwd_ring<T, W, PACKS, LayerNorm, Dw, Db, Cluster, Narrow>;
     constexpr int VEC = 16 / (int)sizeof(T);
-    const int per_thread = tk_norm_bwd_ring_bytes_per_thread(PACKS, VEC), smem = threads * per_thread;
+    /* The narrow plan's w' past the ring, as at 4 packs (tk_norm_bwd_ring_bytes_per_thread). */
+    const int per_thread = tk_norm_bwd_ring_bytes_per_thread(PACKS, VEC) + (Narrow ? PACKS * VEC * 4 : 0),
+              smem = threads * per_thread;
     const int static_smem = Cluster ? TK_NORM_BWD_CLUSTER_STATIC_SMEM : TK_NORM_BWD_RING_STATIC_SMEM;
     int opt_in = TK_NORM_ROWS_MAX_THREADS * per_thread;
     if (opt_in > dev->max_smem_optin - static_smem)
@@ -993,18 +1004,18 @@ cudaError_t launch_ring_op(const tk_norm_call *a, int threads, const tk_device *
     }
 }
 
-template <typename T, typename W, int PACKS, bool Cluster>
+template <typename T, typename W, int PACKS, bool Cluster, bool NarrowLayerNorm = false>
 cudaError_t launch_ring_packs(const tk_norm_call *a, int threads, const tk_device *dev, cudaStream_t stream,
                               int64_t *slots, int *resident) {
     const bool dw = a->dw != nullptr, db = a->db != nullptr;
     if (!a->layernorm)
-        return dw ? launch_ring_op<T, W, PACKS, false, true, false, Cluster>(a, threads, dev, stream, slots, resident)
-                  : launch_ring_op<T, W, PACKS, false, false, false, Cluster>(a, threads, dev, stream, slots, resident);
+        return dw ? launch_ring_op<T, W, PACKS, false, true, false, Cluster, false>(a, threads, dev, stream, slots, resident)
+                  : launch_ring_op<T, W, PACKS, false, false, false, Cluster, false>(a, threads, dev, stream, slots, resident);
     if (db)
-        return dw ? launch_ring_op<T, W, PACKS, true, true, true, Cluster>(a, threads, dev, stream, slots, resident)
-                  : launch_ring_op<T, W, PACKS, true, false, true, Cluster>(a, threads, dev, stream, slots, resident);
-    return dw ? launch_ring_op<T, W, PACKS, true, true, false, Cluster>(a, threads, dev, stream, slots, resident)
-              : launch_ring_op<T, W, PACKS, true, false, false, Cluster>(a, threads, dev, stream, slots, resident);
+        return dw ? launch_ring_op<T, W, PACKS, true, true, true, Cluster, NarrowLayerNorm>(a, threads, dev, stream, slots, resident)
+                  : launch_ring_op<T, W, PACKS, true, false, true, Cluster, NarrowLayerNorm>(a, threads, dev, stream, slots, resident);
+    return dw ? launch_ring_op<T, W, PACKS, true, true, false, Cluster, NarrowLayerNorm>(a, threads, dev, stream, slots, resident)
+              : launch_ring_op<T, W, PACKS, true, false, false, Cluster, NarrowLayerNorm>(a, threads, dev, stream, slots, resident);
 }
 
 /* The pack count and block size of the row's plan (cuda/norm.h: 2 packs up to 8192 columns). */
@@ -1013,7 +1024,9 @@ cudaError_t launch_ring(const tk_norm_call *a, const tk_device *dev, cudaStream_
     const int64_t packs_row = a->cols / 8;
     const int threads = tk_norm_bwd_ring_threads(packs_row);
     if (tk_norm_bwd_ring_packs(packs_row) == 2)
-        return launch_ring_packs<T, W, 2, false>(a, threads, dev, stream, slots, nullptr);
+        return threads <= NARROW_THREADS
+                   ? launch_ring_packs<T, W, 2, false, /*NarrowLayerNorm=*/true>(a, threads, dev, stream, slots, nullptr)
+                   : launch_ring_packs<T, W, 2, false>(a, threads, dev, stream, slots, nullptr);
     return launch_ring_packs<T, W, TK_NORM_BWD_RING_MAX_PACKS, false>(a, threads, dev, stream, slots, nullptr);
 }
 
