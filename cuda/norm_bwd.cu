@@ -100,8 +100,8 @@ constexpr int MAX_WARPS = TK_NORM_ROWS_MAX_THREADS / 32;
  * rows of up to 4096 columns), NARROW_BLOCKS of them per SM under the launch bounds (80 registers),
  * with w' in shared memory and xhat, g converted again in pass 2, as at 4 packs: 24 warps per SM
  * where LayerNorm's held form (128 registers) allows 16. RMSNorm keeps its held form (106
- * registers, also 16 warps): it has one row sum, not two, and gains nothing from more warps (H100,
- * 16384 x 4096: 0.96x copy held, 0.92x narrow; LayerNorm 0.88x held, 0.91x narrow). */
+ * registers, also 16 warps): it has one row sum, not two, and was slower on this plan
+ * (docs/kernels/norm.md: Mapping, Tried). */
 constexpr int NARROW_THREADS = 256, NARROW_BLOCKS = 3;
 
 /* N row sums over `width` lanes (a power of two <= 32), returned to each of them. Fixed order. */
