@@ -73,8 +73,8 @@ static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
  * worth; the launcher takes the rows kernel below that): packs per thread and tensor (2 while a
  * block of TK_NORM_ROWS_MAX_THREADS threads holds the row at 2, else 4), threads (a multiple of
  * 32), and the dynamic shared memory of a thread: a 2-stage ring of x and dy (16 bytes a pack
- * of each), then at 4 packs w' as f32 (32 bytes a pack), which the thread's registers no longer
- * hold; the block's static shared memory (the row sums) is at most TK_NORM_BWD_RING_STATIC_SMEM
+ * of each), then, where the thread's registers do not hold it (at 4 packs, and on LayerNorm's
+ * narrow plan at 2), w' as f32 (4 bytes an element); the block's static shared memory (the row sums) is at most TK_NORM_BWD_RING_STATIC_SMEM
  * bytes. */
 #define TK_NORM_BWD_RING_STATIC_SMEM 256
 
@@ -88,8 +88,8 @@ static inline int tk_norm_bwd_ring_threads(int64_t packs_row) {
     return (int)((packs_row + packs - 1) / packs + 31) / 32 * 32;
 }
 
-static inline int tk_norm_bwd_ring_bytes_per_thread(int packs, int vec) {
-    return 2 * 2 * packs * 16 + (packs > TK_NORM_BWD_ELEMS_VEC / 8 ? packs * vec * 4 : 0);
+static inline int tk_norm_bwd_ring_bytes_per_thread(int packs, int vec, bool w_shared) {
+    return 2 * 2 * packs * 16 + (w_shared ? packs * vec * 4 : 0);
 }
 
 /* Whether a device whose blocks may opt in to `max_smem_optin` bytes of shared memory holds the
@@ -100,7 +100,8 @@ static inline int tk_norm_bwd_ring_bytes_per_thread(int packs, int vec) {
 static inline bool tk_norm_bwd_ring_fit(int64_t cols, int max_smem_optin) {
     const int64_t packs_row = cols / 8;
     return (int64_t)tk_norm_bwd_ring_threads(packs_row) *
-                   tk_norm_bwd_ring_bytes_per_thread(tk_norm_bwd_ring_packs(packs_row), 8) +
+                   tk_norm_bwd_ring_bytes_per_thread(tk_norm_bwd_ring_packs(packs_row), 8,
+                                                     tk_norm_bwd_ring_packs(packs_row) > 2) +
                TK_NORM_BWD_RING_STATIC_SMEM <=
            max_smem_optin;
 }
@@ -150,7 +151,7 @@ static inline bool tk_norm_bwd_cluster_fit(int64_t cols, int vec, int max_smem_o
     const int64_t packs_row = cols / vec;
     return vec > 1 && !tk_norm_rows_fit(cols, vec, true) && tk_norm_cluster_fit(cols, vec) &&
            (int64_t)tk_norm_bwd_cluster_threads(packs_row) *
-                   tk_norm_bwd_ring_bytes_per_thread(TK_NORM_BWD_RING_MAX_PACKS, vec) +
+                   tk_norm_bwd_ring_bytes_per_thread(TK_NORM_BWD_RING_MAX_PACKS, vec, true) +
                TK_NORM_BWD_CLUSTER_STATIC_SMEM <=
            max_smem_optin;
 }

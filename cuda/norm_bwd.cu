@@ -969,8 +969,7 @@ cudaError_t launch_ring_op(const tk_norm_call *a, int threads, const tk_device *
                            int64_t *slots, int *resident) {
     constexpr auto kernel = norm_bwd_ring<T, W, PACKS, LayerNorm, Dw, Db, Cluster, Narrow>;
     constexpr int VEC = 16 / (int)sizeof(T);
-    /* The narrow plan's w' past the ring, as at 4 packs (tk_norm_bwd_ring_bytes_per_thread). */
-    const int per_thread = tk_norm_bwd_ring_bytes_per_thread(PACKS, VEC) + (Narrow ? PACKS * VEC * 4 : 0),
+    const int per_thread = tk_norm_bwd_ring_bytes_per_thread(PACKS, VEC, PACKS > 2 || Narrow),
               smem = threads * per_thread;
     const int static_smem = Cluster ? TK_NORM_BWD_CLUSTER_STATIC_SMEM : TK_NORM_BWD_RING_STATIC_SMEM;
     int opt_in = TK_NORM_ROWS_MAX_THREADS * per_thread;
