@@ -55,11 +55,17 @@
  * the same registers. A row of more than one slice runs on a thread-block cluster whose blocks
  * send each other their parts of the row's statistic with st.async into shared memory, counted
  * on the receiver's mbarrier, which does not wait for the sender's global stores as the release
- * of barrier.cluster does; a row of one slice runs on one block without a cluster. The
- * cluster's blocks meet once, at the start, in a relaxed barrier that the first chunk's loads
- * overlap (tk_cluster_start), and not at the exit: each block has waited on its own mbarrier for
- * every part sent to it. A chunk is held as raw 32-bit words, not as packs of 16-bit elements
- * (pack_words). Measurements and what was tried: docs/kernels/softmax.md.
+ * of barrier.cluster does; a row of one slice runs on one block without a cluster. Where a
+ * slice is a single chunk (few rows widened over up to 16 blocks, e.g. one 131072-word decode
+ * row: 16-32 KB a block), pass 1's chunk is still in registers when the row's statistic
+ * arrives, so pass 2 computes from it and does not read the slice again: the re-read cost L2
+ * traffic, load instructions and a second chunk of registers for words already held. It is a
+ * template parameter because it changes the register plan; larger slices do not fit a thread's
+ * registers and are re-read. The cluster's blocks meet once, at the start, in a relaxed barrier
+ * that the first chunk's loads overlap (tk_cluster_start), and not at the exit: each block has
+ * waited on its own mbarrier for every part sent to it. A chunk is held as raw 32-bit words, not
+ * as packs of 16-bit elements (pack_words). Measurements and what was tried:
+ * docs/kernels/softmax.md.
  *
  * The "scalar" variants are the same kernels with packs of one element: any element-aligned
  * pointer and stride (e.g. a tensor offset by 2 bytes), correct and slower. The cols % Vec
@@ -701,10 +707,13 @@ struct pipe_row {
  * Cluster: launched as clusters of 2 to PIPE_MAX_BLOCKS blocks, which exchange their parts with
  * st.async. Otherwise one block per row, launched without clusters (st.async is undefined in a
  * cluster of one block): its warps combine their parts in its own shared memory behind one
- * barrier. Threads per block and Unroll packs per thread, row and tensor in a chunk: the
- * library's are PIPE_THREADS and pipe_unroll<Mode>(); experiments/softmax_long_rows.cu (commit
- * 93c5117) timed other forward shapes. */
-template <typename T, int Vec, int Mode, int Threads, int Unroll, bool Cluster>
+ * barrier. OneChunk (clusters whose slices are at most one chunk, slice_packs <= Threads x
+ * Unroll): pass 2 takes the words of row nxt that pass 1 loaded into the chunk (the log-softmax
+ * backward's y, which pass 1 does not read, is still loaded for pass 2). Threads per block and
+ * Unroll packs per thread, row and tensor in a chunk: the library's are PIPE_THREADS and
+ * pipe_unroll<Mode>(); experiments/softmax_long_rows.cu (commit 93c5117) timed other forward
+ * shapes. */
+template <typename T, int Vec, int Mode, int Threads, int Unroll, bool Cluster, bool OneChunk>
 __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     softmax_pipelined_kernel(tk_softmax_call a, int slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -750,15 +759,17 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         row_chunk cur, nxt;
     };
     /* The packs at slice positions base + u * Threads + threadIdx.x of both rows: what pass 2
-     * reads of row cur (last use), what pass 1 reads of row nxt. */
-    auto load_chunk = [&](const pipe_row &cur, const pipe_row &nxt, int base) {
+     * reads of row cur (last use), what pass 1 reads of row nxt. Without `reread` (a constant),
+     * of row cur only what its pass 1 did not read (y of the log-softmax backward). */
+    auto load_chunk = [&](const pipe_row &cur, const pipe_row &nxt, int base, bool reread) {
         chunk c;
 #pragma unroll
         for (int u = 0; u < Unroll; u++) {
             const int c0 = (first_pack + base + u * Threads + (int)threadIdx.x) * Vec;
             if (c0 < cur.load_end) {
-                c.cur.in[u] = load_words<true>(in + cur.row * a.in_stride + c0);
-                if constexpr (Backward)
+                if (reread || Mode == BACKWARD_LOG)
+                    c.cur.in[u] = load_words<true>(in + cur.row * a.in_stride + c0);
+                if (Backward && reread)
                     c.cur.dy[u] = load_words<true>(dy + cur.row * a.in_stride + c0);
             }
             if (c0 < nxt.load_end) {
@@ -778,7 +789,7 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
     pipe_row cur = row_at(-1), nxt = row_at(blockIdx.x / blocks);
     row_tail<T, Vec> cur_tail, nxt_tail = tail_of(nxt);
     row_stats st = {0.0f, 0.0f};
-    chunk c = load_chunk(cur, nxt, 0);
+    chunk c = load_chunk(cur, nxt, 0, true);
     if constexpr (Cluster) {
         if (threadIdx.x == 0) {
             tk_mbarrier_init(tk_smem_address(&partials_in[0]), 1);
@@ -792,8 +803,14 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
         max_sum part = no_part; /* this thread's, of row nxt */
 #pragma unroll 1
         for (int base = 0; base < own_packs; base += STEP) {
-            const chunk following =
-                base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP) : load_chunk(nxt, after, 0);
+            chunk following = !OneChunk && base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP, true)
+                                                                   : load_chunk(nxt, after, 0, !OneChunk);
+            if constexpr (OneChunk) { /* the slice's only chunk: row nxt's pass 2 takes pass 1's words */
+                if constexpr (Mode != BACKWARD_LOG)
+                    memcpy(following.cur.in, c.nxt.in, sizeof c.nxt.in);
+                if constexpr (Backward)
+                    memcpy(following.cur.dy, c.nxt.dy, sizeof c.nxt.dy);
+            }
             if (cur.row >= 0) {
 #pragma unroll
                 for (int u = 0; u < Unroll; u++) {
@@ -990,6 +1007,27 @@ cudaError_t widen_for_few_rows(const tk_softmax_call *a, const tk_device *dev, c
     return err;
 }
 
+/* Clusters of `blocks` (2 to 16) blocks of Kernel, as many as are resident at once, at most one
+ * per row. Past the portable 8 blocks a cluster needs the kernel's non-portable opt-in, which
+ * tk_max_cluster_blocks sets (widen_for_few_rows chose `blocks` on the multi-chunk instantiation;
+ * the one-chunk one has the same block size and shared memory). */
+template <auto Kernel>
+cudaError_t launch_clusters(const tk_softmax_call *a, const tk_device *dev, cudaLaunchConfig_t cfg, int blocks,
+                            int slice_packs) {
+    int most, fit;
+    cudaError_t err = blocks > PIPE_PORTABLE_BLOCKS ? tk_max_cluster_blocks<Kernel>(dev, cfg, &most) : cudaSuccess;
+    if (err == cudaSuccess)
+        err = clusters_that_fit<Kernel>(dev, cfg, blocks, &fit);
+    if (err != cudaSuccess)
+        return err;
+    if (fit < 1)
+        fit = 1; /* none resident: the launch fails, with that error */
+    cudaLaunchAttribute cluster = tk_cluster_attribute(blocks);
+    cfg.attrs = &cluster, cfg.numAttrs = 1;
+    cfg.gridDim = dim3((unsigned)((fit < a->rows ? fit : a->rows) * blocks));
+    return tk_launch(cfg, Kernel, *a, slice_packs);
+}
+
 /* One block of PIPE_THREADS per SM, `blocks` per row (a power of two <= PIPE_MAX_BLOCKS: the L2
  * budget's, widened for few rows), as many clusters as fit at once (a cluster's rows follow one
  * another); one block per row is launched without clusters, as many blocks as fit at once. Each
@@ -999,8 +1037,9 @@ cudaError_t widen_for_few_rows(const tk_softmax_call *a, const tk_device *dev, c
  * has the forward's launch shape. */
 template <typename T, int Vec, int Mode, int Threads = PIPE_THREADS, int Unroll = pipe_unroll<Mode>()>
 cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cudaStream_t stream) {
-    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, true>;
-    constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, false>;
+    constexpr auto kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, true, false>;
+    constexpr auto one_chunk_kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, true, true>;
+    constexpr auto one_block_kernel = softmax_pipelined_kernel<T, Vec, Mode, Threads, Unroll, false, false>;
     const cudaLaunchConfig_t plain = tk_launch_config(dim3(), Threads, 0, stream);
     int blocks = pipelined_blocks(a, (int)sizeof(T));
     cudaError_t err = widen_for_few_rows<kernel>(a, dev, plain, (int)sizeof(T), &blocks);
@@ -1008,23 +1047,17 @@ cudaError_t launch_pipelined(const tk_softmax_call *a, const tk_device *dev, cud
         return err;
     const int64_t whole_packs = a->cols / Vec;
     const int slice_packs = (int)((whole_packs + blocks - 1) / blocks);
-    int64_t fit;
-    if (blocks > 1) { /* st.async is undefined in a cluster of one block: one block a row runs without */
-        int clusters_fit;
-        err = clusters_that_fit<kernel>(dev, plain, blocks, &clusters_fit);
-        fit = clusters_fit > 0 ? clusters_fit : 1; /* none resident: the launch fails, with that error */
-    } else {
-        err = tk_wave_blocks<one_block_kernel>(dev, Threads, 0, &fit);
-    }
-    if (err != cudaSuccess)
-        return err;
-    const int64_t clusters = fit < a->rows ? fit : a->rows;
-    cudaLaunchAttribute cluster = tk_cluster_attribute(blocks);
-    cudaLaunchConfig_t cfg = plain;
+    /* Slices of one chunk (few rows widened over many blocks) keep it in registers for pass 2;
+     * st.async is undefined in a cluster of one block: one block a row runs without. */
     if (blocks > 1)
-        cfg.attrs = &cluster, cfg.numAttrs = 1;
-    cfg.gridDim = dim3((unsigned)(clusters * blocks));
-    return blocks > 1 ? tk_launch(cfg, kernel, *a, slice_packs) : tk_launch(cfg, one_block_kernel, *a, slice_packs);
+        return slice_packs <= Threads * Unroll ? launch_clusters<one_chunk_kernel>(a, dev, plain, blocks, slice_packs)
+                                               : launch_clusters<kernel>(a, dev, plain, blocks, slice_packs);
+    int64_t fit;
+    if ((err = tk_wave_blocks<one_block_kernel>(dev, Threads, 0, &fit)) != cudaSuccess)
+        return err;
+    cudaLaunchConfig_t cfg = plain;
+    cfg.gridDim = dim3((unsigned)(fit < a->rows ? fit : a->rows));
+    return tk_launch(cfg, one_block_kernel, *a, slice_packs);
 }
 
 template <bool Wide, bool Stream, typename T>

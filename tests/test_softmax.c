@@ -533,7 +533,9 @@ Test(softmax_gpu, pipelined_bwd_slices_f16, .timeout = 600) {
  * one 16-block row, a row widened from one block to a cluster, 16 rows that stop at 8 blocks,
  * 40 that stop at 2, causal rows whose lengths end around a slice boundary or in the first
  * slice (the other ranks see none) or see nothing at all, a partial last slice with a cols % Vec
- * tail, in place. Softmax forward, f32 (4 elements a pack): */
+ * tail, in place; slices of one chunk (a widened row's slice of at most 32 KB forward, 16 KB a
+ * tensor backward, whose pass 2 computes from pass 1's registers) with a tail and causal lengths
+ * that end in it or just before it. Softmax forward, f32 (4 elements a pack): */
 static const sm_shape few_rows_f32[] = {
     {1, 131072, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B16: slices of 2048 packs */
     {1, 131072, 0, 0, 1.0f, 1, 1, 8190, 1, false, 0},      /* B16, len 8191: ranks 1..15 see none */
@@ -545,6 +547,7 @@ static const sm_shape few_rows_f32[] = {
     {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* B16: partial last slice, padded y */
     {16, 131072, 0, 0, 1.0f, 1, 1, -3, 16, false, 0},      /* B8: rows 0..2 see nothing */
     {40, 16384, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B2 */
+    {2, 131075, 1, 1, 1.0f, 0, 1, 131072, 2, false, 0},    /* B16, one chunk + tail of 3: lens 131073..131074 */
 };
 
 /* bf16 and f16 (8 elements a pack). */
@@ -557,6 +560,7 @@ static const sm_shape few_rows_16[] = {
     {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},        /* B16: partial last slice, padded y */
     {16, 131072, 0, 0, 1.0f, 0, 1, -3, 16, true, 0},       /* B8: rows 0..2 see nothing, in place */
     {40, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* B2 */
+    {2, 131077, 3, 3, 1.0f, 1, 1, 131072, 2, false, 0},    /* B16, one chunk + tail of 5: lens 131073..131074 */
 };
 
 /* Backward (P softmax, L log-softmax; the softmax backward's budget is twice the blocks), f32: */
@@ -569,6 +573,8 @@ static const sm_shape few_rows_bwd_f32[] = {
     {8, 131072, 0, 0, 1.0f, 1, 1, -2, 8, true, 0},         /* L B16: rows 0..1 see nothing, dx = dy */
     {2, 120004, 0, 4, -0.7f, 0, 0, 0, 0, false, 0},        /* P B16: partial last slice, padded y */
     {40, 16384, 0, 0, 1.0f, 1, 0, 0, 0, false, 0},         /* L B2 */
+    {2, 65539, 1, 1, 1.0f, 1, 1, 65536, 2, false, 0},      /* L B16, one chunk + tail of 3: lens 65537..65538 */
+    {3, 65539, 1, 1, 0.5f, 0, 1, 65530, 3, false, 0},      /* P B16, one chunk: lens 65531..65533, tail masked */
 };
 
 /* bf16 and f16. */
@@ -579,6 +585,8 @@ static const sm_shape few_rows_bwd_16[] = {
     {2, 240008, 0, 8, -0.7f, 0, 0, 0, 0, false, 0},        /* P B16: partial last slice, padded y */
     {5, 40003, 5, 5, 0.5f, 0, 1, 9000, 0, false, 0},       /* P B4, tail of 3: ranks 1..3 see none */
     {40, 32768, 0, 0, 1.0f, 0, 0, 0, 0, false, 0},         /* P B2 (one block by the budget) */
+    {2, 131077, 3, 3, 1.0f, 1, 1, 131072, 2, false, 0},    /* L B16, one chunk + tail of 5: lens 131073..131074 */
+    {3, 131077, 3, 3, 0.7f, 0, 1, 131068, 3, false, 0},    /* P B16, one chunk: lens 131069..131071, tail masked */
 };
 
 Test(softmax_gpu, pipelined_few_rows_f32, .timeout = 600) { RUN_PIPELINED(TK_F32, false, few_rows_f32, 39); }
