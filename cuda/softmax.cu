@@ -806,10 +806,17 @@ __global__ void __launch_bounds__(Threads, Threads >= 512 ? 1 : 512 / Threads)
             chunk following = !OneChunk && base + STEP < own_packs ? load_chunk(cur, nxt, base + STEP, true)
                                                                    : load_chunk(nxt, after, 0, !OneChunk);
             if constexpr (OneChunk) { /* the slice's only chunk: row nxt's pass 2 takes pass 1's words */
-                if constexpr (Mode != BACKWARD_LOG)
-                    memcpy(following.cur.in, c.nxt.in, sizeof c.nxt.in);
-                if constexpr (Backward)
-                    memcpy(following.cur.dy, c.nxt.dy, sizeof c.nxt.dy);
+                /* Pack by pack, not memcpy: CUDA 13.0 copies a single pack where both pointers
+                 * are packs past the start of their chunk, so memcpy(following.cur.dy, c.nxt.dy,
+                 * sizeof c.nxt.dy) dropped dy[1], and pass 2 of the backward computed u = 1 from
+                 * the first chunk's dy[1], never loaded (row -1): wrong outputs. */
+#pragma unroll
+                for (int u = 0; u < Unroll; u++) {
+                    if constexpr (Mode != BACKWARD_LOG)
+                        following.cur.in[u] = c.nxt.in[u];
+                    if constexpr (Backward)
+                        following.cur.dy[u] = c.nxt.dy[u];
+                }
             }
             if (cur.row >= 0) {
 #pragma unroll
