@@ -388,9 +388,9 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
          * out and the lse / D loads once P is packed: from the barrier the tensor cores then
          * wait only for the step's first fragments, not for every warp's addresses and copies
          * (both sets together, after S^T or after P, made ptxas spill the deterministic kernel on
-         * sm_80 or on sm_90a). In the split order a stage's last reads, dK's, come before the
-         * step's dS^T barrier; with two warps per key in the fused order (D 256) dV and dK read
-         * it after that barrier. */
+         * sm_80 or on sm_90a). Every order's last reads of a stage (dK's in the split order, dV's
+         * and dK's with two warps per key in the fused order, D 256) come before the next step's
+         * top barrier. */
         float2 next_stat = make_float2(0.0f, 0.0f);
         auto load_next = [&]() {
             at.next();
@@ -423,14 +423,31 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         if constexpr (SPLIT) {
             /* Two warps per block of keys (D 128: 32 keys, each warp 32 of the 64 queries of S^T
              * and dP^T, 64 of the 128 columns of dK and dV). S^T first, P rounded to the dtype and
-             * dV += P^T dO, then dP^T, dS and dK += dS^T Q (FlashAttention-2's and -3's order):
-             * beside dK and dV only one product's f32 accumulators are live at a time. The block's
+             * dV += P^T dO, then dP^T, dS, and after the step's dQ adds dK += dS^T Q
+             * (FlashAttention-2's order): beside dK and dV only one product's f32 accumulators are
+             * live at a time, and the adds go out as soon as dQ is done, dK's MMAs running under
+             * their latency instead of the next step's top barrier waiting on them. The block's
              * P^T and dS^T meet in the dS^T tile, each warp writing its own slots ([key][query])
              * and both reading the block's keys over all BM queries as A fragments (plain
              * ldmatrix), with a named barrier of the pair between:
              *   P^T to the slots | pair barrier | dV over all BM | pair barrier (the partner has
              *   read the slots) | with softcap, P times the cap's derivative over P | dP^T, dS =
-             *   (the factor in the slots) (dP - D), dS^T over it | pair barrier | dK over all BM.
+             *   (the factor in the slots) (dP - D), dS^T over it | the step's dS^T barrier (all
+             *   warps) | dQ and its adds | dK over all BM.
+             * Each shared-memory tile against those barriers:
+             *   - the warp's dS^T slots: written (P^T) after the step's top barrier; read by both
+             *     warps (dV) after the first pair barrier; written again (the softcap factor, dS^T)
+             *     only after the second, which the partner reaches once its dV has read them; read
+             *     back by the thread that wrote them (dS's factor); read by every warp (dQ) and by
+             *     both of the pair (dK) after the dS^T barrier, which orders the partner's dS^T
+             *     stores before dK's reads, so dK needs no pair barrier of its own; written next
+             *     (step it + 1's P^T) after the next top barrier, which no warp passes before its
+             *     dQ and dK reads;
+             *   - the step's stage (Q, dO, lse, D): complete at the top barrier (its copies waited
+             *     for, its lse and D stored before step it - 1's dS^T barrier); read by S^T, P, dV,
+             *     dP^T, dS and dK; written next by step it + 1's loads (for step it + 2), issued
+             *     after step it + 1's top barrier, after every warp's dK;
+             *   - K, V and the key table: read only.
              * dS's factor waits for dP^T in shared memory (held in registers through dP^T it is
              * the margin between BM = 64 at D 128 and a spill); the softcap factor is rounded once
              * (the naive backward rounds P, and dS twice there). A straight from the accumulators
@@ -493,8 +510,6 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                                                     f.y * (sd[1][km][nt][2 * (r & 1) + 1] - dsum[qc + 1]));
                     }
             store_keys_by_queries(s_ds, da);
-            tk_named_barrier_sync<32 * CW>(pair_barrier); /* the partner's dS^T is stored */
-            block_by_cols(dk, s_q);
         } else {
             /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32 in their place. The loop
              * is written out and the mask's inputs are read after it: through keys_by_queries, or
@@ -648,6 +663,10 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                     attn_bwd_acc_add(acc + mq * ATTN_BWD_SLAB * D + nt * ATTN_BWD_BLOCK, lane,
                                      dq[mq][nt][0] * p.scale, dq[mq][nt][1] * p.scale,
                                      dq[mq][nt][2] * p.scale, dq[mq][nt][3] * p.scale);
+        /* The split order's dK, after the adds (the order and its barriers: above). */
+        if constexpr (SPLIT) {
+            block_by_cols(dk, s_q);
+        }
         h_before = h;
         m0_before = m0;
     }
