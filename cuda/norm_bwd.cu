@@ -41,8 +41,10 @@
  *     the ring, and pass 2 converts x and dy again from the stage that pass 1 read (it is
  *     refilled only by the next iteration's copies), one pack at a time (a loop that is not
  *     unrolled: unrolled, the scheduler holds several packs' temporaries beside the partials and
- *     LayerNorm with dw and db spills). 384 bytes of shared memory a thread: 192 KB for a
- *     16384-wide row, 1 block per SM (H100 / H200; the host checks the device's limit).
+ *     LayerNorm with dw and db spills), with rstd (and for 16-bit rows the mean) folded into the
+ *     row's constants: three operations an element (f32 LayerNorm four). 384 bytes of shared
+ *     memory a thread: 192 KB for a 16384-wide row, 1 block per SM (H100 / H200; the host
+ *     checks the device's limit).
  * - "cluster" mode of the ring kernel (sm_90, the "cluster_vec16" variant: 16-bit rows of 16385
  *   to 131072 columns, f32 rows of 8193 to 65536): a row split into the forward cluster kernel's
  *   slices of at most 32 KB per tensor over the 2 to 8 blocks of a thread-block cluster (a
@@ -722,23 +724,38 @@ __global__ void __launch_bounds__(Narrow ? NARROW_THREADS : TK_NORM_ROWS_MAX_THR
         /* dx = rstd (g - mean(g) - xhat mean(g xhat)) as rstd g + k0 - xhat kx: two FMAs. */
         const float kx = rstd * (sums[0] * inv_n);
         const float k0 = LayerNorm ? -rstd * (sums[SUMS - 1] * inv_n) : 0.0f;
+        /* Unheld, pass 2 starts again from x and dy as stored, so rstd goes into the row's
+         * constants rather than into xhat and g: dx = (rstd w') dy - xk (x - mean) + k0 with
+         * xk = rstd kx, three operations an element for RMSNorm and four for LayerNorm, where
+         * forming xhat and g first took four and five. 16-bit rows fold the mean as well,
+         * dx = (rstd w') dy - xk x + c0 with c0 = k0 + xk mean: three for LayerNorm too. That
+         * sum cancels when |mean| is large against the row's spread: c0's rounding, up to
+         * |mean| |xk| 2^-24, stays below the rounding of a bf16 / f16 dx as long as such x can
+         * resolve the spread at all (|mean| / std below 2^8 / 2^11), but not below the 1e-5 of
+         * an f32 dx at a mean of 1000 and std 1, so f32 rows keep x - mean
+         * (docs/kernels/norm.md, Numerics of pass 2). */
+        const float xk = rstd * kx;
+        constexpr bool FoldMean = LayerNorm && sizeof(T) == 2;
+        const float c0 = FoldMean ? fmaf(mean, xk, k0) : k0;
         /* At 4 packs a pack at a time, converted again (see above). */
 #pragma unroll PASS2_UNROLL
         for (int p = 0; p < PACKS; p++) {
             if (Hold ? inside[p] : p == 0 || (int)threadIdx.x + p * threads < packs) {
-                const int h = Hold ? p : 0;
-                if constexpr (!Hold) {
-                    float xf[VEC], df[VEC];
-                    ring_unpack<T>(held + p * threads, held + (PACKS + p) * threads, xf, df);
-                    ring_scale_load(scale_slots + VEC / 4 * p * threads, threads, scale[h]);
+                float out[VEC];
+                if constexpr (Hold) {
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
-                        ring_element<LayerNorm>(xf[e], df[e], scale[h][e], mean, rstd, xhat[h][e], g[h][e]);
-                }
-                float out[VEC];
+                        out[e] = fmaf(-xhat[p][e], kx, fmaf(rstd, g[p][e], k0));
+                } else {
+                    float xf[VEC], df[VEC];
+                    ring_unpack<T>(held + p * threads, held + (PACKS + p) * threads, xf, df);
+                    ring_scale_load(scale_slots + VEC / 4 * p * threads, threads, scale[0]);
 #pragma unroll
-                for (int e = 0; e < VEC; e++)
-                    out[e] = fmaf(-xhat[h][e], kx, fmaf(rstd, g[h][e], k0));
+                    for (int e = 0; e < VEC; e++) {
+                        const float centred = LayerNorm && !FoldMean ? xf[e] - mean : xf[e];
+                        out[e] = fmaf(rstd * scale[0][e], df[e], fmaf(-xk, centred, c0));
+                    }
+                }
                 tk_store_pack<T, VEC>(dx_row + p * threads * VEC, tk_pack_of<T>(out));
             }
         }

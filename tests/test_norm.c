@@ -447,9 +447,10 @@ static void run_fwd_case(const norm_case *c, tk_rng *rng) {
     free(X); free(R); free(Wd); free(Bd); free(H); free(Y); free(M); free(S);
 }
 
-/* Backward: x, dy, w random; the stats are the reference's, rounded to f32, given to both.
- * Runs twice (workspace and outputs re-poisoned) and requires the same bits. */
-static void run_bwd_case(const norm_case *c, tk_rng *rng) {
+/* Backward: x (uniform within 2 of x_mean), dy, w random; the stats are the reference's, rounded
+ * to f32, given to both. Runs twice (workspace and outputs re-poisoned) and requires the same
+ * bits. */
+static void run_bwd_case_at(const norm_case *c, tk_rng *rng, double x_mean) {
     char what[400];
     describe(c, c->variant, what, sizeof what);
     tk_norm_params p = norm_params(c->dtype, c->weight_dtype, c->rows, c->cols);
@@ -466,7 +467,7 @@ static void run_bwd_case(const norm_case *c, tk_rng *rng) {
     size_t ws_bytes = 0;
     cr_assert_eq(tk_norm_bwd_workspace_size(&p, c->layernorm ? TK_NORM_LAYER : TK_NORM_RMS, &ws_bytes), TK_SUCCESS);
     void *ws = tk_dev_alloc(ws_bytes);
-    tk_fill_uniform(rng, c->dtype, x.host, xn, c->layernorm ? -1.0 : -2.0, c->layernorm ? 3.0 : 2.0);
+    tk_fill_uniform(rng, c->dtype, x.host, xn, x_mean - 2.0, x_mean + 2.0);
     tk_fill_uniform(rng, c->dtype, dy.host, yn, -1.0, 1.0);
     tk_fill_uniform(rng, c->weight_dtype, w.host, c->cols + c->offset, c->gemma ? -0.5 : 0.5, c->gemma ? 0.5 : 1.5);
 
@@ -545,6 +546,9 @@ static void run_bwd_case(const norm_case *c, tk_rng *rng) {
     tk_dev_free(ws);
     free(X); free(DY); free(Wd); free(H); free(Y); free(M); free(S); free(DX); free(DW); free(DB);
 }
+
+/* x around 1 for LayerNorm (its mean is subtracted), around 0 for RMSNorm. */
+static void run_bwd_case(const norm_case *c, tk_rng *rng) { run_bwd_case_at(c, rng, c->layernorm ? 1.0 : 0.0); }
 
 /* rows, cols, pads (x, residual, y), offset, then the options residual, weight, bias, gemma,
  * stats, in_place (backward: bias = db, stats = dw, in_place = dx over dy). */
@@ -775,6 +779,32 @@ Test(norm_gpu, backward_cluster_rows_in_waves, .timeout = 600) {
                            cases[i].dw, cases[i].in_place, "cluster_vec16", NULL};
             run_bwd_case(&c, &rng);
         }
+}
+
+/* LayerNorm backward on rows whose mean is large against their spread (x uniform in [98, 102]:
+ * mean 100, std 1.15), where the unheld plans of 16-bit rows, which fold the mean into a per-row
+ * constant (dx = (rstd w') dy - xk x + c0), differ most from forming x - mean first; f32 rows keep
+ * x - mean. Each plan forced on a shape it takes (declined where the device does not hold it):
+ * the narrow plan (4096), the held one (8192), 4 packs (16384), the cluster (65536, 16-bit and
+ * f32 rows), and the rows kernel (f32 4096). */
+Test(norm_gpu, backward_large_mean, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    tk_rng rng = tk_rng_seeded(37);
+    const struct {
+        tk_dtype dtype, weight_dtype;
+        int64_t rows, cols;
+        const char *variant;
+    } cases[] = {
+        {TK_BF16, TK_F32, 300, 4096, "vec16"},          {TK_F16, TK_F16, 300, 8192, "vec16"},
+        {TK_BF16, TK_F32, 263, 16384, "vec16"},         {TK_F16, TK_F32, 151, 65536, "cluster_vec16"},
+        {TK_BF16, TK_BF16, 37, 65536, "cluster_vec16"}, {TK_F32, TK_F32, 37, 65536, "cluster_vec16"},
+        {TK_F32, TK_F32, 64, 4096, "vec16"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        norm_case c = {true, true, cases[i].dtype, cases[i].weight_dtype, cases[i].rows, cases[i].cols, 0, 0, 0, 0,
+                       false, true, true, false, true, false, cases[i].variant, NULL};
+        run_bwd_case_at(&c, &rng, 100.0);
+    }
 }
 
 /* A few hundred MB through the fully checked path: the benchmark shapes. */
