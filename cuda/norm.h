@@ -72,10 +72,10 @@ static inline bool tk_norm_rows_fit(int64_t cols, int vec, bool backward) {
 /* The ring kernel's plan for a 16-bit row of `packs_row` 16-byte packs (more than 32 threads'
  * worth; the launcher takes the rows kernel below that): packs per thread and tensor (2 while a
  * block of TK_NORM_ROWS_MAX_THREADS threads holds the row at 2, else 4), threads (a multiple of
- * 32), and the dynamic shared memory of a thread: a 2-stage ring of x and dy (16 bytes a pack
- * of each), then, where the thread's registers do not hold it (at 4 packs, and on LayerNorm's
- * narrow plan at 2), w' as f32 (4 bytes an element); the block's static shared memory (the row sums) is at most TK_NORM_BWD_RING_STATIC_SMEM
- * bytes. */
+ * 32), and the dynamic shared memory of a thread: a 2-stage ring of x and dy (16 bytes a pack of
+ * each), then, where the thread's registers do not hold it (at 4 packs, and on LayerNorm's narrow
+ * plan at 2), w' as f32 (4 bytes an element); the block's static shared memory (the row sums) is at
+ * most TK_NORM_BWD_RING_STATIC_SMEM bytes. */
 #define TK_NORM_BWD_RING_STATIC_SMEM 256
 
 static inline int tk_norm_bwd_ring_packs(int64_t packs_row) {
