@@ -175,11 +175,12 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     const int m_begin = query_tiles.x, m_tiles = query_tiles.y;
     const int steps = m_tiles * p.group; /* (query head, query tile) pairs */
 
-    /* Step it's query head and first row: tiles fastest, from the first; deterministic: heads
-     * fastest, tiles from the last down (attn_bwd_order). */
-    auto step_at = [&](int it, int &h, int &m0) {
-        attn_bwd_step<BM, DET>(it, head_kv * p.group, p.group, m_begin, m_tiles, h, m0);
-    };
+    /* The (query head, first row) pairs in the walk's order (attn_bwd_walk: tiles fastest, from
+     * the first; deterministic: heads fastest, tiles from the last down), carried from step to
+     * step: at a step's top `at` is that step, and it moves on where the next step's loads are
+     * issued. */
+    using walk = attn_bwd_walk<BM, DET>;
+    walk at = walk::at(0, head_kv * p.group, p.group, m_begin, m_tiles);
 
     const T *kg = static_cast<const T *>(p.k) + batch * p.k_sb + head_kv * p.k_sh + n0 * p.k_ss;
     const T *vg = static_cast<const T *>(p.v) + batch * p.v_sb + head_kv * p.v_sh + n0 * p.v_ss;
@@ -191,13 +192,13 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     const uint32_t s_p = s_ds + shape::S_BYTES; /* P^T, with COL_WARPS > 1 */
     float *stage_f = reinterpret_cast<float *>(smem + 2 * shape::K_BYTES + 2 * shape::Q_BYTES);
 
-    /* Issues the loads of step `it` into stage `st`: Q, dO by cp.async; lse, D (4-byte aligned
-     * only) by plain loads into the registers of threads tid < BM (its row's pair), which
-     * store_stats puts into the stage later, before a barrier that publishes it: stored beside
-     * their loads, they made warp 0 wait for the loads' round trip at the top of every step. */
-    auto load_step = [&](int it, int st) {
-        int h, m0;
-        step_at(it, h, m0);
+    /* The loads of step w into stage `st`: Q, dO by cp.async (load_tiles); lse, D (4-byte aligned
+     * only) by plain loads into the registers of threads tid < BM (load_stats, its row's pair),
+     * which store_stats puts into the stage later, before a barrier that publishes it: stored
+     * beside their loads, they made warp 0 wait for the loads' round trip at the top of every
+     * step. */
+    auto load_tiles = [&](walk w, int st) {
+        const int h = w.h, m0 = w.m0;
         const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
         attn_load_tile<T, D, BM, ROW, false, THREADS>(s_q, static_cast<const T *>(p.q) + batch * p.q_sb +
                                                                h * p.q_sh + m0 * p.q_ss,
@@ -206,6 +207,9 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                                                       static_cast<const T *>(p.dout) + batch * p.do_sb +
                                                           h * p.do_sh + m0 * p.do_ss,
                                                       p.do_ss, p.seqlen_q - m0, tid);
+    };
+    auto load_stats = [&](walk w) {
+        const int h = w.h, m0 = w.m0;
         float2 stat = make_float2(0.0f, 0.0f);
         if (tid < BM && m0 + tid < p.seqlen_q) {
             const int64_t r = (batch * p.heads_q + h) * p.seqlen_q + m0 + tid;
@@ -224,8 +228,10 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 
     attn_load_tile<T, D, BN, ROW, false, THREADS>(s_k, kg, p.k_ss, k_rows, tid);
     attn_load_tile<T, D, BN, ROW, false, THREADS>(s_v, vg, p.v_ss, k_rows, tid);
-    if (steps > 0)
-        store_stats(load_step(0, 0), 0);
+    if (steps > 0) {
+        load_tiles(at, 0);
+        store_stats(load_stats(at), 0);
+    }
     tk_cp_async_commit();
 
     /* ldmatrix lane addresses (attention.cuh's convention: lane l names row (l & 7) of matrix
@@ -257,14 +263,11 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
     const int dq_row0 = shape::DQ_ROW_WARPS > 1 ? warp / shape::DQ_COL_WARPS * shape::DQ_ROWS : 0;
     const int dq_col0 = (shape::DQ_ROW_WARPS > 1 ? warp % shape::DQ_COL_WARPS : warp) * shape::DQ_COLS;
 
-    /* Deterministic: step it's semaphore, and the last row of key tile n - 1 (none before the
-     * first), whose adds come first on the query tiles it reaches (attn_bwd_order). */
+    /* Deterministic: the semaphore of the step at (h, m0), and the last row of key tile n - 1
+     * (none before the first), whose adds come first on the query tiles it reaches
+     * (attn_bwd_order). */
     const int n = n0 / BN;
-    auto semaphore = [&](int it) {
-        int h, m0;
-        step_at(it, h, m0);
-        return attn_bwd_semaphore<D, BM>(p, batch, h, m0);
-    };
+    auto semaphore = [&](int h, int m0) { return attn_bwd_semaphore<D, BM>(p, batch, h, m0); };
     int prev_last = -1;
     if constexpr (DET)
         if (n > 0)
@@ -372,15 +375,37 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         }
     };
 
+    int h_before = 0, m0_before = 0; /* deterministic: the step before, published in this one */
     for (int it = 0; it < steps; it++) {
         const int st = it & 1;
         tk_cp_async_wait<0>();
         __syncthreads(); /* step it has landed; every warp is done with step it - 1 */
         const bool next = it + 1 < steps;
-        const float2 next_stat = next ? load_step(it + 1, st ^ 1) : make_float2(0.0f, 0.0f);
-        tk_cp_async_commit();
-        int h, m0;
-        step_at(it, h, m0);
+        const int h = at.h, m0 = at.m0;
+        /* The walk on to step it + 1, and its loads into the other stage, whose last reads (step
+         * it - 1's) are behind the barrier above and which the next step's top waits for. The
+         * fused order issues them here. The split order issues the copies once S^T's MMAs are
+         * out and the lse / D loads once P is packed: from the barrier the tensor cores then
+         * wait only for the step's first fragments, not for every warp's addresses and copies
+         * (both sets together, after S^T or after P, made ptxas spill the deterministic kernel on
+         * sm_80 or on sm_90a). In the split order a stage's last reads, dK's, come before the
+         * step's dS^T barrier; with two warps per key in the fused order (D 256) dV and dK read
+         * it after that barrier. */
+        float2 next_stat = make_float2(0.0f, 0.0f);
+        auto load_next = [&]() {
+            at.next();
+            if (next)
+                load_tiles(at, st ^ 1);
+            tk_cp_async_commit();
+        };
+        auto load_next_stats = [&]() {
+            if (next)
+                next_stat = load_stats(at);
+        };
+        if constexpr (!SPLIT) {
+            load_next();
+            load_next_stats();
+        }
         const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
         const uint32_t s_do = s_q + shape::Q_BYTES;
         const float *lse2 = reinterpret_cast<const float *>(
@@ -418,6 +443,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
             const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
             keys_by_queries(0, 1, sd, s_q);
+            load_next();
             /* P in place of S^T, with softcap its derivative in sd[1], rounded into pa and pf one
              * m16 tile of keys at a time, so that the transform's per-element code holds one
              * tile's derivative, not both. */
@@ -442,6 +468,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                     }
                 }
             }
+            load_next_stats();
             store_keys_by_queries(s_ds, pa);
             tk_named_barrier_sync<32 * CW>(pair_barrier); /* the partner's P^T is stored */
             block_by_cols(dv, s_do);
@@ -549,7 +576,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
          * so they are published (a release after a barrier covers the whole CTA's writes). */
         if constexpr (DET)
             if (tid == 0 && it > 0)
-                semaphore(it - 1).store(n + 1, cuda::memory_order_release);
+                semaphore(h_before, m0_before).store(n + 1, cuda::memory_order_release);
 
         /* CW > 1 in the fused order (D 256): the block's P^T and dS^T over all BM queries from
          * shared memory, A fragments by plain ldmatrix ([key][query] is row-major m x k); they
@@ -603,7 +630,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         if constexpr (DET) {
             /* Key tile n - 1 adds first where it reaches these rows. */
             if (lane == 0 && m0 <= prev_last)
-                attn_bwd_wait_turn(semaphore(it), n);
+                attn_bwd_wait_turn(semaphore(h, m0), n);
             __syncwarp();
         }
         /* Fragment (mq, nt) is the whole block of padded row m0 + dq_row0 + 16 mq, column
@@ -621,12 +648,14 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                     attn_bwd_acc_add(acc + mq * ATTN_BWD_SLAB * D + nt * ATTN_BWD_BLOCK, lane,
                                      dq[mq][nt][0] * p.scale, dq[mq][nt][1] * p.scale,
                                      dq[mq][nt][2] * p.scale, dq[mq][nt][3] * p.scale);
+        h_before = h;
+        m0_before = m0;
     }
 
     if constexpr (DET) {
         __syncthreads();
         if (tid == 0 && steps > 0)
-            semaphore(steps - 1).store(n + 1, cuda::memory_order_release);
+            semaphore(h_before, m0_before).store(n + 1, cuda::memory_order_release);
     }
 
     /* dK and dV of this warp's keys and columns, from the accumulators. */

@@ -273,20 +273,42 @@ template <int BM> __device__ __forceinline__ int2 attn_bwd_query_tiles(const int
     return make_int2(m_begin, row_hi >= row_lo ? row_hi / BM + 1 - m_begin : 0);
 }
 
-/* Step `it` of a main kernel's walk over the (query head, query tile of BM rows) pairs that see
- * its keys: the group's heads from head0, tiles m_begin .. m_begin + m_tiles - 1; tiles fastest,
- * from the first; deterministic: heads fastest, tiles from the last down (above). */
-template <int BM, bool DET>
-__device__ __forceinline__ void attn_bwd_step(int it, int head0, int group, int m_begin, int m_tiles, int &h,
-                                              int &m0) {
-    if constexpr (DET) {
-        h = head0 + it % group;
-        m0 = (m_begin + m_tiles - 1 - it / group) * BM;
-    } else {
-        h = head0 + it / m_tiles;
-        m0 = (m_begin + it % m_tiles) * BM;
+/* A main kernel's walk over the (query head, query tile of BM rows) pairs that see its keys: the
+ * group's heads from head0, tiles m_begin .. m_begin + m_tiles - 1; tiles fastest, from the
+ * first; deterministic: heads fastest, tiles from the last down (above: the order of the dQ adds
+ * relies on it). Two ways along it, one order: at(it), step `it` from its index (a division and
+ * a remainder by the tile count or the group), and next(), from a step to the one after by a
+ * compare and an add. The portable kernels carry the step from one to the next with next(), so
+ * that no division runs between a step's top barrier and its first MMA; the Hopper kernel takes
+ * at(it) in each of its roles, where a carried step made ptxas spill its consumers (the
+ * deterministic kernel at head dim 128). */
+template <int BM, bool DET> struct attn_bwd_walk {
+    int h, m0;      /* the step's query head and first query row */
+    int first, end; /* for next(): the heads first .. end - 1 (deterministic); else the rows of the
+                     * first tile and past the last */
+
+    static __host__ __device__ __forceinline__ attn_bwd_walk at(int it, int head0, int group, int m_begin,
+                                                                int m_tiles) {
+        if constexpr (DET)
+            return {head0 + it % group, (m_begin + m_tiles - 1 - it / group) * BM, head0, head0 + group};
+        else
+            return {head0 + it / m_tiles, (m_begin + it % m_tiles) * BM, m_begin * BM, (m_begin + m_tiles) * BM};
     }
-}
+    __host__ __device__ __forceinline__ void next() {
+        if constexpr (DET) {
+            if (++h == end) {
+                h = first;
+                m0 -= BM;
+            }
+        } else {
+            m0 += BM;
+            if (m0 == end) {
+                m0 = first;
+                h++;
+            }
+        }
+    }
+};
 
 /* The semaphore of query tile (batch, head h, rows m0 .. m0 + BM - 1) in the deterministic order. */
 template <int D, int BM>

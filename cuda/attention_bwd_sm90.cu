@@ -25,7 +25,7 @@
  *   is the dQ writer (below). The step's lse * log2(e) and D (2 BM floats) are brought by the
  *   consumers' first 2 BM threads a step ahead (load_stat).
  * Steps: the (query head of the group, query tile) pairs that see a key of the tile (the key
- * table, attn_key_rows), in attn_bwd_step's order. Per step, warpgroup w, all of it wgmma with
+ * table, attn_key_rows), in attn_bwd_walk's order. Per step, warpgroup w, all of it wgmma with
  * M = 64 keys or query rows and K = 16:
  *   S^T = K_w Q^T and dP^T = V_w dO^T: D / 16 + D / 16 of N = BM, both operands K-major from
  *     shared memory. Keys are rows and queries columns, so each warp's 16 rows are the portable
@@ -180,7 +180,9 @@ __global__ void __launch_bounds__(bwd_sm90_plan<HEAD_DIM>::THREADS, 1)
     const int2 query_tiles = attn_bwd_query_tiles<BM>(table, k_rows);
     const int m_begin = query_tiles.x, m_tiles = query_tiles.y;
     auto step_at = [&](int it, int &h, int &m0) {
-        attn_bwd_step<BM, DET>(it, head_kv * p.group, p.group, m_begin, m_tiles, h, m0);
+        const attn_bwd_walk<BM, DET> w = attn_bwd_walk<BM, DET>::at(it, head_kv * p.group, p.group, m_begin, m_tiles);
+        h = w.h;
+        m0 = w.m0;
     };
 
     /* Deterministic: the last row of key tile n - 1, whose adds come first where it reaches. */
