@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
 
     /* The (query head, first row) pairs in the walk's order (attn_bwd_walk: tiles fastest, from
      * the first; deterministic: heads fastest, tiles from the last down), carried from step to
-     * step: at a step's top `at` is that step, and it moves on where the next step's loads are
-     * issued. */
+     * step: at a step's top `at` is that step, and it moves on to the next where the first of
+     * the next step's loads is issued (h and m0 keep the step). */
     using walk = attn_bwd_walk<BM, DET>;
     walk at = walk::at(0, head_kv * p.group, p.group, m_begin, m_tiles);
 
@@ -382,18 +382,22 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
         __syncthreads(); /* step it has landed; every warp is done with step it - 1 */
         const bool next = it + 1 < steps;
         const int h = at.h, m0 = at.m0;
-        /* The walk on to step it + 1, and its loads into the other stage, whose last reads (step
-         * it - 1's) are behind the barrier above and which the next step's top waits for. The
-         * fused order issues them here. The split order issues the copies once S^T's MMAs are
-         * out and the lse / D loads once P is packed: from the barrier the tensor cores then
-         * wait only for the step's first fragments, not for every warp's addresses and copies
-         * (both sets together, after S^T or after P, made ptxas spill the deterministic kernel on
-         * sm_80 or on sm_90a). In the split order a stage's last reads, dK's, come before the
-         * step's dS^T barrier; with two warps per key in the fused order (D 256) dV and dK read
-         * it after that barrier. */
+        /* The walk on to step it + 1 (h and m0 stay this step's) and its loads into the other
+         * stage, whose last reads (step it - 1's) are behind the barrier above and which the next
+         * step's top waits for. With one warp per block of keys (D 64, D 80 and the 4-warp shapes)
+         * the copies and the lse / D loads go out here. With two (CW 2) the copies go out later,
+         * so that from the barrier the tensor cores wait only for the step's first fragments, not
+         * for every warp's addresses and copies: in the split order (D 96, D 128) once S^T's MMAs
+         * are out, and the lse / D loads once P is packed (both sets together, after S^T or after
+         * P, made ptxas spill the deterministic kernel on sm_80 or on sm_90a); in the fused order
+         * (D 256) once P and dS are formed, while the lse / D loads stay here: store_stats follows
+         * P there, so issued after it they would hold warp 0 for their round trip, and the copies
+         * issued between the k-loop and P put ALiBi's slope load behind them, just before its
+         * use. In the split order a stage's last reads, dK's, come before the step's dS^T
+         * barrier; with two warps per key in the fused order (D 256) dV and dK read it after that
+         * barrier. */
         float2 next_stat = make_float2(0.0f, 0.0f);
         auto load_next = [&]() {
-            at.next();
             if (next)
                 load_tiles(at, st ^ 1);
             tk_cp_async_commit();
@@ -403,7 +407,10 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 next_stat = load_stats(at);
         };
         if constexpr (!SPLIT) {
-            load_next();
+            at.next();
+            if constexpr (CW == 1) {
+                load_next();
+            }
             load_next_stats();
         }
         const uint32_t s_q = s_stage + st * shape::STAGE_BYTES;
@@ -443,6 +450,7 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 m0 + BM > p.seqlen_q || k_rows < BN || m0 < table[BN - 1].x || m0 + BM - 1 > table[0].y;
             const float slope_h = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
             keys_by_queries(0, 1, sd, s_q);
+            at.next();
             load_next();
             /* P in place of S^T, with softcap its derivative in sd[1], rounded into pa and pf one
              * m16 tile of keys at a time, so that the transform's per-element code holds one
@@ -537,6 +545,9 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                 const int2 rows[2] = {table[key_warp * KR + 16 * km + g], table[key_warp * KR + 16 * km + g + 8]};
                 attn_bwd_probs<ATTN_BWD_P_DS>(p, sd[0][km], sd[1][km], m0, q_own + 2 * tq, key_base + 16 * km, rows,
                                               partial, slope_h, lse2, dsum);
+            }
+            if constexpr (CW > 1) {
+                load_next();
             }
             /* One warp per block of keys (every shape but D 256 and D 128 on 8 warps) holds all BM
              * queries of P^T and dS^T: dV and dK with A straight from the accumulators (k = queries). */
