@@ -892,23 +892,42 @@ Test(attention_bwd_gpu, deterministic_against_reference, .timeout = 600) {
  * CTAs wait on the semaphores of CTAs that are not resident yet. At head dim 64 the Hopper
  * kernel's chains run over 128-row query tiles: the causal GQA case has 16 key tiles adding to
  * the last query tile of each head. */
-Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
+static const bwd_case BIT_IDENTICAL_CASES[] = {
+    {TK_BF16, 1, 1024, 1024, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 2, 600, 700, 4, 2, 64, false, 0, 100, 40, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 640, 640, 4, 1, 128, false, 1, 150, -1, 0.0f, false, false, 0, 0, 200},
+    {TK_BF16, 1, 640, 640, 4, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 500, 600, 2, 1, 256, false, 0, 90, 30, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 384, 384, 64, 64, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 1024, 1024, 32, 32, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 2048, 2048, 8, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 1024, 1024, 32, 32, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 1, 700, 900, 4, 2, 64, false, 0, 150, 60, 0.0f, false, false, 0, 0, 0},
+};
+
+/* One head dim's cases of a list (each with its seed from its place in the list): a test per
+ * head dim, so that tests/sanitize.sh's one-test jobs stay within a few minutes. */
+static void run_head_dim(const bwd_case *cases, size_t count, int64_t head_dim, uint64_t seed0, int deterministic,
+                         int runs) {
+    for (size_t i = 0; i < count; i++)
+        if (cases[i].head_dim == head_dim)
+            run_case_runs(&cases[i], seed0 + i, deterministic, runs, 0);
+}
+
+Test(attention_bwd_gpu, deterministic_bit_identical_d64, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const bwd_case cases[] = {
-        {TK_BF16, 1, 1024, 1024, 8, 2, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_F16, 2, 600, 700, 4, 2, 64, false, 0, 100, 40, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 640, 640, 4, 1, 128, false, 1, 150, -1, 0.0f, false, false, 0, 0, 200},
-        {TK_BF16, 1, 640, 640, 4, 2, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_F16, 1, 500, 600, 2, 1, 256, false, 0, 90, 30, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 384, 384, 64, 64, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 320, 320, 32, 32, 256, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 1024, 1024, 32, 32, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 2048, 2048, 8, 2, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 1024, 1024, 32, 32, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_F16, 1, 700, 900, 4, 2, 64, false, 0, 150, 60, 0.0f, false, false, 0, 0, 0},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case_runs(&cases[i], 400 + i, 1, 3, 0);
+    run_head_dim(BIT_IDENTICAL_CASES, sizeof BIT_IDENTICAL_CASES / sizeof BIT_IDENTICAL_CASES[0], 64, 400, 1, 3);
+}
+
+Test(attention_bwd_gpu, deterministic_bit_identical_d128, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    run_head_dim(BIT_IDENTICAL_CASES, sizeof BIT_IDENTICAL_CASES / sizeof BIT_IDENTICAL_CASES[0], 128, 400, 1, 3);
+}
+
+Test(attention_bwd_gpu, deterministic_bit_identical_d256, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    run_head_dim(BIT_IDENTICAL_CASES, sizeof BIT_IDENTICAL_CASES / sizeof BIT_IDENTICAL_CASES[0], 256, 400, 1, 3);
 }
 
 /* The grid order under a mask, in L2-sized sections of (batch, key/value head) pairs, which
@@ -930,19 +949,29 @@ Test(attention_bwd_gpu, deterministic_bit_identical, .timeout = 600) {
  * The deterministic kernels take such sections of waves without a mask too, through the same
  * decode as the dense case's L2-sized sections (a dense case of that size would double this
  * test's CPU reference time). */
-Test(attention_bwd_gpu, l2_sections, .timeout = 600) {
+static const bwd_case L2_SECTION_CASES[] = {
+    {TK_BF16, 1, 512, 512, 131, 131, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 512, 512, 131, 131, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_F16, 5, 512, 512, 46, 23, 64, false, 0, 100, 30, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 512, 512, 67, 67, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+    {TK_BF16, 1, 512, 512, 134, 67, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
+};
+
+/* Each case atomic once, then deterministic twice (bit-identical). */
+static void run_l2_sections(int64_t head_dim) {
+    const size_t count = sizeof L2_SECTION_CASES / sizeof L2_SECTION_CASES[0];
+    run_head_dim(L2_SECTION_CASES, count, head_dim, 1000, 0, 1);
+    run_head_dim(L2_SECTION_CASES, count, head_dim, 1000, 1, 2);
+}
+
+Test(attention_bwd_gpu, l2_sections_d64, .timeout = 600) {
     TK_REQUIRE_GPU();
-    const bwd_case cases[] = {
-        {TK_BF16, 1, 512, 512, 131, 131, 64, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 512, 512, 131, 131, 64, false, 0, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_F16, 5, 512, 512, 46, 23, 64, false, 0, 100, 30, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 512, 512, 67, 67, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-        {TK_BF16, 1, 512, 512, 134, 67, 128, false, 1, -1, -1, 0.0f, false, false, 0, 0, 0},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        run_case_runs(&cases[i], 1000 + i, 0, 1, 0);
-        run_case_runs(&cases[i], 1000 + i, 1, 2, 0);
-    }
+    run_l2_sections(64);
+}
+
+Test(attention_bwd_gpu, l2_sections_d128, .timeout = 600) {
+    TK_REQUIRE_GPU();
+    run_l2_sections(128);
 }
 
 /* The workspace 16, 48 and 112 bytes past the allocation's start (which is 256-byte aligned):
