@@ -648,46 +648,21 @@ static void run_all(bool backward, bool layernorm, bool f32) {
     }
 }
 
-Test(norm_gpu, forward_rmsnorm_f32, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(false, false, true);
-}
-
-Test(norm_gpu, forward_rmsnorm_16bit, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(false, false, false);
-}
-
-Test(norm_gpu, forward_layernorm_f32, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(false, true, true);
-}
-
-Test(norm_gpu, forward_layernorm_16bit, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(false, true, false);
-}
-
-/* The backward cases also check that a second call gives the same bits (run_bwd_case). */
-Test(norm_gpu, backward_rmsnorm_f32_deterministic, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(true, false, true);
-}
-
-Test(norm_gpu, backward_rmsnorm_16bit_deterministic, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(true, false, false);
-}
-
-Test(norm_gpu, backward_layernorm_f32_deterministic, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(true, true, true);
-}
-
-Test(norm_gpu, backward_layernorm_16bit_deterministic, .timeout = 600) {
-    TK_REQUIRE_GPU();
-    run_all(true, true, false);
-}
+/* One test per slice; the backward cases also check that a second call gives the same bits
+ * (run_bwd_case). */
+#define NORM_ALL_SHAPES_TEST(name, backward, layernorm, f32) \
+    Test(norm_gpu, name, .timeout = 600) {                     \
+        TK_REQUIRE_GPU();                                      \
+        run_all(backward, layernorm, f32);                     \
+    }
+NORM_ALL_SHAPES_TEST(forward_rmsnorm_f32, false, false, true)
+NORM_ALL_SHAPES_TEST(forward_rmsnorm_16bit, false, false, false)
+NORM_ALL_SHAPES_TEST(forward_layernorm_f32, false, true, true)
+NORM_ALL_SHAPES_TEST(forward_layernorm_16bit, false, true, false)
+NORM_ALL_SHAPES_TEST(backward_rmsnorm_f32_deterministic, true, false, true)
+NORM_ALL_SHAPES_TEST(backward_rmsnorm_16bit_deterministic, true, false, false)
+NORM_ALL_SHAPES_TEST(backward_layernorm_f32_deterministic, true, true, true)
+NORM_ALL_SHAPES_TEST(backward_layernorm_16bit_deterministic, true, true, false)
 
 /* The blocks of a cluster hold the same statistics bit for bit, and the call is deterministic.
  * f32 rows on 2 to 8 blocks, one pack short of 8192 columns a block (so 8192-column slices, the
