@@ -2,10 +2,10 @@
 # A change timed beside the library it changes, in one call on the GPU machine: the tree's own
 # library and tkbench are built in build/, each candidate's library in build/ab/NAME (a copy of
 # the tree with the candidate's files laid over it, the tree's objects reused so that make
-# rebuilds only what those files touch), and then one tkbench binary runs against each library
-# in turn, round after round, so that every round sees every build under the same clocks and the
-# spread between rounds reads beside the differences between builds. Each candidate's tests run
-# last, on its own build.
+# rebuilds only what those files touch). Each candidate's tests run first, on its own build; a
+# candidate whose tests fail or time out is left out of the timing. Then one tkbench binary runs
+# against each library in turn, round after round, so that every round sees every build under
+# the same clocks and the spread between rounds reads beside the differences between builds.
 #
 #   benchmarks/ab_builds.sh [-a ARCHS] [-r ROUNDS] [-t TEST]... -b "TKBENCH ARGS" CANDIDATE...
 #
@@ -15,9 +15,12 @@
 # --shape, --reps); TKERN_FORCE_VARIANT and the like pass through the environment. Logs under
 # $OUT (or build/ab-logs): time.txt holds the rounds, build-NAME.log and test-NAME.log the rest.
 # A candidate's library is found through LD_LIBRARY_PATH, which the dynamic loader searches
-# ahead of tkbench's RUNPATH; each round's header line names the library directory.
+# ahead of tkbench's RUNPATH; each round's header line names the library directory. Each test
+# binary runs under a limit of TEST_LIMIT seconds (default 300) and each tkbench run under
+# BENCH_LIMIT (default 120), so that a candidate that hangs the GPU costs minutes, not the call.
 set -uo pipefail
 archs=90a rounds=2 tests=() bench_args=""
+test_limit=${TEST_LIMIT:-300} bench_limit=${BENCH_LIMIT:-120}
 while getopts "a:r:t:b:" opt; do
     case $opt in
     a) archs=$OPTARG ;;
@@ -54,21 +57,27 @@ for cand in "$@"; do
     echo "$name built ($SECONDS s)"
 done
 
+passed=()
+for name in "${names[@]}"; do
+    ok=1
+    for t in "${tests[@]}"; do
+        (cd "build/ab/$name" && timeout "$test_limit" "build/tests/$t" --jobs 4) >>"$out/test-$name.log" 2>&1
+        status=$?
+        echo "$name $t: exit $status ($(grep -o 'Tested: .*' "$out/test-$name.log" | tail -1))"
+        [ $status -eq 0 ] || ok=0
+    done
+    if [ $ok -eq 1 ]; then passed+=("$name"); else echo "$name: left out of the timing"; fi
+done
+
 for ((r = 1; r <= rounds; r++)); do
-    for lib in build/lib "${names[@]/#/build/ab/}"; do
+    for lib in build/lib "${passed[@]/#/build/ab/}"; do
         [ "$lib" = build/lib ] || lib=$lib/build/lib
         echo "== round $r: $lib" >>"$out/time.txt"
         # shellcheck disable=SC2086 # bench_args is a list of arguments
-        LD_LIBRARY_PATH=$root/$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} build/bench/tkbench $bench_args \
-            >>"$out/time.txt" 2>&1
+        LD_LIBRARY_PATH=$root/$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout "$bench_limit" \
+            build/bench/tkbench $bench_args >>"$out/time.txt" 2>&1 ||
+            echo "$lib: tkbench exit $? in round $r" | tee -a "$out/time.txt"
     done
 done
 echo "timed ($SECONDS s)"
 grep -vE '^(libtkern|ratio|op |$)' "$out/time.txt"
-
-for name in "${names[@]}"; do
-    for t in "${tests[@]}"; do
-        (cd "build/ab/$name" && "build/tests/$t" --jobs 4) >>"$out/test-$name.log" 2>&1
-        echo "$name $t: exit $? ($(grep -o 'Tested: .*' "$out/test-$name.log" | tail -1))"
-    done
-done
