@@ -48,16 +48,18 @@
  * Persistent (variant "wgmma_sm90_persistent", head dims 64 and 128): one CTA per SM, CTA c
  * taking work tiles (query tile, head, batch) c, c + grid, ... in the same longest-first order,
  * each computed exactly as above (so the same bits), with the rings carried from one work tile
- * to the next (FlashAttention-3's persistent kernel). A CTA's fixed costs (the Q load, the first
- * K/V loads, the O store) then overlap its previous or next tile. Q is double-buffered (two
- * stages instead of three at head dim 128: 2 x 32 + 2 x 64 KiB): work tile k's Q goes into
- * buffer k % 2, and its epilogue stages O in its own rows of that buffer for the TMA store, as
- * above; one thread per warpgroup waits for the store to have read them, a tile later, and
- * frees the buffer (q_empty) for tile k + 2. The producer warp finds each tile's key range from
- * the band's two ends (closed form; a warp search for documents) and issues its Q and K / V
- * tiles as soon as the buffer and the ring's stages are free, so during the previous tile's last
- * key tiles and epilogue. Each consumer warpgroup fills its own 64 rows of the mask table per
- * tile (nothing is handed between parties).
+ * to the next (FlashAttention-3's persistent kernel), and the consumers' pipeline too: a tile's
+ * last P V is issued in the same turn as the next tile's first Q K^T, the next tile's first
+ * softmax runs while it completes, and the finished tile's epilogue follows while the other
+ * warpgroup has the tensor cores, so that a work tile's start and end leave them idle no longer
+ * than a key tile does. Q is double-buffered and O staged for its TMA store in a buffer of its
+ * own (head dim 128: 2 x 32 + 32 + 2 x 64 KiB, two stages instead of three): work tile k's Q goes
+ * into buffer k % 2, which the consumer warps free (q_empty) once the tile's last Q K^T is done,
+ * for tile k + 2. The producer warp finds each tile's key range from the band's two ends (closed
+ * form; a warp search for documents) and issues its Q and K / V tiles as soon as the buffer and
+ * the ring's stages are free, so during the previous tile's last key tiles. Each consumer
+ * warpgroup fills its own 64 rows of the mask table per tile, while that tile's first GEMMs run
+ * (nothing is handed between parties).
  *
  * Wide (variant "wgmma_sm90_wide", head dim 64): FlashAttention-3's and -4's taller tiles there,
  * one CTA per work tile: three consumer warpgroups (BM = 192) taking turns, so that each softmax
@@ -121,19 +123,23 @@ template <int D, sm90_kind KIND> struct sm90_plan {
     static constexpr int Q_BYTES = CONSUMERS * HALVES * Q_HALF_BYTES; /* BM x D */
     static constexpr int KV_BYTES = HALVES * KV_HALF_BYTES;            /* BN x D */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;
-    /* PERSISTENT: two Q buffers, so that the next work tile's Q loads while this one's O is
-     * stored from the other (its rows). */
+    /* PERSISTENT: two Q buffers, so that the next work tile's Q loads during this one, and a
+     * staging buffer for O's TMA store (BM x D, as Q), so that a Q buffer is free once its
+     * tile's last Q K^T is done. With one work tile per CTA O goes through the Q rows. */
     static constexpr int Q_BUFFERS = PERSISTENT ? 2 : 1;
+    static constexpr int O_STAGING_BYTES = PERSISTENT ? Q_BYTES : 0;
     /* Per Q buffer q_full and q_empty (q_empty used by PERSISTENT, reserved in every plan so that
      * no barrier address falls on the table), and the stages' four. */
     static constexpr int barrier_bytes(int stages) { return (2 * Q_BUFFERS + 4 * stages) * 8; }
-    static constexpr int pipe_bytes(int stages) { return Q_BUFFERS * Q_BYTES + stages * STAGE_BYTES; }
+    static constexpr int pipe_bytes(int stages) {
+        return Q_BUFFERS * Q_BYTES + O_STAGING_BYTES + stages * STAGE_BYTES;
+    }
     static constexpr int smem_bytes(int stages) {
         return pipe_bytes(stages) + barrier_bytes(stages) + TABLE_BYTES + UNREAD_BYTES + 1024; /* + alignment */
     }
     /* 3 stages where they fit (BN = 128 with one Q buffer, or two at head dim 64), else 2: the
-     * persistent plan at head dim 128 (2 x 32 + 2 x 64 KiB, FlashAttention-3's two stages there)
-     * and head dim 256. */
+     * persistent plan at head dim 128 (2 x 32 + 32 + 2 x 64 KiB, FlashAttention-3's two stages
+     * there) and head dim 256. */
     static constexpr int STAGES = BN == 128 && smem_bytes(3) <= 227 * 1024 ? 3 : 2;
     static constexpr int BARRIER_BYTES = barrier_bytes(STAGES);
     static constexpr int PIPE_BYTES = pipe_bytes(STAGES);
@@ -211,13 +217,15 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                   STAGE_BYTES = plan::STAGE_BYTES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t s_q = (tk_smem_address(smem_raw) + 1023) & ~1023u;
-    /* Q buffer b at s_q + b Q_BYTES; stage s: K at s_kv + s STAGE_BYTES, V KV_BYTES further */
-    const uint32_t s_kv = s_q + plan::Q_BUFFERS * Q_BYTES;
+    /* Q buffer b at s_q + b Q_BYTES, then (PERSISTENT) O's staging buffer; stage s: K at s_kv +
+     * s STAGE_BYTES, V KV_BYTES further */
+    const uint32_t s_o = s_q + plan::Q_BUFFERS * Q_BYTES;
+    const uint32_t s_kv = s_o + plan::O_STAGING_BYTES;
     const uint32_t q_full = s_q + plan::PIPE_BYTES; /* Q buffer b's at q_full + 8 b */
     const uint32_t k_full = q_full + 8 * plan::Q_BUFFERS, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    /* PERSISTENT: Q buffer b (q_empty + 8 b) is free for a next work tile: both consumer
-     * warpgroups' O stores out of it have read it. */
+    /* PERSISTENT: Q buffer b (q_empty + 8 b) is free for a next work tile: every consumer warp's
+     * last Q K^T of its tile is done. */
     const uint32_t q_empty = v_empty + 8 * STAGES;
     int2 *const table = reinterpret_cast<int2 *>(smem_raw + (q_full - tk_smem_address(smem_raw)) + plan::BARRIER_BYTES);
     float *const unread = reinterpret_cast<float *>(table + BM);
@@ -264,7 +272,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         }
         if constexpr (PERSISTENT) {
             for (int b = 0; b < plan::Q_BUFFERS; b++)
-                tk_mbarrier_init(q_empty + 8 * b, CONSUMERS); /* one arrival per consumer warpgroup */
+                tk_mbarrier_init(q_empty + 8 * b, 4 * CONSUMERS); /* one arrival per consumer warp */
         }
         tk_fence_mbarrier_init();
         /* Q does not depend on the mask: without PERSISTENT its load overlaps the table's fill
@@ -286,7 +294,8 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
      * are filled for the work tile (its 128 threads sync; no other party writes or reads them). */
     constexpr int TABLE_READY = TURN + CONSUMERS;
     static_assert(!PERSISTENT || CONSUMERS == 2, "TABLE_READY's ids end below O_READY");
-    /* Named barriers O_READY + c: consumer warpgroup c's O tile is in shared memory. */
+    /* Named barriers O_READY + c: consumer warpgroup c's O tile is in shared memory (and,
+     * PERSISTENT, before that: the previous tile's store has read its staging rows). */
     constexpr int O_READY = TABLE_READY + 2;
     static_assert(O_READY + CONSUMERS <= 16, "named barriers 0 .. 15");
     if (warpgroup == CONSUMERS) {
@@ -316,10 +325,10 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         if constexpr (PERSISTENT) {
             /* One warp, running ahead of the consumers as far as the ring and the Q buffers let
              * it: for work tile k its key tiles from the band's two ends (closed form, or the
-             * whole warp's document search), then by lane 0 its Q into buffer k % 2 once both
-             * consumer warpgroups' O stores of tile k - 2 have read that buffer (q_empty), and its
-             * K / V tiles as the ring frees stages. Tile k's Q and first K / V tiles thus load
-             * during the consumers' last key tiles, P V and epilogue of tile k - 1. */
+             * whole warp's document search), then by lane 0 its Q into buffer k % 2 once the
+             * consumers' last Q K^T of tile k - 2 is done (q_empty), and its K / V tiles as the
+             * ring frees stages. Tile k's Q and first K / V tiles thus load during the consumers'
+             * last key tiles of tile k - 1. */
             if (threadIdx.x / 32 != 4 * CONSUMERS)
                 return;
             int k = 0;
@@ -353,6 +362,145 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, tq = lane % 4;
     tk_stage_ring<STAGES> ring = {0, 0};
+
+    /* The work tile in flight: one m16 slab per warp (attention_softmax.cuh's MT = 1), O's D / 8
+     * n8 slices (PV_N / 8 of them per P V instruction), S of the current key tile, and P as A
+     * fragments (key slice kk, 16 keys, is n8 slices 2kk, 2kk + 1). */
+    float o[1][D / 8][4];
+    float row_max[1][2], row_sum[1][2];
+    float s[1][BN / 8][4], alpha[1][2];
+    bool rescale; /* whether a row of the warp took a new max in the last softmax */
+    uint32_t pa[BN / 16][4];
+    auto zero_o = [&]() {
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[0][j][e] = 0.0f;
+    };
+    auto reset_rows = [&]() {
+        for (int r = 0; r < 2; r++) {
+            row_max[0][r] = -INFINITY;
+            row_sum[0][r] = 0.0f;
+        }
+    };
+    auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
+        const uint64_t v_desc = tk_wgmma_desc_n_major_sw128(s_kv + at.stage * STAGE_BYTES + KV_BYTES, KV_HALF_BYTES);
+        tk_mbarrier_wait(at.barrier(v_full), at.phase);
+        tk_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < D / PV_N; n++) {
+                /* Keys 16 kk .. 16 kk + 15 of the halves that hold columns PV_N n .. */
+                tk_wgmma_rs<T, PV_N>(*reinterpret_cast<float(*)[PV_N / 8][4]>(&o[0][PV_N / 8 * n]), pa[kk],
+                                     tk_wgmma_desc_add(v_desc, n * (PV_N / HALF) * KV_HALF_BYTES + kk * 16 * 128));
+            }
+        tk_wgmma_commit();
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+    };
+    /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty (after
+     * the wait for its P V), or (PERSISTENT) on a Q buffer's q_empty (after its last Q K^T). */
+    auto release = [&](uint32_t barrier) {
+        if (lane == 0)
+            tk_mbarrier_arrive(barrier);
+    };
+
+    /* Epilogue of work tile wt, whose O is complete in o and whose rows' running max and sum are
+     * mx, sm: normalise, store O, write lse. O goes through this warpgroup's 64 rows of a staging
+     * area in shared memory, in the 128-byte swizzle of the Q box, so that one TMA store per 64
+     * columns writes them (rows past seqlen_q fall outside the tensor and are not written): 32
+     * conflict-free shared stores per thread at head dim 128 in place of 32 4-byte global stores
+     * that each touched 8 rows' lines. The staging area is the warpgroup's Q rows with one work
+     * tile per CTA (dead after its last Q K^T), and (PERSISTENT) a buffer of its own, so that the
+     * Q buffers are free for the next tiles as soon as their last Q K^T is done; there the
+     * store issued for the previous tile must have read the rows first. */
+    auto store_o = [&](const sm90_work &wt, uint32_t staging, const float (&mx)[2], const float (&sm)[2]) {
+        const int wm0 = wt.m0 + 64 * warpgroup, row0 = wm0 + 16 * warp + g;
+        const int64_t lse_row0 = ((int64_t)wt.batch * p.heads_q + wt.head) * p.seqlen_q;
+        const float sink2 = p.sinks ? p.sinks[wt.head] * ATTN_LOG2E : -INFINITY;
+        if constexpr (PERSISTENT) {
+            if (threadIdx.x % 128 == 0)
+                tk_bulk_wait_read<0>();
+            tk_named_barrier_sync<128>(O_READY + warpgroup);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float sum = sm[r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float inv, lse;
+            attn_finish_row(sum, mx[r] * p.exp_scale, sink2, inv, lse);
+            const int i = row0 + 8 * r;
+            /* Row 16 warp + g + 8 r of the warpgroup's 64, 16-byte chunk j of each half's
+             * 128-byte row, swizzled by the row (its low three bits: g). */
+            unsigned char *const row_at =
+                smem_raw + (staging - tk_smem_address(smem_raw)) + (16 * warp + g + 8 * r) * 128 + 4 * tq;
+#pragma unroll
+            for (int h = 0; h < HALVES; h++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    *reinterpret_cast<uint32_t *>(row_at + h * Q_HALF_BYTES + ((j ^ g) << 4)) =
+                        tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
+            if (i >= p.seqlen_q)
+                continue;
+            if (p.lse && tq == 0)
+                p.lse[lse_row0 + i] = lse;
+        }
+        tk_fence_proxy_async_shared();
+        tk_named_barrier_sync<128>(O_READY + warpgroup);
+        if (threadIdx.x % 128 == 0 && wm0 < p.seqlen_q) {
+            for (int h = 0; h < HALVES; h++)
+                tk_tma_store_4d(&map_o, staging + h * Q_HALF_BYTES, h * HALF, wm0, wt.head, wt.batch);
+            tk_bulk_commit();
+            if constexpr (!PERSISTENT)
+                tk_bulk_wait_read<0>(); /* before the block exits */
+        }
+    };
+    const uint32_t o_staging = s_o + HALVES * warpgroup * Q_HALF_BYTES; /* PERSISTENT */
+
+    /* The key tiles [x, y) of work tile wt: without PERSISTENT from the table the whole CTA
+     * filled; PERSISTENT from the band's two ends, as the producer finds them (every lane of the
+     * warp calls: the document search), through a shuffle from lane 0 so that ptxas knows that
+     * every lane has the same (as warpgroup's): from the band's ends alone it did not, and kept
+     * the key loop's ring and descriptors out of the uniform registers (33 R2UR per key tile at
+     * head dim 128). */
+    auto key_tiles_of = [&](const sm90_work &wt) {
+        if constexpr (!PERSISTENT)
+            return sm90_key_tiles<BN>(table[0], table[BM - 1]);
+        int2 front, back;
+        attn_band_ends(sm90_mask(p, wt.batch), wt.m0, wt.m0 + wt.q_rows - 1, front, back);
+        int2 range = sm90_key_tiles<BN>(front, back);
+        range.x = __shfl_sync(0xffffffffu, range.x, 0);
+        range.y = __shfl_sync(0xffffffffu, range.y, 0);
+        return range;
+    };
+
+    /* PERSISTENT: the work tiles are one pipeline. A tile's last P V is issued in the same turn as
+     * the next tile's first Q K^T, and the softmax of that first key tile runs while it completes;
+     * the finished tile's epilogue follows, while the other warpgroup has its turn on the tensor
+     * cores. With one work tile per CTA, before a tile that sees no key and after the CTA's last
+     * tile, the last P V is issued alone and waited for (issue_last_pv; close adds the epilogue).
+     * `open`: a finished tile's last P V is still to issue, `finished` that tile. */
+    bool open = false;
+    sm90_work finished = w;
+    auto issue_last_pv = [&]() {
+        if (warpgroup == 0)
+            tk_named_barrier_sync<256>(TURN);
+        issue_pv(ring);
+        tk_wgmma_wait<0>();
+        tk_wgmma_pin(o[0]);
+        release(ring.barrier(v_empty));
+        ring.next();
+    };
+    auto close = [&]() { /* PERSISTENT */
+        issue_last_pv();
+        store_o(finished, o_staging, row_max[0], row_sum[0]);
+    };
     /* The work tiles done: tile k's Q is in buffer k % 2 (PERSISTENT), whose barriers are in
      * phase k / 2. */
     int k = 0;
@@ -361,47 +509,31 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
          * every key tile (11 more uniform instructions per tile at head dim 128). */
         const int q_buffer = PERSISTENT ? __shfl_sync(0xffffffffu, k & 1, 0) : 0;
         const uint32_t q_wg = s_q + q_buffer * Q_BYTES + HALVES * warpgroup * Q_HALF_BYTES;
-        const int head = w.head, batch = w.batch, m0 = w.m0;
-        /* The key tiles any row sees (rows past seqlen_q repeat the last one in the table).
-         * PERSISTENT: each warpgroup fills its own 64 rows of the table at the tile's start
-         * (after the previous tile's O_READY, which follows its last read of them) and finds the whole tile's range from the band's
-         * ends itself, so that no other party's rows are read. */
-        int2 range;
-        if constexpr (PERSISTENT) {
-            int2 first_keys, last_keys;
-            attn_fill_table_rows(sm90_mask(p, batch), table, m0, m0 + w.q_rows - 1, 64 * warpgroup, 64,
-                                 threadIdx.x % 128, 128, first_keys, last_keys);
-            tk_named_barrier_sync<128>(TABLE_READY + warpgroup);
-            /* The same in every lane; through a shuffle from lane 0 so that ptxas knows it (as
-             * warpgroup's): from the band's ends alone it did not, and kept the key loop's ring
-             * and descriptors out of the uniform registers (33 R2UR per key tile at head dim 128). */
-            range = sm90_key_tiles<BN>(first_keys, last_keys);
-            range.x = __shfl_sync(0xffffffffu, range.x, 0);
-            range.y = __shfl_sync(0xffffffffu, range.y, 0);
-        } else {
-            range = sm90_key_tiles<BN>(table[0], table[BM - 1]);
-        }
+        const int head = w.head, m0 = w.m0;
+        /* PERSISTENT: found before this warpgroup waits for its turn, behind which the search
+         * (documents) hides. */
+        const int2 range = key_tiles_of(w);
         const int tile_begin = range.x, tile_end = range.y;
-        const int wm0 = m0 + 64 * warpgroup;    /* this warpgroup's first position */
-        const int row0 = wm0 + 16 * warp + g;    /* this thread's rows: row0 and row0 + 8 */
+        const int row0 = m0 + 64 * warpgroup + 16 * warp + g; /* this thread's rows: row0 and row0 + 8 */
         const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
-        /* This warpgroup's first and last rows' keys: the tile classifier's bounds. */
-        const int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
+        /* This warpgroup's first and last rows' keys: the tile classifier's bounds (PERSISTENT:
+         * read once prepare has put this tile's rows in the table). */
+        int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
+        /* PERSISTENT: this warpgroup's 64 rows of the mask table for this tile (no other party
+         * reads them), while the tile's first GEMMs run. The table's last reads, the previous
+         * tile's softmaxes, are behind the turn barrier this warpgroup synced on since (the
+         * close's or this tile's) or behind the O_READY of an epilogue. */
+        auto prepare = [&]() {
+            if constexpr (PERSISTENT) {
+                int2 first_keys, last_keys;
+                attn_fill_table_rows(sm90_mask(p, w.batch), table, m0, m0 + w.q_rows - 1, 64 * warpgroup, 64,
+                                     threadIdx.x % 128, 128, first_keys, last_keys);
+                tk_named_barrier_sync<128>(TABLE_READY + warpgroup);
+                front = table[64 * warpgroup];
+                back = table[64 * warpgroup + 63];
+            }
+        };
 
-        /* One m16 slab per warp (attention_softmax.cuh's MT = 1): O's D / 8 n8 slices, PV_N / 8 of
-         * them per P V instruction. */
-        float o[1][D / 8][4];
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[0][j][e] = 0.0f;
-        float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.0f, 0.0f}};
-
-        /* The three steps of a key tile, each on the tile's ring position. */
-        float s[1][BN / 8][4], alpha[1][2];
-        bool rescale; /* whether a row of the warp took a new max in the last softmax */
-        uint32_t pa[BN / 16][4]; /* P as A fragments: key slice kk (16 keys) is n8 slices 2kk, 2kk + 1 */
         /* Descriptors: each tile's built once, then stepped per k slice (tk_wgmma_desc_add). */
         const uint64_t q_desc = tk_wgmma_desc_sw128(q_wg);
         auto issue_qk = [&](tk_stage_ring<STAGES> at) { /* S = Q K^T, committed, not waited for */
@@ -414,20 +546,6 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_wgmma_ss<T, BN>(s[0], tk_wgmma_desc_add(q_desc, (ks / 4) * Q_HALF_BYTES + off),
                                    tk_wgmma_desc_add(k_desc, (ks / 4) * KV_HALF_BYTES + off), ks > 0);
             }
-            tk_wgmma_commit();
-        };
-        auto issue_pv = [&](tk_stage_ring<STAGES> at) { /* O += P V, committed, not waited for */
-            const uint64_t v_desc = tk_wgmma_desc_n_major_sw128(s_kv + at.stage * STAGE_BYTES + KV_BYTES, KV_HALF_BYTES);
-            tk_mbarrier_wait(at.barrier(v_full), at.phase);
-            tk_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-                for (int n = 0; n < D / PV_N; n++) {
-                    /* Keys 16 kk .. 16 kk + 15 of the halves that hold columns PV_N n .. */
-                    tk_wgmma_rs<T, PV_N>(*reinterpret_cast<float(*)[PV_N / 8][4]>(&o[0][PV_N / 8 * n]), pa[kk],
-                                         tk_wgmma_desc_add(v_desc, n * (PV_N / HALF) * KV_HALF_BYTES + kk * 16 * 128));
-                }
             tk_wgmma_commit();
         };
         auto softmax = [&](int t) { /* transform, mask, online softmax of S; alpha for O */
@@ -445,30 +563,6 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
             }
             rescale = attn_softmax_scores(s, row_max, row_sum, p.exp_scale, alpha);
         };
-        auto pack_p = [&]() {
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                tk_mma_a_from_acc<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-        };
-        /* One arrival per warp on a stage's k_empty (after the wait for its Q K^T) or v_empty
-         * (after the wait for its P V). */
-        auto release = [&](uint32_t empty, tk_stage_ring<STAGES> at) {
-            if (lane == 0)
-                tk_mbarrier_arrive(at.barrier(empty));
-        };
-        /* PERSISTENT: the previous work tile's Q buffer, whose rows held this warpgroup's O for
-         * its TMA store: the thread that issued the store waits for it to have read them (a tile's
-         * Q K^T and softmax after the issue, so in practice at once) and arrives on the buffer's
-         * q_empty for the warpgroup. The warpgroup's other threads do not wait for the store. */
-        auto release_stored_q = [&]() {
-            if constexpr (PERSISTENT) {
-                if (k > 0 && threadIdx.x % 128 == 0) {
-                    tk_bulk_wait_read<0>();
-                    tk_mbarrier_arrive(q_empty + 8 * (q_buffer ^ 1));
-                }
-                __syncwarp();
-            }
-        };
         /* Intra-warpgroup pipelining (FlashAttention-3): the Q K^T of tile t and the P V of tile
          * t - 1 are in flight together while this warpgroup waits for the first, then the softmax
          * of tile t runs while the tensor cores finish the second; O takes tile t's alpha after.
@@ -480,19 +574,49 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
          * previous one's, so that each first softmax runs while the next warpgroup's Q K^T is on
          * the tensor cores (issued together, the first softmaxes ran together with the tensor
          * cores idle, a cost of every work tile). Warpgroup 0 takes the last one's last arrival
-         * after the loop. */
+         * in the close. */
         tk_mbarrier_wait(q_full + 8 * q_buffer, PERSISTENT ? (k >> 1) & 1 : 0);
+        if (!open) {
+            zero_o();
+            reset_rows();
+        }
         if (tile_begin < tile_end) {
-            if (warpgroup > 0)
+            if (open) {
+                /* The previous tile's last P V beside this tile's first Q K^T, in one turn; its
+                 * epilogue follows this tile's first softmax. */
+                const tk_stage_ring<STAGES> prev = ring;
+                ring.next();
                 tk_named_barrier_sync<256>(TURN + warpgroup);
-            issue_qk(ring);
-            tk_named_barrier_arrive<256>(TURN + (warpgroup + 1) % CONSUMERS);
-            tk_wgmma_wait<0>();
-            tk_wgmma_pin(s[0]);
-            release(k_empty, ring);
-            softmax(tile_begin); /* O is still zero: no rescale */
+                issue_qk(ring);
+                issue_pv(prev);
+                tk_named_barrier_arrive<256>(TURN + 1 - warpgroup);
+                prepare();
+                tk_wgmma_wait<1>(); /* the Q K^T, committed first */
+                tk_wgmma_pin(s[0]);
+                release(ring.barrier(k_empty));
+                const float finished_max[2] = {row_max[0][0], row_max[0][1]};
+                const float finished_sum[2] = {row_sum[0][0], row_sum[0][1]};
+                reset_rows();
+                softmax(tile_begin); /* O starts from zero: no rescale */
+                tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
+                tk_wgmma_wait<0>();
+                tk_wgmma_pin(o[0]);
+                tk_wgmma_pin(pa);
+                release(prev.barrier(v_empty));
+                store_o(finished, o_staging, finished_max, finished_sum);
+                zero_o();
+            } else {
+                if (warpgroup > 0)
+                    tk_named_barrier_sync<256>(TURN + warpgroup);
+                issue_qk(ring);
+                tk_named_barrier_arrive<256>(TURN + (warpgroup + 1) % CONSUMERS);
+                prepare();
+                tk_wgmma_wait<0>();
+                tk_wgmma_pin(s[0]);
+                release(ring.barrier(k_empty));
+                softmax(tile_begin); /* O is zero: no rescale */
+            }
             pack_p();
-            release_stored_q();
             for (int t = tile_begin + 1; t < tile_end; t++) {
                 const tk_stage_ring<STAGES> prev = ring;
                 ring.next();
@@ -502,72 +626,42 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
                 tk_named_barrier_arrive<256>(TURN + (CONSUMERS == 2 ? 1 - warpgroup : (warpgroup + 1) % CONSUMERS));
                 tk_wgmma_wait<1>(); /* the Q K^T, committed first */
                 tk_wgmma_pin(s[0]);
-                release(k_empty, ring);
+                release(ring.barrier(k_empty));
                 softmax(t);
                 tk_compute_before_wgmma_wait(row_sum[0][0] + row_sum[0][1], unread);
                 tk_wgmma_wait<0>();
                 tk_wgmma_pin(o[0]);
                 tk_wgmma_pin(pa);
-                release(v_empty, prev);
+                release(prev.barrier(v_empty));
                 if (rescale)
                     attn_rescale_o(o, alpha);
                 pack_p();
             }
-            if (warpgroup == 0)
-                tk_named_barrier_sync<256>(TURN);
-            issue_pv(ring);
-            tk_wgmma_wait<0>();
-            tk_wgmma_pin(o[0]);
-            release(v_empty, ring);
-            ring.next();
+            finished = w;
+            if constexpr (PERSISTENT) {
+                release(q_empty + 8 * q_buffer); /* the tile's last Q K^T is done */
+                open = true;
+            } else {
+                issue_last_pv();
+            }
         } else {
-            release_stored_q();
+            /* No key: O = 0 (lse -inf, or the sink). */
+            if (open) {
+                close();
+                open = false;
+                zero_o();
+                reset_rows();
+            }
+            if constexpr (PERSISTENT)
+                release(q_empty + 8 * q_buffer);
         }
-
-        /* Epilogue: normalise, store O, write lse. O goes through this warpgroup's Q rows in
-         * shared memory, dead after its last Q K^T (no other warpgroup reads them), in the
-         * 128-byte swizzle of the Q box, so that one TMA store per 64 columns writes them (rows
-         * past seqlen_q fall outside the tensor and are not written): 32 conflict-free shared
-         * stores per thread at head dim 128 in place of 32 4-byte global stores that each
-         * touched 8 rows' lines. PERSISTENT loads the next work tile's Q into the other buffer;
-         * this one is reloaded only after the store has read it (release_stored_q). */
-        const int64_t lse_row0 = ((int64_t)batch * p.heads_q + head) * p.seqlen_q;
-        const float sink2 = p.sinks ? p.sinks[head] * ATTN_LOG2E : -INFINITY;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float sum = row_sum[0][r];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            float inv, lse;
-            attn_finish_row(sum, row_max[0][r] * p.exp_scale, sink2, inv, lse);
-            const int i = row0 + 8 * r;
-            /* Row 16 warp + g + 8 r of the warpgroup's 64, 16-byte chunk j of each half's
-             * 128-byte row, swizzled by the row (its low three bits: g). */
-            unsigned char *const row_at =
-                smem_raw + (q_wg - tk_smem_address(smem_raw)) + (16 * warp + g + 8 * r) * 128 + 4 * tq;
-#pragma unroll
-            for (int h = 0; h < HALVES; h++)
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    *reinterpret_cast<uint32_t *>(row_at + h * Q_HALF_BYTES + ((j ^ g) << 4)) =
-                        tk_pack2<T>(o[0][8 * h + j][2 * r] * inv, o[0][8 * h + j][2 * r + 1] * inv);
-            if (i >= p.seqlen_q)
-                continue;
-            if (p.lse && tq == 0)
-                p.lse[lse_row0 + i] = lse;
-        }
-        tk_fence_proxy_async_shared();
-        tk_named_barrier_sync<128>(O_READY + warpgroup);
-        if (threadIdx.x % 128 == 0 && wm0 < p.seqlen_q) {
-            for (int h = 0; h < HALVES; h++)
-                tk_tma_store_4d(&map_o, q_wg + h * Q_HALF_BYTES, h * HALF, wm0, head, batch);
-            tk_bulk_commit();
-            if constexpr (!PERSISTENT)
-                tk_bulk_wait_read<0>(); /* before the block exits */
-        }
+        if (!open)
+            store_o(w, PERSISTENT ? o_staging : q_wg, row_max[0], row_sum[0]);
         k++;
     } while (next_work());
     if constexpr (PERSISTENT) {
+        if (open)
+            close();
         if (threadIdx.x % 128 == 0)
             tk_bulk_wait_read<0>(); /* the last work tile's store, before the block exits */
     }
