@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         if constexpr (PERSISTENT) {
             if (threadIdx.x % 128 == 0)
                 tk_bulk_wait_read<0>();
-            tk_named_barrier_sync<128>(O_READY + warpgroup);
+            tk_named_barrier_sync_lanes_apart<128>(O_READY + warpgroup); /* after one lane's wait */
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -518,7 +518,11 @@ __global__ void __launch_bounds__(sm90_plan<D, KIND>::THREADS, 1)
         const float slope = p.alibi_slopes ? p.alibi_slopes[head] : 0.0f;
         /* This warpgroup's first and last rows' keys: the tile classifier's bounds (PERSISTENT:
          * read once prepare has put this tile's rows in the table). */
-        int2 front = table[64 * warpgroup], back = table[64 * warpgroup + 63];
+        int2 front, back;
+        if constexpr (!PERSISTENT) {
+            front = table[64 * warpgroup];
+            back = table[64 * warpgroup + 63];
+        }
         /* PERSISTENT: this warpgroup's 64 rows of the mask table for this tile (no other party
          * reads them), while the tile's first GEMMs run. The table's last reads, the previous
          * tile's softmaxes, are behind the turn barrier this warpgroup synced on since (the
