@@ -388,9 +388,9 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
          * out and the lse / D loads once P is packed: from the barrier the tensor cores then
          * wait only for the step's first fragments, not for every warp's addresses and copies
          * (both sets together, after S^T or after P, made ptxas spill the deterministic kernel on
-         * sm_80 or on sm_90a). In the split order a stage's last reads, dK's, come before the
-         * step's dS^T barrier; with two warps per key in the fused order (D 256) dV and dK read
-         * it after that barrier. */
+         * sm_80 or on sm_90a). Every order's last reads of a stage (dK's in the split order, dV's
+         * and dK's with two warps per key in the fused order, D 256) come before the next step's
+         * top barrier. */
         float2 next_stat = make_float2(0.0f, 0.0f);
         auto load_next = [&]() {
             at.next();
@@ -431,6 +431,15 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
              *   P^T to the slots | pair barrier | dV over all BM | pair barrier (the partner has
              *   read the slots) | with softcap, P times the cap's derivative over P | dP^T, dS =
              *   (the factor in the slots) (dP - D), dS^T over it | pair barrier | dK over all BM.
+             * Deterministic: dK comes after the step's dQ adds instead (FlashAttention-2's
+             * order), so that the adds, which may wait for the previous key tile's turn, go out
+             * as soon as dQ is done and dK's MMAs run under their latency; the step's dS^T
+             * barrier (all warps) then orders the partner's dS^T stores before dK's reads, in
+             * place of the third pair barrier. The slots are next written (step it + 1's P^T)
+             * after the next top barrier, which no warp passes before its dQ and dK reads; the
+             * stage dK reads is next written by step it + 1's loads (for step it + 2), issued
+             * after that barrier too. The atomic kernel keeps dK before the adds, where it measured
+             * faster (docs/kernels/attention_bwd.md, Tried).
              * dS's factor waits for dP^T in shared memory (held in registers through dP^T it is
              * the margin between BM = 64 at D 128 and a spill); the softcap factor is rounded once
              * (the naive backward rounds P, and dS twice there). A straight from the accumulators
@@ -493,8 +502,10 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                                                     f.y * (sd[1][km][nt][2 * (r & 1) + 1] - dsum[qc + 1]));
                     }
             store_keys_by_queries(s_ds, da);
-            tk_named_barrier_sync<32 * CW>(pair_barrier); /* the partner's dS^T is stored */
-            block_by_cols(dk, s_q);
+            if constexpr (!DET) {
+                tk_named_barrier_sync<32 * CW>(pair_barrier); /* the partner's dS^T is stored */
+                block_by_cols(dk, s_q);
+            }
         } else {
             /* S^T and dP^T in one k-loop, then P and dS = P (dP - D) in f32 in their place. The loop
              * is written out and the mask's inputs are read after it: through keys_by_queries, or
@@ -648,6 +659,8 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
                     attn_bwd_acc_add(acc + mq * ATTN_BWD_SLAB * D + nt * ATTN_BWD_BLOCK, lane,
                                      dq[mq][nt][0] * p.scale, dq[mq][nt][1] * p.scale,
                                      dq[mq][nt][2] * p.scale, dq[mq][nt][3] * p.scale);
+        if constexpr (SPLIT && DET)
+            block_by_cols(dk, s_q); /* the deterministic split order's dK (above) */
         h_before = h;
         m0_before = m0;
     }
