@@ -393,7 +393,12 @@ __global__ void __launch_bounds__(32 * WARPS, attn_bwd_shape<D, WARPS>::MIN_CTAS
          * it after that barrier. */
         float2 next_stat = make_float2(0.0f, 0.0f);
         auto load_next = [&]() {
-            at.next();
+            /* Head dim 256 (the fused order with two warps per key) derives the next step from its
+             * index: carried, its steps measured 2-3 % slower (docs/kernels/attention_bwd.md). */
+            if constexpr (!SPLIT && CW > 1)
+                at = walk::at(it + 1, head_kv * p.group, p.group, m_begin, m_tiles);
+            else
+                at.next();
             if (next)
                 load_tiles(at, st ^ 1);
             tk_cp_async_commit();
